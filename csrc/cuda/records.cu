@@ -1,0 +1,132 @@
+// CUDA record kernels: encode tokens into a paged cache at given slots, and
+// decode selected records. One warp per record; the per-group logic is the
+// same sparkinfer/records.h the host twin loops over, and amax reductions are
+// order-free, so GPU and host bytes are identical.
+#include <cuda_runtime.h>
+
+#include "sparkinfer/records.h"
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 4;
+
+__device__ __forceinline__ float warp_max(float v, int width) {
+  for (int off = width / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off, width));
+  return v;
+}
+
+// 368 / 432: lane g owns latent group g (16 values) and rope values 2g, 2g+1.
+__device__ void encode_nvfp4(int32_t fmt, const float* lat, const float* rope, uint8_t* rec, float outer_scale) {
+  const int g = threadIdx.x % kWarp;
+  const float gmax = si::amax(lat + g * si::kGroup, si::kGroup);
+  const float s = fmt == si::FMT_NVFP4_368 ? si::nvfp4_token_scale(warp_max(gmax, kWarp)) : outer_scale;
+  const uint8_t c = si::nvfp4_group_scale(gmax, s);
+  rec[si::kNvfp4ScalesOff + g] = c;
+  si::nvfp4_encode_group(lat + g * si::kGroup, c, s, rec + g * si::kGroup / 2);
+  // zero padding: [296,304) for 368 (288..295 hold its two scales), [288,304) for 432
+  const int pad0 = fmt == si::FMT_NVFP4_368 ? 296 : 288;
+  if (pad0 + g < si::kNvfp4RopeOff) rec[pad0 + g] = 0;
+  if (fmt == si::FMT_NVFP4_368) {
+    const float r = fmaxf(warp_max(si::amax(rope + 2 * g, 2), kWarp) / 448.0f, si::kTiny);
+    if (g == 0) {
+      si::store_f32(rec + si::kNvfp4RopeScaleOff, r);
+      si::store_f32(rec + si::kNvfp4OuterScaleOff, s);
+    }
+    si::fp8_encode_values(rope + 2 * g, 2, r, rec + si::kNvfp4RopeOff + 2 * g);
+  } else {
+    si::bf16_encode_values(rope + 2 * g, 2, rec + si::kNvfp4RopeOff + 4 * g);
+  }
+}
+
+// 656: lane l owns latent[16l, 16l+16); tile t = lanes 8t..8t+7.
+__device__ void encode_fp8_ds_mla(const float* lat, const float* rope, uint8_t* rec, int32_t scale_format) {
+  const int l = threadIdx.x % kWarp;
+  const float tmax = warp_max(si::amax(lat + 16 * l, 16), 8);
+  const float sc = si::fp8_tile_scale(tmax, scale_format);
+  if (l % 8 == 0) si::store_f32(rec + si::kFp8ScalesOff + 4 * (l / 8), sc);
+  si::fp8_encode_values(lat + 16 * l, 16, sc, rec + 16 * l);
+  si::bf16_encode_values(rope + 2 * l, 2, rec + si::kFp8RopeOff + 4 * l);
+}
+
+// 132: lane l owns key[4l, 4l+4).
+__device__ void encode_indexer(const float* key, uint8_t* rec) {
+  const int l = threadIdx.x % kWarp;
+  const float sc = si::indexer_scale(warp_max(si::amax(key + 4 * l, 4), kWarp));
+  si::fp8_encode_values(key + 4 * l, 4, sc, rec + 4 * l);
+  if (l == 0) si::store_f32(rec + si::kIndexerScaleOff, sc);
+}
+
+__global__ void encode_kernel(int32_t fmt, const float* __restrict__ latent, const float* __restrict__ rope,
+                              int64_t n, const int64_t* __restrict__ slots, uint8_t* __restrict__ cache,
+                              int64_t stride, float outer_scale, int32_t scale_format) {
+  const int64_t i = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (i >= n) return;
+  const int64_t slot = slots ? slots[i] : i;
+  if (slot < 0) return;  // whole warp leaves together: shuffles stay converged
+  uint8_t* rec = cache + slot * stride;
+  const float* lat = latent + i * si::latent_dim(fmt);
+  const float* rp = rope ? rope + i * si::kRopeDim : nullptr;
+  if (fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) encode_nvfp4(fmt, lat, rp, rec, outer_scale);
+  else if (fmt == si::FMT_FP8_DS_MLA) encode_fp8_ds_mla(lat, rp, rec, scale_format);
+  else encode_indexer(lat, rec);
+}
+
+__global__ void decode_kernel(int32_t fmt, const uint8_t* __restrict__ cache, int64_t stride,
+                              const int64_t* __restrict__ idx, int64_t n, float* __restrict__ latent,
+                              float* __restrict__ rope, float outer_scale) {
+  const int64_t i = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (i >= n) return;
+  const int l = threadIdx.x % kWarp;
+  const int ld = si::latent_dim(fmt), rd = si::rope_dim(fmt);
+  const int64_t slot = idx ? idx[i] : i;
+  float* lat = latent + i * ld;
+  float* rp = rope ? rope + i * rd : nullptr;
+  if (slot < 0) {
+    for (int j = l; j < ld; j += kWarp) lat[j] = 0.0f;
+    for (int j = l; rp && j < rd; j += kWarp) rp[j] = 0.0f;
+    return;
+  }
+  const uint8_t* rec = cache + slot * stride;
+  if (fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) {
+    const float s = fmt == si::FMT_NVFP4_368 ? si::load_f32(rec + si::kNvfp4OuterScaleOff) : outer_scale;
+    si::nvfp4_decode_group(rec + l * si::kGroup / 2, rec[si::kNvfp4ScalesOff + l], s, lat + l * si::kGroup);
+    if (fmt == si::FMT_NVFP4_368)
+      si::fp8_decode_values(rec + si::kNvfp4RopeOff + 2 * l, 2, si::load_f32(rec + si::kNvfp4RopeScaleOff), rp + 2 * l);
+    else
+      si::bf16_decode_values(rec + si::kNvfp4RopeOff + 4 * l, 2, rp + 2 * l);
+  } else if (fmt == si::FMT_FP8_DS_MLA) {
+    si::fp8_decode_values(rec + 16 * l, 16, si::load_f32(rec + si::kFp8ScalesOff + 4 * (l / 8)), lat + 16 * l);
+    si::bf16_decode_values(rec + si::kFp8RopeOff + 4 * l, 2, rp + 2 * l);
+  } else {
+    si::fp8_decode_values(rec + 4 * l, 4, si::load_f32(rec + si::kIndexerScaleOff), lat + 4 * l);
+  }
+}
+
+int32_t launch_status() { return cudaGetLastError() == cudaSuccess ? SI_OK : SI_ERR_CUDA; }
+
+}  // namespace
+
+// Same arguments as the host twin (records_host.cpp), all pointers on the
+// device, plus the stream. Slot ranges are checked by the Python binding.
+extern "C" int32_t si_records_encode_cuda(int32_t fmt, const float* latent, const float* rope, int64_t n,
+                                          const int64_t* slots, uint8_t* cache, int64_t stride,
+                                          float outer_scale, int32_t scale_format, cudaStream_t stream) {
+  if (si::record_bytes(fmt) == 0 || n < 0 || stride < si::record_bytes(fmt)) return SI_ERR_ARG;
+  if (n == 0) return SI_OK;
+  const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  encode_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(fmt, latent, rope, n, slots, cache, stride,
+                                                                        outer_scale, scale_format);
+  return launch_status();
+}
+
+extern "C" int32_t si_records_decode_cuda(int32_t fmt, const uint8_t* cache, int64_t stride, const int64_t* idx,
+                                          int64_t n, float* latent, float* rope, float outer_scale,
+                                          cudaStream_t stream) {
+  if (si::record_bytes(fmt) == 0 || n < 0 || stride < si::record_bytes(fmt)) return SI_ERR_ARG;
+  if (n == 0) return SI_OK;
+  const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  decode_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(fmt, cache, stride, idx, n, latent, rope,
+                                                                        outer_scale);
+  return launch_status();
+}

