@@ -17,14 +17,14 @@ import functools
 import os
 import threading
 
-from . import build
-
 _lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
 def host_lib() -> ctypes.CDLL:
     """The host build of csrc/ (always available where g++ is)."""
+    from . import build
+
     with _lock:
         path = build.build_host()  # no-op when up to date
     return ctypes.CDLL(path)
@@ -34,6 +34,8 @@ def host_lib() -> ctypes.CDLL:
 def cuda_lib() -> ctypes.CDLL | None:
     """The CUDA build of csrc/, or None when there is no GPU or no build."""
     import torch
+
+    from . import build
 
     if not torch.cuda.is_available():
         return None
