@@ -7,6 +7,7 @@ the numbers are GLM-5.2's (``../shared/spec/glm52-and-hardware.md``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from sparkinfer.core.layouts import INDEX_DIM, LATENT_DIM, ROPE_DIM
 from sparkinfer.core.topology import GLM52_NUM_LAYERS, GLM52_PATTERN, IndexSharePattern
@@ -42,7 +43,7 @@ class ModelGeometry:
         if self.num_mtp_layers < 0:
             raise ValueError(f"{self.name}: num_mtp_layers must be >= 0")
 
-    @property
+    @cached_property
     def pattern(self) -> IndexSharePattern:
         return IndexSharePattern.parse(self.index_share, self.num_layers)
 

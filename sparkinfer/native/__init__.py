@@ -40,11 +40,11 @@ def cuda_lib() -> ctypes.CDLL | None:
     if not torch.cuda.is_available():
         return None
     path = os.path.join(build.LIB_DIR, build.CUDA_LIB)
-    if not os.path.exists(path):
+    if build.nvcc_path() is not None:
         with _lock:
-            path = build.build_cuda()
-        if path is None:
-            return None
+            path = build.build_cuda()  # rebuilds only when csrc/ changed since the last build
+    if not os.path.exists(path):
+        return None
     return ctypes.CDLL(path)
 
 

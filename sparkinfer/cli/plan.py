@@ -1,0 +1,134 @@
+"""``sparkinfer plan``: KV capacity of a serving profile (bytes per token per rank, tokens that fit).
+
+The output is a list of sections (title, column names, rows) printed as rich
+tables. Further tables (e.g. predicted
+bytes and time per transport path) plug in with ``add_section(build, add_args)``:
+``build(args, plan) -> Section | None`` runs after the capacity table and
+``add_args(parser)`` declares the options it reads. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+from sparkinfer.core.capacity import GIB, INDEXER_MODES, CapacityPlan, CapacityProfile, capacity_plan
+from sparkinfer.core.layouts import MAIN_LAYOUTS, layout
+
+HELP = "KV capacity plan: bytes per token per rank, KV tokens that fit, max context"
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    columns: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+
+
+SectionBuilder = Callable[[argparse.Namespace, CapacityPlan], Optional[Section]]
+_SECTIONS: list[tuple[SectionBuilder, Optional[Callable[[argparse.ArgumentParser], None]]]] = []
+
+
+def add_section(build: SectionBuilder,
+                add_args: Optional[Callable[[argparse.ArgumentParser], None]] = None) -> None:
+    """Register a table printed after the capacity table (and the options it needs)."""
+    _SECTIONS.append((build, add_args))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    formats = [lay.short for lay in MAIN_LAYOUTS]
+    p.add_argument("--tp", type=int, default=4, help="tensor-parallel size = GPUs (default 4)")
+    p.add_argument("--dcp", type=int, default=4, help="decode-context-parallel size, divides tp")
+    p.add_argument("--interleave", type=int, default=1,
+                   help="DCP interleave (cp_kv_cache_interleave_size, default 1)")
+    p.add_argument("--mtp", type=int, default=3,
+                   help="speculative tokens; > 0 adds the MTP layer's caches (default 3)")
+    p.add_argument("--format", default="nvfp4_368",
+                   help=f"main record format: {', '.join(formats)} (or full name / width)")
+    p.add_argument("--indexer", choices=INDEXER_MODES, default="replicated")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--kv-gb", type=float, default=10.0,
+                        help="KV cache budget per GPU in GiB (2**30 bytes, default 10)")
+    budget.add_argument("--kv-bytes", type=int, default=None, help="KV cache budget per GPU in bytes")
+    p.add_argument("--block-size", type=int, default=64, help="tokens per cache page (default 64)")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="requests sharing the cache, for the per-request max context")
+    for _, add_args in _SECTIONS:
+        if add_args is not None:
+            add_args(p)
+
+
+def profile_from_args(args: argparse.Namespace) -> CapacityProfile:
+    kv = args.kv_bytes if args.kv_bytes is not None else int(args.kv_gb * GIB)
+    return CapacityProfile(tp=args.tp, dcp=args.dcp, mtp=args.mtp, record_format=args.format,
+                           indexer=args.indexer, kv_bytes=kv, interleave=args.interleave,
+                           block_size=args.block_size)
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:,.1f}"
+
+
+def capacity_section(args: argparse.Namespace, plan: CapacityPlan) -> Section:
+    prof = plan.profile
+    other = capacity_plan(replace(prof, indexer=INDEXER_MODES[prof.indexer == INDEXER_MODES[0]]))
+    granule = prof.block_size * prof.dcp
+    per_request = plan.kv_tokens // args.concurrency // granule * granule
+    delta = (plan.kv_tokens / other.kv_tokens - 1) * 100 if other.kv_tokens else float("nan")
+    idx_where = "on every rank" if prof.indexer == "replicated" else f"/ {prof.dcp} ranks"
+    rows = [
+        ("profile", f"TP{prof.tp} DCP{prof.dcp} (interleave {prof.interleave}) MTP{prof.mtp}",
+         f"{prof.geometry.name}, one GPU per TP rank"),
+        ("main record", f"{layout(plan.record_format).short} ({plan.record_bytes} B)",
+         plan.record_format),
+        ("main bytes / token / rank", _num(plan.main_bytes_per_token),
+         f"{plan.main_layers} layers x {plan.record_bytes} B / {prof.dcp}"),
+        (f"indexer bytes / token / rank ({prof.indexer})", _num(plan.indexer_bytes_per_token_avg),
+         f"{plan.indexer_layers} layers x 132 B {idx_where}"),
+        ("total bytes / token / rank", _num(plan.bytes_per_token), "average over the sequence"),
+        ("KV budget / GPU", f"{prof.kv_bytes / GIB:,.2f} GiB", f"{prof.kv_bytes:,} B"),
+        ("KV tokens that fit", f"{plan.kv_tokens:,}",
+         f"whole blocks of {prof.block_size} x {prof.dcp} tokens"),
+        ("tokens on the fullest rank", f"{plan.local_tokens:,}",
+         f"{plan.bytes_used:,} B used"),
+        (f"max context / request (concurrency {args.concurrency})", f"{per_request:,}", ""),
+        (f"KV tokens with a {other.profile.indexer} indexer", f"{other.kv_tokens:,}",
+         f"this profile: {delta:+.1f}%"),
+    ]
+    return Section("KV capacity", ("quantity", "value", "how"), rows)
+
+
+def sections(args: argparse.Namespace) -> list[Section]:
+    plan = capacity_plan(profile_from_args(args))
+    out = [capacity_section(args, plan)]
+    for build, _ in _SECTIONS:
+        s = build(args, plan)
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def print_sections(out: list[Section], console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    for s in out:
+        table = Table(title=s.title)
+        for c in s.columns:
+            table.add_column(c)
+        for row in s.rows:
+            table.add_row(*row)
+        console.print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.concurrency < 1:
+        raise SystemExit("sparkinfer plan: --concurrency must be >= 1")
+    try:
+        out = sections(args)
+    except ValueError as e:
+        raise SystemExit(f"sparkinfer plan: {e}") from None
+    print_sections(out)
+    return 0

@@ -1,0 +1,92 @@
+"""ctypes bindings of the union kernel (csrc/cuda/union.cu) and its host twin.
+
+Both take the same arguments (``csrc/include/sparkinfer/union.h``): int32
+pointers to topk [B, R, K], union [B, R*K], remap [B, R, K], counts [B] and an
+int32 scratch of ``B * workspace_ints(R*K)`` entries; the CUDA entry adds a stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from sparkinfer import native
+from sparkinfer.plan.union import check_topk
+
+_I32 = ctypes.c_int32
+_P = ctypes.c_void_p
+_RUN_ARGS = [_P, _I32, _I32, _I32, _P, _P, _P, _P, ctypes.c_int64]
+_STATUS = {1: "bad argument", 2: "CUDA launch failed", 3: "index out of range"}
+
+
+@functools.lru_cache(maxsize=None)
+def _host():
+    lib = native.host_lib()
+    lib.si_union_host_workspace_ints.argtypes = [_I32]
+    lib.si_union_host_workspace_ints.restype = ctypes.c_int64
+    lib.si_union_host_run.argtypes = _RUN_ARGS
+    lib.si_union_host_run.restype = _I32
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda():
+    lib = native.cuda_lib()
+    if lib is None or not hasattr(lib, "si_union_cuda_run"):
+        return None
+    lib.si_union_cuda_run.argtypes = _RUN_ARGS + [_P]
+    lib.si_union_cuda_run.restype = _I32
+    return lib
+
+
+def cuda_available() -> bool:
+    return _cuda() is not None
+
+
+def workspace_ints(n: int) -> int:
+    """int32 scratch entries one request of ``n = R*K`` top-k entries needs."""
+    w = _host().si_union_host_workspace_ints(n) if 0 <= n < 2**31 else -1
+    if w < 0:
+        raise ValueError(f"R*K = {n} is outside the union kernel's range")
+    return w
+
+
+def _call(entry, topk: torch.Tensor, validate: bool, *extra):
+    """Allocate the outputs and scratch on topk's device and run ``entry`` on them."""
+    b, r, k = check_topk(topk, validate)
+    per_request = workspace_ints(r * k)  # range check before any allocation
+    dev = topk.device
+    topk = topk.contiguous()
+    uni = torch.empty((b, r * k), dtype=torch.int32, device=dev)
+    remap = torch.empty((b, r, k), dtype=torch.int32, device=dev)
+    counts = torch.empty((b,), dtype=torch.int32, device=dev)
+    ws = torch.empty((max(b * per_request, 1),), dtype=torch.int32, device=dev)
+    args = [native.ptr(topk), b, r, k, native.ptr(uni), native.ptr(remap), native.ptr(counts),
+            native.ptr(ws), ws.numel(), *extra]
+    # Locals keep the buffers alive through the call; on a GPU the caching allocator
+    # orders the scratch's reuse after the kernel on this stream.
+    status = entry(*args)
+    if status:
+        raise RuntimeError(f"{entry.__name__} failed: {_STATUS.get(status, f'status {status}')}")
+    return uni, remap, counts
+
+
+def mtp_union_host(topk: torch.Tensor, validate: bool = True):
+    """The host twin of the CUDA union kernel; ``topk`` must be a CPU tensor."""
+    if isinstance(topk, torch.Tensor) and topk.device.type != "cpu":
+        raise ValueError(f"mtp_union_host needs a CPU tensor, got one on {topk.device}")
+    return _call(_host().si_union_host_run, topk, validate)
+
+
+def mtp_union_cuda(topk: torch.Tensor, validate: bool = True):
+    """The CUDA union kernel on ``topk``'s device and current stream."""
+    lib = _cuda()
+    if lib is None:
+        raise RuntimeError("the CUDA library with si_union_cuda_run is not built "
+                           "(python -m sparkinfer.native.build --cuda)")
+    if not (isinstance(topk, torch.Tensor) and topk.is_cuda):
+        raise ValueError("mtp_union_cuda needs a CUDA tensor")
+    with torch.cuda.device(topk.device):
+        return _call(lib.si_union_cuda_run, topk, validate, native.stream_handle(topk.device))

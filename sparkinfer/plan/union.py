@@ -1,0 +1,115 @@
+"""Per-request union of the MTP verification rows' top-k sets.
+
+With MTP the target's verification pass has ``R = 1 + speculative`` query rows
+per request, each with its own top-k of ``K`` tokens; adjacent rows overlap
+heavily, so fetching each distinct record once per request moves fewer bytes.
+
+Contract (all int32, ``N = R * K``)::
+
+    topk   [B, R, K]  token ids, -1 = pad (any value < -1 is rejected)
+    union  [B, N]     request b's distinct tokens in first-occurrence order over
+                      the flattened (row, k) index, -1 after the first counts[b]
+    remap  [B, R, K]  position of topk[b, r, k] in union[b]; -1 where topk is -1
+    counts [B]        distinct tokens of request b
+
+so ``union[b, remap[b, r, k]] == topk[b, r, k]`` for every non-pad entry.
+First-occurrence order makes the result a pure function of the input (no
+dependence on hashing or thread timing), identical on every rank, and keeps
+row 0's tokens as a prefix of the union.
+
+Three implementations give identical results: the torch reference below
+(sort based, any device), the host build of ``csrc/include/sparkinfer/union.h``
+and its CUDA kernel. ``mtp_union`` picks the CUDA kernel for a CUDA tensor when
+the CUDA library is built, otherwise the reference.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Pads sort after every real token: token ids are int32, keys are int64.
+_PAD_KEY = 1 << 40
+
+
+def check_topk(topk, validate: bool = True) -> tuple[int, int, int]:
+    """Check a top-k tensor's type, dtype and rank; returns (B, R, K). With ``validate`` also
+    its values (ids >= -1), which reads them back (a device sync on a GPU)."""
+    if not isinstance(topk, torch.Tensor):
+        raise ValueError(f"topk must be a torch.Tensor, got {type(topk).__name__}")
+    if topk.dtype != torch.int32:
+        raise ValueError(f"topk must be int32 [B, R, K], got dtype {topk.dtype}")
+    if topk.dim() != 3:
+        raise ValueError(f"topk must be int32 [B, R, K], got shape {tuple(topk.shape)}")
+    if validate and topk.numel() and bool((topk < -1).any()):
+        bad = int(topk.min())
+        raise ValueError(f"topk holds token id {bad}; ids must be >= 0, with -1 as the only pad")
+    return tuple(topk.shape)
+
+
+def mtp_union_reference(topk: torch.Tensor, validate: bool = True):
+    """Torch reference of the union contract (module docstring); works on any device.
+
+    ``validate=False`` skips the value check (no device sync); every id < 0 then counts as a pad,
+    as in the native implementations."""
+    b, r, k = check_topk(topk, validate)
+    n = r * k
+    dev = topk.device
+    if b == 0 or n == 0:
+        return (torch.full((b, n), -1, dtype=torch.int32, device=dev),
+                torch.full((b, r, k), -1, dtype=torch.int32, device=dev),
+                torch.zeros(b, dtype=torch.int32, device=dev))
+    x = topk.reshape(b, n).long()
+    valid = x >= 0
+    keys = torch.where(valid, x, torch.full_like(x, _PAD_KEY))
+    # Stable sort: within a run of equal tokens the earliest position comes first.
+    sorted_keys, order = torch.sort(keys, dim=1, stable=True)
+    head = torch.ones_like(sorted_keys, dtype=torch.bool)
+    head[:, 1:] = sorted_keys[:, 1:] != sorted_keys[:, :-1]
+    head &= sorted_keys != _PAD_KEY
+    # first[b, p]: position p is the first occurrence of its token.
+    first = torch.zeros_like(valid).scatter_(1, order, head)
+    ordinal = torch.cumsum(first, dim=1) - 1  # union position of each first occurrence
+    # Every sorted entry takes the ordinal of its run's head.
+    cols = torch.arange(n, device=dev).expand(b, n)
+    run_start = torch.cummax(torch.where(head, cols, torch.zeros_like(cols)), dim=1).values
+    head_pos = order.gather(1, run_start)
+    remap_sorted = ordinal.gather(1, head_pos)
+    remap = torch.empty_like(x).scatter_(1, order, remap_sorted)
+    remap = torch.where(valid, remap, torch.full_like(remap, -1))
+    # Scatter first occurrences into their union slot; the rest land in a dump column.
+    union = torch.full((b, n + 1), -1, dtype=torch.long, device=dev)
+    union.scatter_(1, torch.where(first, ordinal, torch.full_like(ordinal, n)), x)
+    counts = first.sum(dim=1)
+    return (union[:, :n].to(torch.int32).contiguous(),
+            remap.reshape(b, r, k).to(torch.int32),
+            counts.to(torch.int32))
+
+
+def mtp_union(topk: torch.Tensor, validate: bool = True):
+    """``union, remap, counts`` of ``topk`` (int32 [B, R, K]); see the module docstring.
+
+    CUDA tensors run the CUDA kernel when the CUDA library is built (else the
+    torch reference, logged once); CPU tensors run the torch reference.
+    ``validate=False`` skips the check for ids < -1 (a device sync); such ids then count as pads.
+    """
+    if isinstance(topk, torch.Tensor) and topk.is_cuda:
+        from sparkinfer.plan import _native
+
+        if _native.cuda_available():
+            return _native.mtp_union_cuda(topk, validate)
+        _warn_no_cuda_lib()
+    return mtp_union_reference(topk, validate)
+
+
+_warned = False
+
+
+def _warn_no_cuda_lib() -> None:
+    global _warned
+    if not _warned:
+        log.warning("mtp_union: CUDA library not built; using the torch reference on the GPU")
+        _warned = True

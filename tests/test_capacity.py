@@ -1,0 +1,144 @@
+"""Capacity planning: the spec's per-token figures, tokens-that-fit against brute force, CLI."""
+
+import subprocess
+import sys
+
+import pytest
+
+from sparkinfer.cli import main as cli_main
+from sparkinfer.cli import plan as plan_cli
+from sparkinfer.core.capacity import GIB, CapacityProfile, capacity_plan
+from sparkinfer.core.geometry import GLM52, ModelGeometry
+
+
+def profile(**kw):
+    base = dict(tp=4, dcp=4, mtp=3, record_format="nvfp4_368", indexer="replicated",
+                kv_bytes=10 * GIB)
+    base.update(kw)
+    return CapacityProfile(**base)
+
+
+@pytest.mark.parametrize("fmt,main", [("nvfp4_368", 7268), ("nvfp4_ds_mla:bf16-rope-432", 8532),
+                                      ("656", 12956)])
+def test_spec_figures(fmt, main):
+    p = capacity_plan(profile(record_format=fmt))
+    assert p.main_bytes_per_token == main
+    assert p.indexer_bytes_per_token == 2904 and p.indexer_bytes_per_token_avg == 2904
+    assert p.bytes_per_token == main + 2904
+    s = capacity_plan(profile(record_format=fmt, indexer="sharded"))
+    assert s.indexer_bytes_per_token_avg == 22 * 132 / 4 and s.indexer_bytes_per_token == 0
+
+
+def test_geometry_counts():
+    assert GLM52.cached_layers(True) == 79 and GLM52.indexer_layers(True) == 22
+    assert GLM52.cached_layers(False) == 78 and GLM52.indexer_layers(False) == 21
+    p = capacity_plan(profile(mtp=0, dcp=2))
+    assert (p.main_layers, p.indexer_layers) == (78, 21)
+    assert p.main_bytes_per_token == 78 * 368 / 2
+
+
+def brute_kv_tokens(prof):
+    """Deal tokens one by one (vLLM's placement), tracking every rank's bytes; the answer is
+    the longest whole-block prefix for which every rank stays within the budget."""
+    geo = prof.geometry
+    rb = {"nvfp4_368": 368, "432": 432, "656": 656}[prof.record_format]
+    main = geo.cached_layers(prof.mtp > 0) * rb
+    idx = geo.indexer_layers(prof.mtp > 0) * 132
+    used = [0] * prof.dcp
+    granule = prof.block_size * prof.dcp
+    best, t = 0, 0
+    while True:
+        for _ in range(granule):
+            owner = (t // prof.interleave) % prof.dcp
+            if prof.indexer == "replicated":
+                used = [u + idx for u in used]
+                used[owner] += main
+            else:
+                used[owner] += main + idx
+            t += 1
+        if max(used) > prof.kv_bytes:
+            return best
+        best = t
+
+
+@pytest.mark.parametrize("tp,dcp,interleave,block,fmt,indexer,kv", [
+    (4, 4, 1, 64, "nvfp4_368", "replicated", 5_000_000),
+    (4, 4, 1, 64, "432", "sharded", 5_000_000),
+    (4, 4, 3, 5, "656", "replicated", 3_000_000),
+    (8, 8, 2, 16, "nvfp4_368", "sharded", 4_000_000),
+    (4, 2, 64, 1, "432", "replicated", 2_000_000),
+    (1, 1, 1, 1, "nvfp4_368", "replicated", 1_000_000),
+    (2, 1, 1, 64, "656", "sharded", 1_000_000),
+    (4, 4, 1, 64, "nvfp4_368", "replicated", 1000),  # not even one block fits
+])
+def test_kv_tokens_against_brute_force(tp, dcp, interleave, block, fmt, indexer, kv):
+    prof = profile(tp=tp, dcp=dcp, interleave=interleave, block_size=block, record_format=fmt,
+                   indexer=indexer, kv_bytes=kv)
+    p = capacity_plan(prof)
+    assert p.kv_tokens == brute_kv_tokens(prof)
+    assert p.bytes_used <= kv
+
+
+def test_replication_costs_capacity():
+    rep = capacity_plan(profile(record_format="432"))
+    sh = capacity_plan(profile(record_format="432", indexer="sharded"))
+    assert rep.kv_tokens < sh.kv_tokens
+    # ratio of per-token bytes, up to block rounding
+    want = (8532 + 726) / (8532 + 2904)
+    assert abs(rep.kv_tokens / sh.kv_tokens - want) < 1e-3
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(dcp=3), "must divide tp"),
+    (dict(record_format="indexer_fp8"), "not a main record format"),
+    (dict(record_format="nvfp4_999"), "unknown record format"),
+    (dict(indexer="partial"), "indexer must be"),
+    (dict(mtp=-1), "mtp"),
+    (dict(kv_bytes=-5), "kv_bytes"),
+    (dict(block_size=0), "block_size"),
+    (dict(tp=2.5), "tp"),
+])
+def test_profile_rejects(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        profile(**kw)
+
+
+def test_geometry_rejects_wrong_pattern():
+    with pytest.raises(ValueError, match="77 characters"):
+        ModelGeometry("bad", 78, 1, 64, 512, 64, 32, 128, 2048, "F" * 77)
+
+
+def test_cli_prints_spec_figures(capsys):
+    assert cli_main(["plan", "--tp", "4", "--dcp", "4", "--mtp", "3", "--format", "nvfp4_368",
+                     "--indexer", "replicated", "--kv-gb", "10"]) == 0
+    out = capsys.readouterr().out
+    want = capacity_plan(profile())
+    for s in ("7,268", "2,904", "10,172", f"{want.kv_tokens:,}"):
+        assert s in out
+    cli_main(["plan", "--format", "656", "--indexer", "sharded", "--kv-bytes", "123456789"])
+    out = capsys.readouterr().out
+    assert "12,956" in out and "726" in out
+
+
+def test_cli_bad_profile_exits_with_reason(capsys):
+    with pytest.raises(SystemExit, match="must divide tp"):
+        cli_main(["plan", "--tp", "4", "--dcp", "3"])
+
+
+def test_add_section_hook(monkeypatch, capsys):
+    monkeypatch.setattr(plan_cli, "_SECTIONS", [])
+
+    def extra(args, plan):
+        return plan_cli.Section("predicted", ("path", "bytes"), [("stock", f"{args.ctx * 2}")])
+
+    plan_cli.add_section(extra, lambda p: p.add_argument("--ctx", type=int, default=21))
+    assert cli_main(["plan", "--ctx", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted" in out and "100" in out and "KV capacity" in out
+
+
+def test_plan_does_not_import_torch():
+    code = ("import argparse, sys; from sparkinfer.cli import plan; p = argparse.ArgumentParser(); "
+            "plan.add_arguments(p); plan.run(p.parse_args([])); "
+            "assert 'torch' not in sys.modules, 'plan imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
