@@ -1,0 +1,45 @@
+"""Sparse MLA decode over per-token records, and the LSE merge of partials.
+
+    out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale)
+
+q_nope float32/bf16 [M, H, 512] (absorbed), q_rope [M, H, 64], records uint8
+[T, fmt.record_bytes], indices int32 [M, K] into records (-1 = skip), scale the
+softmax scale applied to q . k. Returns out float32 [M, H, 512] and lse float32
+[M, H] = log sum_j exp(scale * q . k_j) (natural log; -inf with a zero output
+for a row without any index). Keys are [latent ; rope], values the latent.
+
+``backend``: "triton" (the kernel; on CPU it needs TRITON_INTERPRET=1 set
+before this package is imported), "torch" (the reference), or "auto" (Triton on
+a GPU or under the interpreter, else the reference, logged once).
+"""
+
+from __future__ import annotations
+
+from .dispatch import pick_backend
+from .merge import merge_lse
+from .reference import sparse_mla_decode_torch
+from .validate import check_decode_inputs
+
+
+def sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale, *, backend: str = "auto",
+                      check_indices: bool = True, num_splits: int | None = None, dot_precision: str = "ieee"):
+    """Attention of each query row over its selected records; see the module docstring.
+
+    check_indices=False skips the range check of indices (it reads them back to the host).
+    num_splits and dot_precision tune the Triton kernel ("ieee" fp32 products, or "tf32").
+    """
+    if dot_precision not in ("ieee", "tf32"):
+        raise ValueError(f"dot_precision must be 'ieee' or 'tf32', got {dot_precision!r}")
+    if num_splits is not None and not (isinstance(num_splits, int) and num_splits >= 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
+    if pick_backend(backend, q_nope.is_cuda, "sparse_mla_decode") == "torch":
+        return sparse_mla_decode_torch(q_nope, q_rope, records, fmt, indices, scale, check_indices)
+    lay = check_decode_inputs(q_nope, q_rope, records, fmt, indices, scale, check_indices)
+    from .triton_decode import sparse_mla_decode_triton
+
+    return sparse_mla_decode_triton(q_nope, q_rope, records, lay, indices, scale,
+                                    outer_scale=float(getattr(fmt, "outer_scale", 1.0)),
+                                    num_splits=num_splits, dot_precision=dot_precision)
+
+
+__all__ = ["sparse_mla_decode", "sparse_mla_decode_torch", "merge_lse"]

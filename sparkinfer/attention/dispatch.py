@@ -1,0 +1,29 @@
+"""Backend choice shared by sparkinfer.attention and sparkinfer.indexer.
+
+"triton" runs the kernel (on CPU only under TRITON_INTERPRET=1, which must be
+set before the kernel module is imported); "torch" the reference; "auto" the
+kernel on a GPU or under the interpreter, else the reference (logged once per
+caller, since a silent switch to a slow path is a surprise in a benchmark).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+_logged: set[str] = set()
+
+
+def pick_backend(backend: str, on_cuda: bool, what: str) -> str:
+    """Resolve backend ("auto" | "triton" | "torch") for tensors on CUDA or not; ``what`` names the caller."""
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend != "auto":
+        return backend
+    if on_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return "triton"
+    if what not in _logged:
+        log.info("%s: CPU tensors without TRITON_INTERPRET=1, using the torch reference", what)
+        _logged.add(what)
+    return "torch"

@@ -1,0 +1,45 @@
+"""Upstream vLLM's sharded indexer under DCP, as the oracle for the replicated one.
+
+Under DCP each rank holds only the indexer keys of the tokens it owns; it
+scores those, keeps a local top-k of (score, global token id) candidates, and
+the ranks merge all candidates into the global top-k. With the same scoring
+and the same tie rule this equals the replicated indexer's top-k, which every
+rank computes alone from the whole cache; tests/test_indexer_multiproc.py
+checks that across processes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .topk import select_topk
+
+
+def shard_candidates(q, w, local_records, local_token_ids, pos, k: int, *, backend: str = "auto"):
+    """One rank's candidates: local_records uint8 [L, 132] hold the keys of global tokens
+    local_token_ids int64 [L]; q, w, pos as in ``indexer_topk``.
+
+    Returns (scores float32 [M, k], ids int32 [M, k] global token ids), best first,
+    -inf / -1 where the rank has fewer than k tokens in a row's causal prefix.
+    """
+    from . import indexer_scores
+
+    if local_token_ids.shape != (local_records.shape[0],):
+        raise ValueError(f"local_token_ids must be [L={local_records.shape[0]}], got {tuple(local_token_ids.shape)}")
+    if pos is None or pos.shape != (q.shape[0],):
+        raise ValueError(f"pos must be int64 [M={q.shape[0]}]")
+    scores = indexer_scores(q, w, local_records, None, None, backend=backend)
+    scores = scores.masked_fill(local_token_ids[None, :] > pos[:, None], float("-inf"))
+    ids, best = select_topk(scores, k, local_token_ids, with_scores=True)
+    return best, ids
+
+
+def merge_candidates(scores: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Global top-k from every rank's candidates: scores float32 [P, M, k'], ids int32 [P, M, k'] -> int32 [M, k]."""
+    if scores.dim() != 3 or ids.shape != scores.shape:
+        raise ValueError(f"scores and ids must both be [P, M, k], got {tuple(scores.shape)} and {tuple(ids.shape)}")
+    p, m, kk = scores.shape
+    flat_scores = scores.permute(1, 0, 2).reshape(m, p * kk)
+    flat_ids = ids.permute(1, 0, 2).reshape(m, p * kk).to(torch.int64)
+    flat_scores = flat_scores.masked_fill(flat_ids < 0, float("-inf"))  # padding never wins
+    return select_topk(flat_scores, k, flat_ids.clamp(min=0))

@@ -1,0 +1,57 @@
+"""Deterministic top-k over indexer scores: score descending, then token id ascending.
+
+Each (score, id) pair is packed into one int64 key whose order is exactly that
+rule: the high 32 bits are the fp32 score's bits mapped to a signed integer
+that sorts like the float (-0.0 is first folded into +0.0 so equal scores give
+equal bits), the low 32 bits are (2**32 - 1 - id) so a lower id ranks higher.
+All keys are distinct, so ``torch.topk`` over them has one answer on every
+device and thread count, which is what makes every rank's top-k identical.
+torch.topk is used (rather than a hand-written Triton radix select) because it
+is a tuned, deterministic-by-construction primitive on both CPU and GPU here.
+
+Entries with score -inf (outside the causal prefix, or a padded candidate)
+are never selected; rows with fewer selectable entries than k are padded
+with -1 at the end.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_NONE = torch.iinfo(torch.int64).min
+_LOW = (1 << 32) - 1
+
+
+def select_topk(scores: torch.Tensor, k: int, token_ids: torch.Tensor | None = None, *, with_scores: bool = False):
+    """scores float32 [M, N] (no NaN), token_ids int [N] or [M, N] in [0, 2**31) (default 0..N-1) -> int32 [M, k].
+
+    Returns the ids of the k best entries per row in rank order (score
+    descending, id ascending), -1 where a row has fewer than k entries above -inf.
+    with_scores=True also returns their float32 scores [M, k] (-inf at the padding),
+    unpacked from the keys.
+    """
+    if scores.dim() != 2 or scores.dtype != torch.float32:
+        raise ValueError(f"scores must be float32 [M, N], got {scores.dtype} {tuple(scores.shape)}")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    m, n = scores.shape
+    if token_ids is None:
+        token_ids = torch.arange(n, device=scores.device)
+    if token_ids.shape not in ((n,), (m, n)):
+        raise ValueError(f"token_ids must be [N={n}] or [M, N]={(m, n)}, got {tuple(token_ids.shape)}")
+    bits = (scores + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+    keys = (ordered << 32) | (_LOW - token_ids.to(torch.int64))
+    keys = keys.masked_fill(scores == float("-inf"), _NONE)
+    take = min(k, n)
+    top = torch.topk(keys, take, dim=1, largest=True, sorted=True).values if take > 0 else keys[:, :0]
+    ids = torch.where(top == _NONE, torch.full_like(top, -1), _LOW - (top & _LOW))
+    if take < k:
+        ids = torch.cat([ids, ids.new_full((m, k - take), -1)], dim=1)
+        top = torch.cat([top, top.new_full((m, k - take), _NONE)], dim=1)
+    ids = ids.to(torch.int32)
+    if not with_scores:
+        return ids
+    ordered = (top >> 32).to(torch.int32)
+    picked = torch.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).view(torch.float32)
+    return ids, picked.masked_fill(ids < 0, float("-inf"))

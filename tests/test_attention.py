@@ -1,0 +1,222 @@
+"""Sparse MLA decode: Triton kernel (interpreter on CPU) and torch reference against float64.
+
+The oracle decodes every record with sparkinfer.formats, then computes the
+softmax attention in float64 row by row. Tolerances: out and lse within 2e-5
+absolute + 2e-5 relative at the model's scale 1/sqrt(576) (fp32 accumulation
+over K <= 64 keys; measured errors ~2e-6 out, ~1e-6 lse). With scale 0.5 the
+scores reach ~100, their fp32 rounding (~1e-5 absolute) becomes a relative
+error of the softmax weights, so the peaky test allows 2e-4 absolute + 1e-4
+relative (measured ~5e-5 out, ~1.3e-5 lse).
+"""
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from sparkinfer.attention import merge_lse, sparse_mla_decode, sparse_mla_decode_torch
+from sparkinfer.attention.triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
+from sparkinfer.formats import MAIN_FORMATS, get_format
+
+TOL = dict(atol=2e-5, rtol=2e-5)
+PEAKY_TOL = dict(atol=2e-4, rtol=1e-4)
+
+
+def make_case(fmt, m=2, h=3, k=40, t=100, seed=0, q_dtype=torch.float32, pad_frac=0.2):
+    g = torch.Generator().manual_seed(seed)
+    latent = torch.randn(t, 512, generator=g) * torch.rand(t, 1, generator=g) * 3
+    rope = torch.randn(t, 64, generator=g)
+    records = fmt.encode(latent, rope)
+    q_nope = torch.randn(m, h, 512, generator=g).to(q_dtype)
+    q_rope = torch.randn(m, h, 64, generator=g).to(q_dtype)
+    indices = torch.randint(0, t, (m, k), generator=g, dtype=torch.int32)
+    indices[torch.rand(m, k, generator=g) < pad_frac] = -1
+    return q_nope, q_rope, records, indices
+
+
+def oracle(q_nope, q_rope, records, fmt, indices, scale):
+    """float64 attention over the decoded records, one row at a time."""
+    latent, rope = (x.double() for x in fmt.decode(records))
+    m, h, _ = q_nope.shape
+    out = torch.zeros(m, h, 512, dtype=torch.float64)
+    lse = torch.full((m, h), -math.inf, dtype=torch.float64)
+    for i in range(m):
+        sel = indices[i][indices[i] >= 0].long()
+        if sel.numel() == 0:
+            continue
+        s = scale * (q_nope[i].double() @ latent[sel].T + q_rope[i].double() @ rope[sel].T)
+        lse[i] = torch.logsumexp(s, dim=1)
+        out[i] = torch.softmax(s, dim=1) @ latent[sel]
+    return out, lse
+
+
+def assert_matches(out, lse, ref_out, ref_lse, tol=TOL):
+    assert out.dtype == torch.float32 and lse.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref_out, **tol)
+    torch.testing.assert_close(lse.double(), ref_lse, **tol)
+
+
+@pytest.mark.parametrize("name", MAIN_FORMATS)
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_decode_matches_float64(name, backend):
+    fmt = get_format(name)
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=3, k=40)
+    scale = 1 / math.sqrt(576)
+    out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale, backend=backend)
+    assert_matches(out, lse, *oracle(q_nope, q_rope, records, fmt, indices, scale))
+
+
+@pytest.mark.parametrize("name", MAIN_FORMATS)
+def test_triton_peaky_softmax_splits_and_bf16(name):
+    """Large scale (scores spread over ~100 nats) exercises the running-max rescale; splits exercise merge."""
+    fmt = get_format(name)
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=4, k=56, seed=1, q_dtype=torch.bfloat16)
+    scale = 0.5
+    ref = oracle(q_nope, q_rope, records, fmt, indices, scale)
+    for splits in (1, 3, 5):  # K=56, tiles of 16 -> 1, 2 (32+24) and 4 (16+16+16+8) programs
+        out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale, backend="triton",
+                                     num_splits=splits)
+        assert_matches(out, lse, *ref, tol=PEAKY_TOL)
+
+
+def test_empty_rows_give_zero_and_minus_inf():
+    fmt = get_format("nvfp4_368")
+    q_nope, q_rope, records, indices = make_case(fmt, m=3, h=2, k=16)
+    indices[1] = -1
+    for backend in ("triton", "torch"):
+        out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend=backend)
+        assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
+        assert torch.isfinite(lse[0]).all() and torch.isfinite(out).all()
+        out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices[:, :0], 0.1, backend=backend)
+        assert out.shape == (3, 2, 512) and torch.all(out == 0) and torch.all(lse == -math.inf)
+
+
+def test_432_outer_scale_is_honoured():
+    fmt = get_format("nvfp4_432", outer_scale=0.25)
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=2, k=16, seed=3)
+    ref = oracle(q_nope, q_rope, records, fmt, indices, 0.2)
+    assert_matches(*sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.2, backend="triton"), *ref)
+
+
+def test_duplicate_indices_count_twice():
+    """An index listed twice is two keys (the kernel does not dedup; the union plan does)."""
+    fmt = get_format("fp8_ds_mla")
+    q_nope, q_rope, records, _ = make_case(fmt, m=1, h=2, k=16)
+    indices = torch.tensor([[5, 5, 7] + [-1] * 13], dtype=torch.int32)
+    ref = oracle(q_nope, q_rope, records, fmt, indices, 0.1)
+    assert_matches(*sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton"), *ref)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_partials_over_disjoint_shards_merge_to_whole(backend):
+    """Stock DCP: each rank attends its shard of the index set; merge_lse gives attention over all of it."""
+    fmt = get_format("nvfp4_368")
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=4, k=48, seed=5, pad_frac=0.0)
+    scale = 0.3
+    whole = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale, backend=backend)
+    owner = indices % 4  # vLLM's placement with interleave 1 (token id = record row here)
+    outs, lses = [], []
+    for rank in range(4):
+        shard = torch.where(owner == rank, indices, torch.full_like(indices, -1))
+        o, s = sparse_mla_decode(q_nope, q_rope, records, fmt, shard, scale, backend=backend)
+        outs.append(o)
+        lses.append(s)
+    merged_out, merged_lse = merge_lse(torch.stack(outs), torch.stack(lses))
+    torch.testing.assert_close(merged_out, whole[0], **PEAKY_TOL)
+    torch.testing.assert_close(merged_lse, whole[1], **PEAKY_TOL)
+    assert_matches(merged_out, merged_lse, *oracle(q_nope, q_rope, records, fmt, indices, scale), tol=PEAKY_TOL)
+
+
+def test_merge_lse_against_float64_and_empty_partials():
+    g = torch.Generator().manual_seed(7)
+    outs = torch.randn(3, 2, 2, 512, generator=g)
+    lses = torch.randn(3, 2, 2, generator=g) * 10
+    lses[1, 0, 0] = -math.inf  # one empty partial
+    lses[:, 1, 1] = -math.inf  # a row empty everywhere
+    out, lse = merge_lse(outs, lses)
+    ref_lse = torch.logsumexp(lses.double(), dim=0)
+    w = torch.exp(lses.double() - ref_lse.nan_to_num(neginf=0.0))
+    ref_out = (w[..., None] * outs.double()).sum(0)
+    torch.testing.assert_close(lse.double(), ref_lse, **TOL)
+    torch.testing.assert_close(out.double(), ref_out, **TOL)
+    assert torch.all(out[1, 1] == 0) and lse[1, 1] == -math.inf
+
+
+def test_merge_lse_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="lses must be"):
+        merge_lse(torch.zeros(2, 1, 1, 512), torch.zeros(2, 1))
+    with pytest.raises(ValueError, match="outs must be"):
+        merge_lse(torch.zeros(2, 512), torch.zeros(2, 1, 1))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bad_input_raises(backend):
+    fmt = get_format("nvfp4_368")
+    qn, qr, rec, idx = make_case(fmt, m=2, h=2, k=16)
+    call = lambda **kw: sparse_mla_decode(**{**dict(q_nope=qn, q_rope=qr, records=rec, fmt=fmt, indices=idx,
+                                                    scale=0.1, backend=backend), **kw})
+    with pytest.raises(ValueError, match="records are 432 bytes wide"):
+        call(records=get_format("nvfp4_432").encode(torch.randn(4, 512), torch.randn(4, 64)))
+    with pytest.raises(ValueError, match="indices must lie in"):
+        call(indices=torch.full_like(idx, rec.shape[0]))
+    with pytest.raises(ValueError, match="indices must lie in"):
+        call(indices=torch.full_like(idx, -2))
+    with pytest.raises(ValueError, match="q_rope must be"):
+        call(q_rope=qr[:, :1])
+    with pytest.raises(ValueError, match="q_nope must be"):
+        call(q_nope=qn[..., :256])
+    with pytest.raises(ValueError, match="indices must be int32"):
+        call(indices=idx.float())
+    with pytest.raises(ValueError, match="indices must be int32"):
+        call(indices=idx[:1])
+    with pytest.raises(ValueError, match="scale"):
+        call(scale=float("nan"))
+    with pytest.raises(ValueError, match="not a main MLA record format"):
+        call(fmt=get_format("indexer_fp8"))
+    with pytest.raises(ValueError, match="q_nope must be float32"):
+        call(q_nope=qn.double())
+    with pytest.raises(ValueError, match="dot_precision"):
+        call(dot_precision="fast")
+    with pytest.raises(ValueError, match="num_splits"):
+        call(num_splits=0)
+    with pytest.raises(ValueError, match="backend must be"):
+        call(backend="cuda")
+
+
+@triton.jit
+def _decode_codes_kernel(x_ptr, e4m3_ptr, e2m1_ptr, bf16_ptr):
+    offs = tl.arange(0, 256)
+    b = tl.load(x_ptr + offs)
+    tl.store(e4m3_ptr + offs, e4m3_to_f32(b))
+    tl.store(e2m1_ptr + offs, e2m1_to_f32(b & 15))
+    tl.store(bf16_ptr + offs, bf16_to_f32(b.to(tl.uint16) * 257))
+
+
+def test_triton_code_decoders_are_exact_for_every_code():
+    codes = torch.arange(256, dtype=torch.uint8)
+    e4m3, e2m1, bf16 = (torch.empty(256) for _ in range(3))
+    _decode_codes_kernel[(1,)](codes, e4m3, e2m1, bf16)
+    ref = codes.view(torch.float8_e4m3fn).float()
+    finite = ~ref.isnan()
+    assert torch.equal(e4m3[finite], ref[finite])
+    magnitudes = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+    nib = codes.long() & 15
+    assert torch.equal(e2m1, torch.where(nib >= 8, -magnitudes[nib & 7], magnitudes[nib & 7]))
+    bits = codes.to(torch.int32) * 257
+    ref_bf16 = bits.to(torch.int16).view(torch.bfloat16).float()  # wraps like uint16 for the bit pattern
+    assert torch.equal(bf16.view(torch.int32), ref_bf16.view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", MAIN_FORMATS)
+def test_gpu_kernel_matches_float64(name):
+    fmt = get_format(name)
+    q_nope, q_rope, records, indices = make_case(fmt, m=8, h=16, k=2048, t=4096, seed=11)
+    scale = 1 / math.sqrt(576)
+    ref = oracle(q_nope, q_rope, records, fmt, indices, scale)
+    dev = torch.device("cuda")
+    out, lse = sparse_mla_decode(q_nope.to(dev), q_rope.to(dev), records.to(dev), fmt, indices.to(dev), scale)
+    torch.testing.assert_close(out.cpu().double(), ref[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse.cpu().double(), ref[1], atol=1e-4, rtol=1e-4)

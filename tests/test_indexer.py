@@ -1,0 +1,231 @@
+"""Replicated DSA indexer: Triton scoring (interpreter on CPU) + select_topk against the float64 reference.
+
+Two kinds of input:
+* exact: integer keys in [-15, 15] (dequantized exactly from fp8), integer
+  queries in [-3, 3] and weights in multiples of 1/4, so every score is an
+  exact fp32 number in any summation order. Kernel and reference must then
+  agree bit for bit on scores and exactly on the ordered top-k, ties included
+  (many ties: duplicated keys, small integer range).
+* random floats: the kernel's fp32 scores must be within 1e-5 relative of the
+  float64 reference, and the selected sets may differ only on tokens whose
+  reference score lies within that tolerance of the k-th best score.
+"""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkinfer.formats import get_format
+from sparkinfer.topology import IndexSharePattern
+from sparkinfer.indexer import (ReplicatedIndexerCache, indexer_scores, indexer_scores_torch, indexer_topk,
+                                indexer_topk_torch, merge_candidates, select_topk, shard_candidates)
+
+IDX = get_format("indexer_fp8")
+
+
+def exact_case(m=4, hi=4, t=200, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randint(-15, 16, (t, 128), generator=g).float()
+    keys[t // 2: t // 2 + 20] = keys[:20]  # duplicated keys: exact score ties
+    q = torch.randint(-3, 4, (m, hi, 128), generator=g).float()
+    w = torch.randint(0, 9, (m, hi), generator=g).float() / 4
+    pos = torch.randint(0, t, (m,), generator=g)
+    pos[0] = t - 1
+    return q, w, IDX.encode(keys), pos, keys
+
+
+def random_case(m=4, hi=4, t=200, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn(t, 128, generator=g)
+    q = torch.randn(m, hi, 128, generator=g)
+    w = torch.randn(m, hi, generator=g)
+    pos = torch.randint(0, t, (m,), generator=g)
+    pos[0] = t - 1
+    return q, w, IDX.encode(keys), pos
+
+
+def brute_topk(scores, k):
+    """Python reference of the tie rule on a float64 score matrix."""
+    out = []
+    for row in scores.tolist():
+        order = sorted((i for i, s in enumerate(row) if s != -math.inf), key=lambda i: (-row[i], i))[:k]
+        out.append(order + [-1] * (k - len(order)))
+    return torch.tensor(out, dtype=torch.int32)
+
+
+def test_exact_inputs_dequantize_exactly():
+    _, _, records, _, keys = exact_case()
+    assert torch.equal(IDX.decode(records), keys)
+
+
+@pytest.mark.parametrize("k", [8, 64, 250])
+def test_triton_matches_reference_exactly_on_exact_inputs(k):
+    q, w, records, pos, _ = exact_case()
+    ref_scores = indexer_scores_torch(q, w, records, pos)
+    scores = indexer_scores(q, w, records, pos, backend="triton")
+    assert torch.equal(scores.double(), ref_scores)
+    ids = indexer_topk(q, w, records, pos, k, backend="triton")
+    ref = indexer_topk_torch(q, w, records, pos, k)
+    assert ids.dtype == torch.int32 and ids.shape == (4, k)
+    assert torch.equal(ids, ref)
+    assert torch.equal(ref, brute_topk(ref_scores, k))
+
+
+def test_ties_break_to_lower_token_id():
+    keys = torch.zeros(10, 128)
+    keys[:, 0] = torch.tensor([1, 3, 3, 2, 3, 1, 0, 3, 2, 1]).float()
+    q = torch.zeros(1, 1, 128)
+    q[0, 0, 0] = 1
+    w = torch.ones(1, 1)
+    pos = torch.tensor([9])
+    for backend in ("triton", "torch"):
+        ids = indexer_topk(q, w, IDX.encode(keys), pos, 6, backend=backend)
+        assert ids.tolist() == [[1, 2, 4, 7, 3, 8]]
+
+
+def test_causal_prefix_and_padding():
+    q, w, records, _, _ = exact_case(m=3, t=50)
+    pos = torch.tensor([0, 4, 49])
+    for backend in ("triton", "torch"):
+        ids = indexer_topk(q, w, records, pos, 8, backend=backend)
+        assert ids[0].tolist() == [0] + [-1] * 7
+        assert sorted(ids[1, :5].tolist()) == [0, 1, 2, 3, 4] and ids[1, 5:].tolist() == [-1] * 3
+        assert (ids[2] >= 0).all() and ids[2].unique().numel() == 8
+    # k larger than the whole cache
+    assert indexer_topk(q, w, records, pos, 64, backend="triton").shape == (3, 64)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_triton_on_random_floats_within_tolerance(seed):
+    q, w, records, pos = random_case(seed=seed)
+    q = q.to(torch.bfloat16) if seed else q
+    ref = indexer_scores_torch(q, w, records, pos)
+    scores = indexer_scores(q, w, records, pos, backend="triton")
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(scores), finite)
+    tol = 1e-5 * (ref[finite].abs() + 1)
+    assert ((scores.double()[finite] - ref[finite]).abs() <= tol).all()
+    k = 32
+    ids = indexer_topk(q, w, records, pos, k, backend="triton")
+    ref_ids = indexer_topk_torch(q, w, records, pos, k)
+    for r in range(q.shape[0]):
+        a, b = set(ids[r].tolist()) - {-1}, set(ref_ids[r].tolist()) - {-1}
+        kth = ref[r].sort(descending=True).values[min(k, int(pos[r]) + 1) - 1]
+        for t in a ^ b:
+            assert abs(ref[r, t] - kth) <= 2e-5 * (abs(kth) + 1), (r, t)
+
+
+def test_strided_q_and_w_equal_contiguous():
+    q, w, records, pos = random_case(t=60, hi=3)
+    q_wide = torch.zeros(4, 6, 128)
+    q_wide[:, ::2] = q
+    w_t = w.t().contiguous().t()  # column-major [M, Hi]
+    for backend in ("triton", "torch"):
+        assert torch.equal(indexer_scores(q_wide[:, ::2], w_t, records, pos, backend=backend),
+                           indexer_scores(q, w, records, pos, backend=backend))
+
+
+def test_paged_token_slots_equal_contiguous():
+    q, w, records, pos = random_case(t=120)
+    perm = torch.randperm(120, generator=torch.Generator().manual_seed(3))
+    pool = torch.zeros(200, 132, dtype=torch.uint8)
+    slots = perm + 40
+    pool[slots] = records
+    for backend in ("triton", "torch"):
+        assert torch.equal(indexer_topk(q, w, pool, pos, 16, slots, backend=backend),
+                           indexer_topk(q, w, records, pos, 16, backend=backend))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_select_topk_matches_brute_force(data):
+    m = data.draw(st.integers(1, 3))
+    n = data.draw(st.integers(1, 12))
+    k = data.draw(st.integers(1, 15))
+    values = st.sampled_from([-math.inf, -2.5, -0.0, 0.0, 1.0, 1.0000001, 3.0, 1e30])
+    scores = torch.tensor([[data.draw(values) for _ in range(n)] for _ in range(m)], dtype=torch.float32)
+    ids, best = select_topk(scores, k, with_scores=True)
+    assert torch.equal(ids, brute_topk(scores.double(), k))
+    expect = torch.where(ids >= 0, scores.gather(1, ids.clamp(min=0).long()), torch.tensor(-math.inf))
+    assert torch.equal(best, expect + 0.0)
+
+
+def test_sharded_candidates_merge_to_replicated_topk():
+    """Upstream DCP (each rank scores its shard, global merge) selects what the replicated indexer does."""
+    q, w, records, pos = random_case(t=150, seed=4)
+    k = 24
+    replicated = indexer_topk(q, w, records, pos, k, backend="triton")
+    for world, interleave in ((4, 1), (4, 8), (3, 2)):
+        tokens = torch.arange(150)
+        cands = []
+        for rank in range(world):
+            mine = tokens[(tokens // interleave) % world == rank]
+            cands.append(shard_candidates(q, w, records[mine], mine, pos, k, backend="triton"))
+        merged = merge_candidates(torch.stack([c[0] for c in cands]), torch.stack([c[1] for c in cands]), k)
+        assert torch.equal(merged, replicated), (world, interleave)
+
+
+def test_cache_write_and_topk():
+    layers = [0, 1, 2, 6, 10]
+    cache = ReplicatedIndexerCache(layers, capacity=64)
+    assert cache.bytes_per_token == 5 * 132
+    glm = ReplicatedIndexerCache.for_pattern(IndexSharePattern.glm52(), capacity=1)
+    assert glm.bytes_per_token == 22 * 132 == 2904  # 21 Full layers + the MTP layer
+    assert glm.layers[:4] == (0, 1, 2, 6) and glm.layers[-2:] == (74, 78)
+    g = torch.Generator().manual_seed(9)
+    keys = torch.randn(40, 128, generator=g)
+    slots = torch.randperm(64, generator=g)[:40]
+    cache.write(6, slots, keys)
+    assert torch.equal(cache.layer_records(6)[slots], IDX.encode(keys))
+    assert torch.all(cache.layer_records(2) == 0)
+    q, w = torch.randn(2, 4, 128, generator=g), torch.rand(2, 4, generator=g)
+    pos = torch.tensor([39, 10])
+    got = cache.topk(6, q, w, pos, 8, slots, backend="triton")
+    assert torch.equal(got, indexer_topk(q, w, IDX.encode(keys), pos, 8, backend="triton"))
+    with pytest.raises(ValueError, match="layer 3 has no indexer cache"):
+        cache.write(3, slots, keys)
+    with pytest.raises(ValueError, match="distinct"):
+        cache.write(0, torch.tensor([1, 1]), keys[:2])
+    with pytest.raises(ValueError, match="capacity"):
+        cache.write(0, torch.tensor([64]), keys[:1])
+    with pytest.raises(ValueError, match="keys must be"):
+        cache.write(0, torch.tensor([1]), keys[:2])
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bad_input_raises(backend):
+    q, w, records, pos = random_case(t=30)
+    call = lambda **kw: indexer_topk(**{**dict(q=q, w=w, records=records, pos=pos, k=4, backend=backend), **kw})
+    with pytest.raises(ValueError, match="q must be"):
+        call(q=q[..., :64])
+    with pytest.raises(ValueError, match="w must be"):
+        call(w=w[:, :2])
+    with pytest.raises(ValueError, match="records must be"):
+        call(records=torch.zeros(30, 368, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="pos must lie"):
+        call(pos=pos + 30)
+    with pytest.raises(ValueError, match="pos must be"):
+        call(pos=pos[:2])
+    with pytest.raises(ValueError, match="finite"):
+        call(q=q * math.inf)
+    with pytest.raises(ValueError, match="k must be"):
+        call(k=0)
+    with pytest.raises(ValueError, match="token_slots must lie"):
+        call(token_slots=torch.tensor([0, 1, 99]), pos=torch.zeros(4, dtype=torch.int64))
+
+
+@pytest.mark.gpu
+def test_gpu_scores_match_reference():
+    q, w, records, pos = random_case(m=8, hi=32, t=20000, seed=12)
+    ref = indexer_scores_torch(q, w, records, pos)
+    dev = torch.device("cuda")
+    got = indexer_scores(q.to(dev), w.to(dev), records.to(dev), pos.to(dev)).cpu().double()
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(got), finite)
+    assert ((got[finite] - ref[finite]).abs() <= 1e-5 * (ref[finite].abs() + 1)).all()
+    qe, we, re, pe, _ = exact_case(m=8, hi=32, t=5000)
+    ids = indexer_topk(qe.to(dev), we.to(dev), re.to(dev), pe.to(dev), 2048).cpu()
+    assert torch.equal(ids, indexer_topk_torch(qe, we, re, pe, 2048))
