@@ -1,0 +1,48 @@
+// Arrival / release / abort flags of the host fabric (sparkinfer/comm/host_fabric.py).
+// Flags are int64 words in shared memory written by other processes, so every
+// access is an atomic with release (store) / acquire (load) ordering: a reader
+// that sees sequence number k also sees the slab bytes written before it.
+// The wait loop runs here, outside the Python GIL (ctypes drops it), so a
+// rank's copy thread keeps running while its main thread waits.
+#include <time.h>
+
+#include "sparkinfer/common.h"
+
+extern "C" {
+
+void si_comm_flag_store(int64_t* flag, int64_t value) { __atomic_store_n(flag, value, __ATOMIC_RELEASE); }
+
+int64_t si_comm_flag_load(const int64_t* flag) { return __atomic_load_n(flag, __ATOMIC_ACQUIRE); }
+
+// Wait until flags[idx[k] * stride] >= target for every k < n, or any
+// abort[a * stride] != 0 (a < n_abort; checked first), or timeout_ns elapses.
+// Returns 0 when all arrived, 1 on timeout, 2 on a peer abort; `pending` gets a
+// bitmask of the k that had not arrived (bit k for idx[k]).
+int32_t si_comm_flag_wait(const int64_t* flags, const int32_t* idx, int32_t n, int64_t stride,
+                          int64_t target, const int64_t* abort, int32_t n_abort, int64_t timeout_ns,
+                          int64_t* pending) {
+  timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int64_t sleep_ns = 0;
+  for (;;) {
+    int64_t mask = 0;
+    for (int32_t k = 0; k < n; ++k)
+      if (__atomic_load_n(flags + (int64_t)idx[k] * stride, __ATOMIC_ACQUIRE) < target) mask |= int64_t(1) << k;
+    *pending = mask;
+    // A peer's abort wins even when our data is complete: the exchange is broken for everyone.
+    for (int32_t a = 0; a < n_abort; ++a)
+      if (__atomic_load_n(abort + (int64_t)a * stride, __ATOMIC_ACQUIRE) != 0) return 2;
+    if (mask == 0) return 0;
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    const int64_t waited = (t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec);
+    if (waited >= timeout_ns) return 1;
+    // Back off from spinning to sleeping: 2 shared cores must not be burnt by
+    // four processes polling, but a fast peer should cost only microseconds.
+    sleep_ns = sleep_ns < 1000 ? sleep_ns + 100 : (sleep_ns < 200000 ? sleep_ns * 2 : 200000);
+    timespec s{0, (long)sleep_ns};
+    nanosleep(&s, nullptr);
+  }
+}
+
+}  // extern "C"

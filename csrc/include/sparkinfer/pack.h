@@ -1,0 +1,87 @@
+// Record gather/scatter for the selected-record exchange, written once for the
+// CUDA kernels (csrc/cuda/pack.cu) and their host twins (csrc/host/pack_host.cpp).
+//
+// Shapes (all byte offsets; records are opaque `width`-byte rows, any width >= 1):
+//   cache      uint8 [L_cache][cache_rows][width], layer l at cache + l * cache_layer_stride
+//              (a rank's paged shard: row = block_table[req][local / block_size] * block_size
+//               + local % block_size)
+//   block_table int32 [B][bt_stride] (bt_cols valid columns per request)
+//   layers     int32 [n_layers]  which cache layers travel, in slab order
+//   req, local int32 [n]         request index and local ordinal of record i on this rank
+//   slot       int32 [n]         destination workspace row of record i (b * U + u)
+//   packed     uint8 [n_layers][n][width]  one contiguous region per destination
+//   workspace  uint8 [n_layers][ws_rows][width], layer j at ws + j * ws_layer_stride
+//
+// Three moves share one per-record copy:
+//   pack   cache[layers[j]][row(req[i], local[i])] -> packed[j][i]
+//   unpack packed[j][i]                            -> workspace[j][slot[i]]
+//   direct cache[layers[j]][row(req[i], local[i])] -> workspace[j][slot[i]]   (own records)
+// Every index is bounds-checked; a bad one leaves the record untouched and is
+// reported (SI_ERR_RANGE) instead of reading or writing out of bounds.
+#pragma once
+
+#include "sparkinfer/common.h"
+
+struct si_pack_cache {
+  const uint8_t* base;
+  int64_t layer_stride;  // bytes between layers
+  int64_t rows;          // rows per layer
+  int32_t n_layers;      // layers held (bound for layers[])
+  const int32_t* block_table;
+  int64_t bt_stride;     // int32 elements between requests
+  int32_t bt_rows;       // requests
+  int32_t bt_cols;       // valid block columns per request
+  int32_t block_size;
+};
+
+struct si_pack_ws {
+  uint8_t* base;
+  int64_t layer_stride;  // bytes between layers
+  int64_t rows;          // B * U
+};
+
+// Row of (req, local) in the cache, or -1 when any index is out of range.
+SI_HD int64_t si_pack_cache_row(const si_pack_cache& c, int32_t req, int32_t local) {
+  if (req < 0 || req >= c.bt_rows || local < 0) return -1;
+  const int32_t col = local / c.block_size;
+  if (col >= c.bt_cols) return -1;
+  const int64_t block = c.block_table[(int64_t)req * c.bt_stride + col];
+  const int64_t row = block * c.block_size + local % c.block_size;
+  return (block < 0 || row >= c.rows) ? -1 : row;
+}
+
+// Source address of record i of slab layer j, or nullptr when out of range.
+SI_HD const uint8_t* si_pack_cache_src(const si_pack_cache& c, const int32_t* layers, int32_t j,
+                                       int32_t req, int32_t local, int64_t width) {
+  const int32_t layer = layers[j];
+  if (layer < 0 || layer >= c.n_layers) return nullptr;
+  const int64_t row = si_pack_cache_row(c, req, local);
+  if (row < 0) return nullptr;
+  return c.base + (int64_t)layer * c.layer_stride + row * width;
+}
+
+SI_HD uint8_t* si_pack_ws_dst(const si_pack_ws& w, int32_t j, int32_t slot, int64_t width) {
+  if (slot < 0 || slot >= w.rows) return nullptr;
+  return w.base + (int64_t)j * w.layer_stride + (int64_t)slot * width;
+}
+
+// Copy bytes [begin, width) of one record with a stride of `step` units, the
+// widest unit that divides the width and both addresses (16, 4 or 1 bytes), so
+// 368/432/656-byte records move as 16-byte vectors and odd widths still work.
+SI_HD int si_pack_unit(const void* dst, const void* src, int64_t width) {
+  const uintptr_t a = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)width;
+  return (a % 16 == 0) ? 16 : (a % 4 == 0) ? 4 : 1;
+}
+
+SI_HD void si_pack_copy_part(uint8_t* dst, const uint8_t* src, int64_t width, int64_t lane, int64_t lanes) {
+  const int unit = si_pack_unit(dst, src, width);
+  const int64_t n = width / unit;
+  if (unit == 16) {
+    struct alignas(16) v16 { uint32_t w[4]; };
+    for (int64_t k = lane; k < n; k += lanes) ((v16*)dst)[k] = ((const v16*)src)[k];
+  } else if (unit == 4) {
+    for (int64_t k = lane; k < n; k += lanes) ((uint32_t*)dst)[k] = ((const uint32_t*)src)[k];
+  } else {
+    for (int64_t k = lane; k < n; k += lanes) dst[k] = src[k];
+  }
+}

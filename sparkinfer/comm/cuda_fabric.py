@@ -1,0 +1,247 @@
+"""CUDA fabric: IPC receive segments, one copy-engine stream per peer, device-side flags.
+
+Same slab layout (``slab.py``) and protocol calls as the host fabric; every call enqueues work
+instead of blocking, so the exchange overlaps compute:
+
+* receive segment: ``cudaMalloc`` (a whole allocation, so its IPC handle maps exactly it),
+  exported with ``cudaIpcGetMemHandle`` and opened by every peer with ``cudaIpcOpenMemHandle``;
+* send slab: ordinary device memory of this rank;
+* ``copy``: on the pair's own non-blocking stream (its copy engine): wait for the pack event,
+  wait (device flag) until dst released the region, one ``cudaMemcpyAsync`` of the packed region
+  into dst's segment, then a one-thread kernel release-writes ``arrive[rank] = seq`` there;
+* ``wait_arrival`` / ``release``: flag kernels on the compute (current torch) stream; a wait that
+  spins past ``timeout_s`` stops, records the missing peer in a pinned host word and returns, and
+  the next fabric call raises :class:`FabricError` naming that peer (the GPU never hangs);
+* sequence numbers live in device memory, one word per slot, bumped by ``depth`` on the compute
+  stream when a round starts, so flag kernels read the right value in any stream order.
+
+``cuda.bindings`` (package ``cuda-python``, the ``cuda`` extra) is imported only here, when the
+fabric is built. Peer access is checked first: a node without P2P (IOMMU on, ACS not cleared)
+fails with an explanation instead of a slow or broken run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import torch
+import torch.distributed as dist
+
+from sparkinfer import native
+
+from .fabric import Fabric, FabricError, arrival_barrier, check_same_config
+from .slab import ACK, ARRIVE, FLAG_STRIDE, SlabLayout
+
+_vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+
+
+def _rt():
+    try:
+        from cuda.bindings import runtime
+    except ImportError as e:
+        raise RuntimeError("the CUDA fabric needs cuda-python (pip install 'sparkinfer[cuda]')") from e
+    return runtime
+
+
+def _ok(result, what: str):
+    """Unpack a cuda.bindings (err, *values) tuple, raising on error."""
+    err, *vals = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed: CUDA error {int(err)} ({err})")
+    return vals[0] if len(vals) == 1 else (vals or None)
+
+
+@lru_cache(maxsize=None)
+def _flags_lib():
+    lib = native.cuda_lib()
+    if lib is None:
+        raise RuntimeError("the CUDA fabric needs the CUDA build of csrc/ (python -m sparkinfer.native.build --cuda)")
+    lib.si_comm_seq_bump_cuda.argtypes = [_vp, _i64, _vp]
+    lib.si_comm_signal_cuda.argtypes = [_vp, _vp, _vp]
+    lib.si_comm_wait_cuda.argtypes = [_vp, _i32, _i64, _vp, _i64, _i32, ctypes.c_longlong, _vp, _vp]
+    for f in (lib.si_comm_seq_bump_cuda, lib.si_comm_signal_cuda, lib.si_comm_wait_cuda):
+        f.restype = _i32
+    return lib
+
+
+def _call(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what}: launch failed (status {status})")
+
+
+class _DeviceBytes:
+    """``__cuda_array_interface__`` wrapper so torch can view a raw cudaMalloc allocation."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+class CudaFabric(Fabric):
+    kind = "cuda"
+
+    def __init__(self, layout: SlabLayout, group=None, timeout_s: float = 30.0):
+        if not torch.cuda.is_available():
+            raise RuntimeError("CudaFabric needs a CUDA device")
+        if not dist.is_initialized():
+            raise RuntimeError("CudaFabric needs an initialised torch.distributed process group")
+        rt = _rt()
+        self._rt = rt
+        self.group, self.layout = group, layout
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        if layout.world != self.world:
+            raise ValueError(f"slab layout is for {layout.world} ranks, process group has {self.world}")
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.timeout_s = float(timeout_s)
+        arrival_barrier(group, self.rank, self.world, self.timeout_s)
+        check_same_config(group, self.world, {"fabric": self.kind, **layout.config(),
+                                                         "timeout_s": self.timeout_s})
+        self._closed = False
+        self._preflight_peer_access()
+        lib = _flags_lib()
+        self._lib = lib
+        n = layout.segment_bytes
+        self._seg_ptr = int(_ok(rt.cudaMalloc(n), "cudaMalloc(receive segment)"))
+        _ok(rt.cudaMemset(self._seg_ptr, 0, n), "cudaMemset")
+        handle = _ok(rt.cudaIpcGetMemHandle(self._seg_ptr), "cudaIpcGetMemHandle")
+        handles: list = [None] * self.world
+        dist.all_gather_object(handles, bytes(handle.reserved), group=group)
+        self._peer_ptr = {}
+        for r in range(self.world):
+            if r == self.rank:
+                continue
+            h = rt.cudaIpcMemHandle_t()
+            h.reserved = handles[r]
+            self._peer_ptr[r] = int(_ok(rt.cudaIpcOpenMemHandle(h, rt.cudaIpcMemLazyEnablePeerAccess),
+                                        f"cudaIpcOpenMemHandle(rank {r})"))
+        self._own = torch.as_tensor(_DeviceBytes(self._seg_ptr, n), device=self.device)
+        self._send = torch.zeros(layout.send_bytes, dtype=torch.uint8, device=self.device)
+        flags = rt.cudaStreamNonBlocking
+        self._streams = {r: int(_ok(rt.cudaStreamCreateWithFlags(flags), "cudaStreamCreate"))
+                         for r in self._peer_ptr}
+        ev = rt.cudaEventDisableTiming
+        self._packed = [[_ok(rt.cudaEventCreateWithFlags(ev), "cudaEventCreate") for _ in range(self.world)]
+                        for _ in range(layout.depth)]
+        self._copied = [[_ok(rt.cudaEventCreateWithFlags(ev), "cudaEventCreate") for _ in range(self.world)]
+                        for _ in range(layout.depth)]
+        # seq word of slot k starts one lap behind its first sequence number (k, or depth for k = 0)
+        first = [k if k else layout.depth for k in range(layout.depth)]
+        self._seq = torch.tensor([f - layout.depth for f in first], dtype=torch.int64, device=self.device)
+        self._started = 0  # highest seq whose slot word was bumped
+        self._err = torch.zeros(1, dtype=torch.int32).pin_memory()
+        khz = _ok(rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrClockRate, self.device.index),
+                  "cudaDeviceGetAttribute(clock rate)")
+        self._timeout_cycles = int(self.timeout_s * khz * 1000)
+        dist.barrier(group)
+
+    def _preflight_peer_access(self):
+        devs: list = [None] * self.world
+        dist.all_gather_object(devs, self.device.index, group=self.group)
+        for r, d in enumerate(devs):
+            if d != self.device.index:
+                can = _ok(self._rt.cudaDeviceCanAccessPeer(self.device.index, d), "cudaDeviceCanAccessPeer")
+                if not can:
+                    raise RuntimeError(
+                        f"rank {self.rank}: GPU {self.device.index} cannot access GPU {d} (rank {r}) peer-to-peer; "
+                        "the CUDA fabric needs P2P: IOMMU off or passthrough, PCIe ACS redirect cleared, "
+                        "nvidia_uvm uvm_disable_hmm=1. Use the stock DCP path on this node.")
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _stream(self):
+        return native.stream_handle(self.device)
+
+    def _stream_int(self) -> int:
+        return self._stream().value or 0  # the legacy default stream is handle 0 (None in ctypes)
+
+    def _seq_ptr(self, seq: int) -> int:
+        return self._seq.data_ptr() + 8 * self.layout.slot(seq)
+
+    def _flag_addr(self, base: int, kind: int, peer: int) -> int:
+        return base + 8 * self.layout.flag_index(kind, peer)
+
+    def _check(self):
+        if self._closed:
+            raise FabricError(f"rank {self.rank}: fabric is closed")
+        code = int(self._err[0])
+        if code:
+            peer = (code >> 8) - 1
+            raise FabricError(f"rank {self.rank}: a device-side wait timed out after {self.timeout_s:g} s; "
+                              f"missing peer(s): [{peer}]")
+
+    # --- protocol calls ------------------------------------------------------------------------
+    def send_region(self, seq, dst):
+        off = self.layout.send_offset(seq, dst)
+        return self._send[off: off + self.layout.region_bytes]
+
+    def recv_region(self, seq, src):
+        off = self.layout.recv_offset(seq, src)
+        return self._own[off: off + self.layout.region_bytes]
+
+    def wait_send_free(self, seq, dst):
+        self._check()
+        slot, stream = self.layout.slot(seq), self._stream_int()
+        if seq > self._started:
+            # First call of a new round: every pair stream must have finished the slot's previous
+            # round (its arrive signal still reads the slot's sequence word) before the word advances.
+            for peer in self._peer_ptr:
+                _ok(self._rt.cudaStreamWaitEvent(stream, self._copied[slot][peer], 0), "cudaStreamWaitEvent")
+            _call(self._lib.si_comm_seq_bump_cuda(self._seq_ptr(seq), self.layout.depth, self._stream()), "seq bump")
+            self._started = seq
+        else:
+            _ok(self._rt.cudaStreamWaitEvent(stream, self._copied[slot][dst], 0), "cudaStreamWaitEvent")
+
+    def wait_recv_free(self, seq, dst):
+        self._check()
+        slot = self.layout.slot(seq)
+        ev = self._packed[slot][dst]
+        _ok(self._rt.cudaEventRecord(ev, self._stream_int()), "cudaEventRecord")
+        _ok(self._rt.cudaStreamWaitEvent(self._streams[dst], ev, 0), "cudaStreamWaitEvent")
+        if seq > self.layout.depth:
+            _call(self._lib.si_comm_wait_cuda(self._flag_addr(self._seg_ptr, ACK, dst), 1, FLAG_STRIDE,
+                                              self._seq_ptr(seq), self.layout.depth, dst, self._timeout_cycles,
+                                              self._err.data_ptr(), self._streams[dst]), "release wait")
+
+    def copy(self, seq, dst, nbytes):
+        self._check()
+        s = self._streams[dst]
+        if nbytes:
+            src = self._send.data_ptr() + self.layout.send_offset(seq, dst)
+            dst_ptr = self._peer_ptr[dst] + self.layout.recv_offset(seq, self.rank)
+            _ok(self._rt.cudaMemcpyAsync(dst_ptr, src, nbytes, self._rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, s),
+                "cudaMemcpyAsync")
+        _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[dst], ARRIVE, self.rank),
+                                            self._seq_ptr(seq), s), "arrive signal")
+        _ok(self._rt.cudaEventRecord(self._copied[self.layout.slot(seq)][dst], s), "cudaEventRecord")
+
+    def wait_arrival(self, seq, src):
+        self._check()
+        _call(self._lib.si_comm_wait_cuda(self._flag_addr(self._seg_ptr, ARRIVE, src), 1, FLAG_STRIDE,
+                                          self._seq_ptr(seq), 0, src, self._timeout_cycles, self._err.data_ptr(),
+                                          self._stream()), "arrival wait")
+
+    def release(self, seq, src):
+        self._check()
+        _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[src], ACK, self.rank),
+                                            self._seq_ptr(seq), self._stream()), "release signal")
+
+    def close(self):
+        """Drain the copy streams, close the peers' IPC mappings, free the segment (before the
+        process group goes away: peers must not hold a mapping of freed memory)."""
+        if self._closed:
+            return
+        self._closed = True
+        rt = self._rt
+        torch.cuda.synchronize(self.device)
+        for s in self._streams.values():
+            rt.cudaStreamSynchronize(s)
+            rt.cudaStreamDestroy(s)
+        for row in self._packed + self._copied:
+            for ev in row:
+                rt.cudaEventDestroy(ev)
+        for p in self._peer_ptr.values():
+            rt.cudaIpcCloseMemHandle(p)
+        self._own = None
+        if dist.is_initialized():
+            dist.barrier(self.group)  # every peer closed its mapping of our segment
+        rt.cudaFree(self._seg_ptr)

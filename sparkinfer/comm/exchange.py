@@ -1,0 +1,217 @@
+"""The selected-record exchange protocol, written once for every fabric.
+
+Inputs (every rank holds identical planes: they come from the replicated indexer):
+
+* planes: ``count`` int32 [D, D] (records src sends to dst; the diagonal is a rank's own
+  records), ``req`` / ``local`` / ``slot`` int32 [D, D, C] (request, local ordinal on the owner,
+  destination workspace row ``b * U + u``; -1 pad), ``overflow`` bool (the planner dropped
+  records because some count > C);
+* shard: this rank's paged record cache (``pack.Shard``);
+* layers: int32 [J] cache layers carried together (a Full layer and the Shared layers that reuse
+  its top-k: one destination map, one copy per pair, one barrier);
+* workspace: uint8 [J, B*U, width], dense per request in union order.
+
+One exchange = one or more rounds; round ``seq`` on rank r:
+
+1. pack: for each dst in rotated order (r+1, r+2, ...), wait until the send region of
+   (slot, dst) is free, then gather the records ``count[r, dst]`` into it ([J, n, width]);
+2. copy: wait until dst released the receive region this write reuses (exchange seq - depth),
+   then one copy per (r, dst) into dst's receive area, followed by ``arrive[r] = seq`` there;
+3. own records: copied straight from the shard into the workspace (no slab);
+4. arrive + unpack: for each src, wait for ``arrive[src] >= seq``, scatter its region into the
+   workspace rows ``slot[src, r]``;
+5. release: ``ack[r] = seq`` in src's segment: src may reuse that region (exchange seq + depth).
+
+Sequence numbers are monotonic per (src, dst), so a region is never overwritten before its
+consumer released it, and ``depth`` exchanges can be in flight (``start`` ... ``finish``).
+
+Capacity: the slab carries ``capacity`` records per pair per round. Larger counts are moved in
+``ceil(max count / capacity)`` rounds (one log line the first time; every rank computes the same
+rounds from the same planes). Planes that already overflowed (``planes.overflow``) cannot be
+exchanged without losing records: :class:`ExchangeOverflow` is raised on every rank and the caller
+runs the stock DCP path for that step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import pack as P
+from .fabric import Fabric, log
+from .slab import chunk_rounds, rotated_peers
+
+
+class ExchangeOverflow(RuntimeError):
+    """The planes dropped records (count > plane capacity): use the stock path for this step."""
+
+
+@dataclass
+class ExchangeStats:
+    rounds: int = 0
+    records_sent: int = 0   # records this rank copied to peers (all layers)
+    records_recv: int = 0
+    records_local: int = 0  # own records moved shard -> workspace
+    bytes_sent: int = 0
+    pack_s: float = 0.0
+    copy_s: float = 0.0     # issuing copies, including waits for free regions
+    direct_s: float = 0.0
+    wait_s: float = 0.0     # waiting for arrivals
+    unpack_s: float = 0.0
+
+    def add(self, other: "ExchangeStats") -> None:
+        for k in self.__dataclass_fields__:
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+@dataclass
+class Pending:
+    """An exchange between ``start`` and ``finish``."""
+
+    planes: object
+    shard: P.Shard
+    layers: torch.Tensor
+    workspace: torch.Tensor
+    counts: list
+    seq: int
+    lo: int
+    hi: int
+    stats: ExchangeStats = field(default_factory=ExchangeStats)
+    done: bool = False
+
+
+def _check_planes(planes, world: int, device) -> int:
+    count = planes.count
+    C = planes.req.shape[-1]
+    if count.shape != (world, world) or count.dtype != torch.int32:
+        raise ValueError(f"planes.count must be int32 [{world}, {world}], got {count.dtype} {tuple(count.shape)}")
+    for name in ("req", "local", "slot"):
+        t = getattr(planes, name)
+        if t.shape != (world, world, C) or t.dtype != torch.int32 or not t.is_contiguous():
+            raise ValueError(f"planes.{name} must be contiguous int32 [{world}, {world}, {C}], "
+                             f"got {t.dtype} {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"planes.{name} is on {t.device}, the shard on {device}")
+    return C
+
+
+class SelectedExchange:
+    """Runs the protocol above on a fabric; allocates nothing per call on its own (slabs live in
+    the fabric), so one eager call can be followed by replays."""
+
+    def __init__(self, fabric: Fabric):
+        self.fabric = fabric
+        self.layout = fabric.layout
+        self.rank, self.world = fabric.rank, fabric.world
+        self.seq = 0
+        self.chunked = 0  # exchanges that needed more than one round
+        self._in_flight: list[Pending] = []  # started, not finished; oldest first
+
+    def exchange(self, planes, shard: P.Shard, layers, workspace: torch.Tensor) -> ExchangeStats:
+        return self.finish(self.start(planes, shard, layers, workspace))
+
+    def start(self, planes, shard: P.Shard, layers, workspace: torch.Tensor) -> Pending:
+        """Pack and issue the copies of an exchange (and move own records); ``finish`` completes it."""
+        lay, r = self.layout, self.rank
+        if planes.overflow:
+            log.warning("exchange: planes overflowed their capacity (records were dropped by the planner); "
+                        "raising ExchangeOverflow so the caller runs the stock path")
+            raise ExchangeOverflow(f"rank {r}: planes overflow their capacity {planes.req.shape[-1]}; "
+                                   "selected-record exchange refused for this step (use the stock path)")
+        if not isinstance(layers, torch.Tensor):
+            layers = torch.tensor(list(layers), dtype=torch.int32, device=shard.cache.device)
+        J = layers.shape[0]
+        if shard.width != lay.width:
+            raise ValueError(f"shard record width {shard.width} != exchange width {lay.width}")
+        if not 1 <= J <= lay.max_layers:
+            raise ValueError(f"{J} layers in one exchange; the slab holds 1..{lay.max_layers}")
+        C = _check_planes(planes, self.world, shard.cache.device)
+        counts = planes.count.cpu().tolist()
+        if any(c < 0 or c > C for row in counts for c in row):
+            raise ValueError(f"planes.count outside [0, {C}] while overflow is False: {counts}")
+        off_diag = max((counts[s][d] for s in range(self.world) for d in range(self.world) if s != d), default=0)
+        rounds = chunk_rounds(off_diag, lay.capacity)
+        # Round seq reuses the slot of seq - depth, so the exchanges in flight plus the new rounds
+        # must fit in depth slots: finish the oldest ones first (same decision on every rank).
+        while self._in_flight and len(self._in_flight) + rounds > lay.depth:
+            self.finish(self._in_flight[0])
+        stats = ExchangeStats()
+        if rounds > 1:
+            if self.chunked == 0:
+                log.warning("exchange: %d records for one pair exceed the slab capacity %d: moving them in %d "
+                            "rounds (raise the capacity to avoid this)", off_diag, lay.capacity, rounds)
+            self.chunked += 1
+        t = time.perf_counter()
+        own = planes.count[r, r] if rounds == 1 else counts[r][r]
+        P.direct(shard, layers, planes.req[r, r], planes.local[r, r], planes.slot[r, r], own, C, workspace)
+        stats.direct_s = time.perf_counter() - t
+        stats.records_local = counts[r][r] * J
+        for k in range(rounds):
+            lo, hi = k * lay.capacity, min((k + 1) * lay.capacity, C)
+            pending = self._start_round(Pending(planes, shard, layers, workspace, counts, 0, lo, hi), rounds == 1)
+            if k + 1 < rounds:
+                stats.add(self._finish_round(pending, False))
+        pending.stats.add(stats)
+        pending.stats.rounds = rounds
+        self._in_flight.append(pending)
+        return pending
+
+    def _count(self, p: Pending, src: int, dst: int, whole: bool):
+        """Records of (src, dst) in this round: the plane entry itself (device-side, graph-safe) for
+        a single round, the round's share as a host int otherwise."""
+        if whole:
+            return p.planes.count[src, dst]
+        return max(0, min(p.counts[src][dst], p.hi) - p.lo)
+
+    def _start_round(self, p: Pending, whole: bool) -> Pending:
+        f, lay, r, J = self.fabric, self.layout, self.rank, p.layers.shape[0]
+        self.seq += 1
+        p.seq = seq = self.seq
+        cap = p.hi - p.lo
+        for dst in rotated_peers(r, self.world):
+            n = max(0, min(p.counts[r][dst], p.hi) - p.lo)
+            t = time.perf_counter()
+            f.wait_send_free(seq, dst)
+            if n:
+                P.pack(p.shard, p.layers, p.planes.req[r, dst, p.lo:p.hi], p.planes.local[r, dst, p.lo:p.hi],
+                       self._count(p, r, dst, whole), cap, f.send_region(seq, dst))
+            t1 = time.perf_counter()
+            f.wait_recv_free(seq, dst)
+            f.copy(seq, dst, lay.nbytes(J, n))
+            p.stats.pack_s += t1 - t
+            p.stats.copy_s += time.perf_counter() - t1
+            p.stats.records_sent += n * J
+            p.stats.bytes_sent += lay.nbytes(J, n)
+        return p
+
+    def _finish_round(self, p: Pending, whole: bool) -> ExchangeStats:
+        f, r, J = self.fabric, self.rank, p.layers.shape[0]
+        # arrivals are awaited in the order peers write to us (src = r-1 starts on us first)
+        for src in reversed(rotated_peers(r, self.world)):
+            n = max(0, min(p.counts[src][r], p.hi) - p.lo)
+            t = time.perf_counter()
+            f.wait_arrival(p.seq, src)
+            t1 = time.perf_counter()
+            if n:
+                P.unpack(f.recv_region(p.seq, src), J, self._count(p, src, r, whole), p.hi - p.lo,
+                         p.planes.slot[src, r, p.lo:p.hi], p.workspace)
+            f.release(p.seq, src)
+            p.stats.wait_s += t1 - t
+            p.stats.unpack_s += time.perf_counter() - t1
+            p.stats.records_recv += n * J
+        return p.stats
+
+    def finish(self, pending: Pending) -> ExchangeStats:
+        """Wait for the peers' regions of ``pending``, unpack them, release the regions.
+
+        Exchanges complete in start order (a release acknowledges every older sequence number
+        too), so older unfinished exchanges are finished first; finishing twice is a no-op."""
+        if not pending.done and not any(p is pending for p in self._in_flight):
+            raise RuntimeError("finish() of an exchange that was never started on this SelectedExchange")
+        while not pending.done:
+            oldest = self._in_flight.pop(0)
+            self._finish_round(oldest, oldest.stats.rounds == 1)
+            oldest.done = True
+        return pending.stats

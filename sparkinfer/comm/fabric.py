@@ -1,0 +1,119 @@
+"""The fabric interface the exchange protocol runs on, and the shared lifecycle checks.
+
+A fabric owns the slabs of one rank and the mechanics of moving one packed region to a peer.
+The protocol (``exchange.py``) calls, for exchange number ``seq``::
+
+    wait_send_free(seq, dst)   the send region of (slot, dst) is no longer read by an older copy
+    wait_recv_free(seq, dst)   dst released the receive region this copy will overwrite
+    copy(seq, dst, nbytes)     one copy send region -> dst's receive region, then arrive[rank] = seq
+    wait_arrival(seq, src)     src's region for seq has landed here
+    release(seq, src)          this rank consumed src's region: ack for src
+    close()
+
+Host fabric: these block the calling thread or queue work on the copy thread. CUDA fabric: they
+enqueue stream waits, copies and flag writes, so the same call sequence is asynchronous and
+graph-capturable. No protocol decision lives in a fabric.
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import logging
+import time
+
+import torch
+
+from .slab import SlabLayout
+
+log = logging.getLogger("sparkinfer.comm")
+
+
+class FabricError(RuntimeError):
+    """A peer failed or timed out; the fabric is unusable afterwards (close it)."""
+
+
+class Fabric(abc.ABC):
+    kind: str
+    rank: int
+    world: int
+    layout: SlabLayout
+    device: torch.device
+
+    @abc.abstractmethod
+    def send_region(self, seq: int, dst: int) -> torch.Tensor:
+        """uint8 [region_bytes] view of this rank's send slab for (slot of seq, dst)."""
+
+    @abc.abstractmethod
+    def recv_region(self, seq: int, src: int) -> torch.Tensor:
+        """uint8 [region_bytes] view of this rank's receive segment for (slot of seq, src)."""
+
+    @abc.abstractmethod
+    def wait_send_free(self, seq: int, dst: int) -> None: ...
+
+    @abc.abstractmethod
+    def wait_recv_free(self, seq: int, dst: int) -> None: ...
+
+    @abc.abstractmethod
+    def copy(self, seq: int, dst: int, nbytes: int) -> None: ...
+
+    @abc.abstractmethod
+    def wait_arrival(self, seq: int, src: int) -> None: ...
+
+    @abc.abstractmethod
+    def release(self, seq: int, src: int) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def check_same_config(group, world: int, config: dict) -> None:
+    """All-gather ``config`` over ``group``; raise the same ValueError on every rank if any differ."""
+    import torch.distributed as dist
+
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, config, group=group)
+    ref = gathered[0]
+    for r, cfg in enumerate(gathered[1:], start=1):
+        for key in sorted(set(ref) | set(cfg)):
+            if ref.get(key) != cfg.get(key):
+                raise ValueError(f"fabric configuration mismatch: field {key!r} is {ref.get(key)!r} on rank 0 "
+                                 f"but {cfg.get(key)!r} on rank {r} (every rank must build the same exchange)")
+
+
+_constructions = itertools.count()  # every rank builds its fabrics in the same order
+
+
+def arrival_barrier(group, rank: int, world: int, timeout_s: float) -> None:
+    """Wait until every rank of ``group`` arrived at this fabric construction, or raise on every
+    rank naming the missing ones.
+
+    Uses the process group's key-value store (check, not a collective), so each waiting rank can
+    tell who is missing; a rank that gives up leaves an abort key, so a late rank raises too
+    instead of blocking in the next collective.
+    """
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    members = "all" if group is None else "-".join(map(str, dist.get_process_group_ranks(group)))
+    name = f"sparkinfer/comm/{members}/{next(_constructions)}"
+    store.set(f"{name}/{rank}", "1")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if store.check([f"{name}/abort"]):
+            raise FabricError(f"rank {rank}: fabric construction aborted by a peer: "
+                              f"{store.get(f'{name}/abort').decode()}")
+        missing = [r for r in range(world) if not store.check([f"{name}/{r}"])]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            why = f"rank(s) {missing} did not arrive within {timeout_s:g} s"
+            store.set(f"{name}/abort", f"rank {rank} gave up: {why}")
+            raise FabricError(f"rank {rank}: fabric construction timed out: {why}; missing peer(s): {missing}")
+        time.sleep(0.01)

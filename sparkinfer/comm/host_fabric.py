@@ -1,0 +1,176 @@
+"""Host fabric: processes on one machine, shared-memory segments, one copy thread per rank.
+
+Stands in for the CUDA fabric on CPU machines and in tests, running the same protocol calls:
+
+* receive segment: a file in /dev/shm mapped with ``torch.from_file(shared=True)`` by its owner
+  and every peer (layout in ``slab.py``); the file is unlinked once all ranks mapped it, so nothing
+  leaks even if a process dies;
+* send slab: private memory of the rank (only its own copy thread reads it);
+* copy thread: the copy engine. ``copy()`` queues (seq, dst, nbytes); the thread copies the bytes
+  into dst's segment, then release-stores ``arrive[rank] = seq`` there;
+* flags: int64 words with acquire/release atomics (``flags.py``); waits time out after
+  ``timeout_s`` and then raise on this rank and write ``abort`` into every peer's segment, so peers
+  blocked on this rank raise too, naming who was missing, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from . import flags
+from .fabric import Fabric, FabricError, arrival_barrier, check_same_config, log
+from .slab import ABORT, ACK, ARRIVE, FLAG_STRIDE, SlabLayout
+
+SHM_DIR = "/dev/shm"
+
+
+class HostFabric(Fabric):
+    kind = "host"
+
+    def __init__(self, layout: SlabLayout, group=None, timeout_s: float = 30.0):
+        if not dist.is_initialized():
+            raise RuntimeError("HostFabric needs an initialised torch.distributed process group (gloo)")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        if layout.world != self.world:
+            raise ValueError(f"slab layout is for {layout.world} ranks, process group has {self.world}")
+        self.layout = layout
+        self.device = torch.device("cpu")
+        self.timeout_s = float(timeout_s)
+        arrival_barrier(group, self.rank, self.world, self.timeout_s)
+        check_same_config(group, self.world, {"fabric": self.kind, **layout.config(),
+                                                         "timeout_s": self.timeout_s})
+        self._closed = False
+        self._error: BaseException | None = None
+        tag = [uuid.uuid4().hex if self.rank == 0 else None]
+        dist.broadcast_object_list(tag, src=self._global(0), group=group)
+        paths = [os.path.join(SHM_DIR, f"sparkinfer-comm-{tag[0]}-r{r}") for r in range(self.world)]
+        try:
+            own = torch.from_file(paths[self.rank], shared=True, size=layout.segment_bytes, dtype=torch.uint8)
+            dist.barrier(group)
+            self._segments = [own if r == self.rank else
+                              torch.from_file(paths[r], shared=True, size=layout.segment_bytes, dtype=torch.uint8)
+                              for r in range(self.world)]
+            dist.barrier(group)
+        finally:
+            if os.path.exists(paths[self.rank]):
+                os.unlink(paths[self.rank])  # every peer has it mapped now (or setup failed)
+        self._flags = [seg[: layout.flags_bytes].view(torch.int64) for seg in self._segments]
+        self._send = torch.zeros(layout.send_bytes, dtype=torch.uint8)
+        self._copied = [0] * self.world  # last seq whose copy to dst finished reading the send slab
+        self._cv = threading.Condition()
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._copy_loop, name=f"si-copy-r{self.rank}", daemon=True)
+        self._thread.start()
+
+    def _global(self, group_rank: int) -> int:
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    # --- regions -------------------------------------------------------------------------------
+    def send_region(self, seq, dst):
+        off = self.layout.send_offset(seq, dst)
+        return self._send[off: off + self.layout.region_bytes]
+
+    def _recv_region_of(self, owner: int, seq: int, src: int):
+        off = self.layout.recv_offset(seq, src)
+        return self._segments[owner][off: off + self.layout.region_bytes]
+
+    def recv_region(self, seq, src):
+        return self._recv_region_of(self.rank, seq, src)
+
+    # --- copy engine stand-in ------------------------------------------------------------------
+    def _copy_loop(self):
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            seq, dst, nbytes = job
+            try:
+                if nbytes:
+                    self._recv_region_of(dst, seq, self.rank)[:nbytes].copy_(self.send_region(seq, dst)[:nbytes])
+                flags.store(self._flags[dst], self.layout.flag_index(ARRIVE, self.rank), seq)
+            except BaseException as e:  # surfaced on the rank's next fabric call
+                self._error = e
+            with self._cv:
+                self._copied[dst] = seq
+                self._cv.notify_all()
+
+    def _check(self):
+        if self._closed:
+            raise FabricError(f"rank {self.rank}: fabric is closed")
+        if self._error is not None:
+            raise FabricError(f"rank {self.rank}: fabric failed earlier: {self._error}") from self._error
+
+    def wait_send_free(self, seq, dst):
+        self._check()
+        need = seq - self.layout.depth
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._copied[dst] >= need, timeout=self.timeout_s):
+                self._fail(f"its own copy to rank {dst} (exchange {need}) did not finish", [dst])
+
+    def copy(self, seq, dst, nbytes):
+        self._check()
+        self._jobs.put((seq, dst, nbytes))
+
+    def _wait(self, kind: int, seq_target: int, peer: int, what: str, seq: int):
+        self._check()
+        lay = self.layout
+        rc, pending = flags.wait(self._flags[self.rank], lay.flag_index(kind, 0), [peer], FLAG_STRIDE, seq_target,
+                                 lay.flag_index(ABORT, 0), self.world, self.timeout_s)
+        if rc == flags.WAIT_OK:
+            return
+        if rc == flags.WAIT_ABORTED:
+            self._raise_abort(seq)
+        # timed out on `peer`: name every peer that is behind, not just the first one checked
+        behind = [p for p in range(self.world) if p != self.rank
+                  and flags.load(self._flags[self.rank], lay.flag_index(ARRIVE, p)) < seq]
+        self._fail(f"timed out after {self.timeout_s:g} s in exchange {seq} waiting for {what} of rank {peer}",
+                   sorted(set(behind) | {peer}))
+
+    def wait_recv_free(self, seq, dst):
+        if seq > self.layout.depth:
+            self._wait(ACK, seq - self.layout.depth, dst, f"the release of exchange {seq - self.layout.depth}", seq)
+
+    def wait_arrival(self, seq, src):
+        self._wait(ARRIVE, seq, src, "the arrival", seq)
+
+    def release(self, seq, src):
+        self._check()
+        flags.store(self._flags[src], self.layout.flag_index(ACK, self.rank), seq)
+
+    # --- failure -------------------------------------------------------------------------------
+    def _fail(self, why: str, missing: list[int]):
+        mask = sum(1 << p for p in missing)
+        for r in range(self.world):
+            if r != self.rank:
+                flags.store(self._flags[r], self.layout.flag_index(ABORT, self.rank), 1 + mask)
+        self._error = FabricError(f"rank {self.rank}: {why}; missing peer(s): {missing}")
+        log.error("%s", self._error)
+        raise self._error
+
+    def _raise_abort(self, seq: int):
+        lay = self.layout
+        reports = []
+        for p in range(self.world):
+            v = flags.load(self._flags[self.rank], lay.flag_index(ABORT, p))
+            if v:
+                missing = [q for q in range(self.world) if (v - 1) >> q & 1]
+                reports.append(f"rank {p} gave up waiting for rank(s) {missing}")
+        self._error = FabricError(f"rank {self.rank}: exchange {seq} aborted by a peer: {'; '.join(reports)}")
+        raise self._error
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._jobs.put(None)
+        self._thread.join(timeout=self.timeout_s)
+        self._flags = self._segments = None  # unmaps: the files are already unlinked
+        self._send = None

@@ -1,0 +1,236 @@
+"""Record pack / unpack / direct moves of the exchange: native executors and the torch reference.
+
+Tensor shapes (byte layouts in ``csrc/include/sparkinfer/pack.h``):
+
+* ``Shard``: a rank's paged cache ``cache`` uint8 ``[L, rows, width]`` with ``block_table`` int32
+  ``[B, max_blocks]`` and ``block_size``: record (request b, local ordinal o) of layer l is
+  ``cache[l, block_table[b, o // block_size] * block_size + o % block_size]``.
+* ``layers`` int32 ``[J]``: the cache layers that travel, in slab order.
+* ``req``, ``local``, ``slot`` int32 ``[>= n]``: plane rows; only the first ``n`` entries are used.
+* packed region uint8 ``[J, n, width]`` (dense, contiguous: one copy moves it).
+* workspace uint8 ``[J, ws_rows, width]``; may be a layer-strided view, rows must be contiguous.
+
+``count`` is an int32 scalar tensor on the data's device (an entry of the count plane; the CUDA
+kernels read it on the device, so a captured graph replays with new plans) or a host int (the
+eager chunked path), and ``cap`` its upper bound (the grid size). A count above ``cap`` or any index out of range raises (host) or sets the error word
+that :func:`check_cuda_errors` turns into an exception (CUDA); records are never silently dropped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from sparkinfer import native
+
+_i32, _i64, _vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+_CACHE_ARGS = [_vp, _i64, _i64, _i32, _vp, _i64, _i32, _i32, _i32]  # pack.h si_pack_cache fields
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One rank's paged record cache (see module docstring for the row rule)."""
+
+    cache: torch.Tensor
+    block_table: torch.Tensor
+    block_size: int
+
+    def __post_init__(self):
+        if self.cache.dtype != torch.uint8 or self.cache.dim() != 3:
+            raise ValueError(f"shard cache must be uint8 [L, rows, width], got {self.cache.dtype} "
+                             f"{tuple(self.cache.shape)}")
+        if self.cache.stride(2) != 1 or self.cache.stride(1) != self.cache.shape[2]:
+            raise ValueError("shard cache rows must be contiguous ([L, rows, width] with row stride width)")
+        if self.block_table.dtype != torch.int32 or self.block_table.dim() != 2:
+            raise ValueError(f"block_table must be int32 [B, max_blocks], got {self.block_table.dtype} "
+                             f"{tuple(self.block_table.shape)}")
+        if not self.block_table.is_contiguous():
+            raise ValueError("block_table must be contiguous")
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.block_table.device != self.cache.device:
+            raise ValueError("block_table and cache must be on the same device")
+
+    @property
+    def width(self) -> int:
+        return self.cache.shape[2]
+
+    def rows_of(self, req: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """Cache rows of (req, local) pairs (torch reference; no bounds checks)."""
+        req, local = req.long(), local.long()
+        block = self.block_table.long()[req, local // self.block_size]
+        return block * self.block_size + local % self.block_size
+
+    def cache_args(self) -> list:
+        c, bt = self.cache, self.block_table
+        return [native.ptr(c) if c.numel() else None, c.stride(0), c.shape[1], c.shape[0],
+                native.ptr(bt) if bt.numel() else None, bt.stride(0), bt.shape[0], bt.shape[1],
+                self.block_size]
+
+
+def _check_index(name: str, t: torch.Tensor, n: int, device) -> None:
+    if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous int32 vector, got {t.dtype} {tuple(t.shape)}")
+    if t.shape[0] < n:
+        raise ValueError(f"{name} holds {t.shape[0]} entries, {n} needed")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, data on {device}")
+
+
+def _check_ws(ws: torch.Tensor, n_layers: int, width: int) -> None:
+    if ws.dtype != torch.uint8 or ws.dim() != 3 or ws.shape[0] != n_layers or ws.shape[2] != width:
+        raise ValueError(f"workspace must be uint8 [{n_layers}, rows, {width}], got {ws.dtype} {tuple(ws.shape)}")
+    if ws.stride(2) != 1 or ws.stride(1) != width:
+        raise ValueError("workspace rows must be contiguous")
+
+
+def _host_count(count, cap: int) -> int:
+    n = int(count)
+    if n < 0 or n > cap:
+        raise ValueError(f"record count {n} outside [0, {cap}] (capacity overflow must be handled before packing)")
+    return n
+
+
+def _status(op: str, status: int) -> None:
+    if status == 1:
+        raise ValueError(f"{op}: invalid size argument")
+    if status == 2:
+        raise RuntimeError(f"{op}: CUDA launch failed")
+    if status == 3:
+        raise ValueError(f"{op}: a record index (request, local ordinal, layer or slot) is out of range")
+
+
+@lru_cache(maxsize=None)
+def _host():
+    lib = native.host_lib()
+    lib.si_pack_pack_host.argtypes = _CACHE_ARGS + [_vp, _i32, _vp, _vp, _i64, _i64, _vp]
+    lib.si_pack_unpack_host.argtypes = [_vp, _i32, _i64, _i64, _vp, _vp, _i64, _i64]
+    lib.si_pack_direct_host.argtypes = _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64]
+    for f in (lib.si_pack_pack_host, lib.si_pack_unpack_host, lib.si_pack_direct_host):
+        f.restype = _i32
+    return lib
+
+
+@lru_cache(maxsize=None)
+def _cuda():
+    lib = native.cuda_lib()
+    if lib is None:
+        raise RuntimeError("CUDA tensors given but the CUDA library is unavailable (no nvcc build or no device)")
+    lib.si_pack_pack_cuda.argtypes = _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _vp, _vp]
+    lib.si_pack_unpack_cuda.argtypes = [_vp, _i32, _vp, _i64, _i64, _vp, _vp, _i64, _i64, _vp, _vp]
+    lib.si_pack_direct_cuda.argtypes = _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64,
+                                                      _i64, _vp, _vp]
+    for f in (lib.si_pack_pack_cuda, lib.si_pack_unpack_cuda, lib.si_pack_direct_cuda):
+        f.restype = _i32
+    return lib
+
+
+_cuda_err: dict = {}
+
+
+def _err_word(device) -> torch.Tensor:
+    if device not in _cuda_err:
+        _cuda_err[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _cuda_err[device]
+
+
+def check_cuda_errors(device) -> None:
+    """Raise if a pack kernel on ``device`` saw a bad index or count since the last check (syncs)."""
+    err = _err_word(torch.device(device))
+    code = int(err.item())
+    if code:
+        err.zero_()
+        _status("pack kernel", code)
+
+
+def _dev_count(count, device) -> torch.Tensor:
+    """The count as a device int32 scalar (plane entries already are; a host int is the eager-only
+    chunked path and costs one tiny upload)."""
+    if isinstance(count, torch.Tensor):
+        if count.dtype != torch.int32 or count.numel() != 1 or count.device != device:
+            raise ValueError(f"count must be one int32 on {device}, got {count.dtype} {tuple(count.shape)} "
+                             f"on {count.device}")
+        return count
+    return torch.tensor(int(count), dtype=torch.int32, device=device)
+
+
+def _ptr(t: torch.Tensor):
+    return native.ptr(t) if t.numel() else None
+
+
+def _stream(device):
+    return native.stream_handle(device)
+
+
+def pack(shard: Shard, layers: torch.Tensor, req, local, count, cap: int,
+         out: torch.Tensor) -> None:
+    """``out[:J*n*width]`` viewed as [J, n, width] <- the shard's records (request, local) of ``layers``."""
+    dev, width, J = shard.cache.device, shard.width, layers.shape[0]
+    for name, t in (("layers", layers), ("req", req), ("local", local)):
+        _check_index(name, t, J if name == "layers" else cap, dev)
+    if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() < J * cap * width:
+        raise ValueError(f"packed region must be contiguous uint8 with >= {J * cap * width} bytes")
+    if dev.type == "cuda":
+        st = _cuda().si_pack_pack_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local),
+                                       native.ptr(_dev_count(count, dev)), cap, width, _ptr(out), native.ptr(_err_word(dev)),
+                                       _stream(dev))
+    else:
+        n = _host_count(count, cap)
+        st = _host().si_pack_pack_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), n, width,
+                                       _ptr(out))
+    _status("pack", st)
+
+
+def unpack(packed: torch.Tensor, n_layers: int, count, cap: int, slot, ws: torch.Tensor) -> None:
+    """``ws[j, slot[i]] <- packed[j, i]`` for the first ``count`` records of a received region."""
+    width = ws.shape[2]
+    _check_ws(ws, n_layers, width)
+    _check_index("slot", slot, cap, ws.device)
+    if packed.dtype != torch.uint8 or not packed.is_contiguous() or packed.numel() < n_layers * cap * width:
+        raise ValueError(f"received region must be contiguous uint8 with >= {n_layers * cap * width} bytes")
+    if ws.device.type == "cuda":
+        st = _cuda().si_pack_unpack_cuda(_ptr(packed), n_layers, native.ptr(_dev_count(count, ws.device)), cap, width,
+                                         _ptr(slot), _ptr(ws), ws.stride(0), ws.shape[1], native.ptr(_err_word(ws.device)),
+                                         _stream(ws.device))
+    else:
+        n = _host_count(count, cap)
+        st = _host().si_pack_unpack_host(_ptr(packed), n_layers, n, width, _ptr(slot), _ptr(ws), ws.stride(0),
+                                         ws.shape[1])
+    _status("unpack", st)
+
+
+def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int,
+           ws: torch.Tensor) -> None:
+    """``ws[j, slot[i]] <- shard record (req[i], local[i]) of layers[j]``: own records, no slab."""
+    dev, width, J = shard.cache.device, shard.width, layers.shape[0]
+    _check_ws(ws, J, width)
+    for name, t in (("layers", layers), ("req", req), ("local", local), ("slot", slot)):
+        _check_index(name, t, J if name == "layers" else cap, dev)
+    if dev.type == "cuda":
+        st = _cuda().si_pack_direct_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
+                                         native.ptr(_dev_count(count, dev)), cap, width, _ptr(ws), ws.stride(0), ws.shape[1],
+                                         native.ptr(_err_word(dev)), _stream(dev))
+    else:
+        n = _host_count(count, cap)
+        st = _host().si_pack_direct_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
+                                         n, width, _ptr(ws), ws.stride(0), ws.shape[1])
+    _status("direct", st)
+
+
+# --- torch reference (what the tests compare the native moves against) ---------------------------
+
+def pack_reference(shard: Shard, layers, req, local, n: int) -> torch.Tensor:
+    """[J, n, width] records, gathered with torch indexing."""
+    rows = shard.rows_of(req[:n], local[:n])
+    return shard.cache[layers.long()][:, rows].contiguous()
+
+
+def unpack_reference(packed: torch.Tensor, slot, n: int, ws: torch.Tensor) -> None:
+    ws[:, slot[:n].long()] = packed
+
+
+def direct_reference(shard: Shard, layers, req, local, slot, n: int, ws: torch.Tensor) -> None:
+    unpack_reference(pack_reference(shard, layers, req, local, n), slot, n, ws)

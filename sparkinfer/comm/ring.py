@@ -1,0 +1,94 @@
+"""Prefetch ring: workspaces for the current layer plus ``depth`` layers ahead.
+
+Decode: at a Full layer F the indexer's top-k gives the planes; F and the Shared layers that reuse
+its top-k (``IndexSharePattern.prefetch_targets(F, depth)``) travel in ONE layered exchange (one
+destination map, one copy per pair, one barrier) into consecutive ring slots. Attention at layer l
+calls ``get(l)`` (completes the exchange if it is still in flight) and ``release(l)`` once its
+attention is enqueued. Prefill: ``prefill_planes`` describes every rank's whole shard, so the same
+ring gathers the full CKV of layer l + depth while layer l computes.
+
+Buffer: uint8 ``[depth + 1, rows, width]`` allocated once; ``rows = B * U`` (decode) or
+``B * T`` (prefill: row ``b * T + t`` holds token t). An exchange of J layers takes J consecutive
+slots (wrapping to slot 0 when they would run past the end), which must all be released.
+
+Overwrite safety: a slot is handed out again only after ``release``; the unpack / own-record
+kernels that overwrite it are enqueued after that call on the same stream as the attention that
+read it (host fabric: they run after it), so stream order keeps the old contents alive until
+attention consumed them. Reusing a slot that is still held raises instead of corrupting it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparkinfer.core.topology import DcpLayout, IndexSharePattern
+from sparkinfer.plan import build_planes
+
+from .exchange import Pending, SelectedExchange
+from .pack import Shard
+
+
+class PrefetchRing:
+    def __init__(self, exchange: SelectedExchange, depth: int, rows: int):
+        if depth < 0 or rows < 1:
+            raise ValueError(f"ring needs depth >= 0 and rows >= 1, got depth={depth}, rows={rows}")
+        self.exchange = exchange
+        self.depth = depth
+        lay = exchange.layout
+        self.buf = torch.zeros(depth + 1, rows, lay.width, dtype=torch.uint8, device=exchange.fabric.device)
+        self._held: list[int | None] = [None] * (depth + 1)  # layer in each slot
+        self._slot: dict[int, int] = {}
+        self._pending: dict[int, Pending] = {}
+        self._next = 0
+
+    def prefetch(self, planes, shard: Shard, layers: list[int]) -> Pending:
+        """Start one layered exchange of ``layers`` into the next free ring slots (its ``stats`` are
+        complete once a layer of it was fetched with ``get``)."""
+        J = len(layers)
+        if not 1 <= J <= self.depth + 1:
+            raise ValueError(f"{J} layers do not fit a ring of {self.depth + 1} slots")
+        dup = [l for l in layers if l in self._slot]
+        if dup:
+            raise ValueError(f"layer(s) {dup} are already in the ring")
+        s = self._next if self._next + J <= self.depth + 1 else 0
+        busy = [(k, self._held[k]) for k in range(s, s + J) if self._held[k] is not None]
+        if busy:
+            raise RuntimeError(f"prefetch ring full: slot(s) {[k for k, _ in busy]} still hold layer(s) "
+                               f"{[l for _, l in busy]}; release() each layer after its attention")
+        pending = self.exchange.start(planes, shard, layers, self.buf[s: s + J])
+        for j, layer in enumerate(layers):
+            self._held[s + j] = layer
+            self._slot[layer] = s + j
+            self._pending[layer] = pending
+        self._next = (s + J) % (self.depth + 1)
+        return pending
+
+    def get(self, layer: int) -> torch.Tensor:
+        """uint8 [rows, width] workspace of ``layer``, its exchange completed."""
+        if layer not in self._slot:
+            raise ValueError(f"layer {layer} was not prefetched into the ring (held: {sorted(self._slot)})")
+        self.exchange.finish(self._pending[layer])
+        return self.buf[self._slot[layer]]
+
+    def release(self, layer: int) -> None:
+        """Attention of ``layer`` is done (or enqueued on the exchange's stream): its slot may be reused."""
+        if layer not in self._slot:
+            raise ValueError(f"layer {layer} is not in the ring")
+        self.exchange.finish(self._pending.pop(layer))  # never recycle a slot an unpack may still write
+        self._held[self._slot.pop(layer)] = None
+
+
+def decode_groups(pattern: IndexSharePattern, depth: int) -> list[list[int]]:
+    """Layers exchanged together in a decode step: each Full layer with its prefetch targets."""
+    return [[f] + pattern.prefetch_targets(f, depth) for f in pattern.full_layers]
+
+
+def prefill_planes(seq_lens: list[int], dcp: DcpLayout, device="cpu"):
+    """Planes that move every rank's whole shard to every rank: workspace row ``b * T + t`` holds
+    token t of request b (T = max seq_len), i.e. the unsharded cache, for the prefill ring."""
+    T = max(seq_lens)
+    B = len(seq_lens)
+    union = torch.arange(T, dtype=torch.int32, device=device).repeat(B, 1)
+    counts = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    union[torch.arange(T, device=device)[None, :] >= counts[:, None]] = -1
+    return build_planes(union, counts, dcp, capacity=B * dcp.max_local_len(T))

@@ -1,0 +1,263 @@
+"""Four-process tests of the selected-record exchange over the host fabric.
+
+One spawned group of four ranks runs every scenario (spawning is the expensive part on two cores);
+each test then checks its scenario's outcome on every rank. The property throughout: every
+destination's workspace equals a gather from the unsharded cache (``Case.expected_workspace``,
+computed from the union directly, not from the planes).
+"""
+
+import pytest
+import torch
+
+WORLD = 4
+TIMEOUT_S = 2.0
+
+
+def _ws_for(case, layers):
+    L, B, T, W = case.full.shape
+    return torch.zeros(len(layers), B * case.union.shape[1], W, dtype=torch.uint8)
+
+
+def _diff(ws, expected) -> str:
+    if torch.equal(ws, expected):
+        return "equal"
+    bad = (ws != expected).any(dim=2).nonzero().tolist()
+    return f"{len(bad)} rows differ, first (layer, slot): {bad[:4]}"
+
+
+def _rank_main(rank, world):
+    import time
+
+    import torch.distributed as dist
+
+    from sparkinfer.comm.exchange import SelectedExchange
+    from sparkinfer.comm.fabric import FabricError
+    from sparkinfer.comm.host_fabric import HostFabric
+    from sparkinfer.comm.slab import SlabLayout
+    from sparkinfer.comm.synthetic import make_case
+
+    results = {}
+
+    def scenario(name, fn, layout=None, timeout_s=5.0):
+        fabric = None
+        try:
+            if layout is not None:
+                fabric = HostFabric(layout, timeout_s=timeout_s)
+            results[name] = ("ok", fn(fabric))
+        except Exception as e:  # the outcome is what the test inspects
+            results[name] = ("error", f"{type(e).__name__}: {e}")
+        finally:
+            if fabric is not None:
+                fabric.close()
+            dist.barrier()
+
+    def exchange_cases(cases, layers, fabric, overlap=True):
+        """Run several exchanges, two in flight at a time when ``overlap``; compare every result."""
+        ex = SelectedExchange(fabric)
+        send_ptr = fabric._send.data_ptr()
+        out = []
+        wss = [_ws_for(c, layers) for c in cases]
+        if overlap:
+            pend = [ex.start(c.planes, c.shard(rank), layers, ws) for c, ws in zip(cases[:2], wss[:2])]
+            stats = [ex.finish(p) for p in pend]
+            stats += [ex.exchange(c.planes, c.shard(rank), layers, ws) for c, ws in zip(cases[2:], wss[2:])]
+        else:
+            stats = [ex.exchange(c.planes, c.shard(rank), layers, ws) for c, ws in zip(cases, wss)]
+        for c, ws, st in zip(cases, wss, stats):
+            out.append((_diff(ws, c.expected_workspace(rank, layers)), st.rounds, st.records_sent, st.records_recv))
+        assert fabric._send.data_ptr() == send_ptr  # replay reuses the preallocated slab
+        return out
+
+    for width, kw in ((368, {}), (432, {"interleave": 2}), (656, {"held_frac": 0.3}), (37, {"block_size": 3})):
+        cases = [make_case(world, width, seed=s, **kw) for s in (1, 2, 3)]
+        scenario(f"random_{width}", lambda f: exchange_cases(cases, [1, 2, 3], f),
+                 SlabLayout(world, width, capacity=48, max_layers=3, depth=2))
+
+    scenario("empty", lambda f: exchange_cases([make_case(world, 368, empty=True)], [0], f, overlap=False),
+             SlabLayout(world, 368, capacity=8, max_layers=1))
+    scenario("one_owner", lambda f: exchange_cases([make_case(world, 432, owner_only=0, seed=4)], [0, 3], f,
+                                                   overlap=False),
+             SlabLayout(world, 432, capacity=48, max_layers=2))
+    scenario("chunked", lambda f: exchange_cases([make_case(world, 368, seed=s, union_len=30) for s in (5, 6, 7)],
+                                                 [2, 0], f),
+             SlabLayout(world, 368, capacity=5, max_layers=2, depth=2))
+
+    def overflow(f):
+        case = make_case(world, 368, capacity=3, seed=8)
+        assert case.planes.overflow
+        SelectedExchange(f).exchange(case.planes, case.shard(rank), [0], _ws_for(case, [0]))
+    scenario("overflow", overflow, SlabLayout(world, 368, capacity=8, max_layers=1))
+
+    def bad_workspace(f):
+        case = make_case(world, 368, seed=9)
+        SelectedExchange(f).exchange(case.planes, case.shard(rank), [0, 1], _ws_for(case, [0]))
+    scenario("bad_workspace", bad_workspace, SlabLayout(world, 368, capacity=48, max_layers=2))
+
+    scenario("mismatch", lambda f: HostFabric(SlabLayout(world, 432 if rank == 2 else 368, capacity=8,
+                                                         max_layers=1)))
+
+    def decode_ring(f):
+        from sparkinfer.comm.ring import PrefetchRing, decode_groups
+        from sparkinfer.core.topology import IndexSharePattern
+
+        pattern = IndexSharePattern.parse("FFSSSFSS", 8)
+        base = make_case(world, 432, n_layers=8, seed=11)
+        ring = PrefetchRing(SelectedExchange(f), depth=3, rows=base.full.shape[1] * base.union.shape[1])
+        out = []
+        for group in decode_groups(pattern, 3):
+            case = base.replan(seed=100 + group[0], held_frac=0.2)  # the Full layer's own top-k
+            ring.prefetch(case.planes, case.shard(rank), group)
+            for layer in group:
+                rows = case.delivered(rank)  # other rows hold older layers' records (never read)
+                out.append((layer, _diff(ring.get(layer)[None, rows], case.expected_workspace(rank, [layer])[:, rows])))
+                ring.release(layer)
+        return out
+    scenario("decode_ring", decode_ring, SlabLayout(world, 432, capacity=48, max_layers=4, depth=2))
+
+    def prefill_ring(f):
+        from sparkinfer.comm.ring import PrefetchRing, prefill_planes
+
+        case = make_case(world, 368, n_layers=5, seq_len=24, interleave=2, seed=12)
+        seq_lens = [24, 19]
+        planes = prefill_planes(seq_lens, case.dcp)
+        T = 24
+        ring = PrefetchRing(SelectedExchange(f), depth=2, rows=2 * T)
+        for layer in range(3):  # three single-layer exchanges in flight
+            ring.prefetch(planes, case.shard(rank), [layer])
+        out = []
+        for layer in range(5):
+            ws = ring.get(layer).view(2, T, -1)
+            ok = all(torch.equal(ws[b, :n], case.full[layer, b, :n]) for b, n in enumerate(seq_lens))
+            out.append((layer, ok))
+            ring.release(layer)
+            if layer + 3 < 5:
+                ring.prefetch(planes, case.shard(rank), [layer + 3])
+        return out
+    scenario("prefill_ring", prefill_ring, SlabLayout(world, 368, capacity=2 * 12, max_layers=1, depth=3))
+
+    def never_arrives(f):
+        case = make_case(world, 368, seed=10)
+        ex = SelectedExchange(f)
+        t0 = time.monotonic()
+        if rank == 3:  # the late rank: arrives only after the others gave up
+            dist.barrier()
+        try:
+            ex.exchange(case.planes, case.shard(rank), [0], _ws_for(case, [0]))
+            return "no error"
+        except FabricError as e:
+            return f"FabricError after {time.monotonic() - t0:.1f}s: {e}"
+        finally:
+            if rank != 3:
+                dist.barrier()
+    scenario("never_arrives", never_arrives, SlabLayout(world, 368, capacity=48, max_layers=1), timeout_s=TIMEOUT_S)
+
+    def late_construction(_):
+        if rank == 3:
+            dist.barrier()  # arrives only after the others gave up
+        try:
+            HostFabric(SlabLayout(world, 368, capacity=8, max_layers=1), timeout_s=TIMEOUT_S).close()
+            return "no error"
+        except FabricError as e:
+            return f"FabricError: {e}"
+        finally:
+            if rank != 3:
+                dist.barrier()
+    scenario("late_construction", late_construction)
+    return results
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    from sparkinfer.comm.launch import run_ranks
+
+    return run_ranks(_rank_main, WORLD, timeout_s=150, pg_timeout_s=60)
+
+
+def _ok(outcomes, name):
+    for rank, res in enumerate(outcomes):
+        status, value = res[name]
+        assert status == "ok", f"rank {rank} {name}: {value}"
+        yield rank, value
+
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.mark.parametrize("width", [368, 432, 656, 37])
+def test_random_planes_layered_replay(outcomes, width):
+    for rank, runs in _ok(outcomes, f"random_{width}"):
+        assert len(runs) == 3
+        for diff, rounds, sent, recv in runs:
+            assert diff == "equal", f"rank {rank}: {diff}"
+            assert rounds == 1 and sent > 0 and recv > 0
+
+
+def test_decode_ring_layered_prefetch(outcomes):
+    for rank, runs in _ok(outcomes, "decode_ring"):
+        assert [l for l, _ in runs] == list(range(8))
+        assert all(d == "equal" for _, d in runs), f"rank {rank}: {runs}"
+
+
+def test_prefill_ring_gathers_full_ckv(outcomes):
+    for rank, runs in _ok(outcomes, "prefill_ring"):
+        assert runs == [(l, True) for l in range(5)]
+
+
+def test_empty_planes(outcomes):
+    for rank, runs in _ok(outcomes, "empty"):
+        assert runs == [("equal", 1, 0, 0)]
+
+
+def test_one_rank_owns_everything(outcomes):
+    for rank, runs in _ok(outcomes, "one_owner"):
+        diff, rounds, sent, recv = runs[0]
+        assert diff == "equal"
+        if rank == 0:
+            assert sent > 0 and recv == 0
+        else:
+            assert sent == 0 and recv > 0
+
+
+def test_capacity_overflow_is_chunked(outcomes):
+    for rank, runs in _ok(outcomes, "chunked"):
+        for diff, rounds, sent, recv in runs:
+            assert diff == "equal" and rounds > 1
+
+
+def test_planes_overflow_raises_on_every_rank(outcomes):
+    for rank, res in enumerate(outcomes):
+        status, msg = res["overflow"]
+        assert status == "error" and msg.startswith("ExchangeOverflow") and "stock path" in msg
+
+
+def test_bad_workspace_is_rejected(outcomes):
+    for rank, res in enumerate(outcomes):
+        status, msg = res["bad_workspace"]
+        assert status == "error" and "workspace must be uint8 [2," in msg
+
+
+def test_mismatched_configuration_fails_everywhere(outcomes):
+    for rank, res in enumerate(outcomes):
+        status, msg = res["mismatch"]
+        assert status == "error" and "'width'" in msg and "rank 2" in msg, msg
+
+
+def test_rank_that_never_arrives_times_out_everywhere(outcomes):
+    for rank, res in enumerate(outcomes):
+        status, msg = res["never_arrives"]
+        assert status == "ok" and msg.startswith("FabricError"), f"rank {rank}: {msg}"
+        if rank == 3:
+            assert "gave up waiting for rank(s) [3]" in msg
+        else:  # its own timeout, or a peer's abort that beat it: both name rank 3
+            assert "missing peer(s): [3]" in msg or "gave up waiting for rank(s) [3]" in msg, msg
+            assert float(msg.split("after ")[1].split("s")[0]) < TIMEOUT_S + 2
+
+
+def test_rank_missing_at_construction_fails_everywhere(outcomes):
+    for rank, res in enumerate(outcomes):
+        status, msg = res["late_construction"]
+        assert status == "ok" and msg.startswith("FabricError"), f"rank {rank}: {msg}"
+        if rank == 3:
+            assert "aborted by a peer" in msg and "[3]" in msg
+        else:
+            assert "missing peer(s): [3]" in msg or ("aborted by a peer" in msg and "[3]" in msg), msg

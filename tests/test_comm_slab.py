@@ -1,0 +1,64 @@
+"""Slab layout arithmetic (torch-free) and the host flag primitives, single process."""
+
+import itertools
+import time
+
+import pytest
+import torch
+
+from sparkinfer.comm import flags
+from sparkinfer.comm.slab import ABORT, ACK, ARRIVE, FLAG_STRIDE, SlabLayout, chunk_rounds, rotated_peers
+
+
+@pytest.mark.parametrize("world,width,cap,layers,depth", [(4, 368, 10, 3, 2), (2, 37, 1, 1, 1), (8, 656, 7, 4, 3)])
+def test_regions_are_disjoint_aligned_and_inside(world, width, cap, layers, depth):
+    lay = SlabLayout(world, width, cap, layers, depth)
+    assert lay.region_bytes >= layers * cap * width and lay.region_bytes % 256 == 0
+    recv = sorted(lay.recv_offset(seq, src) for seq in range(depth) for src in range(world))
+    send = sorted(lay.send_offset(seq, dst) for seq in range(depth) for dst in range(world))
+    for offs, end in ((recv, lay.segment_bytes), (send, lay.send_bytes)):
+        assert len(set(offs)) == world * depth
+        assert all(b - a >= lay.region_bytes for a, b in zip(offs, offs[1:]))
+        assert offs[-1] + lay.region_bytes <= end and all(o % 256 == 0 for o in offs)
+    assert recv[0] >= lay.flags_bytes  # data never overlaps the flag lines
+    words = {lay.flag_index(k, p) for k in (ARRIVE, ACK, ABORT) for p in range(world)}
+    assert len(words) == 3 * world and max(words) * 8 < lay.flags_bytes
+    assert all(w % FLAG_STRIDE == 0 for w in words)
+    assert lay.recv_offset(depth, 1) == lay.recv_offset(0, 1)  # seq wraps onto slot seq % depth
+
+
+def test_nbytes_rejects_overfull_regions():
+    lay = SlabLayout(4, 368, 10, 2)
+    assert lay.nbytes(2, 10) == 2 * 10 * 368
+    with pytest.raises(ValueError, match="exceeds"):
+        lay.nbytes(2, 11)
+    with pytest.raises(ValueError, match="positive"):
+        SlabLayout(4, 0, 10, 2)
+
+
+def test_rotation_covers_every_peer_and_spreads_destinations():
+    for world in range(1, 9):
+        orders = [rotated_peers(r, world) for r in range(world)]
+        for r, order in enumerate(orders):
+            assert sorted(order) == [p for p in range(world) if p != r]
+        for step in range(world - 1):  # at each step every rank targets a different destination
+            assert len({order[step] for order in orders}) == world
+
+
+def test_chunk_rounds():
+    for n, cap in itertools.product(range(0, 30), range(1, 9)):
+        r = chunk_rounds(n, cap)
+        assert r >= 1 and r * cap >= n and (r - 1) * cap < max(n, 1)
+
+
+def test_flag_wait_ok_timeout_and_abort():
+    words = torch.zeros(64, dtype=torch.int64)
+    flags.store(words, 0, 5)
+    flags.store(words, 8, 7)
+    assert flags.load(words, 8) == 7
+    assert flags.wait(words, 0, [0, 1], 8, 5, 32, 2, 1.0) == (flags.WAIT_OK, [])
+    t = time.monotonic()
+    assert flags.wait(words, 0, [0, 1], 8, 6, 32, 2, 0.05) == (flags.WAIT_TIMEOUT, [0])
+    assert time.monotonic() - t < 1.0
+    flags.store(words, 40, 1)
+    assert flags.wait(words, 0, [0, 1], 8, 5, 32, 2, 1.0)[0] == flags.WAIT_ABORTED

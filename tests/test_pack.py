@@ -1,0 +1,138 @@
+"""Pack / unpack / direct record moves: the host twin (csrc/host/pack_host.cpp, same header as the
+CUDA kernels) against the torch reference, byte for byte; and the CUDA kernels against both."""
+
+import pytest
+import torch
+
+from sparkinfer.comm import pack as P
+
+WIDTHS = [368, 432, 656, 132, 37, 1]
+
+
+def make_shard(width, n_layers=3, batch=3, blocks_per_req=4, block_size=4, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    n_blocks = batch * blocks_per_req + 2
+    cache = torch.randint(0, 256, (n_layers, n_blocks * block_size, width), generator=g, dtype=torch.uint8)
+    perm = torch.randperm(n_blocks, generator=g)[: batch * blocks_per_req]
+    bt = perm.view(batch, blocks_per_req).to(torch.int32).contiguous()
+    return P.Shard(cache.to(device), bt.to(device), block_size)
+
+
+def random_rows(shard, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    B, cols = shard.block_table.shape
+    req = torch.randint(0, B, (n,), generator=g, dtype=torch.int32)
+    local = torch.randint(0, cols * shard.block_size, (n,), generator=g, dtype=torch.int32)
+    return req, local
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_pack_unpack_direct_match_reference(width):
+    shard = make_shard(width, seed=width)
+    layers = torch.tensor([2, 0], dtype=torch.int32)
+    cap, n = 11, 9
+    req, local = random_rows(shard, cap, seed=width + 1)
+    count = torch.tensor(n, dtype=torch.int32)
+
+    out = torch.zeros(2 * cap * width, dtype=torch.uint8)
+    P.pack(shard, layers, req, local, count, cap, out)
+    ref = P.pack_reference(shard, layers, req, local, n)
+    assert torch.equal(out[: 2 * n * width].view(2, n, width), ref)
+    assert not out[2 * n * width:].any()  # nothing written past the packed records
+
+    # independent check of the row rule: brute force through the block table
+    for j, l in enumerate(layers.tolist()):
+        for i in range(n):
+            b, o = int(req[i]), int(local[i])
+            row = int(shard.block_table[b, o // shard.block_size]) * shard.block_size + o % shard.block_size
+            assert torch.equal(ref[j, i], shard.cache[l, row])
+
+    slot = torch.randperm(20, generator=torch.Generator().manual_seed(width))[:cap].to(torch.int32)
+    ws = torch.zeros(2, 20, width, dtype=torch.uint8)
+    ws_ref = ws.clone()
+    P.unpack(out, 2, count, cap, slot, ws)
+    P.unpack_reference(ref, slot, n, ws_ref)
+    assert torch.equal(ws, ws_ref)
+
+    ws2 = torch.zeros_like(ws)
+    P.direct(shard, layers, req, local, slot, count, cap, ws2)
+    assert torch.equal(ws2, ws_ref)
+
+
+def test_layer_strided_and_unaligned_workspace():
+    width = 368
+    shard = make_shard(width, seed=5)
+    layers = torch.tensor([1], dtype=torch.int32)
+    req, local = random_rows(shard, 6, seed=6)
+    slot = torch.arange(6, dtype=torch.int32)
+    count = torch.tensor(6, dtype=torch.int32)
+    # a ring of 3 layer slots; the target is the middle one, offset by 4 bytes (4-byte copy path)
+    big = torch.zeros(3 * 8 * width + 4, dtype=torch.uint8)
+    ws = big[4:].view(3, 8, width)[1:2]
+    P.direct(shard, layers, req, local, slot, count, 6, ws)
+    ref = P.pack_reference(shard, layers, req, local, 6)
+    assert torch.equal(ws[0, :6], ref[0])
+    assert not big[: 4 + 8 * width].any() and not big[4 + 8 * width + 6 * width:].any()
+
+
+def test_empty_count_is_a_noop():
+    shard = make_shard(432)
+    layers = torch.tensor([0], dtype=torch.int32)
+    req, local = random_rows(shard, 4, seed=1)
+    ws = torch.zeros(1, 4, 432, dtype=torch.uint8)
+    P.direct(shard, layers, req, local, torch.arange(4, dtype=torch.int32), torch.tensor(0, dtype=torch.int32), 4, ws)
+    assert not ws.any()
+
+
+def test_bad_inputs_raise():
+    shard = make_shard(368)
+    layers = torch.tensor([0], dtype=torch.int32)
+    req, local = random_rows(shard, 4, seed=2)
+    out = torch.zeros(4 * 368, dtype=torch.uint8)
+    n4 = torch.tensor(4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="outside"):
+        P.pack(shard, layers, req, local, torch.tensor(5, dtype=torch.int32), 4, out)
+    bad_local = local.clone()
+    bad_local[2] = shard.block_table.shape[1] * shard.block_size  # one past the table
+    with pytest.raises(ValueError, match="out of range"):
+        P.pack(shard, layers, req, bad_local, n4, 4, out)
+    with pytest.raises(ValueError, match="out of range"):
+        P.pack(shard, torch.tensor([7], dtype=torch.int32), req, local, n4, 4, out)
+    ws = torch.zeros(1, 4, 368, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="out of range"):
+        P.unpack(out, 1, n4, 4, torch.tensor([0, 1, 2, 4], dtype=torch.int32), ws)
+    with pytest.raises(ValueError, match="int32"):
+        P.pack(shard, layers, req.long(), local, n4, 4, out)
+    with pytest.raises(ValueError, match="region"):
+        P.unpack(out, 1, n4, 4, torch.arange(4, dtype=torch.int32), torch.zeros(1, 4, 432, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        P.Shard(torch.zeros(1, 4, 8), shard.block_table, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", WIDTHS)
+def test_cuda_kernels_match_host_twin(width):
+    dev = torch.device("cuda")
+    host = make_shard(width, seed=width)
+    shard = P.Shard(host.cache.to(dev), host.block_table.to(dev), host.block_size)
+    layers = torch.tensor([2, 0], dtype=torch.int32)
+    cap, n = 11, 9
+    req, local = random_rows(host, cap, seed=width + 1)
+    slot = torch.randperm(20)[:cap].to(torch.int32)
+    count = torch.tensor(n, dtype=torch.int32)
+    out_h = torch.zeros(2 * cap * width, dtype=torch.uint8)
+    P.pack(host, layers, req, local, count, cap, out_h)
+    out_d = torch.zeros(2 * cap * width, dtype=torch.uint8, device=dev)
+    P.pack(shard, layers.to(dev), req.to(dev), local.to(dev), count.to(dev), cap, out_d)
+    ws_h = torch.zeros(2, 20, width, dtype=torch.uint8)
+    P.unpack(out_h, 2, count, cap, slot, ws_h)
+    ws_d = torch.zeros(2, 20, width, dtype=torch.uint8, device=dev)
+    P.unpack(out_d, 2, count.to(dev), cap, slot.to(dev), ws_d)
+    ws_dd = torch.zeros_like(ws_d)
+    P.direct(shard, layers.to(dev), req.to(dev), local.to(dev), slot.to(dev), count.to(dev), cap, ws_dd)
+    P.check_cuda_errors(dev)
+    assert torch.equal(out_d.cpu(), out_h) and torch.equal(ws_d.cpu(), ws_h) and torch.equal(ws_dd.cpu(), ws_h)
+    P.pack(shard, layers.to(dev), req.to(dev), local.to(dev), torch.tensor(cap + 1, dtype=torch.int32, device=dev),
+           cap, out_d)
+    with pytest.raises(ValueError, match="out of range"):
+        P.check_cuda_errors(dev)
