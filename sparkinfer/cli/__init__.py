@@ -18,6 +18,8 @@ COMMANDS = {
     "plan": ("sparkinfer.cli.plan", "capacity and per-step bytes/time for a serving profile"),
     "demo": ("sparkinfer.cli.demo", "one TP4/DCP4/MTP3 decode step on four host-fabric ranks, checked"),
     "calibrate": ("sparkinfer.cli.calibrate", "measure cost-model parameters on this machine"),
+    "preflight": ("sparkinfer.cli.preflight",
+                  "check a node before serving: GPUs, torch build, P2P, IOMMU/ACS/HMM, CUDA library, memory"),
 }
 
 
