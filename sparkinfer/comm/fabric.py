@@ -9,6 +9,9 @@ The protocol (``exchange.py``) calls, for exchange number ``seq``::
     wait_arrival(seq, src)     src's region for seq has landed here
     release(seq, src)          this rank consumed src's region: ack for src
     close()
+    copied_bytes, copies       list[int] per dst: bytes this rank's copies moved there and how many
+                               non-empty copies (monotonic; the demo checks them against the byte
+                               accounting)
 
 Host fabric: these block the calling thread or queue work on the copy thread. CUDA fabric: they
 enqueue stream waits, copies and flag writes, so the same call sequence is asynchronous and

@@ -65,6 +65,8 @@ class HostFabric(Fabric):
         self._flags = [seg[: layout.flags_bytes].view(torch.int64) for seg in self._segments]
         self._send = torch.zeros(layout.send_bytes, dtype=torch.uint8)
         self._copied = [0] * self.world  # last seq whose copy to dst finished reading the send slab
+        self.copied_bytes = [0] * self.world  # bytes the copy thread has written into each dst (monotonic)
+        self.copies = [0] * self.world  # non-empty copies to each dst (monotonic)
         self._cv = threading.Condition()
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._copy_loop, name=f"si-copy-r{self.rank}", daemon=True)
@@ -94,7 +96,10 @@ class HostFabric(Fabric):
             seq, dst, nbytes = job
             try:
                 if nbytes:
-                    self._recv_region_of(dst, seq, self.rank)[:nbytes].copy_(self.send_region(seq, dst)[:nbytes])
+                    region = self._recv_region_of(dst, seq, self.rank)[:nbytes]
+                    region.copy_(self.send_region(seq, dst)[:nbytes])
+                    self.copied_bytes[dst] += region.numel()  # counted before arrival: visible once dst saw it
+                    self.copies[dst] += 1
                 flags.store(self._flags[dst], self.layout.flag_index(ARRIVE, self.rank), seq)
             except BaseException as e:  # surfaced on the rank's next fabric call
                 self._error = e

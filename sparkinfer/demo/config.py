@@ -1,8 +1,9 @@
-"""Sizes of the demo step: GLM-5.2's layer pattern and record formats, scaled-down heads and context."""
+"""Sizes of the demo run: GLM-5.2's layer pattern and record formats, scaled-down heads and context."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 from sparkinfer.core.layouts import LATENT_DIM, ROPE_DIM
 from sparkinfer.core.topology import GLM52_PATTERN, IndexSharePattern
@@ -22,7 +23,16 @@ class DemoConfig:
     depth: int = 3          # prefetch ring: layers ahead of the current one
     block_size: int = 16
     seed: int = 0
+    steps: int = 3          # consecutive decode steps of the same requests
+    accept: float = 0.7     # per-draft MTP acceptance probability (accepted prefix drawn from the seed)
+    drift: float = 0.6      # step-to-step drift of the indexer queries: ~0.7 top-k overlap (a trained model's)
+    mode: str | None = None  # auto | stock | selected; None: the profile's, or VLLM_SPARKINFER_MODE
+    profile: str = "rtx_pro_6000_x4"  # node profile the per-step policy models
+    pool_rows: int = 0      # reuse pool rows per rank; 0: every record the run can hold (no eviction)
+    restart_step: int = -1  # >= 1: before that step request 0 ends and a new request (new prompt, same
+                            # length) takes its batch slot and its KV blocks
     corrupt_rank: int = -1  # >= 0: flip bytes in that rank's shard (proves --check can fail)
+    forget_drop: bool = False  # skip drop_request at the restart (proves --check catches a stale pool)
 
     def __post_init__(self):
         if self.heads % self.world:
@@ -31,11 +41,29 @@ class DemoConfig:
             raise ValueError(f"topk {self.topk} exceeds the context {self.context}")
         if self.mtp + 1 > self.context:
             raise ValueError("context must hold the MTP verification rows")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if not 0.0 <= self.accept <= 1.0:
+            raise ValueError(f"accept must be a probability in [0, 1], got {self.accept}")
+        if self.restart_step != -1 and not 1 <= self.restart_step < self.steps:
+            raise ValueError(f"restart_step must be -1 (none) or in [1, steps={self.steps}), got {self.restart_step}")
+        if self.pool_rows < 0:
+            raise ValueError(f"pool_rows must be >= 0, got {self.pool_rows}")
 
     @property
     def pattern(self) -> IndexSharePattern:
         """The 78 target layers plus the MTP layer (index 78, a Full layer with its own indexer)."""
         return IndexSharePattern.parse(GLM52_PATTERN + "F", len(GLM52_PATTERN) + 1)
+
+    @property
+    def max_len(self) -> int:
+        """Cache positions the run can reach: the context plus 1 + mtp tokens per later step."""
+        return self.context + (self.steps - 1) * (1 + self.mtp)
+
+    @property
+    def reuse_capacity(self) -> int:
+        """Pool rows per rank: ``pool_rows``, or every remote union record of every layer and step."""
+        return self.pool_rows or self.pattern.num_layers * self.batch * self.union_width * self.steps
 
     @property
     def rows(self) -> int:
@@ -52,3 +80,13 @@ class DemoConfig:
     @property
     def scale(self) -> float:
         return (LATENT_DIM + ROPE_DIM) ** -0.5
+
+
+def resolve_demo_mode(cfg: DemoConfig, env=None) -> DemoConfig:
+    """``cfg`` with ``mode`` resolved once, in the parent, as the policy resolves it (``--mode``, else
+    ``VLLM_SPARKINFER_MODE``, else the profile's): the ranks then cannot see different environments
+    (a forkserver keeps the environment it started with)."""
+    from sparkinfer.core.costmodel import load_profile
+    from sparkinfer.core.policy import resolve_mode
+
+    return replace(cfg, mode=resolve_mode(load_profile(cfg.profile), os.environ if env is None else env, cfg.mode))

@@ -1,13 +1,23 @@
-"""What each of the four demo ranks runs: the selected-record path, stock DCP, the reference.
+"""What each of the four demo ranks runs, step after step: policy, selected records with reuse,
+the plain selected exchange, stock DCP, the reference, and the byte checks.
 
-Per Full layer F (and the Shared layers after it, ``decode_groups``):
-  indexer top-k on the replicated keys -> per-request MTP union -> transport planes ->
-  one layered exchange of F's group into the prefetch ring -> per layer: sparse MLA decode of this
-  rank's heads over the gathered workspace.
-Per layer, on the same inputs, stock DCP: all-gather the queries, attend the local shard with all
-heads, all-gather (partial out, LSE) and merge this rank's heads (torch.distributed gloo).
-Both are compared with a float64 dense reference: attention of every row over its own top-k on
-the unsharded records.
+Per step (every rank, identical decisions from identical data):
+  write the step's records (rows n .. n + mtp; rejected drafts get junk, overwritten next step)
+  into the unsharded cache and this rank's shard -> policy decision (path, prefetch depth) ->
+  per Full layer F (and the Shared layers that reuse its top-k):
+    indexer top-k on the replicated keys -> per-request MTP union ->
+    reuse tracker ``held`` (AND over the group's layers: one destination map) ->
+    planes without and with ``held`` ->
+    plain selected exchange (synchronous; bytes and workspace checked) ->
+    reuse exchange through the prefetch ring in chunks of depth + 1 layers, held rows filled
+    from the pool; workspace == gather from the unsharded cache, bit for bit ->
+    sparse MLA decode of this rank's heads over the workspace;
+    float64 reference;
+  stock DCP (ag_rs over gloo, bytes counted) for all layers of the step.
+  measured bytes per (src, dst) of the three exchanges == ``sparkinfer.core.accounting``;
+  acceptance -> if the step went selected, ``tracker.commit`` and received records into the pool.
+With ``restart_step``, request 0 ends before that step (``drop_request``) and a new request takes
+its slot and blocks. After the last step every request ends: ``drop_request`` must empty every pool.
 """
 
 from __future__ import annotations
@@ -16,23 +26,30 @@ import hashlib
 import time
 from collections import defaultdict
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from sparkinfer.attention import merge_lse, sparse_mla_decode
+from sparkinfer.attention import sparse_mla_decode
 from sparkinfer.comm.exchange import SelectedExchange
 from sparkinfer.comm.host_fabric import HostFabric
-from sparkinfer.comm.ring import PrefetchRing, decode_groups
+from sparkinfer.comm.ring import PrefetchRing
 from sparkinfer.comm.slab import SlabLayout
 from sparkinfer.comm.synthetic import build_shard
-from sparkinfer.core.topology import DcpLayout
+from sparkinfer.core import accounting as acc
+from sparkinfer.core.costmodel import load_profile
+from sparkinfer.core.geometry import ModelGeometry
+from sparkinfer.core.policy import StepPolicy
+from sparkinfer.core.reuse import ReuseTracker
+from sparkinfer.core.topology import GLM52_PATTERN, DcpLayout
 from sparkinfer.formats import get_format
 from sparkinfer.indexer import indexer_topk
 from sparkinfer.plan import build_planes, mtp_union
 
 from .config import DemoConfig
-from .inputs import DemoInputs
-
+from .inputs import DemoInputs, committed_lens, final_records, step_queries, step_writes
+from .pool import ReusePool
+from .stock import SentBytes, stock_dcp_step
 
 # The host fabric runs on CPU tensors: the torch attention path, never the Triton interpreter
 # (which TRITON_INTERPRET=1, set by the test suite, would otherwise select: far too slow here).
@@ -55,102 +72,243 @@ class _Timer:
         return _Span()
 
 
-def reference(cfg: DemoConfig, inp: DemoInputs, fmt, layer: int, topk: torch.Tensor, heads: slice) -> torch.Tensor:
-    """float64 [M, h, 512]: each row's attention over its own top-k of the unsharded records."""
-    R = 1 + cfg.mtp
-    out = torch.zeros(cfg.rows, heads.stop - heads.start, 512, dtype=torch.float64)
-    for b in range(cfg.batch):
-        for r in range(R):
-            m = b * R + r
-            tok = topk[b, r][topk[b, r] >= 0].long()
-            lat, rope = fmt.decode(inp.main[layer, b, tok], backend="host")
-            lat, rope = lat.double(), rope.double()
-            s = cfg.scale * (inp.q_nope[layer, m, heads].double() @ lat.T + inp.q_rope[layer, m, heads].double() @ rope.T)
-            out[m] = torch.softmax(s, dim=-1) @ lat
-    return out
+def reference(cfg: DemoConfig, cache: torch.Tensor, fmt, topk: torch.Tensor, q_nope, q_rope) -> torch.Tensor:
+    """float64 [M, h, 512]: each row's attention over its own top-k of the unsharded records
+    ``cache`` uint8 [B, P, W] of one layer; q_nope [M, h, 512], q_rope [M, h, 64]."""
+    B, R, K = topk.shape
+    tok = topk.reshape(B * R, K).long()
+    valid = tok >= 0
+    b = (torch.arange(B * R) // R)[:, None].expand(-1, K)
+    lat, rope = fmt.decode(cache[b, tok.clamp_min(0)].reshape(B * R * K, -1), backend="host")
+    lat, rope = lat.double().view(B * R, K, -1), rope.double().view(B * R, K, -1)
+    s = cfg.scale * (torch.einsum("mhd,mkd->mhk", q_nope.double(), lat)
+                     + torch.einsum("mhd,mkd->mhk", q_rope.double(), rope))
+    p = torch.softmax(s.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
+    return torch.einsum("mhk,mkd->mhd", p, lat)
 
 
-def stock_dcp(cfg, inp, fmt, shard, dcp, rank, layer, topk, heads):
-    """Stock DCP decode for this rank's heads: query all-gather, local partial, LSE merge."""
-    R, K = 1 + cfg.mtp, cfg.topk
-    qs = [torch.empty(cfg.rows, cfg.local_heads, 576) for _ in range(cfg.world)]
-    mine_q = torch.cat([inp.q_nope[layer, :, heads], inp.q_rope[layer, :, heads]], dim=-1).contiguous()
-    dist.all_gather(qs, mine_q)
-    q = torch.cat(qs, dim=1)  # [M, H, 576]: heads of rank 0, 1, ... (this rank's own are in there)
-    tok = topk.view(cfg.rows, K).long()
-    owner, local = dcp.owner_and_local(tok.clamp_min(0))
-    b = (torch.arange(cfg.rows) // R)[:, None]
+def demo_geometry(cfg: DemoConfig) -> ModelGeometry:
+    """GLM-5.2's layer pattern and MTP layer at the demo's scaled-down heads and top-k."""
+    return ModelGeometry(name="demo", num_layers=len(GLM52_PATTERN), num_mtp_layers=1, num_heads=cfg.heads,
+                         kv_lora_rank=512, rope_dim=64, index_heads=cfg.index_heads, index_dim=128,
+                         topk=cfg.topk, index_share=GLM52_PATTERN)
+
+
+def _write(shard, cache, index, dcp, rank, b, pos, main_w, index_w):
+    """Store records of requests ``b`` int64 [N] at positions ``pos`` int64 [N] (main_w uint8
+    [L, N, W], index_w uint8 [F, N, 132]): everywhere in the unsharded copies, this rank's own in
+    its shard (through the request's block table)."""
+    cache[:, b, pos] = main_w
+    index[:, b, pos] = index_w
+    owner, local = dcp.owner_and_local(pos)
+    mine = owner == rank
     bs = shard.block_size
-    row = shard.block_table.long()[b, local // bs] * bs + local % bs
-    idx = torch.where((tok >= 0) & (owner == rank), row, -1).to(torch.int32)
-    out, lse = sparse_mla_decode(q[..., :512].contiguous(), q[..., 512:].contiguous(), shard.cache[layer], fmt,
-                                 idx, cfg.scale, backend=ATTN_BACKEND)
-    part = torch.cat([out, lse[..., None]], dim=-1).contiguous()  # [M, H, 513]: LSE rides along
-    parts = [torch.empty_like(part) for _ in range(cfg.world)]
-    dist.all_gather(parts, part)
-    p = torch.stack(parts)[:, :, heads]
-    merged, _ = merge_lse(p[..., :512], p[..., 512])
-    return merged
+    rows = shard.block_table.long()[b[mine], local[mine] // bs] * bs + local[mine] % bs
+    shard.cache[:, rows] = main_w[:, mine]
+
+
+def _chunks(layers: list[int], size: int) -> list[list[int]]:
+    return [layers[i:i + size] for i in range(0, len(layers), size)]
+
+
+def _same_on_all_ranks(obj, world: int) -> bool:
+    got: list = [None] * world
+    dist.all_gather_object(got, obj)
+    return all(g == got[0] for g in got)
+
+
+def _gather_rows(rows: list[list[int]], world: int) -> np.ndarray:
+    """int64 [K, D_src, D_dst] from each rank's K rows of bytes sent to each dst."""
+    mine = torch.tensor(rows, dtype=torch.int64)
+    out = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(out, mine)
+    return torch.stack(out, dim=1).numpy()
 
 
 def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
-    """One rank of the step; ``inputs_path``: ``build_inputs(cfg)`` saved by the parent (built once,
+    """One rank of the run; ``inputs_path``: ``build_inputs(cfg)`` saved by the parent (built once,
     memory-mapped by every rank instead of regenerated four times)."""
     tm = _Timer()
     with tm("inputs"):
         inp = DemoInputs(**torch.load(inputs_path, mmap=True))
         fmt = get_format(cfg.fmt)
+        W = fmt.record_bytes
         dcp = DcpLayout(world, cfg.interleave)
-        shard = build_shard(inp.main, dcp, rank, cfg.block_size, torch.Generator().manual_seed(cfg.seed * 131 + rank))
+        pat = cfg.pattern
+        cache, index = inp.main.clone(), inp.index.clone()  # the unsharded state, as the steps write it
+        shard = build_shard(cache, dcp, rank, cfg.block_size, torch.Generator().manual_seed(cfg.seed * 131 + rank))
         if cfg.corrupt_rank == rank:
             shard.cache[:, :, :8] ^= 0x5A  # corrupt the first latent codes of every record this rank owns
-    B, R, K, U, M = cfg.batch, 1 + cfg.mtp, cfg.topk, cfg.union_width, cfg.rows
-    heads = slice(rank * cfg.local_heads, (rank + 1) * cfg.local_heads)
-    tol = 1e-4
-    fabric = HostFabric(SlabLayout(world, fmt.record_bytes, capacity=B * U, max_layers=cfg.depth + 1, depth=2),
-                        timeout_s=30)
-    groups, topks = [], []
+    B, R, K, U, M, h = cfg.batch, 1 + cfg.mtp, cfg.topk, cfg.union_width, cfg.rows, cfg.local_heads
+    req_ids = list(range(B))
+    lens = committed_lens(inp)
+    groups_of = {f: [f] + pat.prefetch_targets(f, pat.num_layers) for f in pat.full_layers}
+    tol = 1e-4  # selected records: fp32 attention over the exact records
+    tol_stock = 2e-2  # stock DCP: bf16 partial outputs summed in bf16 (vLLM's dtypes): ~4 bf16 roundings
+    policy = StepPolicy(load_profile(cfg.profile), demo_geometry(cfg), tp=world, dcp=world, record_format=cfg.fmt,
+                        max_depth=cfg.depth, mode=cfg.mode)
+    tracker = ReuseTracker(dcp, cfg.reuse_capacity)
+    pool = ReusePool(rank, cfg.reuse_capacity, W)
+    slab = SlabLayout(world, W, capacity=B * U, max_layers=cfg.depth + 1, depth=2)
+    fab_reuse = HostFabric(slab, timeout_s=30)
+    fab_plain = HostFabric(slab, timeout_s=30)
+    sent_stock = SentBytes(rank, world)
+    steps, topks = [], []
+    prev_union: dict = {}
+    new_fraction = union_prev = None
+    final = final_records(inp, False)
     try:
-        ring = PrefetchRing(SelectedExchange(fabric), cfg.depth, rows=B * U)
-        for group in decode_groups(cfg.pattern, cfg.depth):
-            fi = inp.full_slot[group[0]]
-            with tm("indexer top-k"):
-                topk = torch.stack([indexer_topk(inp.iq[fi, b * R:(b + 1) * R], inp.iw[fi, b * R:(b + 1) * R],
-                                                 inp.index[fi, b], inp.pos[b * R:(b + 1) * R], K, backend="torch")
-                                    for b in range(B)])  # int32 [B, R, K]
-            topks.append(topk)
-            with tm("union + planes"):
-                union, remap, counts = mtp_union(topk)
-                planes = build_planes(union, counts, dcp, B * U)
-                slots = torch.where(remap >= 0, remap + (torch.arange(B) * U)[:, None, None], -1)
-                slots = slots.view(M, K).to(torch.int32)
-            with tm("exchange"):
-                pending = ring.prefetch(planes, shard, group)
+        ring = PrefetchRing(SelectedExchange(fab_reuse), cfg.depth, rows=B * U)
+        plain = SelectedExchange(fab_plain)
+        scratch = torch.zeros(cfg.depth + 1, B * U, W, dtype=torch.uint8)
+        for s in range(cfg.steps):
+            n = lens[s]
+            restart = None
+            if s == cfg.restart_step:
+                with tm("request end + new request"):
+                    # request 0 ends; a new request (new id, new prompt of the same length) takes
+                    # its batch slot and KV blocks: its prefill rewrites every position
+                    dropped = 0 if cfg.forget_drop else tracker.drop_request(req_ids[0])
+                    restart = {"ended": req_ids[0], "new": max(req_ids) + 1, "dropped": dropped}
+                    req_ids[0] = restart["new"]
+                    final = final_records(inp, True)
+                    P = cache.shape[2]
+                    _write(shard, cache, index, dcp, rank, torch.zeros(P, dtype=torch.int64), torch.arange(P),
+                           final[0][:, 0], final[1][:, 0])
+                    prev_union = {k: v for k, v in prev_union.items() if k[1] != 0}
+            with tm("cache writes + queries"):
+                pos, main_w, index_w = step_writes(inp, s, n, final)
+                bb = torch.arange(B)[:, None].expand(B, R).reshape(-1)
+                _write(shard, cache, index, dcp, rank, bb, pos.reshape(-1), main_w.flatten(1, 2), index_w.flatten(1, 2))
+                q_nope, q_rope = step_queries(cfg, s, pat.num_layers, rank)  # [L, M, h, *]: this rank's heads
+                row_pos = pos.reshape(M)
+            with tm("policy"):
+                # what every rank knows at step start: rows, contexts, the previous step's union
+                # sizes and the share of remote union records its pools did not hold
+                d = policy.decide([R] * B, n.tolist(), union=union_prev, new_fraction=new_fraction)
+            decision_agreed = _same_on_all_ranks(tuple(d), world)
+            chunk = (d.depth if d.path == "selected" else cfg.depth) + 1
+            base = [list(fab_plain.copied_bytes), list(fab_reuse.copied_bytes), list(sent_stock.to),
+                    list(fab_plain.copies), list(fab_reuse.copies)]
+            acc_plain = acc.empty(world)
+            acc_reuse = acc.empty(world)
             err_sel = err_stock = 0.0
-            for layer in group:
-                with tm("exchange"):
-                    ws = ring.get(layer)
-                with tm("attention (selected)"):
-                    out, _ = sparse_mla_decode(inp.q_nope[layer, :, heads].contiguous(),
-                                               inp.q_rope[layer, :, heads].contiguous(), ws, fmt, slots, cfg.scale,
-                                               backend=ATTN_BACKEND)
-                ring.release(layer)
-                with tm("stock DCP (gather+attn+merge)"):
-                    out_stock = stock_dcp(cfg, inp, fmt, shard, dcp, rank, layer, topk, heads)
-                with tm("reference (float64)"):
-                    ref = reference(cfg, inp, fmt, layer, topk, heads)
+            ws_ok = True
+            remote = hits = 0
+            union_sum = overlap_num = overlap_den = 0
+            new_num, new_den, union_b = np.zeros(B), np.zeros(B), np.zeros(B)
+            kept, unions, topk_of, refs = {}, {}, {}, {}
+            for f, layers in groups_of.items():
+                fi = inp.full_slot[f]
+                with tm("indexer top-k"):
+                    topk = torch.stack([indexer_topk(inp.iq[s, fi, b * R:(b + 1) * R], inp.iw[fi, b * R:(b + 1) * R],
+                                                     index[fi, b], row_pos[b * R:(b + 1) * R], K, backend="torch")
+                                        for b in range(B)])  # int32 [B, R, K]
+                topks.append(topk)
+                topk_of[f] = topk
+                with tm("union + reuse + planes"):
+                    union, remap, counts = mtp_union(topk)
+                    un, cn = union.numpy(), counts.numpy()
+                    unions[f] = (un, cn)
+                    held = np.logical_and.reduce([tracker.held(l, req_ids, un, cn) for l in layers])
+                    planes_plain = build_planes(union, counts, dcp, B * U)
+                    planes_reuse = build_planes(union, counts, dcp, B * U, held=torch.from_numpy(held))
+                    slots = torch.where(remap >= 0, remap + (torch.arange(B) * U)[:, None, None], -1)
+                    slots = slots.view(M, K).to(torch.int32)
+                    live = np.arange(U)[None, :] < cn[:, None]
+                    owner = np.asarray(dcp.owner_and_local(np.where(live, un, 0))[0])
+                    rem = live[None] & (owner[None] != np.arange(world)[:, None, None])  # [D, B, U]
+                    remote += rem.sum() * len(layers)
+                    hits += (rem & held).sum() * len(layers)
+                    new_num += (rem & ~held).sum(axis=(0, 2))
+                    new_den += rem.sum(axis=(0, 2))
+                    union_sum += int(cn.sum())
+                    union_b += cn
+                    for b in range(B):
+                        if (f, b) in prev_union:
+                            overlap_num += len(prev_union[(f, b)] & set(un[b, :cn[b]].tolist()))
+                            overlap_den += int(cn[b])
+                    live_rows = torch.from_numpy(np.nonzero(live.reshape(-1))[0])
+                    tok_live = torch.from_numpy(un[live]).long()
+                    b_live = live_rows // U
+                    miss_plain = acc.missing_counts(un, cn, dcp)
+                    miss_reuse = acc.missing_counts(un, cn, dcp, held)
+                for part in _chunks(layers, chunk):
+                    acc_plain = acc_plain + acc.selected_grouped([miss_plain] * len(part), W)
+                    acc_reuse = acc_reuse + acc.selected_grouped([miss_reuse] * len(part), W)
+                    with tm("exchange (plain selected)"):
+                        plain.exchange(planes_plain, shard, part, scratch[:len(part)])
+                    for j, layer in enumerate(part):
+                        ws_ok &= torch.equal(scratch[j, live_rows], cache[layer, b_live, tok_live])
+                    with tm("exchange (selected + reuse)"):
+                        ring.prefetch(planes_reuse, shard, part)
+                    for layer in part:
+                        with tm("exchange (selected + reuse)"):
+                            ws = ring.get(layer)
+                            pool.fill(ws, tracker.slots(layer, req_ids, un, cn)[rank], held[rank] & live)
+                            ws_ok &= torch.equal(ws[live_rows], cache[layer, b_live, tok_live])
+                            if d.path == "selected":  # its received records go to the pool after acceptance
+                                kept[layer] = ws.clone()
+                        with tm("attention (selected)"):
+                            out, _ = sparse_mla_decode(q_nope[layer], q_rope[layer], ws, fmt, slots,
+                                                       cfg.scale, backend=ATTN_BACKEND)
+                        ring.release(layer)
+                        with tm("reference (float64)"):
+                            ref = reference(cfg, cache[layer], fmt, topk, q_nope[layer], q_rope[layer])
+                        refs[layer] = ref
+                        scale = 1.0 + float(ref.abs().max())
+                        err_sel = max(err_sel, float((out.double() - ref).abs().max()) / scale)
+            with tm("stock DCP (ag_rs)"):
+                out_stock = stock_dcp_step(sent_stock, q_nope, q_rope, shard, fmt, dcp,
+                                           [(layers, topk_of[f]) for f, layers in groups_of.items()], h, cfg.scale,
+                                           ATTN_BACKEND)
+            for layer, ref in refs.items():
                 scale = 1.0 + float(ref.abs().max())
-                err_sel = max(err_sel, float((out.double() - ref).abs().max()) / scale)
-                err_stock = max(err_stock, float((out_stock.double() - ref).abs().max()) / scale)
-            st = pending.stats
-            groups.append({"layers": group, "records_sent": st.records_sent, "bytes_sent": st.bytes_sent,
-                           "records_local": st.records_local,
-                           "union_ratio": float(counts.float().mean()) / K, "err_selected": err_sel,
-                           "err_stock": err_stock})
+                err_stock = max(err_stock, float((out_stock[layer].double() - ref).abs().max()) / scale)
+            with tm("byte check"):
+                dist.barrier()  # every copy of the step has landed (its counter was bumped before arrival)
+                now = [list(fab_plain.copied_bytes), list(fab_reuse.copied_bytes), list(sent_stock.to),
+                       list(fab_plain.copies), list(fab_reuse.copies)]
+                measured = _gather_rows([[a - b for a, b in zip(x, y)] for x, y in zip(now, base)], world)
+                acc_stock = acc.stock_dcp_layer(acc.StockDcpShape(rows=M, num_heads=cfg.heads, tp=world, dcp=world,
+                                                                  q_bytes=2, out_bytes=2)).times(pat.num_layers)
+            with tm("reuse commit"):
+                after = lens[s + 1].numpy()
+                # rejected drafts (positions >= the new committed length) are overwritten next step:
+                # drop whatever a pool holds there; only committed positions are ever stored, so
+                # nothing may be found (a non-zero count is a tracker invariant broken)
+                spec_dropped = sum(tracker.invalidate_from(req, int(after[i])) for i, req in enumerate(req_ids))
+                if d.path == "selected":  # a stock step moved no records: nothing new to hold
+                    for f, layers in groups_of.items():
+                        un, cn = unions[f]
+                        for layer in layers:
+                            res = tracker.commit(layer, req_ids, un, cn, after)
+                            pool.store(kept[layer], res.stored[rank], U)
+            new_fraction = (new_num / np.maximum(new_den, 1)).tolist()
+            union_prev = (union_b / len(groups_of)).tolist()
+            prev_union = {(f, b): set(un[b, :cn[b]].tolist()) for f, (un, cn) in unions.items() for b in range(B)}
+            steps.append({
+                "step": s, "path": d.path, "depth": d.depth, "stock_us": d.stock_us, "selected_us": d.selected_us,
+                "reason": d.reason, "decision_agreed": decision_agreed,
+                "measured": {"stock": measured[2].tolist(), "selected": measured[0].tolist(),
+                             "reuse": measured[1].tolist()},
+                "accounted": {"stock": acc_stock.matrix.tolist(), "selected": acc_plain.matrix.tolist(),
+                              "reuse": acc_reuse.matrix.tolist()},
+                "copies": {"selected": (int(measured[3].sum()), acc_plain.copies),
+                           "reuse": (int(measured[4].sum()), acc_reuse.copies)},
+                "union_ratio": union_sum / (len(groups_of) * B * K),
+                "overlap": overlap_num / overlap_den if overlap_den else None,
+                "hit_rate": hits / remote if remote else 0.0,
+                "accepted": inp.accept[s].tolist(), "committed": lens[s + 1].tolist(),
+                "pool_rows": int(tracker.occupancy()[rank]), "spec_dropped": spec_dropped, "restart": restart,
+                "err_selected": err_sel, "err_stock": err_stock, "workspace_exact": bool(ws_ok),
+            })
+        for req in req_ids:
+            tracker.drop_request(req)  # every request ends: its entries must all go
+        pools_empty = bool((tracker.occupancy() == 0).all())
     finally:
-        fabric.close()
+        fab_reuse.close()
+        fab_plain.close()
     digest = hashlib.sha256(torch.cat([t.flatten() for t in topks]).numpy().tobytes()).hexdigest()
-    digests: list = [None] * world
-    dist.all_gather_object(digests, digest)
-    return {"rank": rank, "groups": groups, "times": dict(tm.s), "tol": tol,
-            "topk_identical": len(set(digests)) == 1}
+    return {"rank": rank, "steps": steps, "times": dict(tm.s), "tol": tol, "tol_stock": tol_stock,
+            "topk_identical": _same_on_all_ranks(digest, world), "pools_empty": pools_empty}

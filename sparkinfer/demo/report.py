@@ -1,48 +1,63 @@
-"""Aggregate the four ranks' results of the demo step and print them."""
+"""Aggregate the four ranks' results of the demo run, check them, and print the per-step table."""
 
 from __future__ import annotations
 
-from sparkinfer.core.accounting import StockDcpShape, stock_dcp_layer
 from sparkinfer.formats import get_format
 
 from .config import DemoConfig
 
+PATHS = ("stock", "selected", "reuse")
+
 
 def summarize(cfg: DemoConfig, results: list[dict]) -> dict:
-    """Per exchange group (a Full layer and its Shared layers): records and bytes moved by all ranks
-    (per layer: the layered exchange moves the same records for each layer of the group), stock
-    DCP's exchange bytes for the same layers, union ratio, worst error of both paths."""
-    stock_layer = stock_dcp_layer(StockDcpShape(rows=cfg.rows, num_heads=cfg.heads, tp=cfg.world,
-                                                dcp=cfg.world)).total
-    rows = []
-    for gi, g0 in enumerate(results[0]["groups"]):
-        gs = [r["groups"][gi] for r in results]
-        J = len(g0["layers"])
-        rows.append({
-            "layers": g0["layers"],
-            "records_per_layer": sum(g["records_sent"] for g in gs) // J,
-            "bytes": sum(g["bytes_sent"] for g in gs),
-            "stock_bytes": stock_layer * J,
-            "union_ratio": g0["union_ratio"],
-            "err_selected": max(g["err_selected"] for g in gs),
-            "err_stock": max(g["err_stock"] for g in gs),
-        })
-    tol = results[0]["tol"]
-    ok_topk = all(r["topk_identical"] for r in results)
-    bad = [r for r in rows if not (r["err_selected"] <= tol and r["err_stock"] <= tol)]
+    """Per step: the policy's choice, bytes per path (measured; the byte matrices are all-gathered
+    so every rank holds the same), whether they equal the accounting, union ratio, top-k overlap
+    with the previous step, reuse hit rate, worst errors over all ranks. ``ok`` is the --check verdict."""
+    tol, tol_stock = results[0]["tol"], results[0]["tol_stock"]
+    rows, problems = [], []
+    for si, s0 in enumerate(results[0]["steps"]):
+        ss = [r["steps"][si] for r in results]
+        bytes_ok = {p: all(s["measured"][p] == s["accounted"][p] for s in ss) for p in PATHS}
+        copies_ok = all(m == a for s in ss for m, a in s["copies"].values())
+        row = {
+            "step": si, "path": s0["path"], "depth": s0["depth"], "reason": s0["reason"],
+            "stock_us": s0["stock_us"], "selected_us": s0["selected_us"],
+            "bytes": {p: sum(map(sum, s0["measured"][p])) for p in PATHS},
+            "accounted": {p: sum(map(sum, s0["accounted"][p])) for p in PATHS},
+            "bytes_ok": bytes_ok, "copies_ok": copies_ok, "copies": s0["copies"],
+            "union_ratio": s0["union_ratio"], "overlap": s0["overlap"],
+            "hit_rate": s0["hit_rate"], "accepted": s0["accepted"],
+            "pool_rows": max(s["pool_rows"] for s in ss),
+            "err_selected": max(s["err_selected"] for s in ss), "err_stock": max(s["err_stock"] for s in ss),
+            "workspace_exact": all(s["workspace_exact"] for s in ss),
+            "decision_agreed": all(s["decision_agreed"] for s in ss),
+            "restart": s0.get("restart"),
+        }
+        rows.append(row)
+        why = [f"{p} bytes measured {row['bytes'][p]:,} != accounted {row['accounted'][p]:,} (or per pair)"
+               for p in PATHS if not bytes_ok[p]]
+        if not copies_ok:
+            why.append("non-empty copies (measured, accounted) differ: "
+                       f"{[s['copies'] for s in ss if any(m != a for m, a in s['copies'].values())][0]}")
+        if row["err_selected"] > tol:
+            why.append(f"selected max error {row['err_selected']:.1e} > {tol:g}")
+        if row["err_stock"] > tol_stock:
+            why.append(f"stock max error {row['err_stock']:.1e} > {tol_stock:g}")
+        if not row["workspace_exact"]:
+            why.append("a workspace differs from the gather from the unsharded cache")
+        dropped = max(s["spec_dropped"] for s in ss)
+        if dropped:
+            why.append(f"the reuse pools held {dropped} records at rejected draft positions")
+        if not row["decision_agreed"]:
+            why.append("ranks reached different policy decisions")
+        problems += [f"step {si}: {w}" for w in why]
+    if not all(r["topk_identical"] for r in results):
+        problems.append("top-k differs between ranks")
+    if not all(r["pools_empty"] for r in results):
+        problems.append("reuse pools not empty after every request ended")
     times = {k: max(r["times"].get(k, 0.0) for r in results) for k in results[0]["times"]}
-    return {"rows": rows, "times": times, "tol": tol, "topk_identical": ok_topk, "bad": bad,
-            "ok": ok_topk and not bad, "glm52": glm52_projection(cfg, rows)}
-
-
-def glm52_projection(cfg: DemoConfig, rows: list[dict], topk: int = 2048, heads: int = 64) -> dict:
-    """Per layer at GLM-5.2's shape (64 heads, top-k 2048) with the union ratio measured here:
-    every union record crosses to the D - 1 ranks that do not own it (no reuse), against stock DCP."""
-    u = sum(r["union_ratio"] for r in rows) / len(rows)
-    W = get_format(cfg.fmt).record_bytes
-    selected = int(cfg.batch * u * topk * W * (cfg.world - 1))
-    stock = stock_dcp_layer(StockDcpShape(rows=cfg.rows, num_heads=heads, tp=cfg.world, dcp=cfg.world)).total
-    return {"union_ratio": u, "selected": selected, "stock": stock}
+    return {"rows": rows, "times": times, "tol": tol, "tol_stock": tol_stock, "problems": problems, "ok": not problems,
+            "topk_identical": all(r["topk_identical"] for r in results)}
 
 
 def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
@@ -50,39 +65,56 @@ def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
     from rich.table import Table
 
     fmt = get_format(cfg.fmt)
-    con = Console(width=140)
+    con = Console(width=160)
     con.print(f"sparkinfer demo: TP{cfg.world}/DCP{cfg.world}/MTP{cfg.mtp}, {cfg.pattern.num_layers} layers "
               f"(GLM-5.2 pattern + MTP layer), {cfg.fmt} ({fmt.record_bytes} B), batch {cfg.batch}, "
               f"context {cfg.context}, top-k {cfg.topk}, {cfg.heads} heads ({cfg.local_heads}/rank), "
-              f"prefetch depth {cfg.depth}; host fabric, 4 processes")
-    t = Table(title="per exchange (a Full layer with the Shared layers that reuse its top-k)")
-    for c in ("layers", "records/layer", "bytes moved", "stock DCP bytes", "ratio", "union/k",
-              "max err selected", "max err stock"):
-        t.add_column(c, justify="right")
+              f"max prefetch depth {cfg.depth}, {cfg.steps} steps, profile {cfg.profile}, mode {cfg.mode}, reuse pool "
+              f"{cfg.reuse_capacity} rows/rank; host fabric, 4 processes")
+    t = Table(title="per decode step: bytes over all (src, dst) pairs, measured (= accounting where 'ok'); "
+                    "overlap: share of the top-k union already in the previous step's; hits: remote union "
+                    "records the destination's pool held")
+    for c in ("step", "policy", "stock DCP B", "selected B", "sel+reuse B", "/stock", "bytes", "union/k",
+              "overlap", "hits", "accepted", "pool rows", "err sel", "err stock"):
+        t.add_column(c, justify="right", no_wrap=True)
     for r in summary["rows"]:
-        L = r["layers"]
-        name = f"{L[0]}" if len(L) == 1 else f"{L[0]}-{L[-1]}"
-        t.add_row(name, str(r["records_per_layer"]), f"{r['bytes']:,}", f"{r['stock_bytes']:,}",
-                  f"{r['bytes'] / max(1, r['stock_bytes']):.1f}x", f"{r['union_ratio']:.2f}",
-                  f"{r['err_selected']:.1e}", f"{r['err_stock']:.1e}")
-    tot_b = sum(r["bytes"] for r in summary["rows"])
-    tot_s = sum(r["stock_bytes"] for r in summary["rows"])
-    t.add_row("all", "", f"{tot_b:,}", f"{tot_s:,}", f"{tot_b / max(1, tot_s):.1f}x", "", "", "", end_section=True)
+        b = r["bytes"]
+        t.add_row(str(r["step"]), f"{r['path']} d{r['depth']}", f"{b['stock']:,}", f"{b['selected']:,}",
+                  f"{b['reuse']:,}", f"{b['reuse'] / max(1, b['stock']):.2f}x",
+                  "ok" if all(r["bytes_ok"].values()) and r["copies_ok"] else "MISMATCH", f"{r['union_ratio']:.2f}",
+                  "-" if r["overlap"] is None else f"{r['overlap']:.2f}", f"{r['hit_rate']:.0%}",
+                  ",".join(map(str, r["accepted"])), str(r["pool_rows"]), f"{r['err_selected']:.1e}",
+                  f"{r['err_stock']:.1e}")
     con.print(t)
-    tt = Table(title="time per stage (slowest rank, whole step)")
+    for r in summary["rows"]:
+        con.print(f"step {r['step']} policy: {r['path']} (depth {r['depth']}): {r['reason']}; modelled "
+                  f"stock {r['stock_us']:.1f} us vs selected {r['selected_us']:.1f} us; same on all ranks: "
+                  f"{r['decision_agreed']}")
+    for r in summary["rows"]:
+        if r["restart"]:
+            x = r["restart"]
+            con.print(f"before step {r['step']}: request {x['ended']} ended (drop_request freed {x['dropped']} "
+                      f"entries from the {cfg.world} pools); request {x['new']} took its batch slot and KV blocks")
+    if all(r["path"] == "stock" for r in summary["rows"]):
+        con.print("every step went stock: the reuse pools only keep records of steps that moved them "
+                  "(--mode selected or another --profile shows the reuse path filling workspaces from them)")
+    tt = Table(title="time per stage (slowest rank, all steps)")
     tt.add_column("stage")
     tt.add_column("seconds", justify="right")
     for k, v in summary["times"].items():
         tt.add_row(k, f"{v:.3f}")
     tt.add_row("wall (spawn + all)", f"{wall_s:.1f}")
     con.print(tt)
-    con.print("bytes moved: selected records over PCIe-equivalent links, all ranks; stock DCP bytes: vLLM's "
-              "ag_rs exchange (query all-gather + LSE all-gather + output reduce-scatter) for the same rows "
-              "and heads (sparkinfer.core.accounting).")
-    g = summary["glm52"]
-    con.print(f"at GLM-5.2 shape (64 heads, top-k 2048, union/k {g['union_ratio']:.2f}, no cross-step reuse) one "
-              f"layer would move {g['selected']:,} B of selected records vs {g['stock']:,} B for stock DCP "
-              f"({g['selected'] / g['stock']:.1f}x): the byte accounting / reuse policy decides which path pays.")
+    con.print("bytes: selected = plain selected-record exchange, selected+reuse = the exchange whose planes "
+              "omit records the destination holds (both counted by the host fabric's copy thread), stock DCP = "
+              "vLLM's ag_rs tensors (query all-gather, LSE all-gather, output reduce-scatter; bf16 queries and "
+              "partial outputs, fp32 LSE) counted at the gloo calls; each compared per (src, dst) pair with "
+              "sparkinfer.core.accounting. Every step "
+              "runs all paths; the policy's path is the one whose records the reuse pools keep.")
     verdict = "PASS" if summary["ok"] else "FAIL"
-    con.print(f"{verdict}: tolerance {summary['tol']:g} (relative to 1 + max|ref|); top-k identical on all ranks: "
-              f"{summary['topk_identical']}; groups over tolerance: {len(summary['bad'])}")
+    con.print(f"{verdict}: tolerance {summary['tol']:g} selected, {summary['tol_stock']:g} stock (bf16 partials), "
+              f"relative to 1 + max|ref|; top-k identical on all ranks: "
+              f"{summary['topk_identical']}; workspaces bit-exact vs the unsharded cache: "
+              f"{all(r['workspace_exact'] for r in summary['rows'])}; problems: {len(summary['problems'])}")
+    for p in summary["problems"][:20]:
+        con.print(f"  {p}")

@@ -1,0 +1,382 @@
+"""Cost model of one decode step's path-dependent time on a node (torch-free).
+
+The model prices what differs between stock DCP and selected records; the
+rest of a step (MoE, dense projections, sampling) is one path-independent term
+``base`` that only matters to predict tokens/s.
+
+Per attention layer, with ``x`` the layer's link time for its bytes:
+
+* link time of an exchange: the busiest port direction, or the busiest port's
+  two directions together against the bidirectional rate, whichever is longer::
+
+      link_us = max(max(tx), max(rx)) / bw_dir  |  max(tx + rx) / bw_bidir
+
+* **stock DCP**: every collective is on the critical path (query gather before
+  attention, combine after): ``n_collectives * (collective_us + link_latency_us) + link_us``.
+* **selected records**: each exchange costs ``exchange_us`` (pack + unpack
+  launches, arrive/wait) plus ``copy_us`` per packed copy issued. A Full
+  layer's records are needed right after its own indexer, so its exchange is
+  exposed: ``x_F = exchange_us + copies*copy_us + x`` (``x`` includes one
+  ``link_latency_us``). The ``n`` Shared layers after it reuse its top-k, so
+  with a prefetch ring of depth ``d >= 1`` they
+  move in bundles of up to ``d`` layers (one exchange, one copy per pair each),
+  a bundle issued one layer before its first consumer; a bundle of ``s`` layers
+  hides behind one layer's compute ``c``::
+
+      group(n, d) = x_F + sum over bundles (exchange_us + copies*copy_us + max(0, s*x - c))
+      group(n, 0) = (n + 1) * x_F
+
+  Deeper rings save fixed costs (fewer exchanges) but make a bundle wait for
+  more bytes; once the link is the bottleneck depth no longer helps, which
+  matches the published observation that deeper rings only cost memory.
+* **indexer**: scoring per Full layer costs ``index_ns_per_token`` per scored
+  token per query row. A replicated indexer scores the whole context on every
+  rank; upstream's sharded indexer scores ``1/D`` of it and adds a candidate
+  all-gather. Both paths of sparkinfer use the replicated indexer, so it cancels
+  out of the policy's comparison; it is priced to compare against published runs.
+* **attention**: ``attn_us_per_ktok`` per layer per 1024 selected tokens per row,
+  the same for both paths (stock DCP attends the same top-k, split over ranks).
+
+Parameters come from a node profile (``sparkinfer/profiles/*.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+
+from sparkinfer.core import accounting as acc
+from sparkinfer.core.geometry import GLM52, ModelGeometry
+from sparkinfer.core.layouts import layout as record_layout
+
+PROFILE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """One node's parameters. Times in microseconds, rates in GB/s (1e9 B/s)."""
+
+    name: str
+    description: str
+    world_size: int  # GPUs in the DCP group
+    bw_dir_GBps: float  # one direction of one port, the other idle
+    bw_bidir_GBps: float  # both directions of one port together
+    link_latency_us: float
+    collective_us: float  # fixed cost of one collective call (launch + protocol)
+    exchange_us: float  # fixed cost of one selected-record exchange (pack, unpack, arrive)
+    copy_us: float  # CPU cost of issuing one packed copy
+    hbm_GBps: float
+    index_ns_per_token: float  # indexer scoring per token, per Full layer, per query row
+    attn_us_per_ktok: float  # sparse attention per layer per 1024 selected tokens per row
+    base_us: float  # path-independent step time, batch 1, 1 row (MoE, projections, ...)
+    base_row_us: float  # added per extra query row in the step
+    mode: str = "auto"  # auto | stock | selected (environment VLLM_SPARKINFER_MODE overrides)
+    source: str = ""  # where the numbers come from
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "float" and (not isinstance(v, (int, float)) or v < 0):
+                raise ValueError(f"profile {self.name!r}: {f.name} must be a number >= 0, got {v!r}")
+        if self.bw_dir_GBps <= 0 or self.bw_bidir_GBps <= 0:
+            raise ValueError(f"profile {self.name!r}: link bandwidths must be > 0")
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValueError(f"profile {self.name!r}: world_size must be an int >= 1")
+        from sparkinfer.config import MODES
+        if self.mode not in MODES:
+            raise ValueError(f"profile {self.name!r}: mode must be one of {MODES}, got {self.mode!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NodeProfile":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown profile fields {unknown}; expected {sorted(names)}")
+        missing = sorted(f.name for f in fields(cls) if f.name not in d and f.name not in ("mode", "source"))
+        if missing:
+            raise ValueError(f"profile is missing fields {missing}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+            f.write("\n")
+
+
+def load_profile(name_or_path: str) -> NodeProfile:
+    """A profile by name (``rtx_pro_6000_x4``, ``h200_x4``) or by JSON path."""
+    path = name_or_path
+    if not os.path.exists(path):
+        path = os.path.join(PROFILE_DIR, f"{name_or_path}.json")
+    if not os.path.exists(path):
+        have = sorted(f[:-5] for f in os.listdir(PROFILE_DIR) if f.endswith(".json"))
+        raise ValueError(f"no profile {name_or_path!r}: not a file and not one of {have}")
+    with open(path) as f:
+        return NodeProfile.from_dict(json.load(f))
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """A decode step as the model sees it (uniform over requests).
+
+    batch         requests decoding
+    rows          query rows per request (1 + speculative tokens)
+    context       tokens in each request's context
+    union_ratio   per-request union of the rows' top-k, in units of min(context, topk)
+                  (1.0 for one row; ~1.75 measured for 4 MTP rows)
+    new_fraction  share of the remote union a destination does not hold yet (1.0 = no reuse)
+    record_format main record format name or width
+    tp, dcp       parallel sizes
+    backend       stock DCP's combine: ag_rs | a2a
+    indexer       replicated | sharded (sharded: upstream's stock path only)
+    """
+
+    batch: int = 1
+    rows: int = 1
+    context: int = 65536
+    union_ratio: float = 1.0
+    new_fraction: float = 1.0
+    record_format: str = "nvfp4_368"
+    tp: int = 4
+    dcp: int = 4
+    backend: str = "ag_rs"
+    indexer: str = "replicated"
+
+    def __post_init__(self):
+        for k in ("batch", "rows", "tp", "dcp"):
+            if int(getattr(self, k)) != getattr(self, k) or getattr(self, k) < 1:
+                raise ValueError(f"{k} must be an int >= 1, got {getattr(self, k)!r}")
+        if self.context < 0:
+            raise ValueError(f"context must be >= 0, got {self.context}")
+        if not 1.0 <= self.union_ratio <= self.rows:
+            raise ValueError(f"union_ratio must be in [1, rows={self.rows}], got {self.union_ratio}")
+        if not 0.0 <= self.new_fraction <= 1.0:
+            raise ValueError(f"new_fraction must be in [0, 1], got {self.new_fraction}")
+        if self.indexer not in ("replicated", "sharded"):
+            raise ValueError(f"indexer must be 'replicated' or 'sharded', got {self.indexer!r}")
+        record_layout(self.record_format)
+
+
+@dataclass(frozen=True)
+class PathCost:
+    """Predicted path-dependent time of one step (us) and the bytes behind it."""
+
+    path: str
+    depth: int
+    comm_us: float  # exposed communication + fixed exchange costs
+    indexer_us: float
+    attn_us: float
+    rx_bytes_per_rank: float  # bytes entering the busiest port, whole step
+    total_bytes: float  # bytes over PCIe, all ports, whole step
+
+    @property
+    def total_us(self) -> float:
+        return self.comm_us + self.indexer_us + self.attn_us
+
+
+def link_us(tx_max: float, rx_max: float, txrx_max: float, p: NodeProfile) -> float:
+    """Transfer time of an exchange whose busiest port sends ``tx_max``, receives ``rx_max``."""
+    return max(max(tx_max, rx_max) / (p.bw_dir_GBps * 1e3), txrx_max / (p.bw_bidir_GBps * 1e3))
+
+
+def lb_link_us(lb: acc.LinkBytes, p: NodeProfile) -> float:
+    """Link time of a LinkBytes: one link latency per operation plus the transfer."""
+    if lb.total == 0:
+        return 0.0
+    return lb.ops * p.link_latency_us + link_us(float(lb.tx.max()), float(lb.rx.max()),
+                                                float((lb.tx + lb.rx).max()), p)
+
+
+def pattern_groups(geom: ModelGeometry, mtp: bool) -> list[int]:
+    """Shared-layer count after each Full layer (the MTP layer is a group of its own)."""
+    out = []
+    for c in geom.index_share:
+        if c == "F":
+            out.append(0)
+        else:
+            out[-1] += 1
+    return out + ([0] * geom.num_mtp_layers if mtp else [])
+
+
+def selected_tokens(step: StepSpec, geom: ModelGeometry = GLM52) -> float:
+    """Union records per request per layer."""
+    return step.union_ratio * min(step.context + step.rows, geom.topk)
+
+
+def step_bytes(step: StepSpec, geom: ModelGeometry = GLM52) -> dict:
+    """Bytes of one attention layer per path: ``stock`` is the exact LinkBytes; ``selected`` and
+    ``reuse`` are float [D_src, D_dst] byte matrices (diagonal: local) for a union spread evenly
+    over owners (``accounting.expected_missing``)."""
+    d = step.dcp
+    rec = record_layout(step.record_format).record_bytes
+    stock = acc.stock_dcp_layer(acc.StockDcpShape(rows=step.batch * step.rows, num_heads=geom.num_heads,
+                                                  tp=step.tp, dcp=d, backend=step.backend))
+    u = selected_tokens(step, geom) * step.batch
+    sel = acc.expected_missing([u], d, 1.0) * rec
+    reuse = acc.expected_missing([u], d, step.new_fraction) * rec
+    return {"stock": stock, "selected": sel, "reuse": reuse, "record_bytes": rec}
+
+
+def matrix_link_us(m, p: NodeProfile) -> tuple[float, float, float]:
+    """(transfer us without latency, busiest rx, total) of one exchange's float [D, D] byte
+    matrix (diagonal local)."""
+    d = len(m)
+    tx = [sum(m[s][t] for t in range(d) if t != s) for s in range(d)]
+    rx = [sum(m[s][t] for s in range(d) if s != t) for t in range(d)]
+    txrx = max(a + b for a, b in zip(tx, rx)) if d else 0.0
+    total = sum(tx)
+    return (link_us(max(tx), max(rx), txrx, p) if total else 0.0), max(rx), total
+
+
+def layer_compute_us(p: NodeProfile, rows_total: int, n_layers: int) -> float:
+    """Compute time of one layer that a prefetch can hide behind (the path-independent step
+    time spread evenly over the layers)."""
+    return (p.base_us + p.base_row_us * (rows_total - 1)) / n_layers
+
+
+def predict(step: StepSpec, p: NodeProfile, path: str, depth: int = 1,
+            geom: ModelGeometry = GLM52) -> PathCost:
+    """Path-dependent time of one decode step: ``path`` is ``stock`` or ``selected``.
+
+    ``selected`` uses ``step.new_fraction`` (set it below 1 for reuse).
+    """
+    if step.dcp != p.world_size:
+        raise ValueError(f"step has dcp={step.dcp} but profile {p.name!r} describes {p.world_size} GPUs")
+    if depth < 0:
+        raise ValueError(f"depth must be >= 0, got {depth}")
+    mtp = step.rows > 1
+    groups = pattern_groups(geom, mtp)
+    n_layers = sum(groups) + len(groups)
+    n_full = len(groups)
+    rows_total = step.batch * step.rows
+    k_eff = min(step.context + step.rows, geom.topk)
+    attn = n_layers * p.attn_us_per_ktok * rows_total * k_eff / 1024.0
+    scored = step.context if step.indexer == "replicated" else step.context / step.dcp
+    index = n_full * rows_total * scored * p.index_ns_per_token * 1e-3
+    b = step_bytes(step, geom)
+    d = step.dcp
+    if path == "stock":
+        if depth:
+            raise ValueError("stock DCP has no prefetch depth (pass depth=0)")
+        lb = b["stock"]
+        per_layer = lb.ops * p.collective_us + lb_link_us(lb, p)
+        comm = n_layers * per_layer
+        rx, total = float(lb.rx.max()) * n_layers, float(lb.total) * n_layers
+        if step.indexer == "sharded":
+            merge = acc.sharded_topk_merge(rows_total, geom.topk, d)
+            comm += n_full * (merge.ops * p.collective_us + lb_link_us(merge, p))
+            rx += float(merge.rx.max()) * n_full
+            total += float(merge.total) * n_full
+        return PathCost("stock", 0, comm, index, attn, rx, total)
+    if path != "selected":
+        raise ValueError(f"path must be 'stock' or 'selected', got {path!r}")
+    if step.indexer != "replicated":
+        raise ValueError("selected records need the replicated indexer (identical top-k on every rank)")
+    m = b["reuse"]
+    x, rx1, tot1 = matrix_link_us(m, p)
+    x += p.link_latency_us if tot1 else 0.0
+    fixed = p.exchange_us + (d * (d - 1) * p.copy_us if tot1 else 0.0)
+    comm = selected_comm_us(x, fixed, layer_compute_us(p, rows_total, n_layers), group_counts(groups), depth)
+    return PathCost("selected", depth, comm, index, attn, rx1 * n_layers, tot1 * n_layers)
+
+
+def group_counts(groups: list[int]) -> tuple:
+    """((shared layers n, how many Full layers have n), ...) sorted by n."""
+    counts = {}
+    for n in groups:
+        counts[n] = counts.get(n, 0) + 1
+    return tuple(sorted(counts.items()))
+
+
+def bundle_terms(counts: tuple, depth: int) -> tuple:
+    """The exchanges of Shared layers at prefetch ``depth``: ((how many, layers per bundle, hides), ...).
+
+    Depth 0: every Shared layer is its own exposed exchange. Depth ``d``: each group's
+    ``n`` Shared layers go in ``n // d`` bundles of ``d`` and one of ``n % d``, each hiding
+    behind one layer's compute. Precomputed once per pattern and depth by the policy.
+    """
+    terms = {}
+    for n, count in counts:
+        if n == 0:
+            continue
+        if depth == 0:
+            sizes = [(n, 1, False)]
+        else:
+            full, rem = divmod(n, depth)
+            sizes = [(full, depth, True)] + ([(1, rem, True)] if rem else [])
+        for mult, size, hides in sizes:
+            key = (size, hides)
+            terms[key] = terms.get(key, 0) + mult * count
+    return tuple((mult, size, hides) for (size, hides), mult in sorted(terms.items()))
+
+
+def exposed_us(x: float, fixed: float, c: float, n_full: int, terms_by_depth: tuple) -> list:
+    """Exposed time of a step's selected-record exchanges, one value per entry of
+    ``terms_by_depth`` (see the module docstring).
+
+    x      link time of one layer's records      fixed   cost of one exchange
+    c      compute of one layer (hides a bundle)  n_full  Full layers (exposed exchanges)
+    terms_by_depth  ``bundle_terms`` of the Shared layers, per prefetch depth
+    """
+    base = n_full * (fixed + x)
+    out = []
+    for terms in terms_by_depth:
+        total = base
+        for mult, size, hides in terms:
+            total += mult * (fixed + max(0.0, size * x - (c if hides else 0.0)))
+        out.append(total)
+    return out
+
+
+def selected_comm_us(x: float, fixed: float, c: float, counts: tuple, depth: int) -> float:
+    """``exposed_us`` for the ``group_counts`` of a pattern at prefetch ``depth``."""
+    return exposed_us(x, fixed, c, sum(cnt for _, cnt in counts), (bundle_terms(counts, depth),))[0]
+
+
+def step_time_us(step: StepSpec, p: NodeProfile, path: str, depth: int = 1, geom: ModelGeometry = GLM52) -> float:
+    """Whole step: path-independent base plus the path's predicted time."""
+    base = p.base_us + p.base_row_us * (step.batch * step.rows - 1)
+    return base + predict(step, p, path, depth, geom).total_us
+
+
+# ---------------------------------------------------------------- published numbers
+
+# prior-art.md, second team, TP4/DCP4, 432-byte records, single stream (tokens/s).
+# (label, rows, context, path, tokens/s)
+PUBLISHED = (
+    ("MTP0 ctx 0", 1, 0, "stock", 57.7), ("MTP0 ctx 64K", 1, 65536, "stock", 56.3),
+    ("MTP0 ctx 256K", 1, 262144, "stock", 55.6),
+    ("MTP0 ctx 0", 1, 0, "selected", 51.2), ("MTP0 ctx 64K", 1, 65536, "selected", 48.8),
+    ("MTP0 ctx 256K", 1, 262144, "selected", 46.5),
+    ("MTP3 ctx 0", 4, 0, "stock", 107.4), ("MTP3 ctx 64K", 4, 65536, "stock", 102.8),
+    ("MTP3 ctx 0", 4, 0, "selected", 92.1), ("MTP3 ctx 64K", 4, 65536, "selected", 88.1),
+)
+MTP_ACCEPT = 0.6  # per draft token (prior-art: 0.57-0.66); chain acceptance of 3 drafts
+UNION_RATIO_MTP3 = 1.75  # prior-art: union of 4 adjacent rows ~1.75 k
+
+
+def tokens_per_step(rows: int, accept: float = MTP_ACCEPT) -> float:
+    return sum(accept ** i for i in range(rows))
+
+
+def published_step(rows: int, context: int, path: str) -> StepSpec:
+    """The published runs as steps: upstream's stock path used a sharded indexer."""
+    return StepSpec(batch=1, rows=rows, context=context, record_format="nvfp4_432",
+                    union_ratio=UNION_RATIO_MTP3 if rows > 1 else 1.0,
+                    indexer="sharded" if path == "stock" else "replicated")
+
+
+def residual_table(p: NodeProfile, geom: ModelGeometry = GLM52) -> list[dict]:
+    """Predicted vs published tokens/s for every published point (prefetch depth 3)."""
+    out = []
+    for label, rows, ctx, path, tps in PUBLISHED:
+        step = published_step(rows, ctx, path)
+        t = step_time_us(step, p, path, 0 if path == "stock" else 3, geom)
+        pred = tokens_per_step(rows) / t * 1e6
+        out.append({"point": label, "path": path, "published": tps, "predicted": pred,
+                    "residual_pct": (pred / tps - 1) * 100})
+    return out

@@ -1,0 +1,145 @@
+"""Per-step choice between stock DCP and selected records, and the prefetch depth (torch-free).
+
+``StepPolicy`` turns the cost model (``core/costmodel.py``) into a few
+precomputed coefficients per (profile, model, parallel sizes, record format),
+so one decision is a handful of float operations on values every rank has
+(request rows, context lengths, union sizes, reuse fractions): it is
+deterministic and identical on every rank, and cheap enough for every step
+(``benchmarks/policy_bench.py`` measures it).
+
+The comparison leaves out what both paths pay equally in sparkinfer (the
+replicated indexer and the attention FLOPs): only communication and exchange
+costs differ. Ties go to stock DCP (the oracle), then to the shallower
+prefetch ring (less memory). ``mode`` forces a path: ``stock`` always, and
+``selected`` whenever it is feasible (its workspace fits), else stock with the
+reason logged.
+
+Mode sources, later wins: the profile's ``mode``, the environment variable
+``VLLM_SPARKINFER_MODE`` (``sparkinfer.config``), an explicit argument.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+from typing import NamedTuple, Sequence
+
+from sparkinfer.core import accounting as acc
+from sparkinfer.core import costmodel as cm
+from sparkinfer.core.geometry import GLM52, ModelGeometry
+from sparkinfer.core.layouts import layout as record_layout
+
+log = logging.getLogger(__name__)
+
+
+def resolve_mode(profile: cm.NodeProfile, env=None, override: str | None = None) -> str:
+    """auto | stock | selected from the profile, then the environment, then ``override``."""
+    from sparkinfer.config import MODES, env_var
+
+    env = os.environ if env is None else env
+    mode, source = profile.mode, f"profile {profile.name!r}"
+    if env.get(env_var("mode")):
+        mode, source = env[env_var("mode")].strip().lower(), env_var("mode")
+    if override is not None:
+        mode, source = override, "argument"
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r} (from {source})")
+    return mode
+
+
+class Decision(NamedTuple):
+    path: str  # "stock" or "selected"
+    depth: int  # prefetch depth (0 for stock)
+    stock_us: float  # modelled path-dependent time of each path (communication part)
+    selected_us: float
+    reason: str
+
+
+class StepPolicy:
+    """Decides each step; built once per engine configuration.
+
+    max_depth        deepest prefetch ring allowed (config ``prefetch_depth``)
+    workspace_bytes  per-rank bytes for received records; a step whose union
+                     records x (depth + 1) do not fit cannot go selected
+    """
+
+    def __init__(self, profile: cm.NodeProfile, geom: ModelGeometry = GLM52, *, tp: int = 4,
+                 dcp: int | None = None, record_format: str = "nvfp4_368", backend: str = "ag_rs",
+                 max_depth: int = 3, workspace_bytes: int | None = None, mode: str | None = None,
+                 env=None):
+        dcp = profile.world_size if dcp is None else dcp
+        if dcp != profile.world_size:
+            raise ValueError(f"dcp={dcp} but profile {profile.name!r} describes {profile.world_size} GPUs")
+        if max_depth < 0:
+            raise ValueError(f"max_depth must be >= 0, got {max_depth}")
+        self.profile, self.geom, self.dcp, self.max_depth = profile, geom, dcp, max_depth
+        self.mode = resolve_mode(profile, env, mode)
+        self.record_bytes = record_layout(record_format).record_bytes
+        self.workspace_bytes = workspace_bytes
+        p = profile
+        # stock: per layer ops * collective + link time, linear in query rows
+        one = acc.stock_dcp_layer(acc.StockDcpShape(rows=1, num_heads=geom.num_heads, tp=tp, dcp=dcp,
+                                                    backend=backend))
+        self._stock_fixed = one.ops * (p.collective_us + p.link_latency_us)
+        self._stock_per_row = float(cm.link_us(one.tx.max(), one.rx.max(), (one.tx + one.rx).max(), p))
+        # selected: link time per union record per layer (even spread over owners), fixed costs
+        self._sel_per_record = float(
+            cm.matrix_link_us(acc.expected_missing([1.0], dcp, 1.0) * self.record_bytes, p)[0])
+        self._copies_us = dcp * (dcp - 1) * p.copy_us
+        self._tables = {}
+        for mtp in (False, True):
+            groups = cm.pattern_groups(geom, mtp)
+            counts = cm.group_counts(groups)
+            terms = tuple(cm.bundle_terms(counts, d) for d in range(max_depth + 1))
+            self._tables[mtp] = (sum(groups) + len(groups), len(groups), terms)
+
+    def costs(self, rows: int, union_records: float, mtp: bool) -> tuple[float, list[float]]:
+        """(stock us, [selected us at depth 0..max_depth]) for a step with ``rows`` query rows in
+        total and ``union_records`` union records to move per layer (reuse already applied)."""
+        p = self.profile
+        n_layers, n_full, terms = self._tables[mtp]
+        stock = n_layers * (self._stock_fixed + rows * self._stock_per_row)
+        moving = union_records > 0
+        x = p.link_latency_us + union_records * self._sel_per_record if moving else 0.0
+        fixed = p.exchange_us + (self._copies_us if moving else 0.0)  # nothing moved: no copies
+        c = cm.layer_compute_us(p, rows, n_layers)
+        return stock, cm.exposed_us(x, fixed, c, n_full, terms)
+
+    def decide(self, rows: Sequence[int], contexts: Sequence[int], union: Sequence[float] | None = None,
+               new_fraction: Sequence[float] | None = None) -> Decision:
+        """The path for one step.
+
+        rows          query rows per request (1 + speculative tokens)
+        contexts      context length per request
+        union         union records per request per layer (default: min(context + rows, topk))
+        new_fraction  share of each request's remote union not yet held (default 1: no reuse)
+        """
+        b = len(rows)
+        if len(contexts) != b or (union is not None and len(union) != b) or (
+                new_fraction is not None and len(new_fraction) != b):
+            raise ValueError("rows, contexts, union and new_fraction need one entry per request")
+        total_rows = sum(rows)
+        if union is None:
+            k = self.geom.topk
+            union = [min(c + r, k) for c, r in zip(contexts, rows)]
+        records = sum(union)
+        moved = records if new_fraction is None else sum(map(operator.mul, union, new_fraction))
+        if total_rows == 0:
+            return Decision("stock", 0, 0.0, 0.0, "empty step")
+        stock, sel = self.costs(total_rows, moved, total_rows > b)
+        if self.mode == "stock":
+            return Decision("stock", 0, stock, min(sel), "mode=stock")
+        depth = sel.index(min(sel))  # the first minimum: ties to the shallower ring
+        if self.workspace_bytes is not None:
+            fits = [d for d in range(len(sel)) if records * self.record_bytes * (d + 1) <= self.workspace_bytes]
+            if not fits:
+                log.info("selected records do not fit the %d-byte workspace; using stock DCP",
+                         self.workspace_bytes)
+                return Decision("stock", 0, stock, sel[depth], "workspace too small")
+            depth = min(fits, key=sel.__getitem__)  # min keeps the first of equal costs
+        if self.mode == "selected":
+            return Decision("selected", depth, stock, sel[depth], "mode=selected")
+        if sel[depth] < stock:
+            return Decision("selected", depth, stock, sel[depth], "model: selected faster")
+        return Decision("stock", 0, stock, sel[depth], "model: stock faster or equal")

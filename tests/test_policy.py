@@ -1,0 +1,152 @@
+"""Per-step policy: never picks the path the cost model rates slower, deterministic across
+processes, mode switch, workspace fallback."""
+
+import itertools
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from sparkinfer.core import costmodel as cm
+from sparkinfer.core.policy import StepPolicy, resolve_mode
+
+
+def _profiles():
+    rtx = cm.load_profile("rtx_pro_6000_x4")
+    h200 = cm.load_profile("h200_x4")
+    # an exchange between the fitted one and a lean one makes both choices occur on the grid
+    lean = replace(rtx, name="lean", exchange_us=60.0, copy_us=1.0)
+    return [rtx, h200, lean]
+
+
+@pytest.mark.parametrize("profile", _profiles(), ids=lambda p: p.name)
+@pytest.mark.parametrize("fmt", ["nvfp4_368", "fp8_ds_mla"])
+def test_never_picks_the_slower_path(profile, fmt):
+    """Grid of steps: the policy's choice is never rated slower by the full cost model
+    (``costmodel.predict``, which also prices the indexer and attention both paths share)."""
+    picks = set()
+    for batch, rows, ctx, nf in itertools.product((1, 2, 8), (1, 4), (0, 100, 2048, 8192, 65536, 262144),
+                                                 (1.0, 0.5, 0.3, 0.1, 0.0)):
+        ur = 1.75 if rows == 4 else 1.0
+        step = cm.StepSpec(batch=batch, rows=rows, context=ctx, union_ratio=ur, new_fraction=nf,
+                           record_format=fmt)
+        pol = StepPolicy(profile, record_format=fmt, max_depth=3, env={})
+        u = cm.selected_tokens(step)
+        d = pol.decide([rows] * batch, [ctx] * batch, [u] * batch, [nf] * batch)
+        stock = cm.predict(step, profile, "stock", 0).total_us
+        best_sel = min(cm.predict(step, profile, "selected", k).total_us for k in range(4))
+        chosen = stock if d.path == "stock" else cm.predict(step, profile, "selected", d.depth).total_us
+        assert chosen <= min(stock, best_sel) * (1 + 1e-9), (batch, rows, ctx, nf, d)
+        picks.add(d.path)
+    if profile.name == "lean":
+        assert picks == {"stock", "selected"}  # the grid exercises both outcomes
+
+
+def test_default_union_and_shallowest_tie():
+    p = replace(cm.load_profile("rtx_pro_6000_x4"), exchange_us=4.0, copy_us=0.5)
+    pol = StepPolicy(p, max_depth=5, env={})
+    assert pol.decide([4], [65536]) == pol.decide([4], [65536], [2048], [1.0])  # default min(ctx+rows, k)
+    # GLM-5.2 groups have 3 Shared layers: depths 3, 4, 5 bundle them alike, the shallowest wins
+    d = pol.decide([1], [65536])
+    _, sel = pol.costs(1, 2048.0, False)
+    assert d.path == "selected" and d.depth == 3
+    assert sel[3] == sel[4] == sel[5] < sel[2] < sel[1] < sel[0]
+
+
+def test_mode_sources():
+    p = cm.load_profile("rtx_pro_6000_x4")
+    assert resolve_mode(p, env={}) == "auto"
+    assert resolve_mode(replace(p, mode="selected"), env={}) == "selected"
+    assert resolve_mode(p, env={"VLLM_SPARKINFER_MODE": "stock"}) == "stock"
+    assert resolve_mode(p, env={"VLLM_SPARKINFER_MODE": "stock"}, override="selected") == "selected"
+    with pytest.raises(ValueError, match="VLLM_SPARKINFER_MODE"):
+        resolve_mode(p, env={"VLLM_SPARKINFER_MODE": "fastest"})
+    forced = StepPolicy(p, env={"VLLM_SPARKINFER_MODE": "selected"})
+    assert forced.decide([1], [65536]).path == "selected"
+    assert StepPolicy(p, mode="stock", env={}).decide([4], [65536], [100], [0.0]).path == "stock"
+
+
+def test_workspace_fallback():
+    p = replace(cm.load_profile("rtx_pro_6000_x4"), exchange_us=1.0, copy_us=0.1)
+    big = StepPolicy(p, mode="selected", env={}).decide([4] * 8, [65536] * 8)
+    assert big.path == "selected"
+    small = StepPolicy(p, mode="selected", workspace_bytes=1 << 20, env={}).decide([4] * 8, [65536] * 8)
+    assert small.path == "stock" and small.reason == "workspace too small"
+    # a workspace for two ring slots only: depth limited to 1
+    need = 8 * 2052 * 368
+    d = StepPolicy(p, mode="selected", workspace_bytes=2 * need, env={}).decide([4] * 8, [65536] * 8)
+    assert d.path == "selected" and d.depth <= 1
+
+
+def test_bad_inputs():
+    p = cm.load_profile("rtx_pro_6000_x4")
+    with pytest.raises(ValueError, match="one entry per request"):
+        StepPolicy(p, env={}).decide([1, 1], [10])
+    with pytest.raises(ValueError, match="dcp=2"):
+        StepPolicy(p, dcp=2, env={})
+    with pytest.raises(ValueError, match="max_depth"):
+        StepPolicy(p, max_depth=-1, env={})
+
+
+_SCRIPT = r"""
+import json, random
+from dataclasses import replace
+from sparkinfer.core import costmodel as cm
+from sparkinfer.core.policy import StepPolicy
+p = replace(cm.load_profile("rtx_pro_6000_x4"), exchange_us=60.0, copy_us=1.0)
+pol = StepPolicy(p, env={})
+rng = random.Random(3)
+out = []
+for _ in range(300):
+    b = rng.randint(1, 8)
+    rows = [rng.choice([1, 4]) for _ in range(b)]
+    ctx = [rng.randint(0, 300000) for _ in range(b)]
+    nf = [rng.random() for _ in range(b)]
+    out.append(list(pol.decide(rows, ctx, None, nf)))
+print(json.dumps(out))
+"""
+
+
+def test_identical_across_processes():
+    """Same inputs -> the same decision (path, depth and the float costs, bit for bit) in
+    independent interpreters, as on every rank."""
+    outs = []
+    for seed in ("0", "12345"):
+        r = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
+        outs.append(r.stdout)
+    assert outs[0] == outs[1]
+    paths = {d[0] for d in json.loads(outs[0])}
+    assert paths == {"stock", "selected"}
+
+
+def test_policy_table_matches_model_and_policy():
+    from sparkinfer.core.policy_table import PATHS, policy_rows
+    p = cm.load_profile("rtx_pro_6000_x4")
+    rows = policy_rows(p, batch=2, mtp=3, contexts=(0, 65536), env={})
+    assert [r["path"] for r in rows] == list(PATHS) * 2
+    for r in rows:
+        spec = cm.StepSpec(batch=2, rows=4, context=r["context"], union_ratio=1.75,
+                           new_fraction=0.3 if r["path"] == "selected+reuse" else 1.0)
+        path = "stock" if r["path"] == "stock" else "selected"
+        assert r["path_us"] == pytest.approx(cm.predict(spec, p, path, r["depth"]).total_us)
+    # reuse never moves more than plain selected records
+    for ctx in (0, 65536):
+        by = {r["path"]: r for r in rows if r["context"] == ctx}
+        assert by["selected+reuse"]["rx_MB"] <= by["selected"]["rx_MB"]
+
+
+def test_plan_section_renders():
+    import argparse
+    from sparkinfer.cli import plan
+    from sparkinfer.core.policy_table import add_policy_arguments, policy_section
+    ap = argparse.ArgumentParser()
+    plan.add_arguments(ap)
+    if not any("--profile" in a.option_strings for a in ap._actions):  # not wired into plan (yet)
+        add_policy_arguments(ap)
+    args = ap.parse_args(["--profile", "h200_x4", "--batch", "2"])
+    sec = policy_section(args, None)
+    assert sec is not None and len(sec.rows) == 6 * 3 and "h200_x4" in sec.title
+    assert policy_section(ap.parse_args([]), None) is None
