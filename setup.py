@@ -33,7 +33,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["sparkinfer", "sparkinfer.*", "vllm_patches", "vllm_patches.*"]),
     package_data={"sparkinfer": ["native/lib/*.so", "profiles/*.json"],
-                  "vllm_patches": ["series/*.patch", "series/series"]},
+                  "vllm_patches": ["series/*.patch", "series/series", "series/pristine.sha256", "install_cpu.sh"]},
     include_package_data=True,
     install_requires=["torch>=2.4", "numpy", "triton", "rich"],
     extras_require={

