@@ -54,7 +54,9 @@ def main(argv=None) -> int:
     union, nf = [3584.0 - 11 * i for i in range(b)], [0.3 + 0.01 * i for i in range(b)]
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall times include waiting for a core)")
     for label, fn in ((f"union + reuse given", lambda: pol.decide(rows, ctx, union, nf)),
-                      ("defaults (no union / reuse given)", lambda: pol.decide(rows, ctx))):
+                      ("defaults (no union / reuse given)", lambda: pol.decide(rows, ctx)),
+                      ("cold pool amortised over 64 steps", lambda: pol.decide(rows, ctx, union, [1.0] * b,
+                                                                              horizon=64, steady_fraction=nf))):
         us = _time_calls(fn, args.n)
         print(f"policy.decide, batch {b}, {label}, profile {p.name}: wall median {np.median(us):.2f} us, "
               f"p99 {np.percentile(us, 99):.2f} us; CPU {_cpu_us(fn, args.n):.2f} us per call -> {fn().path}")

@@ -2,12 +2,16 @@
 without cross-step reuse) and stock DCP against the dense reference, every workspace against a gather
 from the unsharded cache, measured bytes against the accounting. Corrupted runs prove --check fails."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from sparkinfer.cli import main
 from sparkinfer.cli.demo import run_demo
+from sparkinfer.core import costmodel as cm
 from sparkinfer.demo.config import DemoConfig, resolve_demo_mode
 from sparkinfer.demo.inputs import build_inputs, committed_lens, step_writes
 from sparkinfer.demo.pool import ReusePool
@@ -40,13 +44,36 @@ def test_demo_reuse_under_the_policy_with_eviction():
     """h200_x4: the policy picks selected; the pools fill, later steps move only missing records;
     a small pool forces evictions. Every byte matrix and copy count equals the accounting, every
     workspace the unsharded gather (``ok``)."""
-    cap = 700
+    cap = 79 * 12  # 12 rows per layer (79 with the MTP layer): below a layer's remote union
     s = run_demo(DemoConfig(steps=3, profile="h200_x4", pool_rows=cap, **SMALL))
     assert s["ok"], s["problems"]
     rows = s["rows"]
     assert all(r["path"] == "selected" and r["decision_agreed"] for r in rows)
     _check_reuse(rows)
     assert max(r["pool_rows"] for r in rows) == cap  # full: commits evicted to make room
+
+
+@pytest.mark.multiproc
+def test_demo_auto_warms_a_cold_pool_by_amortising_over_the_remaining_steps(tmp_path):
+    """A node whose links are slow enough that records matter: under auto the policy goes selected
+    from the first step, including a step the per-step model rates slower than stock (stale
+    new fraction, larger union), because the plan over the remaining steps at the steady reuse share
+    (the prior, then the tracker's observed warm miss share) is cheaper; the pools then serve most
+    remote records."""
+    prof = json.loads((Path(cm.PROFILE_DIR) / "rtx_pro_6000_x4.json").read_text())
+    prof.update(name="slow_link", bw_dir_GBps=0.1, bw_bidir_GBps=0.2, exchange_us=60.0, copy_us=0.5)
+    path = tmp_path / "slow_link.json"
+    path.write_text(json.dumps(prof))
+    s = run_demo(DemoConfig(steps=3, profile=str(path), mode="auto", batch=1, context=128, topk=64, heads=4,
+                            fmt="fp8_ds_mla"))
+    assert s["ok"], s["problems"]
+    rows = s["rows"]
+    assert all(r["path"] == "selected" and r["decision_agreed"] for r in rows)
+    assert [r["horizon"] for r in rows] == [3, 2, 1]
+    warmup = [r for r in rows if r["selected_us"] > r["stock_us"]]
+    assert warmup and all(r["horizon"] > 1 and r["plan_selected_us"] < r["plan_stock_us"] for r in warmup)
+    assert rows[-1]["selected_us"] < rows[-1]["stock_us"]  # warm: faster per step too
+    _check_reuse(rows)
 
 
 @pytest.mark.multiproc
@@ -87,7 +114,8 @@ def test_demo_detects_a_corrupt_shard():
 def _fake_results(world=4):
     """A run's per-rank results whose numbers agree, to flip one thing at a time."""
     m = (np.ones((world, world), np.int64) - np.eye(world, dtype=np.int64)) * 1000
-    step = {"path": "selected", "depth": 3, "stock_us": 2.0, "selected_us": 1.0, "reason": "x",
+    step = {"path": "selected", "depth": 3, "stock_us": 2.0, "selected_us": 1.0, "reason": "x", "horizon": 1,
+            "plan_stock_us": 2.0, "plan_selected_us": 1.0,
             "decision_agreed": True, "measured": {p: m.tolist() for p in ("stock", "selected", "reuse")},
             "accounted": {p: m.tolist() for p in ("stock", "selected", "reuse")}, "union_ratio": 1.5,
             "overlap": None, "hit_rate": 0.0, "accepted": [1], "pool_rows": 0, "err_selected": 1e-7,

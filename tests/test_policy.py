@@ -44,6 +44,58 @@ def test_never_picks_the_slower_path(profile, fmt):
         assert picks == {"stock", "selected"}  # the grid exercises both outcomes
 
 
+@pytest.mark.parametrize("profile", _profiles(), ids=lambda p: p.name)
+def test_amortised_plan_never_rated_slower(profile):
+    """auto with a horizon: the chosen plan (stock for H steps, or selected now at the current new
+    fraction then H - 1 steps at the steady one) is never rated slower by ``costmodel.predict`` than
+    the other plan; a cold pool (new fraction 1) can go selected when the warm steps pay for it."""
+    pol = StepPolicy(profile, max_depth=3, env={})
+    picks, cold_selected = set(), False
+    for batch, rows, ctx, ss, h in itertools.product((1, 8), (1, 4), (0, 2048, 65536, 262144),
+                                                    (0.0, 0.3, 1.0), (1, 2, 8, 64)):
+        ur = 1.75 if rows == 4 else 1.0
+        spec = lambda nf: cm.StepSpec(batch=batch, rows=rows, context=ctx, union_ratio=ur, new_fraction=nf)
+        u = cm.selected_tokens(spec(1.0))
+        d = pol.decide([rows] * batch, [ctx] * batch, [u] * batch, [1.0] * batch, horizon=h,
+                       steady_fraction=[ss] * batch)
+        stock = h * cm.predict(spec(1.0), profile, "stock", 0).total_us
+        sel_now = [cm.predict(spec(1.0), profile, "selected", k).total_us for k in range(4)]
+        sel_ss = min(cm.predict(spec(ss), profile, "selected", k).total_us for k in range(4))
+        best_sel = min(sel_now) + (h - 1) * sel_ss
+        chosen = stock if d.path == "stock" else sel_now[d.depth] + (h - 1) * sel_ss
+        assert chosen <= min(stock, best_sel) * (1 + 1e-9), (batch, rows, ctx, ss, h, d)
+        assert (d.path == "selected") == (d.plan_selected_us < d.plan_stock_us)
+        picks.add(d.path)
+        cold_selected |= d.path == "selected" and sel_now[d.depth] > stock / h
+    if profile.name != "h200_x4":  # the H200 model rates selected faster everywhere on this grid
+        assert picks == {"stock", "selected"}
+    if profile.name == "rtx_pro_6000_x4":
+        assert cold_selected  # a warm-up step rated slower than stock, paid for by the steps after it
+
+
+def test_horizon_one_is_the_per_step_rule_and_prior_and_modes():
+    p = replace(cm.load_profile("rtx_pro_6000_x4"), exchange_us=60.0, copy_us=1.0)
+    pol = StepPolicy(p, env={})
+    for ctx in (0, 4096, 65536):
+        a = pol.decide([4, 4], [ctx] * 2, None, [1.0, 1.0])
+        b = pol.decide([4, 4], [ctx] * 2, None, [1.0, 1.0], horizon=1, steady_fraction=[0.0, 0.0])
+        assert a[:5] == b[:5]
+    # the configured prior stands in for an observed steady fraction
+    prior = StepPolicy(p, env={}, prior_new_fraction=0.2)
+    assert prior.decide([4], [65536], None, [1.0], horizon=16) == pol.decide(
+        [4], [65536], None, [1.0], horizon=16, steady_fraction=[0.2])
+    # forced modes ignore the horizon
+    for mode in ("stock", "selected"):
+        d = StepPolicy(p, mode=mode, env={}).decide([4], [65536], None, [1.0], horizon=64, steady_fraction=[0.0])
+        assert d.path == mode and d.reason == f"mode={mode}"
+    with pytest.raises(ValueError, match="horizon"):
+        pol.decide([4], [10], horizon=0)
+    with pytest.raises(ValueError, match="steady_fraction"):
+        pol.decide([4], [10], horizon=4, steady_fraction=[1.5])
+    with pytest.raises(ValueError, match="prior_new_fraction"):
+        StepPolicy(p, env={}, prior_new_fraction=-0.1)
+
+
 def test_default_union_and_shallowest_tie():
     p = replace(cm.load_profile("rtx_pro_6000_x4"), exchange_us=4.0, copy_us=0.5)
     pol = StepPolicy(p, max_depth=5, env={})
@@ -105,6 +157,8 @@ for _ in range(300):
     ctx = [rng.randint(0, 300000) for _ in range(b)]
     nf = [rng.random() for _ in range(b)]
     out.append(list(pol.decide(rows, ctx, None, nf)))
+    ss = [rng.random() for _ in range(b)]
+    out.append(list(pol.decide(rows, ctx, None, [1.0] * b, horizon=rng.randint(1, 200), steady_fraction=ss)))
 print(json.dumps(out))
 """
 

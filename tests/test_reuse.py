@@ -23,6 +23,11 @@ class BrutePools:
         self.cap = capacity if self.shared else capacity // num_layers  # rows per partition
         self.pool = [dict() for _ in range(d)]
         self.clock = 0
+        self.warm = {}  # req -> [hits, remote] over (dst, layer) pairs that already held records of req
+
+    def steady(self, req, prior):
+        h, r = self.warm.get(req, (0, 0))
+        return prior if r == 0 else 1 - h / r
 
     def owner(self, t):
         return (t // self.i) % self.d
@@ -43,6 +48,13 @@ class BrutePools:
             pool = self.pool[dst]
             new = []
             for b, r in enumerate(reqs):
+                if any(k[0] == r and k[1] == layer for k in pool):
+                    w = self.warm.setdefault(r, [0, 0])
+                    for u in range(counts[b]):
+                        t = int(union[b, u])
+                        if self.owner(t) != dst:
+                            w[0] += (r, layer, t) in pool
+                            w[1] += 1
                 for u in range(counts[b]):
                     t = int(union[b, u])
                     key = (r, layer, t)
@@ -86,13 +98,14 @@ def _state(tr):
 
 def _check_invariants(tr, committed_now):
     for dst in range(tr.world_size):
-        for part in range(len(tr._free[dst])):
+        for part in range(tr.parts):
+            free = tr._free_rows(dst, part).tolist()
             slots = np.concatenate([e.slots for (_, la), e in tr._entries[dst].items() if tr._part(la) == part]
                                    or [np.zeros(0, np.int64)])
             assert len(slots) == len(set(slots.tolist())), "duplicate pool slot"
-            assert len(slots) + len(tr._free[dst][part]) == tr.quota
+            assert len(slots) + len(free) == tr.quota
             assert np.all((slots >= part * tr.quota) & (slots < (part + 1) * tr.quota)), "row outside its partition"
-            assert not set(slots.tolist()) & set(tr._free[dst][part])
+            assert not set(slots.tolist()) & set(free)
         assert tr.occupancy()[dst] <= tr.capacity
         for (r, layer), e in tr._entries[dst].items():
             owner, _ = tr.layout.owner_and_local(e.tokens)
@@ -122,6 +135,9 @@ def test_tracker_matches_brute_force_and_invariants(d, interleave, cap, seq, num
             union, counts = _random_union(rng, reqs, ctx, 10)
             held = tr.held(layer, reqs, union, counts)
             np.testing.assert_array_equal(held, ref.held(layer, reqs, union, counts))
+            if num_layers == 2:  # one exchange for both layers: held only where both hold it
+                np.testing.assert_array_equal(tr.held_group([0, 1], reqs, union, counts),
+                                              ref.held(0, reqs, union, counts) & ref.held(1, reqs, union, counts))
             slots = tr.slots(layer, reqs, union, counts)
             assert np.array_equal(slots >= 0, held)
             committed = np.array([length[r] + int(rng.integers(1, 5)) for r in reqs])
@@ -145,12 +161,14 @@ def test_tracker_matches_brute_force_and_invariants(d, interleave, cap, seq, num
             r = reqs_all[seed % 3]
             tr.drop_request(r)
             ref.invalidate(r, 0)
+            ref.warm.pop(r, None)
             length[r] = 8
         else:  # a KV block freed / reused
             r, start = reqs_all[seed % 3], seed % 8
             tr.invalidate_range(r, start, start + 4)
             ref.invalidate(r, start, start + 4)
         assert _state(tr) == [{k for k in p} for p in ref.pool]
+        assert [tr.steady_new_fraction(r, -1.0) for r in reqs_all] == [ref.steady(r, -1.0) for r in reqs_all]
         _check_invariants(tr, length)
 
 
@@ -197,6 +215,26 @@ def test_zero_capacity_holds_nothing():
     res = tr.commit(0, [0], np.arange(16)[None], [16], [100])
     assert res.stored_count.tolist() == [0, 0, 0, 0]
     assert not tr.held(0, [0], np.arange(16)[None], [16]).any()
+
+
+def test_held_group_needs_a_layer():
+    with pytest.raises(ValueError, match="at least one layer"):
+        ReuseTracker(DcpLayout(2, 1), 8).held_group([], ["a"], np.zeros((1, 1), np.int64), [0])
+
+
+def test_steady_fraction_observed_on_warm_commits_only():
+    """The cold first commit is no observation (it says nothing of steady state); the second,
+    warm one is; request end forgets it."""
+    tr = ReuseTracker(DcpLayout(2, 1), 64)
+    u1 = np.array([[0, 1, 2, 3, 4, 5]])
+    assert tr.steady_new_fraction("a", 0.25) == 0.25
+    tr.commit(0, ["a"], u1, [6], [20])
+    assert tr.steady_new_fraction("a", 0.25) == 0.25
+    # dst 0 held 1, 3, 5 and now wants 1, 3, 7 (remote for it): 2 of 3 held; dst 1 likewise 0, 2 of 0, 2, 6
+    tr.commit(0, ["a"], np.array([[0, 1, 2, 3, 6, 7]]), [6], [20])
+    assert tr.steady_new_fraction("a", 0.25) == pytest.approx(1 - 4 / 6)
+    tr.drop_request("a")
+    assert tr.steady_new_fraction("a", 0.25) == 0.25
 
 
 def test_bad_inputs():

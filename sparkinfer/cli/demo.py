@@ -23,6 +23,8 @@ def add_arguments(p) -> None:
                    help="before this step request 0 ends and a new request takes its slot (-1: none)")
     p.add_argument("--drift", type=float, default=0.6,
                    help="step-to-step drift of the indexer queries (0.6: ~0.7 top-k overlap between steps)")
+    p.add_argument("--reuse-prior", type=float, default=0.3,
+                   help="policy's prior share of remote records a warm pool still fetches (0-1)")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--context", type=int, default=256, help="tokens per request")
     p.add_argument("--topk", type=int, default=32)
@@ -44,7 +46,8 @@ def run(args) -> int:
     cfg = DemoConfig(fmt=canonical_name(args.format), batch=args.batch, context=args.context, topk=args.topk,
                      heads=args.heads, depth=args.depth, interleave=args.interleave, seed=args.seed,
                      steps=args.steps, drift=args.drift, mode=args.mode, profile=args.profile,
-                     pool_rows=args.pool_rows, restart_step=args.restart_step)
+                     pool_rows=args.pool_rows, restart_step=args.restart_step,
+                     reuse_prior=args.reuse_prior)
     summary = run_demo(cfg)
     show(replace(cfg, mode=summary["mode"]), summary, summary["wall_s"])
     return 0 if summary["ok"] or not args.check else 1

@@ -14,6 +14,22 @@ prefetch ring (less memory). ``mode`` forces a path: ``stock`` always, and
 ``selected`` whenever it is feasible (its workspace fits), else stock with the
 reason logged.
 
+Amortised reuse (``auto`` only). A cold reuse pool makes the first selected
+step pay for every remote record, so a per-step comparison can rate it slower
+than stock forever and the pool never warms. Given ``horizon`` H (the decode
+steps left to amortise over, e.g. the batch's smallest remaining budget) and
+a ``steady_fraction`` (the share of the remote union a warm pool still misses:
+the tracker's observed warm miss rate, or the configured ``prior_new_fraction``),
+``decide`` compares two plans the model prices in full:
+
+    stock plan     H * stock
+    selected plan  selected(now, current new fraction)
+                   + (H - 1) * selected(best depth, steady fraction)
+
+and picks the cheaper (ties to stock). The warm-up step's extra cost is thus
+charged against the saving of the steps after it. With H = 1 (or no steady
+fraction) it is the per-step rule; ``mode`` stock/selected ignore H.
+
 Mode sources, later wins: the profile's ``mode``, the environment variable
 ``VLLM_SPARKINFER_MODE`` (``sparkinfer.config``), an explicit argument.
 """
@@ -54,6 +70,9 @@ class Decision(NamedTuple):
     stock_us: float  # modelled path-dependent time of each path (communication part)
     selected_us: float
     reason: str
+    plan_stock_us: float = 0.0  # the two plans over the amortisation horizon (= the per-step costs at H = 1)
+    plan_selected_us: float = 0.0
+    horizon: int = 1
 
 
 class StepPolicy:
@@ -62,17 +81,23 @@ class StepPolicy:
     max_depth        deepest prefetch ring allowed (config ``prefetch_depth``)
     workspace_bytes  per-rank bytes for received records; a step whose union
                      records x (depth + 1) do not fit cannot go selected
+    prior_new_fraction  steady-state share of the remote union a warm pool misses, used
+                     when ``decide`` gets a horizon but no observed steady fraction
+                     (None: no prior, the per-step rule then)
     """
 
     def __init__(self, profile: cm.NodeProfile, geom: ModelGeometry = GLM52, *, tp: int = 4,
                  dcp: int | None = None, record_format: str = "nvfp4_368", backend: str = "ag_rs",
                  max_depth: int = 3, workspace_bytes: int | None = None, mode: str | None = None,
-                 env=None):
+                 env=None, prior_new_fraction: float | None = None):
         dcp = profile.world_size if dcp is None else dcp
         if dcp != profile.world_size:
             raise ValueError(f"dcp={dcp} but profile {profile.name!r} describes {profile.world_size} GPUs")
         if max_depth < 0:
             raise ValueError(f"max_depth must be >= 0, got {max_depth}")
+        if prior_new_fraction is not None and not 0.0 <= prior_new_fraction <= 1.0:
+            raise ValueError(f"prior_new_fraction must be in [0, 1], got {prior_new_fraction}")
+        self.prior_new_fraction = prior_new_fraction
         self.profile, self.geom, self.dcp, self.max_depth = profile, geom, dcp, max_depth
         self.mode = resolve_mode(profile, env, mode)
         self.record_bytes = record_layout(record_format).record_bytes
@@ -107,18 +132,24 @@ class StepPolicy:
         return stock, cm.exposed_us(x, fixed, c, n_full, terms)
 
     def decide(self, rows: Sequence[int], contexts: Sequence[int], union: Sequence[float] | None = None,
-               new_fraction: Sequence[float] | None = None) -> Decision:
+               new_fraction: Sequence[float] | None = None, horizon: int = 1,
+               steady_fraction: Sequence[float] | None = None) -> Decision:
         """The path for one step.
 
-        rows          query rows per request (1 + speculative tokens)
-        contexts      context length per request
-        union         union records per request per layer (default: min(context + rows, topk))
-        new_fraction  share of each request's remote union not yet held (default 1: no reuse)
+        rows             query rows per request (1 + speculative tokens)
+        contexts         context length per request
+        union            union records per request per layer (default: min(context + rows, topk))
+        new_fraction     share of each request's remote union not yet held (default 1: no reuse)
+        horizon          decode steps to amortise a selected plan over (1: per-step rule)
+        steady_fraction  per request, the share a warm pool still misses (default: the prior)
         """
         b = len(rows)
         if len(contexts) != b or (union is not None and len(union) != b) or (
-                new_fraction is not None and len(new_fraction) != b):
-            raise ValueError("rows, contexts, union and new_fraction need one entry per request")
+                new_fraction is not None and len(new_fraction) != b) or (
+                steady_fraction is not None and len(steady_fraction) != b):
+            raise ValueError("rows, contexts, union, new_fraction and steady_fraction need one entry per request")
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"horizon must be an int >= 1, got {horizon!r}")
         total_rows = sum(rows)
         if union is None:
             k = self.geom.topk
@@ -127,19 +158,34 @@ class StepPolicy:
         moved = records if new_fraction is None else sum(map(operator.mul, union, new_fraction))
         if total_rows == 0:
             return Decision("stock", 0, 0.0, 0.0, "empty step")
-        stock, sel = self.costs(total_rows, moved, total_rows > b)
+        mtp = total_rows > b
+        stock, sel = self.costs(total_rows, moved, mtp)
         if self.mode == "stock":
-            return Decision("stock", 0, stock, min(sel), "mode=stock")
-        depth = sel.index(min(sel))  # the first minimum: ties to the shallower ring
+            return Decision("stock", 0, stock, min(sel), "mode=stock", stock, min(sel))
+        depths = range(len(sel))
         if self.workspace_bytes is not None:
-            fits = [d for d in range(len(sel)) if records * self.record_bytes * (d + 1) <= self.workspace_bytes]
-            if not fits:
+            depths = [d for d in depths if records * self.record_bytes * (d + 1) <= self.workspace_bytes]
+            if not depths:
                 log.info("selected records do not fit the %d-byte workspace; using stock DCP",
                          self.workspace_bytes)
-                return Decision("stock", 0, stock, sel[depth], "workspace too small")
-            depth = min(fits, key=sel.__getitem__)  # min keeps the first of equal costs
+                return Decision("stock", 0, stock, min(sel), "workspace too small", stock, min(sel))
+        depth = min(depths, key=sel.__getitem__)  # min keeps the first of equal costs: the shallower ring
         if self.mode == "selected":
-            return Decision("selected", depth, stock, sel[depth], "mode=selected")
-        if sel[depth] < stock:
-            return Decision("selected", depth, stock, sel[depth], "model: selected faster")
-        return Decision("stock", 0, stock, sel[depth], "model: stock faster or equal")
+            return Decision("selected", depth, stock, sel[depth], "mode=selected", stock, sel[depth])
+        if steady_fraction is None and self.prior_new_fraction is not None:
+            steady_fraction = [self.prior_new_fraction] * b
+        if horizon == 1 or steady_fraction is None:
+            if sel[depth] < stock:
+                return Decision("selected", depth, stock, sel[depth], "model: selected faster", stock, sel[depth])
+            return Decision("stock", 0, stock, sel[depth], "model: stock faster or equal", stock, sel[depth])
+        if not all(0.0 <= f <= 1.0 for f in steady_fraction):
+            raise ValueError(f"steady_fraction entries must be in [0, 1], got {list(steady_fraction)}")
+        steady = self.costs(total_rows, sum(map(operator.mul, union, steady_fraction)), mtp)[1]
+        plan_stock = horizon * stock
+        plan_sel = sel[depth] + (horizon - 1) * min(steady[d] for d in depths)
+        why = f"over {horizon} steps at steady reuse"
+        if plan_sel < plan_stock:
+            return Decision("selected", depth, stock, sel[depth], f"model: selected faster {why}", plan_stock,
+                            plan_sel, horizon)
+        return Decision("stock", 0, stock, sel[depth], f"model: stock faster or equal {why}", plan_stock, plan_sel,
+                        horizon)

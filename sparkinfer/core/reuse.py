@@ -12,7 +12,9 @@ destinations of the DCP group. Its inputs are data every rank already has
 scheduler's committed lengths and request events are identical too), and its
 state is a pure function of the sequence of calls, so all ranks agree on what
 every destination holds without exchanging a message. ``held()`` is the
-``held`` mask ``build_planes`` takes.
+``held`` mask ``build_planes`` takes (``held_group`` for one exchange carrying
+several layers); ``steady_new_fraction`` is the observed warm-pool miss share the
+policy amortises a cold pool's warm-up against.
 
 Invariants (``tests/test_reuse.py`` checks them with hypothesis):
 
@@ -45,7 +47,6 @@ records received this step are to be stored.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,10 +104,11 @@ class ReuseTracker:
         self.quota = int(capacity) // parts  # rows per partition
         self.capacity = self.quota * parts
         self.clock = 0
+        self._warm: dict = {}  # req -> (hits, remote union records) over warm commits
         self._entries: list[dict] = [dict() for _ in range(self.world_size)]  # (req, layer) -> _Entries
-        # per destination and layer, a min-heap of free pool rows
-        self._free = [[list(range(i * self.quota, (i + 1) * self.quota)) for i in range(parts)]
-                      for _ in range(self.world_size)]
+        self.parts = parts
+        # bool [D, capacity]: pool row free; a commit takes the lowest free rows of its partition
+        self._is_free = np.ones((self.world_size, self.capacity), bool)
 
     @classmethod
     def from_budget(cls, layout, budget_bytes: int, record_bytes: int,
@@ -119,7 +121,7 @@ class ReuseTracker:
 
     def occupancy(self) -> np.ndarray:
         """int64 [D]: pool rows in use per destination."""
-        return np.array([self.capacity - sum(len(f) for f in free) for free in self._free], np.int64)
+        return (self.capacity - self._is_free.sum(axis=1)).astype(np.int64)
 
     def holdings(self, dst: int, req, layer) -> np.ndarray:
         """Sorted tokens ``dst`` holds for (req, layer)."""
@@ -158,6 +160,24 @@ class ReuseTracker:
         """
         return self._lookup(layer, req_ids, union, counts)[0] >= 0
 
+    def held_group(self, layers, req_ids, union, counts) -> np.ndarray:
+        """bool [D_dst, B, U]: held for *every* layer of ``layers`` (one exchange carrying a Full
+        layer and its Shared layers, which share one union, moves a record unless all hold it)."""
+        layers = list(layers)
+        if not layers:
+            raise ValueError("layers must name at least one layer")
+        out = self.held(layers[0], req_ids, union, counts)
+        for layer in layers[1:]:
+            out &= self.held(layer, req_ids, union, counts)
+        return out
+
+    def steady_new_fraction(self, req, prior: float) -> float:
+        """Share of ``req``'s remote union records a *warm* pool did not hold, observed over its
+        commits so far (a commit is warm for a (destination, layer) that already held records of
+        the request); ``prior`` until there is an observation. The policy's steady-state reuse."""
+        hits, remote = self._warm.get(req, (0, 0))
+        return prior if remote == 0 else 1.0 - hits / remote
+
     # ------------------------------------------------------------ updates
 
     def commit(self, layer, req_ids, union, counts, committed_len) -> CommitResult:
@@ -188,6 +208,9 @@ class ReuseTracker:
                 row = slots[dst, i]
                 if e is not None:
                     e.used[np.isin(e.slots, row[row >= 0])] = now
+                    remote = valid[i] & (owner[i] != dst)
+                    h, r = self._warm.get(req, (0, 0))
+                    self._warm[req] = (h + int((remote & (row >= 0)).sum()), r + int(remote.sum()))
                 want = valid[i] & (row < 0) & (owner[i] != dst) & (union[i] < committed_len[i])
                 idx = np.nonzero(want)[0]
                 new_b.append(np.full(len(idx), i, np.int64))
@@ -197,7 +220,7 @@ class ReuseTracker:
             nb, nu = nb[:self.quota], nu[:self.quota]
             part = self._part(layer)
             evicted[dst] = self._make_room(dst, part, len(nb))
-            got = np.array([heapq.heappop(self._free[dst][part]) for _ in range(len(nb))], np.int64)
+            got = self._take(dst, part, len(nb))
             for i in np.unique(nb):
                 sel = nb == i
                 self._insert(dst, (req_ids[i], layer), union[i, nu[sel]], got[sel], now)
@@ -217,7 +240,7 @@ class ReuseTracker:
 
     def _make_room(self, dst: int, part: int, n: int) -> int:
         """Evict least recently used entries of ``dst``'s partition until ``n`` of its rows are free."""
-        short = n - len(self._free[dst][part])
+        short = n - int(self._free_rows(dst, part).size)
         if short <= 0:
             return 0
         keys = sorted((k for k in self._entries[dst] if self._part(k[1]) == part), key=_key_order)
@@ -231,14 +254,23 @@ class ReuseTracker:
         for k in keys:
             e = self._entries[dst][k]
             n_k = len(e.tokens)
-            self._release(dst, part, e.keep(~drop[start:start + n_k]))
+            self._release(dst, e.keep(~drop[start:start + n_k]))
             start += n_k
         self._prune(dst)
         return short
 
-    def _release(self, dst, part, slots):
-        for s in slots.tolist():
-            heapq.heappush(self._free[dst][part], s)
+    def _free_rows(self, dst: int, part: int) -> np.ndarray:
+        """Sorted free pool rows of ``dst``'s partition ``part``."""
+        lo = part * self.quota
+        return np.flatnonzero(self._is_free[dst, lo:lo + self.quota]) + lo
+
+    def _take(self, dst: int, part: int, n: int) -> np.ndarray:
+        got = self._free_rows(dst, part)[:n].astype(np.int64)
+        self._is_free[dst, got] = False
+        return got
+
+    def _release(self, dst, slots):
+        self._is_free[dst, slots] = True
 
     def _part(self, layer) -> int:
         """The pool partition of ``layer``: 0 for a shared pool, else the layer itself."""
@@ -272,13 +304,15 @@ class ReuseTracker:
                 if end is not None:
                     hit &= e.tokens < end
                 if hit.any():
-                    self._release(dst, self._part(layer), e.keep(~hit))
+                    self._release(dst, e.keep(~hit))
                     dropped += int(hit.sum())
             self._prune(dst)
         return dropped
 
     def drop_request(self, req) -> int:
-        """Request finished or preempted: free all its entries. Returns entries dropped."""
+        """Request finished or preempted: free all its entries and its observed reuse. Returns
+        entries dropped."""
+        self._warm.pop(req, None)
         return self.invalidate_range(req, 0, None)
 
 

@@ -28,7 +28,10 @@ class DemoConfig:
     drift: float = 0.6      # step-to-step drift of the indexer queries: ~0.7 top-k overlap (a trained model's)
     mode: str | None = None  # auto | stock | selected; None: the profile's, or VLLM_SPARKINFER_MODE
     profile: str = "rtx_pro_6000_x4"  # node profile the per-step policy models
-    pool_rows: int = 0      # reuse pool rows per rank; 0: every record the run can hold (no eviction)
+    pool_rows: int = 0      # reuse pool rows per rank, split evenly over the layers; 0: every record the
+                            # run can hold (no eviction)
+    reuse_prior: float = 0.3  # the policy's prior for the share of a request's remote union a warm pool
+                              # misses, until the tracker has observed it (~0.7 step-to-step overlap)
     restart_step: int = -1  # >= 1: before that step request 0 ends and a new request (new prompt, same
                             # length) takes its batch slot and its KV blocks
     corrupt_rank: int = -1  # >= 0: flip bytes in that rank's shard (proves --check can fail)
@@ -49,6 +52,8 @@ class DemoConfig:
             raise ValueError(f"restart_step must be -1 (none) or in [1, steps={self.steps}), got {self.restart_step}")
         if self.pool_rows < 0:
             raise ValueError(f"pool_rows must be >= 0, got {self.pool_rows}")
+        if not 0.0 <= self.reuse_prior <= 1.0:
+            raise ValueError(f"reuse_prior must be in [0, 1], got {self.reuse_prior}")
 
     @property
     def pattern(self) -> IndexSharePattern:

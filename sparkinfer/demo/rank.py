@@ -146,8 +146,9 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
     tol = 1e-4  # selected records: fp32 attention over the exact records
     tol_stock = 2e-2  # stock DCP: bf16 partial outputs summed in bf16 (vLLM's dtypes): ~4 bf16 roundings
     policy = StepPolicy(load_profile(cfg.profile), demo_geometry(cfg), tp=world, dcp=world, record_format=cfg.fmt,
-                        max_depth=cfg.depth, mode=cfg.mode)
-    tracker = ReuseTracker(dcp, cfg.reuse_capacity)
+                        max_depth=cfg.depth, mode=cfg.mode, prior_new_fraction=cfg.reuse_prior)
+    # per-layer quotas: layers are visited cyclically, a shared LRU pool below their total union thrashes
+    tracker = ReuseTracker(dcp, cfg.reuse_capacity, num_layers=pat.num_layers)
     pool = ReusePool(rank, cfg.reuse_capacity, W)
     slab = SlabLayout(world, W, capacity=B * U, max_layers=cfg.depth + 1, depth=2)
     fab_reuse = HostFabric(slab, timeout_s=30)
@@ -184,8 +185,11 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                 row_pos = pos.reshape(M)
             with tm("policy"):
                 # what every rank knows at step start: rows, contexts, the previous step's union
-                # sizes and the share of remote union records its pools did not hold
-                d = policy.decide([R] * B, n.tolist(), union=union_prev, new_fraction=new_fraction)
+                # sizes, the share of remote union records its pools did not hold, the steps left
+                # (amortisation horizon) and the warm-pool miss share the tracker observed so far
+                steady = [tracker.steady_new_fraction(r, cfg.reuse_prior) for r in req_ids]
+                d = policy.decide([R] * B, n.tolist(), union=union_prev, new_fraction=new_fraction,
+                                  horizon=cfg.steps - s, steady_fraction=steady)
             decision_agreed = _same_on_all_ranks(tuple(d), world)
             chunk = (d.depth if d.path == "selected" else cfg.depth) + 1
             base = [list(fab_plain.copied_bytes), list(fab_reuse.copied_bytes), list(sent_stock.to),
@@ -210,7 +214,7 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                     union, remap, counts = mtp_union(topk)
                     un, cn = union.numpy(), counts.numpy()
                     unions[f] = (un, cn)
-                    held = np.logical_and.reduce([tracker.held(l, req_ids, un, cn) for l in layers])
+                    held = tracker.held_group(layers, req_ids, un, cn)
                     planes_plain = build_planes(union, counts, dcp, B * U)
                     planes_reuse = build_planes(union, counts, dcp, B * U, held=torch.from_numpy(held))
                     slots = torch.where(remap >= 0, remap + (torch.arange(B) * U)[:, None, None], -1)
@@ -289,6 +293,7 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
             prev_union = {(f, b): set(un[b, :cn[b]].tolist()) for f, (un, cn) in unions.items() for b in range(B)}
             steps.append({
                 "step": s, "path": d.path, "depth": d.depth, "stock_us": d.stock_us, "selected_us": d.selected_us,
+                "horizon": d.horizon, "plan_stock_us": d.plan_stock_us, "plan_selected_us": d.plan_selected_us,
                 "reason": d.reason, "decision_agreed": decision_agreed,
                 "measured": {"stock": measured[2].tolist(), "selected": measured[0].tolist(),
                              "reuse": measured[1].tolist()},

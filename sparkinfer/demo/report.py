@@ -21,7 +21,8 @@ def summarize(cfg: DemoConfig, results: list[dict]) -> dict:
         copies_ok = all(m == a for s in ss for m, a in s["copies"].values())
         row = {
             "step": si, "path": s0["path"], "depth": s0["depth"], "reason": s0["reason"],
-            "stock_us": s0["stock_us"], "selected_us": s0["selected_us"],
+            "stock_us": s0["stock_us"], "selected_us": s0["selected_us"], "horizon": s0["horizon"],
+            "plan_stock_us": s0["plan_stock_us"], "plan_selected_us": s0["plan_selected_us"],
             "bytes": {p: sum(map(sum, s0["measured"][p])) for p in PATHS},
             "accounted": {p: sum(map(sum, s0["accounted"][p])) for p in PATHS},
             "bytes_ok": bytes_ok, "copies_ok": copies_ok, "copies": s0["copies"],
@@ -88,8 +89,10 @@ def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
     con.print(t)
     for r in summary["rows"]:
         con.print(f"step {r['step']} policy: {r['path']} (depth {r['depth']}): {r['reason']}; modelled "
-                  f"stock {r['stock_us']:.1f} us vs selected {r['selected_us']:.1f} us; same on all ranks: "
-                  f"{r['decision_agreed']}")
+                  f"stock {r['stock_us']:.1f} us vs selected {r['selected_us']:.1f} us this step"
+                  + (f", {r['plan_stock_us']:.1f} us vs {r['plan_selected_us']:.1f} us over {r['horizon']} steps"
+                     if r["horizon"] > 1 else "")
+                  + f"; same on all ranks: {r['decision_agreed']}")
     for r in summary["rows"]:
         if r["restart"]:
             x = r["restart"]
