@@ -5,7 +5,8 @@ where vllm is not importable. The KV cache specs are built the way the patched m
 one ``MLAAttentionSpec`` per cached layer (78 target + the MTP layer) with ``state_content_bytes``
 = the record width and ``dcp_sharded`` (mla_attention.py), and one per indexer layer (the 21 Full
 layers + MTP) with 132 uint8 bytes per token, ``cache_role=INDEXER`` and ``dcp_sharded`` false when
-sparkinfer replicates the indexer (deepseek_v2.py after patch 0003). vLLM then sizes them with
+sparkinfer replicates the indexer, then with block_size 64 x DCP (deepseek_v2.py after patch
+0003: one indexer page per sharded main page's tokens). vLLM then sizes them with
 ``kv_cache_utils.estimate_max_model_len`` (what it reports as the maximum model length that fits)
 and, where its allocator can group the specs, ``get_kv_cache_groups`` +
 ``get_kv_cache_config_from_groups`` (the blocks it really allocates).
@@ -35,13 +36,14 @@ def glm52_specs(fmt: str, indexer: str, mtp: bool) -> dict:
     full = set(GLM52.pattern.full_layers) | ({GLM52.num_layers} if mtp else set())
     specs = {}
     for layer in range(GLM52.cached_layers(mtp)):
+        if layer in full:  # the model registers a layer's indexer cache before its attention
+            specs[f"model.layers.{layer}.self_attn.indexer.k_cache"] = MLAAttentionSpec(
+                block_size=BLOCK if indexer == "sharded" else BLOCK * DCP, num_kv_heads=1, max_tp_shards=1,
+                head_size=132, dtype=torch.uint8, cache_role=SparseCacheRole.INDEXER,
+                dcp_sharded=indexer == "sharded")
         specs[f"model.layers.{layer}.self_attn.attn"] = MLAAttentionSpec(
             block_size=BLOCK, num_kv_heads=1, max_tp_shards=1, head_size=576, dtype=torch.uint8,
             cache_dtype_str=cache_dtype, state_content_bytes=record, is_index_group_leader=layer in full)
-    for layer in sorted(full):
-        specs[f"model.layers.{layer}.self_attn.indexer.k_cache"] = MLAAttentionSpec(
-            block_size=BLOCK, num_kv_heads=1, max_tp_shards=1, head_size=132, dtype=torch.uint8,
-            cache_role=SparseCacheRole.INDEXER, dcp_sharded=indexer == "sharded")
     return specs
 
 
@@ -74,9 +76,9 @@ def test_max_tokens_match_vllm_estimate(vllm_config, fmt, indexer, mtp, kv):
 
     specs = glm52_specs(fmt, indexer, mtp)
     p = plan(fmt, indexer, mtp, kv)
-    # bytes per token per rank, from vLLM's page sizes (a sharded page holds BLOCK local tokens)
-    local = sum(s.page_size_bytes for s in specs.values() if s.dcp_sharded) / BLOCK
-    every = sum(s.page_size_bytes for s in specs.values() if not s.dcp_sharded) / BLOCK
+    # bytes per token per rank, from vLLM's page sizes (a page holds block_size tokens of this rank)
+    local = sum(s.page_size_bytes / s.block_size for s in specs.values() if s.dcp_sharded)
+    every = sum(s.page_size_bytes / s.block_size for s in specs.values() if not s.dcp_sharded)
     assert local == p.main_bytes_per_local_token + p.indexer_bytes_per_local_token
     assert every == p.indexer_bytes_per_token
     # plan counts whole scheduler blocks (BLOCK x DCP tokens); vLLM's search is per token
@@ -114,30 +116,21 @@ def test_sharded_indexer_matches_vllm_allocation(vllm_config, fmt, layout):
     assert conf.num_blocks * sum(s.page_size_bytes for s in specs.values()) == p.bytes_used
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM 0.32's allocator does not give a replicated indexer what plan "
-                                       "says: see test_replicated_indexer_costs_in_vllm_allocation")
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_replicated_indexer_in_vllm_allocation(vllm_config, layout):
-    conf, max_len = allocate(vllm_config, glm52_specs("nvfp4_368", "replicated", True), layout, 10 * GIB)
-    assert max_len // (BLOCK * DCP) * BLOCK * DCP == plan("nvfp4_368", "replicated", True, 10 * GIB).kv_tokens
-
-
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_replicated_indexer_costs_in_vllm_allocation(vllm_config, fmt):
-    """What vLLM 0.32 does with DCP-sharded main pages next to replicated indexer pages.
+def test_replicated_indexer_matches_vllm_allocation(vllm_config, fmt, layout):
+    """Patched (0001 + 0003): the replicated indexer's 64 x DCP-token pages join the sharded records'
+    group, one block per 64 x DCP tokens, and vLLM allocates exactly plan's tokens and bytes.
 
-    Layer-outer: ``unify_kv_cache_spec_page_size`` refuses (the 64 x 132 B indexer page does not
-    divide the main page and MLA pages are never padded). Block-outermost: two groups share one
-    block pool whose block is the widest group's page (all main layers); the indexer group needs a
-    block per BLOCK tokens, the main group one per BLOCK x DCP tokens, so every BLOCK x DCP tokens
-    cost (1 + DCP) main-sized blocks. plan's arithmetic holds only with an allocator that sizes the
-    indexer pool by its own pages.
+    Unpatched vLLM 0.32 refused the layer-outer layout (the 64 x 132 B indexer page does not divide
+    the main page, MLA pages are never padded) and, block-outermost, spent a whole main-sized block
+    per 64 indexer tokens: 295,424 tokens in 10 GiB for 368 B + MTP instead of 1,055,488.
     """
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
     specs = glm52_specs(fmt, "replicated", True)
-    with pytest.raises(NotImplementedError, match="cannot be padded"):
-        allocate(vllm_config, specs, "LBHNC", 10 * GIB)
-    conf, max_len = allocate(vllm_config, specs, "BLHNC", 10 * GIB)
-    main_block = sum(s.page_size_bytes for s in specs.values() if s.dcp_sharded)
-    assert len(conf.kv_cache_groups) == 2 and conf.num_blocks == 10 * GIB // main_block
-    assert max_len // (BLOCK * DCP) == 10 * GIB // (main_block * (1 + DCP))
-    assert max_len < plan(fmt, "replicated", True, 10 * GIB).kv_tokens / 3
+    conf, max_len = allocate(vllm_config, specs, layout, 10 * GIB)
+    p = plan(fmt, "replicated", True, 10 * GIB)
+    assert len(conf.kv_cache_groups) == 1 and conf.num_blocks * BLOCK * DCP == p.kv_tokens == max_len
+    assert resolve_kv_cache_block_sizes(conf, vllm_config)[0] == BLOCK * DCP  # scheduler block
+    assert conf.num_blocks * sum(s.page_size_bytes for s in specs.values()) == p.bytes_used

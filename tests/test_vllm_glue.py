@@ -116,11 +116,45 @@ def _vllm_config(dcp, cache_dtype, mode=None):
     (1, "nvfp4_ds_mla:fp8-rope-368", "selected", False),  # DCP 1: nothing to replicate
 ])
 def test_indexer_layout(dcp, dtype, mode, replicated):
-    from sparkinfer.vllm.indexer_layout import indexer_dcp_world_size, indexer_replicated
+    from sparkinfer.vllm.indexer_layout import indexer_block_size, indexer_dcp_world_size, indexer_replicated
 
     cfg = _vllm_config(dcp, dtype, mode)
     assert indexer_replicated(cfg) is replicated
     assert indexer_dcp_world_size(cfg) == (1 if replicated else dcp)
+    assert indexer_block_size(cfg, 64) == (64 * dcp if replicated else 64)
+
+
+def _spec(block_size, sharded, role="sparse"):
+    return argparse.Namespace(block_size=block_size, dcp_sharded=sharded, cache_role=role)
+
+
+@pytest.mark.parametrize("specs,uniform", [
+    ([_spec(64, True), _spec(64, True)], True),  # vLLM's own rule
+    ([_spec(64, False, "indexer"), _spec(64, False, "indexer")], True),
+    ([_spec(64, True), _spec(128, True)], False),
+    ([_spec(64, True), _spec(256, False, "indexer")], True),  # sparkinfer: 64-token local pages, DCP 4
+    ([_spec(64, True), _spec(256, False, "indexer"), _spec(64, True)], True),
+    ([_spec(64, True), _spec(64, False, "indexer")], False),  # 64 local vs 64 global tokens
+    ([_spec(64, True), _spec(96, False, "indexer")], False),  # not whole pages
+    ([_spec(64, True), _spec(256, False)], False),  # only the indexer is replicated
+    ([_spec(64, True), _spec(256, False, "indexer"), _spec(512, False, "indexer")], False),
+    ([_spec(64, True), _spec(128, True), _spec(256, False, "indexer")], False),
+])
+def test_tokens_per_block_uniform(specs, uniform):
+    from sparkinfer.vllm.indexer_layout import tokens_per_block_uniform
+
+    assert tokens_per_block_uniform(specs) is uniform
+
+
+def test_sharded_first():
+    from sparkinfer.vllm.indexer_layout import sharded_first
+
+    mixed = {"i0": _spec(256, False, "indexer"), "a0": _spec(64, True), "i1": _spec(256, False, "indexer"),
+             "a1": _spec(64, True)}
+    assert list(sharded_first(mixed)) == ["a0", "a1", "i0", "i1"]
+    assert sharded_first(mixed)["i1"] is mixed["i1"]
+    same = {"b": _spec(64, True), "a": _spec(64, True)}
+    assert list(sharded_first(same)) == ["b", "a"]
 
 
 def test_env_getters_read_the_environment(monkeypatch):

@@ -127,13 +127,17 @@ def test_indexer_cache_spec_replication(dcp, dtype, mode, sharded):
         additional_config={"sparkinfer": {"mode": mode}})
     spec = DeepseekV32IndexerCache.get_kv_cache_spec(layer, config)
     assert spec.dcp_sharded is sharded
-    assert spec.page_size_bytes == 64 * 132
+    # a replicated page covers the tokens of one sharded main page: 64 x DCP
+    assert spec.block_size == (64 if sharded else 64 * dcp)
+    assert spec.page_size_bytes == spec.block_size * 132
 
 
-def test_allocator_keeps_replicated_indexer_in_its_own_group():
-    """vLLM's planner puts the replicated indexer keys in their own group beside the sharded records,
-    with one scheduler block (lcm of 64 x DCP and 64) for both: the lockstep patch 0003 relies on.
-    It needs a block-outer KV cache layout (vLLM's own rule for replicated + sharded groups)."""
+@pytest.mark.parametrize("indexer_first", [True, False])
+@pytest.mark.parametrize("layout", ["BLHNC", "LBHNC"])
+def test_allocator_groups_replicated_indexer_with_sharded_records(layout, indexer_first):
+    """With patches 0001 + 0003 vLLM's planner keeps the replicated indexer keys (64 x DCP-token pages)
+    in one group with the DCP-sharded records (64-token local pages): one block table, one block per
+    64 x DCP tokens, under a block-outer or a layer-outer KV cache layout, whichever spec comes first."""
     import torch
     from vllm.config import VllmConfig
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
@@ -144,20 +148,24 @@ def test_allocator_keeps_replicated_indexer_in_its_own_group():
     vc.parallel_config.decode_context_parallel_size = 4
     vc.cache_config.block_size = 64
     vc.cache_config.cache_dtype = FULL_368
-    vc.cache_config.kv_cache_layout = "BLHNC"
+    vc.cache_config.kv_cache_layout = layout
     vc.additional_config = {"sparkinfer": {"mode": "auto"}}
     mla = types.SimpleNamespace(kv_cache_dtype=FULL_368, head_size=576, sliding_window=None, indexer=object(),
                                 non_causal_multi_token_decode=False)
     idx = types.SimpleNamespace(cache_config=vc.cache_config, head_dim=132, dtype=torch.uint8)
     specs = {}
     for layer, full in enumerate("FSSF"):
+        if full == "F" and indexer_first:
+            specs[f"model.layers.{layer}.self_attn.indexer.k_cache"] = DeepseekV32IndexerCache.get_kv_cache_spec(idx, vc)
         specs[f"model.layers.{layer}.self_attn.attn"] = MLAAttention.get_kv_cache_spec(mla, vc)
-        if full == "F":
+        if full == "F" and not indexer_first:
             specs[f"model.layers.{layer}.self_attn.indexer.k_cache"] = DeepseekV32IndexerCache.get_kv_cache_spec(idx, vc)
     groups = kv_cache_utils.get_kv_cache_groups(vc, specs)
-    by_kind = {g.kv_cache_spec.dcp_sharded: g for g in groups}
-    assert len(groups) == 2 and set(by_kind) == {True, False}
-    assert all("indexer" in n for n in by_kind[False].layer_names) and len(by_kind[False].layer_names) == 2
-    assert all("indexer" not in n for n in by_kind[True].layer_names) and len(by_kind[True].layer_names) == 4
+    assert len(groups) == 1 and sorted(groups[0].layer_names) == sorted(specs)
+    per_layer = groups[0].kv_cache_spec.kv_cache_specs
+    assert {per_layer[n].dcp_sharded for n in specs if "indexer" in n} == {False}
+    assert {per_layer[n].block_size for n in specs if "indexer" in n} == {64 * 4}
+    assert {per_layer[n].block_size for n in specs if "indexer" not in n} == {64}
+    assert groups[0].kv_cache_spec.block_size == 64 and groups[0].kv_cache_spec.dcp_sharded
     scheduler_block, _ = kv_cache_utils.resolve_kv_cache_block_sizes(types.SimpleNamespace(kv_cache_groups=groups), vc)
     assert scheduler_block == 64 * 4

