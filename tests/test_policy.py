@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from sparkinfer.core import costmodel as cm
-from sparkinfer.core.policy import StepPolicy, resolve_mode
+from sparkinfer.core.policy import Decision, StepPolicy, resolve_mode
 
 
 def _profiles():
@@ -204,3 +204,77 @@ def test_plan_section_renders():
     sec = policy_section(args, None)
     assert sec is not None and len(sec.rows) == 6 * 3 and "h200_x4" in sec.title
     assert policy_section(ap.parse_args([]), None) is None
+
+
+def _reference_decide(pol, rows, contexts, union=None, new_fraction=None, horizon=1, steady_fraction=None):
+    """The straightforward decision through ``pol.costs`` (``costmodel.exposed_us`` and
+    ``layer_compute_us``): the reference ``StepPolicy.decide``'s inlined arithmetic must match."""
+    b = len(rows)
+    if union is None:
+        union = [min(c + r, pol.geom.topk) for c, r in zip(contexts, rows)]
+    records = sum(union)
+    moved = records if new_fraction is None else sum(u * f for u, f in zip(union, new_fraction))
+    total_rows = sum(rows)
+    if total_rows == 0:
+        return Decision("stock", 0, 0.0, 0.0, "empty step")
+    mtp = total_rows > b
+    stock, sel = pol.costs(total_rows, moved, mtp)
+    if pol.mode == "stock":
+        return Decision("stock", 0, stock, min(sel), "mode=stock", stock, min(sel))
+    depths = list(range(len(sel)))
+    if pol.workspace_bytes is not None:
+        depths = [d for d in depths if records * pol.record_bytes * (d + 1) <= pol.workspace_bytes]
+        if not depths:
+            return Decision("stock", 0, stock, min(sel), "workspace too small", stock, min(sel))
+    depth = min(depths, key=sel.__getitem__)
+    if pol.mode == "selected":
+        return Decision("selected", depth, stock, sel[depth], "mode=selected", stock, sel[depth])
+    if steady_fraction is None and pol.prior_new_fraction is not None:
+        steady_fraction = [pol.prior_new_fraction] * b
+    if horizon == 1 or steady_fraction is None:
+        if sel[depth] < stock:
+            return Decision("selected", depth, stock, sel[depth], "model: selected faster", stock, sel[depth])
+        return Decision("stock", 0, stock, sel[depth], "model: stock faster or equal", stock, sel[depth])
+    steady = pol.costs(total_rows, sum(u * f for u, f in zip(union, steady_fraction)), mtp)[1]
+    plan_stock = horizon * stock
+    plan_sel = sel[depth] + (horizon - 1) * min(steady[d] for d in depths)
+    why = f"over {horizon} steps at steady reuse"
+    if plan_sel < plan_stock:
+        return Decision("selected", depth, stock, sel[depth], f"model: selected faster {why}", plan_stock, plan_sel,
+                        horizon)
+    return Decision("stock", 0, stock, sel[depth], f"model: stock faster or equal {why}", plan_stock, plan_sel,
+                    horizon)
+
+
+@pytest.mark.parametrize("profile", _profiles(), ids=lambda p: p.name)
+def test_fast_decide_equals_reference(profile):
+    """``decide`` (precomputed constants, inlined arithmetic) returns exactly the reference's
+    Decision, float fields bit for bit, on a randomized grid: every mode, horizon, workspace limit,
+    prior, with and without union / new / steady fractions, including empty and zero-union steps."""
+    import random
+    rng = random.Random(6)
+    pols = [StepPolicy(profile, mode=mode, env={}, max_depth=md, workspace_bytes=ws, prior_new_fraction=prior,
+                       record_format=fmt)
+            for mode, md, ws, prior, fmt in itertools.product(
+                ("auto", "stock", "selected"), (0, 3, 5), (None, 1 << 20, 4 << 20, 40 << 20), (None, 0.25),
+                ("nvfp4_368", "fp8_ds_mla"))]
+    kinds = set()
+    for _ in range(3000):
+        pol = rng.choice(pols)
+        b = rng.randint(1, 8)
+        rows = [rng.choice([0, 1, 1, 4]) for _ in range(b)]
+        ctx = [rng.choice([0, 3, rng.randint(0, 4096), rng.randint(0, 300000)]) for _ in range(b)]
+        if rng.random() < 0.3:  # every request at or past top-k
+            ctx = [rng.choice([2048 - rows[i], rng.randint(2048, 300000)]) for i in range(b)]
+        union = rng.choice([None, [float(rng.randint(0, 4096)) for _ in range(b)], [0] * b])
+        nf = rng.choice([None, [rng.random() for _ in range(b)], [1.0] * b, [0.0] * b])
+        h = rng.choice([1, 1, 2, 8, 64, rng.randint(1, 500)])
+        ss = rng.choice([None, [rng.random() for _ in range(b)], [0.0] * b])
+        args = (rows, ctx, union, nf)
+        got = pol.decide(*args, horizon=h, steady_fraction=ss)
+        assert got == _reference_decide(pol, *args, horizon=h, steady_fraction=ss), (pol.mode, args, h, ss)
+        assert [type(v) for v in got] == [type(v) for v in _reference_decide(pol, *args, h, ss)]
+        kinds.add((got.path, got.reason.split(" over ")[0], got.horizon > 1))
+    for pol in pols[:3]:
+        assert pol.decide([], []) == _reference_decide(pol, [], []) == Decision("stock", 0, 0.0, 0.0, "empty step")
+    assert len(kinds) >= 7, kinds  # the rule's outcomes (incl. amortised ones) occur on the grid

@@ -118,10 +118,21 @@ class StepPolicy:
             counts = cm.group_counts(groups)
             terms = tuple(cm.bundle_terms(counts, d) for d in range(max_depth + 1))
             self._tables[mtp] = (sum(groups) + len(groups), len(groups), terms)
+        # Per-call constants for ``decide``, hoisted here so a call does no attribute chasing or
+        # per-call allocation. ``decide`` evaluates the same expressions as ``costs`` in the same
+        # order, so its floats equal ``costs``' bit for bit (tests/test_policy.py checks it on a
+        # randomized grid); a reassociated closed form (e.g. per-piece slopes of the piecewise
+        # linear exposed time) would change the last bits, hence decisions at exact ties.
+        self._lat, self._exchange = p.link_latency_us, p.exchange_us
+        self._base_us, self._base_row_us = p.base_us, p.base_row_us
+        self._depths = range(max_depth + 1)
+        self._fast = {mtp: (n_layers, _compile_exposed(n_full, terms))
+                      for mtp, (n_layers, n_full, terms) in self._tables.items()}
 
     def costs(self, rows: int, union_records: float, mtp: bool) -> tuple[float, list[float]]:
         """(stock us, [selected us at depth 0..max_depth]) for a step with ``rows`` query rows in
-        total and ``union_records`` union records to move per layer (reuse already applied)."""
+        total and ``union_records`` union records to move per layer (reuse already applied).
+        The straightforward evaluation through ``costmodel``; ``decide`` inlines the same arithmetic."""
         p = self.profile
         n_layers, n_full, terms = self._tables[mtp]
         stock = n_layers * (self._stock_fixed + rows * self._stock_per_row)
@@ -130,6 +141,25 @@ class StepPolicy:
         fixed = p.exchange_us + (self._copies_us if moving else 0.0)  # nothing moved: no copies
         c = cm.layer_compute_us(p, rows, n_layers)
         return stock, cm.exposed_us(x, fixed, c, n_full, terms)
+
+    def _exposed(self, moved: float, c: float, exposed) -> tuple:
+        """Selected cost per depth for ``moved`` records per layer: ``costs``' second value."""
+        if moved > 0:
+            return exposed(self._lat + moved * self._sel_per_record, self._exchange + self._copies_us, c)
+        return exposed(0.0, self._exchange + 0.0, c)  # nothing moved: no link time, no copies
+
+    def _pick(self, sels: tuple, slot_bytes: float | None) -> tuple[int, float]:
+        """(cheapest depth whose ring of ``slot_bytes`` x (depth + 1) fits the workspace, or -1;
+        its cost). ``slot_bytes`` None: every depth fits. Ties keep the shallower ring, as ``min``
+        (first of equal values) does; ``index`` finds that same first entry."""
+        if slot_bytes is None:
+            us = min(sels)
+            return sels.index(us), us
+        ws, best, us = self.workspace_bytes, -1, 0.0
+        for d in self._depths:
+            if slot_bytes * (d + 1) <= ws and (best < 0 or sels[d] < us):
+                best, us = d, sels[d]
+        return best, us
 
     def decide(self, rows: Sequence[int], contexts: Sequence[int], union: Sequence[float] | None = None,
                new_fraction: Sequence[float] | None = None, horizon: int = 1,
@@ -153,39 +183,64 @@ class StepPolicy:
         total_rows = sum(rows)
         if union is None:
             k = self.geom.topk
-            union = [min(c + r, k) for c, r in zip(contexts, rows)]
+            if b and min(contexts) + min(rows) >= k:  # every request saturates (long contexts): all k
+                union = [k] * b
+            else:
+                union = [k if k < c + r else c + r for c, r in zip(contexts, rows)]  # = min(c + r, k)
         records = sum(union)
         moved = records if new_fraction is None else sum(map(operator.mul, union, new_fraction))
         if total_rows == 0:
             return Decision("stock", 0, 0.0, 0.0, "empty step")
         mtp = total_rows > b
-        stock, sel = self.costs(total_rows, moved, mtp)
-        if self.mode == "stock":
-            return Decision("stock", 0, stock, min(sel), "mode=stock", stock, min(sel))
-        depths = range(len(sel))
-        if self.workspace_bytes is not None:
-            depths = [d for d in depths if records * self.record_bytes * (d + 1) <= self.workspace_bytes]
-            if not depths:
-                log.info("selected records do not fit the %d-byte workspace; using stock DCP",
-                         self.workspace_bytes)
-                return Decision("stock", 0, stock, min(sel), "workspace too small", stock, min(sel))
-        depth = min(depths, key=sel.__getitem__)  # min keeps the first of equal costs: the shallower ring
-        if self.mode == "selected":
-            return Decision("selected", depth, stock, sel[depth], "mode=selected", stock, sel[depth])
-        if steady_fraction is None and self.prior_new_fraction is not None:
+        n_layers, exposed = self._fast[mtp]
+        stock = n_layers * (self._stock_fixed + total_rows * self._stock_per_row)
+        c = (self._base_us + self._base_row_us * (total_rows - 1)) / n_layers  # cm.layer_compute_us
+        sels = self._exposed(moved, c, exposed)
+        mode = self.mode
+        if mode == "stock":
+            return Decision("stock", 0, stock, min(sels), "mode=stock", stock, min(sels))
+        slot = None if self.workspace_bytes is None else records * self.record_bytes
+        depth, sel = self._pick(sels, slot)
+        if depth < 0:
+            min_sel = min(sels)
+            log.info("selected records do not fit the %d-byte workspace; using stock DCP", self.workspace_bytes)
+            return Decision("stock", 0, stock, min_sel, "workspace too small", stock, min_sel)
+        if mode == "selected":
+            return Decision("selected", depth, stock, sel, "mode=selected", stock, sel)
+        if steady_fraction is None and horizon != 1 and self.prior_new_fraction is not None:
             steady_fraction = [self.prior_new_fraction] * b
         if horizon == 1 or steady_fraction is None:
-            if sel[depth] < stock:
-                return Decision("selected", depth, stock, sel[depth], "model: selected faster", stock, sel[depth])
-            return Decision("stock", 0, stock, sel[depth], "model: stock faster or equal", stock, sel[depth])
-        if not all(0.0 <= f <= 1.0 for f in steady_fraction):
-            raise ValueError(f"steady_fraction entries must be in [0, 1], got {list(steady_fraction)}")
-        steady = self.costs(total_rows, sum(map(operator.mul, union, steady_fraction)), mtp)[1]
+            if sel < stock:
+                return Decision("selected", depth, stock, sel, "model: selected faster", stock, sel)
+            return Decision("stock", 0, stock, sel, "model: stock faster or equal", stock, sel)
+        for f in steady_fraction:
+            if not 0.0 <= f <= 1.0:
+                raise ValueError(f"steady_fraction entries must be in [0, 1], got {list(steady_fraction)}")
+        steady = self._pick(self._exposed(sum(map(operator.mul, union, steady_fraction)), c, exposed), slot)[1]
         plan_stock = horizon * stock
-        plan_sel = sel[depth] + (horizon - 1) * min(steady[d] for d in depths)
-        why = f"over {horizon} steps at steady reuse"
+        plan_sel = sel + (horizon - 1) * steady
         if plan_sel < plan_stock:
-            return Decision("selected", depth, stock, sel[depth], f"model: selected faster {why}", plan_stock,
-                            plan_sel, horizon)
-        return Decision("stock", 0, stock, sel[depth], f"model: stock faster or equal {why}", plan_stock, plan_sel,
-                        horizon)
+            return Decision("selected", depth, stock, sel, f"model: selected faster over {horizon} steps at steady "
+                            "reuse", plan_stock, plan_sel, horizon)
+        return Decision("stock", 0, stock, sel, f"model: stock faster or equal over {horizon} steps at steady reuse",
+                        plan_stock, plan_sel, horizon)
+
+
+def _compile_exposed(n_full: int, terms_by_depth: tuple):
+    """``cm.exposed_us(x, fixed, c, n_full, terms_by_depth)`` as straight-line code for one
+    pattern: ``f(x, fixed, c) -> (cost at depth 0, 1, ...)``.
+
+    The bundle terms are constants of (geometry, max depth), so unrolling them removes the
+    per-call loops and tuple unpacking; every expression is the one ``exposed_us`` evaluates, in
+    the same order and with the same int/float operands, so the results are bit for bit equal.
+    """
+    lines = ["def exposed(x, fixed, c):", f"    base = {n_full!r} * (fixed + x)"]
+    for d, terms in enumerate(terms_by_depth):
+        lines.append(f"    t{d} = base")
+        for mult, size, hides in terms:
+            lines.append(f"    v = {size!r} * x - {'c' if hides else '0.0'}")
+            lines.append(f"    t{d} += {mult!r} * (fixed + (v if v > 0.0 else 0.0))  # max(0.0, v)")
+    lines.append(f"    return ({''.join(f't{d}, ' for d in range(len(terms_by_depth)))})")
+    namespace = {}
+    exec("\n".join(lines), namespace)  # noqa: S102 - source built above from ints and fixed text
+    return namespace["exposed"]
