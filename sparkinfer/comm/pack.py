@@ -105,13 +105,11 @@ def _status(op: str, status: int) -> None:
 
 @lru_cache(maxsize=None)
 def _host():
-    lib = native.host_lib()
-    lib.si_pack_pack_host.argtypes = _CACHE_ARGS + [_vp, _i32, _vp, _vp, _i64, _i64, _vp]
-    lib.si_pack_unpack_host.argtypes = [_vp, _i32, _i64, _i64, _vp, _vp, _i64, _i64]
-    lib.si_pack_direct_host.argtypes = _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64]
-    for f in (lib.si_pack_pack_host, lib.si_pack_unpack_host, lib.si_pack_direct_host):
-        f.restype = _i32
-    return lib
+    return native.declare(native.host_lib(), {
+        "si_pack_pack_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _i64, _i64, _vp],
+        "si_pack_unpack_host": [_vp, _i32, _i64, _i64, _vp, _vp, _i64, _i64],
+        "si_pack_direct_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64],
+    })
 
 
 @lru_cache(maxsize=None)
@@ -119,13 +117,11 @@ def _cuda():
     lib = native.cuda_lib()
     if lib is None:
         raise RuntimeError("CUDA tensors given but the CUDA library is unavailable (no nvcc build or no device)")
-    lib.si_pack_pack_cuda.argtypes = _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _vp, _vp]
-    lib.si_pack_unpack_cuda.argtypes = [_vp, _i32, _vp, _i64, _i64, _vp, _vp, _i64, _i64, _vp, _vp]
-    lib.si_pack_direct_cuda.argtypes = _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64,
-                                                      _i64, _vp, _vp]
-    for f in (lib.si_pack_pack_cuda, lib.si_pack_unpack_cuda, lib.si_pack_direct_cuda):
-        f.restype = _i32
-    return lib
+    return native.declare(lib, {
+        "si_pack_pack_cuda": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _vp, _vp],
+        "si_pack_unpack_cuda": [_vp, _i32, _vp, _i64, _i64, _vp, _vp, _i64, _i64, _vp, _vp],
+        "si_pack_direct_cuda": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64, _vp, _vp],
+    })
 
 
 _cuda_err: dict = {}

@@ -9,44 +9,40 @@ C ABI (csrc/host/records_host.cpp, csrc/cuda/records.cu):
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
-from sparkinfer.native import cuda_lib, host_lib, ptr, stream_handle
+from sparkinfer.native import check_status as _raise
+from sparkinfer.native import cuda_lib, declare, host_lib, ptr, stream_handle
 
 _i32, _i64, _f32, _p = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-_STATUS = {1: "invalid argument", 2: "CUDA launch failed", 3: "index out of range"}
 
 
+@functools.lru_cache(maxsize=None)
 def _host():
-    lib = host_lib()
-    lib.si_records_encode.argtypes = [_i32, _p, _p, _i64, _p, _p, _i64, _i64, _f32, _i32]
-    lib.si_records_decode.argtypes = [_i32, _p, _i64, _i64, _p, _i64, _p, _p, _f32]
-    lib.si_records_layout.argtypes = [_i32]
-    lib.si_records_codec.argtypes = [_i32, _p, _i64, _p]
-    for f in (lib.si_records_encode, lib.si_records_decode, lib.si_records_layout, lib.si_records_codec):
-        f.restype = _i32
-    return lib
+    return declare(host_lib(), {
+        "si_records_encode": [_i32, _p, _p, _i64, _p, _p, _i64, _i64, _f32, _i32],
+        "si_records_decode": [_i32, _p, _i64, _i64, _p, _i64, _p, _p, _f32],
+        "si_records_layout": [_i32],
+        "si_records_codec": [_i32, _p, _i64, _p],
+    })
 
 
+@functools.lru_cache(maxsize=None)
 def _cuda():
     lib = cuda_lib()
     if lib is None:
         raise RuntimeError("tensors are on a GPU but the sparkinfer CUDA library is not built: "
                            "run `python -m sparkinfer.native.build --require-cuda` (needs nvcc)")
-    lib.si_records_encode_cuda.argtypes = [_i32, _p, _p, _i64, _p, _p, _i64, _f32, _i32, _p]
-    lib.si_records_decode_cuda.argtypes = [_i32, _p, _i64, _p, _i64, _p, _p, _f32, _p]
-    lib.si_records_encode_cuda.restype = lib.si_records_decode_cuda.restype = _i32
-    return lib
+    return declare(lib, {
+        "si_records_encode_cuda": [_i32, _p, _p, _i64, _p, _p, _i64, _f32, _i32, _p],
+        "si_records_decode_cuda": [_i32, _p, _i64, _p, _i64, _p, _p, _f32, _p],
+    })
 
 
 def _opt(t):
     return ptr(t) if t is not None else None
-
-
-def _raise(status: int, what: str) -> None:
-    if status != 0:
-        raise RuntimeError(f"{what} failed: {_STATUS.get(status, f'status {status}')}")
 
 
 def encode(fmt, latent: torch.Tensor, rope, cache: torch.Tensor, slots) -> None:

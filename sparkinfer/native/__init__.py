@@ -6,8 +6,9 @@ changed, for instance). ``cuda_lib()`` returns the nvcc build or ``None``: it is
 only loaded when torch sees a CUDA device, so importing sparkinfer never needs a
 GPU or a driver.
 
-Each binding module declares the ``argtypes`` of the functions it calls; this
-module only finds and loads the libraries.
+Each binding module declares the signatures of the functions it calls with
+``declare`` and turns their ``si_status`` results into exceptions with
+``check_status``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import os
 import threading
 
 _lock = threading.Lock()
+
+# si_status in csrc/include/sparkinfer/common.h
+STATUS_TEXT = {1: "invalid argument", 2: "CUDA launch failed", 3: "index out of range"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,3 +64,17 @@ def stream_handle(device) -> ctypes.c_void_p:
     import torch
 
     return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+def declare(lib: ctypes.CDLL, signatures: dict) -> ctypes.CDLL:
+    """Set ``argtypes`` of each named C ABI function; they all return an int32 ``si_status``."""
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int32
+    return lib
+
+
+def check_status(status: int, what: str) -> None:
+    """Raise RuntimeError naming ``what`` for a non-zero ``si_status``."""
+    if status:
+        raise RuntimeError(f"{what} failed: {STATUS_TEXT.get(status, f'status {status}')}")

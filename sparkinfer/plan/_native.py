@@ -18,7 +18,6 @@ from sparkinfer.plan.union import check_topk
 _I32 = ctypes.c_int32
 _P = ctypes.c_void_p
 _RUN_ARGS = [_P, _I32, _I32, _I32, _P, _P, _P, _P, ctypes.c_int64]
-_STATUS = {1: "bad argument", 2: "CUDA launch failed", 3: "index out of range"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,9 +25,7 @@ def _host():
     lib = native.host_lib()
     lib.si_union_host_workspace_ints.argtypes = [_I32]
     lib.si_union_host_workspace_ints.restype = ctypes.c_int64
-    lib.si_union_host_run.argtypes = _RUN_ARGS
-    lib.si_union_host_run.restype = _I32
-    return lib
+    return native.declare(lib, {"si_union_host_run": _RUN_ARGS})
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,9 +33,7 @@ def _cuda():
     lib = native.cuda_lib()
     if lib is None or not hasattr(lib, "si_union_cuda_run"):
         return None
-    lib.si_union_cuda_run.argtypes = _RUN_ARGS + [_P]
-    lib.si_union_cuda_run.restype = _I32
-    return lib
+    return native.declare(lib, {"si_union_cuda_run": _RUN_ARGS + [_P]})
 
 
 def cuda_available() -> bool:
@@ -67,9 +62,7 @@ def _call(entry, topk: torch.Tensor, validate: bool, *extra):
             native.ptr(ws), ws.numel(), *extra]
     # Locals keep the buffers alive through the call; on a GPU the caching allocator
     # orders the scratch's reuse after the kernel on this stream.
-    status = entry(*args)
-    if status:
-        raise RuntimeError(f"{entry.__name__} failed: {_STATUS.get(status, f'status {status}')}")
+    native.check_status(entry(*args), entry.__name__)
     return uni, remap, counts
 
 
