@@ -32,45 +32,46 @@ def _pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def _host_rank(rank, world, records, widths, layers, iters, warmup):
+def _host_rank(rank, world, records, widths, layers, iters, warmup, sizings):
     from sparkinfer.comm.exchange import SelectedExchange
     from sparkinfer.comm.host_fabric import HostFabric
     from sparkinfer.comm.slab import SlabLayout
     from sparkinfer.comm.synthetic import make_case
 
     rows = []
-    for width in widths:
-        for n in records:
-            # one request whose union holds n tokens spread over a 4n context: each rank owns ~n/world
-            case = make_case(world, width, batch=1, seq_len=4 * n, union_len=n, n_layers=layers,
-                             block_size=64, seed=n + width)
-            cap = max(1, int(case.planes.count.max()))
-            fabric = HostFabric(SlabLayout(world, width, capacity=cap, max_layers=layers, depth=2))
-            try:
-                ex = SelectedExchange(fabric)
-                ws = torch.zeros(layers, n, width, dtype=torch.uint8)
-                shard, lay = case.shard(rank), list(range(layers))
-                samples = []
-                for it in range(warmup + iters):
-                    t = time.perf_counter()
-                    st = ex.exchange(case.planes, shard, lay, ws)
-                    total = time.perf_counter() - t
-                    if it >= warmup:
-                        samples.append((st, total))
-                if rank == 0:
-                    ok = torch.equal(ws, case.expected_workspace(0, lay))
-                    tot = [s[1] for s in samples]
-                    sent = samples[0][0].bytes_sent
-                    rows.append({
-                        "fabric": "host", "ranks": world, "records": n, "width": width, "layers": layers,
-                        "bytes_sent_per_rank": sent,
-                        **{f"{k}_p50_us": statistics.median(getattr(s, f"{k}_s") for s, _ in samples) * 1e6
-                           for k in ("direct", "pack", "copy", "wait", "unpack")},
-                        "total_p50_us": statistics.median(tot) * 1e6, "total_p99_us": _pct(tot, 99) * 1e6,
-                        "gbps_p50": sent / statistics.median(tot) / 1e9, "correct": ok,
-                    })
-            finally:
-                fabric.close()
+    for width, n, sizing in ((w, n, z) for w in widths for n in records for z in sizings):
+        # one request whose union holds n tokens spread over a 4n context: each rank owns ~n/world
+        case = make_case(world, width, batch=1, seq_len=4 * n, union_len=n, n_layers=layers,
+                         block_size=64, seed=n + width)
+        # host sizing: the slab fits the largest pair; device sizing: the planes' worst case B * U = n
+        cap = n if sizing == "device" else max(1, int(case.planes.count.max()))
+        fabric = HostFabric(SlabLayout(world, width, capacity=cap, max_layers=layers, depth=2))
+        try:
+            ex = SelectedExchange(fabric, sizing)
+            ws = torch.zeros(layers, n, width, dtype=torch.uint8)
+            shard, lay = case.shard(rank), torch.arange(layers, dtype=torch.int32)
+            samples = []
+            for it in range(warmup + iters):
+                t = time.perf_counter()
+                st = ex.exchange(case.planes, shard, lay, ws)
+                total = time.perf_counter() - t
+                if it >= warmup:
+                    samples.append((st, total))
+            if rank == 0:
+                ok = torch.equal(ws, case.expected_workspace(0, list(range(layers))))
+                tot = [s[1] for s in samples]
+                count = case.planes.count[0].tolist()
+                sent = (sum(count) - count[0]) * layers * width  # from the plan: device sizing counts nothing
+                rows.append({
+                    "fabric": "host", "sizing": sizing, "ranks": world, "records": n, "width": width,
+                    "layers": layers, "bytes_sent_per_rank": sent,
+                    **{f"{k}_p50_us": statistics.median(getattr(s, f"{k}_s") for s, _ in samples) * 1e6
+                       for k in ("direct", "pack", "copy", "wait", "unpack")},
+                    "total_p50_us": statistics.median(tot) * 1e6, "total_p99_us": _pct(tot, 99) * 1e6,
+                    "gbps_p50": sent / statistics.median(tot) / 1e9, "correct": ok,
+                })
+        finally:
+            fabric.close()
     return rows
 
 
@@ -80,7 +81,7 @@ def run_host(args) -> list[dict]:
     rows = []
     for world in args.ranks:
         out = run_ranks(_host_rank, world, args.records, args.widths, args.layers, args.iters, args.warmup,
-                        timeout_s=600)
+                        args.sizing, timeout_s=600)
         rows += out[0]
     return rows
 
@@ -168,6 +169,9 @@ def main(argv=None) -> int:
     ap.add_argument("--records", type=int, nargs="+", default=[256, 1024, 2048],
                     help="union records per step (one request)")
     ap.add_argument("--widths", type=int, nargs="+", default=[368, 432, 656])
+    ap.add_argument("--sizing", nargs="+", choices=["host", "device"], default=["host", "device"],
+                    help="host: counts read once per exchange, copy-thread copies; device: no host read, "
+                         "pack straight into the peer's region (see docs/design/transport.md)")
     ap.add_argument("--layers", type=int, default=3, help="layers per exchange (S1/S2/S3 share one map)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)

@@ -25,6 +25,43 @@ def _diff(ws, expected) -> str:
     return f"{len(bad)} rows differ, first (layer, slot): {bad[:4]}"
 
 
+HOST_READS = {"cpu", "tolist", "item", "numpy", "__int__", "__index__", "__bool__", "__float__"}
+
+
+class HotPathGuard:
+    """Records, while active, every tensor read-back to Python (``HOST_READS``, seen through
+    ``__torch_function__``) and every aten op that is not a view (a new buffer: allocation or
+    compute). A graph-replayable call shows neither."""
+
+    def __enter__(self):
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        guard = self
+        self.host_reads, self.new_buffers = [], []
+
+        class Reads(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if getattr(func, "__name__", "") in HOST_READS:
+                    guard.host_reads.append(func.__name__)
+                return func(*args, **(kwargs or {}))
+
+        class Buffers(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if not func.is_view or "lift_fresh" in str(func):
+                    guard.new_buffers.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        self._modes = [Reads(), Buffers()]
+        for m in self._modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for m in reversed(self._modes):
+            m.__exit__(*exc)
+
+
 def _rank_main(rank, world):
     import time
 
@@ -51,9 +88,11 @@ def _rank_main(rank, world):
                 fabric.close()
             dist.barrier()
 
-    def exchange_cases(cases, layers, fabric, overlap=True):
+    def exchange_cases(cases, layers, fabric, overlap=True, sizing="host"):
         """Run several exchanges, two in flight at a time when ``overlap``; compare every result."""
-        ex = SelectedExchange(fabric)
+        ex = SelectedExchange(fabric, sizing)
+        if sizing == "device":
+            layers = torch.tensor(layers, dtype=torch.int32)
         send_ptr = fabric._send.data_ptr()
         out = []
         wss = [_ws_for(c, layers) for c in cases]
@@ -64,7 +103,8 @@ def _rank_main(rank, world):
         else:
             stats = [ex.exchange(c.planes, c.shard(rank), layers, ws) for c, ws in zip(cases, wss)]
         for c, ws, st in zip(cases, wss, stats):
-            out.append((_diff(ws, c.expected_workspace(rank, layers)), st.rounds, st.records_sent, st.records_recv))
+            out.append((_diff(ws, c.expected_workspace(rank, list(map(int, layers)))), st.rounds, st.records_sent,
+                        st.records_recv))
         assert fabric._send.data_ptr() == send_ptr  # replay reuses the preallocated slab
         return out
 
@@ -72,6 +112,63 @@ def _rank_main(rank, world):
         cases = [make_case(world, width, seed=s, **kw) for s in (1, 2, 3)]
         scenario(f"random_{width}", lambda f: exchange_cases(cases, [1, 2, 3], f),
                  SlabLayout(world, width, capacity=48, max_layers=3, depth=2))
+
+    for width, kw in ((368, {}), (656, {"held_frac": 0.3, "interleave": 2}), (37, {"block_size": 3})):
+        cases = [make_case(world, width, seed=s, **kw) for s in (21, 22, 23)]
+        scenario(f"device_{width}", lambda f: exchange_cases(cases, [0, 2], f, sizing="device"),
+                 SlabLayout(world, width, capacity=48, max_layers=2, depth=2))
+
+    def mixed(f):
+        """Host- and device-sized exchanges interleaved on one fabric, two in flight."""
+        cases = [make_case(world, 432, seed=s, held_frac=0.2) for s in (31, 32, 33, 34)]
+        layers = torch.tensor([1, 3], dtype=torch.int32)
+        ex = SelectedExchange(f)
+        wss = [_ws_for(c, [1, 3]) for c in cases]
+        pend = []
+        for k, (c, ws) in enumerate(zip(cases, wss)):
+            pend.append(ex.start(c.planes, c.shard(rank), layers, ws, sizing="host" if k % 2 else "device"))
+            if len(pend) == 2:
+                ex.finish(pend.pop(0))
+        ex.finish(pend[0])
+        try:
+            SelectedExchange(f)
+            second = "no error"
+        except ValueError as e:
+            second = str(e)
+        return [second] + [_diff(ws, c.expected_workspace(rank, [1, 3])) for c, ws in zip(cases, wss)]
+    scenario("mixed", mixed, SlabLayout(world, 432, capacity=48, max_layers=2, depth=2))
+
+    def hot_path(f):
+        """After one eager call, device-sized exchanges read nothing back and allocate nothing;
+        the same guard sees the host-sized exchange read the counts (so it can fail)."""
+        cases = [make_case(world, 368, seed=s) for s in (41, 42, 43)]
+        layers = torch.tensor([0, 1], dtype=torch.int32)
+        wss = [_ws_for(c, [0, 1]) for c in cases]
+        dev = SelectedExchange(f, "device")
+        dev.exchange(cases[0].planes, cases[0].shard(rank), layers, wss[0])  # the eager call
+        with HotPathGuard() as g:
+            p1 = dev.start(cases[1].planes, cases[1].shard(rank), layers, wss[1])
+            p2 = dev.start(cases[2].planes, cases[2].shard(rank), layers, wss[2])
+            dev.finish(p1)
+            dev.finish(p2)
+        diffs = [_diff(ws, c.expected_workspace(rank, [0, 1])) for c, ws in zip(cases, wss)]
+        with HotPathGuard() as h:
+            dev.exchange(cases[1].planes, cases[1].shard(rank), layers, _ws_for(cases[1], [0, 1]), sizing="host")
+        return diffs, g.host_reads, g.new_buffers, sorted(set(h.host_reads))
+    scenario("hot_path", hot_path, SlabLayout(world, 368, capacity=48, max_layers=2, depth=2))
+
+    def device_refusals(f):
+        small = make_case(world, 368, capacity=20, seed=44)  # C=20 < B*U=48: a count could overflow
+        ex = SelectedExchange(f, "device")
+        errors = []
+        for planes, layers in ((small.planes, torch.tensor([0], dtype=torch.int32)), (small.planes, [0])):
+            try:
+                ex.exchange(planes, small.shard(rank), layers, _ws_for(small, [0]))
+                errors.append("no error")
+            except ValueError as e:
+                errors.append(str(e))
+        return errors
+    scenario("device_refusals", device_refusals, SlabLayout(world, 368, capacity=48, max_layers=1))
 
     scenario("empty", lambda f: exchange_cases([make_case(world, 368, empty=True)], [0], f, overlap=False),
              SlabLayout(world, 368, capacity=8, max_layers=1))
@@ -200,6 +297,34 @@ def test_random_planes_layered_replay(outcomes, width):
         for diff, rounds, sent, recv in runs:
             assert diff == "equal", f"rank {rank}: {diff}"
             assert rounds == 1 and sent > 0 and recv > 0
+
+
+@pytest.mark.parametrize("width", [368, 656, 37])
+def test_device_sized_exchange_matches_gather(outcomes, width):
+    for rank, runs in _ok(outcomes, f"device_{width}"):
+        assert len(runs) == 3
+        for diff, rounds, sent, recv in runs:
+            assert diff == "equal", f"rank {rank}: {diff}"
+            assert rounds == 1 and sent == 0 and recv == 0  # counts never reach the host
+
+
+def test_host_and_device_sized_exchanges_share_a_fabric(outcomes):
+    for rank, (second, *diffs) in _ok(outcomes, "mixed"):
+        assert diffs == ["equal"] * 4, f"rank {rank}: {diffs}"
+        assert "already has a SelectedExchange" in second
+
+
+def test_device_sized_exchange_replays_without_reads_or_allocations(outcomes):
+    for rank, (diffs, reads, buffers, host_sized_reads) in _ok(outcomes, "hot_path"):
+        assert diffs == ["equal"] * 3, f"rank {rank}: {diffs}"
+        assert reads == [] and buffers == [], f"rank {rank}: host reads {reads}, new buffers {buffers}"
+        assert "tolist" in host_sized_reads  # the guard does see a host read
+
+
+def test_device_sized_exchange_refuses_what_it_cannot_replay(outcomes):
+    for rank, (small_capacity, list_layers) in _ok(outcomes, "device_refusals"):
+        assert "C >= B * U" in small_capacity
+        assert "int32 tensor" in list_layers
 
 
 def test_fabric_counts_the_bytes_and_copies_it_moved(outcomes):

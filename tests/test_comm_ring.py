@@ -26,36 +26,40 @@ def fabric(tmp_path_factory):
     dist.destroy_process_group()
 
 
-def test_one_rank_exchange_is_a_local_gather(fabric):
+@pytest.fixture(scope="module")
+def exchange(fabric):
+    return SelectedExchange(fabric)  # one per fabric: sequence numbers are the fabric's
+
+
+def test_one_rank_exchange_is_a_local_gather(exchange):
     case = make_case(1, 368, n_layers=4, seed=3)
     ws = torch.zeros(2, case.full.shape[1] * case.union.shape[1], 368, dtype=torch.uint8)
-    st = SelectedExchange(fabric).exchange(case.planes, case.shard(0), [3, 1], ws)
+    st = exchange.exchange(case.planes, case.shard(0), [3, 1], ws)
     assert torch.equal(ws, case.expected_workspace(0, [3, 1]))
     assert st.records_sent == 0 and st.records_local == 2 * int(case.counts.sum())
 
 
-def test_exchange_rejects_mismatched_inputs(fabric):
-    ex = SelectedExchange(fabric)
+def test_exchange_rejects_mismatched_inputs(exchange):
     case = make_case(1, 368, n_layers=4, seed=4)
     rows = case.full.shape[1] * case.union.shape[1]
     ws = torch.zeros(1, rows, 368, dtype=torch.uint8)
     two = make_case(2, 368, seed=4)
     with pytest.raises(ValueError, match=r"planes.count must be int32 \[1, 1\]"):
-        ex.exchange(two.planes, case.shard(0), [0], ws)
+        exchange.exchange(two.planes, case.shard(0), [0], ws)
     with pytest.raises(ValueError, match="width 432 != exchange width 368"):
-        ex.exchange(case.planes, make_case(1, 432, seed=4).shard(0), [0], ws)
+        exchange.exchange(case.planes, make_case(1, 432, seed=4).shard(0), [0], ws)
     with pytest.raises(ValueError, match="slab holds 1..4"):
-        ex.exchange(case.planes, case.shard(0), [0, 1, 2, 3, 0], torch.zeros(5, rows, 368, dtype=torch.uint8))
+        exchange.exchange(case.planes, case.shard(0), [0, 1, 2, 3, 0], torch.zeros(5, rows, 368, dtype=torch.uint8))
     with pytest.raises(ValueError, match="out of range"):
-        ex.exchange(case.planes, case.shard(0), [7], ws)
+        exchange.exchange(case.planes, case.shard(0), [7], ws)
 
 
-def test_ring_slots_are_never_reused_while_held(fabric):
+def test_ring_slots_are_never_reused_while_held(exchange):
     pattern = IndexSharePattern.parse("FSSSFS", 6)
     assert decode_groups(pattern, 3) == [[0, 1, 2, 3], [4, 5]]
     assert decode_groups(pattern, 1) == [[0, 1], [4, 5]]
     base = make_case(1, 368, n_layers=6, seed=5)
-    ring = PrefetchRing(SelectedExchange(fabric), depth=3, rows=base.full.shape[1] * base.union.shape[1])
+    ring = PrefetchRing(exchange, depth=3, rows=base.full.shape[1] * base.union.shape[1])
     ring.prefetch(base.planes, base.shard(0), [0, 1, 2, 3])
     with pytest.raises(ValueError, match="already in the ring"):
         ring.prefetch(base.planes, base.shard(0), [3])

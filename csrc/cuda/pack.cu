@@ -18,11 +18,9 @@ constexpr int kLanes = 32;     // threads per record (one warp)
 constexpr int kRecords = 4;    // records per block
 
 __device__ int64_t clamp_count(const int32_t* count, int64_t cap, int32_t* err) {
-  const int64_t n = *count;
-  if (n < 0 || n > cap) {
-    if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.y == 0) atomicExch(err, SI_ERR_RANGE);
-    return n < 0 ? 0 : cap;
-  }
+  bool bad;
+  const int64_t n = si_pack_count(count, cap, &bad);
+  if (bad && threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x == 0 && blockIdx.y == 0) atomicExch(err, SI_ERR_RANGE);
   return n;
 }
 

@@ -1,7 +1,9 @@
 // Host twins of the pack / unpack / direct kernels in csrc/cuda/pack.cu: the
 // same per-record logic from sparkinfer/pack.h, one loop instead of a grid.
-// Layouts are documented in pack.h. Each call returns SI_ERR_RANGE when any
-// index was out of range (the offending records are skipped, never written).
+// Layouts are documented in pack.h. Like the kernels, each call reads the
+// record count from memory (`count`, clamped to `cap` by si_pack_count) and
+// returns SI_ERR_RANGE when the count or any index was out of range (the
+// offending records are skipped, never written).
 #include "sparkinfer/pack.h"
 
 namespace {
@@ -12,7 +14,7 @@ si_pack_cache make_cache(const uint8_t* base, int64_t layer_stride, int64_t rows
   return si_pack_cache{base, layer_stride, rows, n_layers, bt, bt_stride, bt_rows, bt_cols, block_size};
 }
 
-bool bad_args(int64_t n, int64_t width, int32_t n_layers) { return n < 0 || width <= 0 || n_layers < 0; }
+bool bad_args(int64_t cap, int64_t width, int32_t n_layers) { return cap < 0 || width <= 0 || n_layers < 0; }
 
 }  // namespace
 
@@ -21,12 +23,14 @@ extern "C" {
 int32_t si_pack_pack_host(const uint8_t* cache, int64_t cache_layer_stride, int64_t cache_rows,
                           int32_t cache_layers, const int32_t* bt, int64_t bt_stride, int32_t bt_rows,
                           int32_t bt_cols, int32_t block_size, const int32_t* layers, int32_t n_layers,
-                          const int32_t* req, const int32_t* local, int64_t n, int64_t width,
-                          uint8_t* packed) {
-  if (bad_args(n, width, n_layers) || block_size <= 0) return SI_ERR_ARG;
+                          const int32_t* req, const int32_t* local, const int32_t* count, int64_t cap,
+                          int64_t width, uint8_t* packed) {
+  if (bad_args(cap, width, n_layers) || block_size <= 0) return SI_ERR_ARG;
   const si_pack_cache c = make_cache(cache, cache_layer_stride, cache_rows, cache_layers, bt, bt_stride,
                                      bt_rows, bt_cols, block_size);
-  int32_t status = SI_OK;
+  bool bad;
+  const int64_t n = si_pack_count(count, cap, &bad);
+  int32_t status = bad ? SI_ERR_RANGE : SI_OK;
   for (int32_t j = 0; j < n_layers; ++j) {
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t* src = si_pack_cache_src(c, layers, j, req[i], local[i], width);
@@ -37,11 +41,14 @@ int32_t si_pack_pack_host(const uint8_t* cache, int64_t cache_layer_stride, int6
   return status;
 }
 
-int32_t si_pack_unpack_host(const uint8_t* packed, int32_t n_layers, int64_t n, int64_t width,
-                            const int32_t* slot, uint8_t* ws, int64_t ws_layer_stride, int64_t ws_rows) {
-  if (bad_args(n, width, n_layers)) return SI_ERR_ARG;
+int32_t si_pack_unpack_host(const uint8_t* packed, int32_t n_layers, const int32_t* count, int64_t cap,
+                            int64_t width, const int32_t* slot, uint8_t* ws, int64_t ws_layer_stride,
+                            int64_t ws_rows) {
+  if (bad_args(cap, width, n_layers)) return SI_ERR_ARG;
   const si_pack_ws w{ws, ws_layer_stride, ws_rows};
-  int32_t status = SI_OK;
+  bool bad;
+  const int64_t n = si_pack_count(count, cap, &bad);
+  int32_t status = bad ? SI_ERR_RANGE : SI_OK;
   for (int32_t j = 0; j < n_layers; ++j) {
     for (int64_t i = 0; i < n; ++i) {
       uint8_t* dst = si_pack_ws_dst(w, j, slot[i], width);
@@ -55,13 +62,15 @@ int32_t si_pack_unpack_host(const uint8_t* packed, int32_t n_layers, int64_t n, 
 int32_t si_pack_direct_host(const uint8_t* cache, int64_t cache_layer_stride, int64_t cache_rows,
                             int32_t cache_layers, const int32_t* bt, int64_t bt_stride, int32_t bt_rows,
                             int32_t bt_cols, int32_t block_size, const int32_t* layers, int32_t n_layers,
-                            const int32_t* req, const int32_t* local, const int32_t* slot, int64_t n,
-                            int64_t width, uint8_t* ws, int64_t ws_layer_stride, int64_t ws_rows) {
-  if (bad_args(n, width, n_layers) || block_size <= 0) return SI_ERR_ARG;
+                            const int32_t* req, const int32_t* local, const int32_t* slot, const int32_t* count,
+                            int64_t cap, int64_t width, uint8_t* ws, int64_t ws_layer_stride, int64_t ws_rows) {
+  if (bad_args(cap, width, n_layers) || block_size <= 0) return SI_ERR_ARG;
   const si_pack_cache c = make_cache(cache, cache_layer_stride, cache_rows, cache_layers, bt, bt_stride,
                                      bt_rows, bt_cols, block_size);
   const si_pack_ws w{ws, ws_layer_stride, ws_rows};
-  int32_t status = SI_OK;
+  bool bad;
+  const int64_t n = si_pack_count(count, cap, &bad);
+  int32_t status = bad ? SI_ERR_RANGE : SI_OK;
   for (int32_t j = 0; j < n_layers; ++j) {
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t* src = si_pack_cache_src(c, layers, j, req[i], local[i], width);

@@ -13,7 +13,11 @@ instead of blocking, so the exchange overlaps compute:
   spins past ``timeout_s`` stops, records the missing peer in a pinned host word and returns, and
   the next fabric call raises :class:`FabricError` naming that peer (the GPU never hangs);
 * sequence numbers live in device memory, one word per slot, bumped by ``depth`` on the compute
-  stream when a round starts, so flag kernels read the right value in any stream order.
+  stream when a round starts, so flag kernels read the right value in any stream order;
+* device-side sizing (``peer_region`` / ``wait_peer_free`` / ``signal_arrival``): no copy
+  engine; the pack kernel on the compute stream stores straight into dst's IPC-mapped segment
+  (P2P writes over PCIe), then a signal kernel on the same stream fences system-wide and writes
+  ``arrive``. Every size is read on the device, so the sequence is graph-capturable as is.
 
 ``cuda.bindings`` (package ``cuda-python``, the ``cuda`` extra) is imported only here, when the
 fabric is built. Peer access is checked first: a node without P2P (IOMMU on, ACS not cleared)
@@ -116,6 +120,8 @@ class CudaFabric(Fabric):
             self._peer_ptr[r] = int(_ok(rt.cudaIpcOpenMemHandle(h, rt.cudaIpcMemLazyEnablePeerAccess),
                                         f"cudaIpcOpenMemHandle(rank {r})"))
         self._own = torch.as_tensor(_DeviceBytes(self._seg_ptr, n), device=self.device)
+        # Views of the peers' segments: only their addresses are used (kernels store through P2P).
+        self._peer_seg = {r: torch.as_tensor(_DeviceBytes(p, n)) for r, p in self._peer_ptr.items()}
         self._send = torch.zeros(layout.send_bytes, dtype=torch.uint8, device=self.device)
         flags = rt.cudaStreamNonBlocking
         self._streams = {r: int(_ok(rt.cudaStreamCreateWithFlags(flags), "cudaStreamCreate"))
@@ -129,6 +135,9 @@ class CudaFabric(Fabric):
         first = [k if k else layout.depth for k in range(layout.depth)]
         self._seq = torch.tensor([f - layout.depth for f in first], dtype=torch.int64, device=self.device)
         self._started = 0  # highest seq whose slot word was bumped
+        self._last_copy = {}  # dst -> event of the last copy-engine copy issued to it
+        self._recorded = set()  # (slot, dst) whose _copied event was ever recorded: only those are
+        # waited on, so a purely device-sized run (and its graph capture) waits on no foreign event
         # bytes of the copies issued to each dst (monotonic; eager calls only: a replayed CUDA graph
         # re-runs the copies without this Python code)
         self.copied_bytes = [0] * self.world
@@ -182,18 +191,25 @@ class CudaFabric(Fabric):
         off = self.layout.recv_offset(seq, src)
         return self._own[off: off + self.layout.region_bytes]
 
+    def _begin_round(self, seq) -> bool:
+        """Bump the slot's sequence word on the first call of round ``seq``; False if already done."""
+        if seq <= self._started:
+            return False
+        # Every pair stream must have finished the slot's previous round (its arrive signal still
+        # reads the slot's sequence word) before the word advances.
+        slot, stream = self.layout.slot(seq), self._stream_int()
+        for peer in self._peer_ptr:
+            if (slot, peer) in self._recorded:
+                _ok(self._rt.cudaStreamWaitEvent(stream, self._copied[slot][peer], 0), "cudaStreamWaitEvent")
+        _call(self._lib.si_comm_seq_bump_cuda(self._seq_ptr(seq), self.layout.depth, self._stream()), "seq bump")
+        self._started = seq
+        return True
+
     def wait_send_free(self, seq, dst):
         self._check()
-        slot, stream = self.layout.slot(seq), self._stream_int()
-        if seq > self._started:
-            # First call of a new round: every pair stream must have finished the slot's previous
-            # round (its arrive signal still reads the slot's sequence word) before the word advances.
-            for peer in self._peer_ptr:
-                _ok(self._rt.cudaStreamWaitEvent(stream, self._copied[slot][peer], 0), "cudaStreamWaitEvent")
-            _call(self._lib.si_comm_seq_bump_cuda(self._seq_ptr(seq), self.layout.depth, self._stream()), "seq bump")
-            self._started = seq
-        else:
-            _ok(self._rt.cudaStreamWaitEvent(stream, self._copied[slot][dst], 0), "cudaStreamWaitEvent")
+        if not self._begin_round(seq):
+            _ok(self._rt.cudaStreamWaitEvent(self._stream_int(), self._copied[self.layout.slot(seq)][dst], 0),
+                "cudaStreamWaitEvent")
 
     def wait_recv_free(self, seq, dst):
         self._check()
@@ -218,7 +234,10 @@ class CudaFabric(Fabric):
             self.copies[dst] += 1
         _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[dst], ARRIVE, self.rank),
                                             self._seq_ptr(seq), s), "arrive signal")
-        _ok(self._rt.cudaEventRecord(self._copied[self.layout.slot(seq)][dst], s), "cudaEventRecord")
+        ev = self._copied[self.layout.slot(seq)][dst]
+        _ok(self._rt.cudaEventRecord(ev, s), "cudaEventRecord")
+        self._last_copy[dst] = ev
+        self._recorded.add((self.layout.slot(seq), dst))
 
     def wait_arrival(self, seq, src):
         self._check()
@@ -230,6 +249,27 @@ class CudaFabric(Fabric):
         self._check()
         _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[src], ACK, self.rank),
                                             self._seq_ptr(seq), self._stream()), "release signal")
+
+    def peer_region(self, seq, dst):
+        off = self.layout.recv_offset(seq, self.rank)
+        return self._peer_seg[dst][off: off + self.layout.region_bytes]
+
+    def wait_peer_free(self, seq, dst):
+        self._check()
+        self._begin_round(seq)
+        if seq > self.layout.depth:  # on the compute stream: the pack kernel writes the region next
+            _call(self._lib.si_comm_wait_cuda(self._flag_addr(self._seg_ptr, ACK, dst), 1, FLAG_STRIDE,
+                                              self._seq_ptr(seq), self.layout.depth, dst, self._timeout_cycles,
+                                              self._err.data_ptr(), self._stream()), "release wait")
+
+    def signal_arrival(self, seq, dst):
+        self._check()
+        # arrive[rank] is "every exchange up to seq landed": join the last copy-engine copy to dst
+        # first (a join into the compute stream, no fork, so graph capture stays one stream)
+        if dst in self._last_copy:
+            _ok(self._rt.cudaStreamWaitEvent(self._stream_int(), self._last_copy[dst], 0), "cudaStreamWaitEvent")
+        _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[dst], ARRIVE, self.rank),
+                                            self._seq_ptr(seq), self._stream()), "arrive signal")
 
     def close(self):
         """Drain the copy streams, close the peers' IPC mappings, free the segment (before the
@@ -245,6 +285,7 @@ class CudaFabric(Fabric):
         for row in self._packed + self._copied:
             for ev in row:
                 rt.cudaEventDestroy(ev)
+        self._peer_seg = {}
         for p in self._peer_ptr.values():
             rt.cudaIpcCloseMemHandle(p)
         self._own = None

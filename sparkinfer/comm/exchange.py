@@ -25,6 +25,19 @@ One exchange = one or more rounds; round ``seq`` on rank r:
 Sequence numbers are monotonic per (src, dst), so a region is never overwritten before its
 consumer released it, and ``depth`` exchanges can be in flight (``start`` ... ``finish``).
 
+Sizing. With ``sizing="host"`` (the default) the count plane is read on the host once per
+exchange: each copy-engine copy moves exactly the packed bytes, and pairs over the slab capacity
+are moved in rounds (below). That read waits for the planner's kernels, and a CUDA graph cannot
+replay a copy whose size changes, so ``sizing="device"`` never reads a plane on the host: steps 1-2
+become "wait until dst released the region, pack straight into dst's receive region (SM stores
+over P2P on the CUDA fabric), signal ``arrive[r] = seq``", every kernel reads its count from the
+plane in place, and there is exactly one round. That requires planes whose capacity covers every
+possible count (``C >= B * U``, the workspace rows: a pair can never carry more than the whole
+union), checked from shapes alone, so a device-sized exchange can never overflow. After one eager
+call it issues the same fabric calls and kernels with the same buffers on every call (no
+allocation, no host read: ``tests/test_comm_exchange.py`` checks both), which is what CUDA-graph
+capture and replay need. Its stats carry timings only: the record counts stay on the device.
+
 Capacity: the slab carries ``capacity`` records per pair per round. Larger counts are moved in
 ``ceil(max count / capacity)`` rounds (one log line the first time; every rank computes the same
 rounds from the same planes). Planes that already overflowed (``planes.overflow``) cannot be
@@ -74,7 +87,7 @@ class Pending:
     shard: P.Shard
     layers: torch.Tensor
     workspace: torch.Tensor
-    counts: list
+    counts: list | None  # host copy of planes.count; None with device sizing
     seq: int
     lo: int
     hi: int
@@ -97,30 +110,52 @@ def _check_planes(planes, world: int, device) -> int:
     return C
 
 
+SIZINGS = ("host", "device")
+
+
+def _check_sizing(sizing: str) -> str:
+    if sizing not in SIZINGS:
+        raise ValueError(f"sizing must be one of {SIZINGS}, got {sizing!r}")
+    return sizing
+
+
 class SelectedExchange:
     """Runs the protocol above on a fabric; allocates nothing per call on its own (slabs live in
-    the fabric), so one eager call can be followed by replays."""
+    the fabric). ``sizing``: "host" or "device" (module docstring), the default of every call.
 
-    def __init__(self, fabric: Fabric):
+    Sequence numbers and the in-flight queue are per fabric, so one fabric has one exchange."""
+
+    def __init__(self, fabric: Fabric, sizing: str = "host"):
+        if getattr(fabric, "_driver", None) is not None:
+            raise ValueError("this fabric already has a SelectedExchange (sequence numbers are per fabric): "
+                             "reuse it; sizing can be chosen per call")
+        fabric._driver = self
+        self.sizing = _check_sizing(sizing)
         self.fabric = fabric
+        self.sizing = sizing
         self.layout = fabric.layout
         self.rank, self.world = fabric.rank, fabric.world
         self.seq = 0
         self.chunked = 0  # exchanges that needed more than one round
         self._in_flight: list[Pending] = []  # started, not finished; oldest first
 
-    def exchange(self, planes, shard: P.Shard, layers, workspace: torch.Tensor) -> ExchangeStats:
-        return self.finish(self.start(planes, shard, layers, workspace))
+    def exchange(self, planes, shard: P.Shard, layers, workspace: torch.Tensor,
+                 sizing: str | None = None) -> ExchangeStats:
+        return self.finish(self.start(planes, shard, layers, workspace, sizing))
 
-    def start(self, planes, shard: P.Shard, layers, workspace: torch.Tensor) -> Pending:
+    def start(self, planes, shard: P.Shard, layers, workspace: torch.Tensor, sizing: str | None = None) -> Pending:
         """Pack and issue the copies of an exchange (and move own records); ``finish`` completes it."""
         lay, r = self.layout, self.rank
+        sizing = self.sizing if sizing is None else _check_sizing(sizing)
         if planes.overflow:
             log.warning("exchange: planes overflowed their capacity (records were dropped by the planner); "
                         "raising ExchangeOverflow so the caller runs the stock path")
             raise ExchangeOverflow(f"rank {r}: planes overflow their capacity {planes.req.shape[-1]}; "
                                    "selected-record exchange refused for this step (use the stock path)")
         if not isinstance(layers, torch.Tensor):
+            if sizing == "device":
+                raise ValueError("a device-sized exchange takes layers as an int32 tensor on the shard's device "
+                                 "(building one per call would allocate)")
             layers = torch.tensor(list(layers), dtype=torch.int32, device=shard.cache.device)
         J = layers.shape[0]
         if shard.width != lay.width:
@@ -128,6 +163,8 @@ class SelectedExchange:
         if not 1 <= J <= lay.max_layers:
             raise ValueError(f"{J} layers in one exchange; the slab holds 1..{lay.max_layers}")
         C = _check_planes(planes, self.world, shard.cache.device)
+        if sizing == "device":
+            return self._start_device_sized(planes, shard, layers, workspace, C)
         counts = planes.count.cpu().tolist()
         if any(c < 0 or c > C for row in counts for c in row):
             raise ValueError(f"planes.count outside [0, {C}] while overflow is False: {counts}")
@@ -157,6 +194,36 @@ class SelectedExchange:
         pending.stats.rounds = rounds
         self._in_flight.append(pending)
         return pending
+
+    def _start_device_sized(self, planes, shard: P.Shard, layers, workspace: torch.Tensor, C: int) -> Pending:
+        lay, r, f = self.layout, self.rank, self.fabric
+        if C > lay.capacity:
+            raise ValueError(f"planes capacity {C} exceeds the slab capacity {lay.capacity}: a device-sized "
+                             "exchange moves each pair in one round (raise the slab capacity)")
+        if C < workspace.shape[1]:
+            raise ValueError(f"planes capacity {C} < workspace rows {workspace.shape[1]} (B * U): a device-sized "
+                             "exchange needs C >= B * U so that no count can overflow (build the planes with it)")
+        while self._in_flight and len(self._in_flight) + 1 > lay.depth:
+            self.finish(self._in_flight[0])
+        p = Pending(planes, shard, layers, workspace, None, 0, 0, C)
+        t = time.perf_counter()
+        P.direct(shard, layers, planes.req[r, r], planes.local[r, r], planes.slot[r, r], planes.count[r, r], C,
+                 workspace)
+        p.stats.direct_s = time.perf_counter() - t
+        self.seq += 1
+        p.seq = seq = self.seq
+        for dst in rotated_peers(r, self.world):
+            t = time.perf_counter()
+            f.wait_peer_free(seq, dst)
+            t1 = time.perf_counter()
+            P.pack(shard, layers, planes.req[r, dst], planes.local[r, dst], planes.count[r, dst], C,
+                   f.peer_region(seq, dst))
+            f.signal_arrival(seq, dst)
+            p.stats.copy_s += t1 - t
+            p.stats.pack_s += time.perf_counter() - t1
+        p.stats.rounds = 1
+        self._in_flight.append(p)
+        return p
 
     def _count(self, p: Pending, src: int, dst: int, whole: bool):
         """Records of (src, dst) in this round: the plane entry itself (device-side, graph-safe) for
@@ -190,17 +257,18 @@ class SelectedExchange:
         f, r, J = self.fabric, self.rank, p.layers.shape[0]
         # arrivals are awaited in the order peers write to us (src = r-1 starts on us first)
         for src in reversed(rotated_peers(r, self.world)):
-            n = max(0, min(p.counts[src][r], p.hi) - p.lo)
+            # device sizing: the count is unknown here; the unpack kernel reads it (0 is a no-op)
+            n = None if p.counts is None else max(0, min(p.counts[src][r], p.hi) - p.lo)
             t = time.perf_counter()
             f.wait_arrival(p.seq, src)
             t1 = time.perf_counter()
-            if n:
+            if n is None or n:
                 P.unpack(f.recv_region(p.seq, src), J, self._count(p, src, r, whole), p.hi - p.lo,
                          p.planes.slot[src, r, p.lo:p.hi], p.workspace)
             f.release(p.seq, src)
             p.stats.wait_s += t1 - t
             p.stats.unpack_s += time.perf_counter() - t1
-            p.stats.records_recv += n * J
+            p.stats.records_recv += (n or 0) * J
         return p.stats
 
     def finish(self, pending: Pending) -> ExchangeStats:

@@ -9,6 +9,14 @@ The protocol (``exchange.py``) calls, for exchange number ``seq``::
     wait_arrival(seq, src)     src's region for seq has landed here
     release(seq, src)          this rank consumed src's region: ack for src
     close()
+
+With device-side sizing (no record count ever reaches the host; see ``exchange.py``) the
+sender writes straight into the destination's receive region instead of its send slab::
+
+    wait_peer_free(seq, dst)   as wait_recv_free, ordered before the caller's next writes
+    peer_region(seq, dst)      dst's receive region for (slot of seq, this rank), writable here
+    signal_arrival(seq, dst)   arrive[rank] = seq in dst's segment, after the writes before it
+
     copied_bytes, copies       list[int] per dst: bytes this rank's copies moved there and how many
                                non-empty copies (monotonic; the demo checks them against the byte
                                accounting)
@@ -65,6 +73,16 @@ class Fabric(abc.ABC):
 
     @abc.abstractmethod
     def release(self, seq: int, src: int) -> None: ...
+
+    @abc.abstractmethod
+    def peer_region(self, seq: int, dst: int) -> torch.Tensor:
+        """uint8 [region_bytes] view of dst's receive segment for (slot of seq, this rank)."""
+
+    @abc.abstractmethod
+    def wait_peer_free(self, seq: int, dst: int) -> None: ...
+
+    @abc.abstractmethod
+    def signal_arrival(self, seq: int, dst: int) -> None: ...
 
     @abc.abstractmethod
     def close(self) -> None: ...

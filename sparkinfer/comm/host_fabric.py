@@ -65,6 +65,7 @@ class HostFabric(Fabric):
         self._flags = [seg[: layout.flags_bytes].view(torch.int64) for seg in self._segments]
         self._send = torch.zeros(layout.send_bytes, dtype=torch.uint8)
         self._copied = [0] * self.world  # last seq whose copy to dst finished reading the send slab
+        self._queued = [0] * self.world  # last seq queued for a copy to dst (device-sized rounds queue none)
         self.copied_bytes = [0] * self.world  # bytes the copy thread has written into each dst (monotonic)
         self.copies = [0] * self.world  # non-empty copies to each dst (monotonic)
         self._cv = threading.Condition()
@@ -113,15 +114,20 @@ class HostFabric(Fabric):
         if self._error is not None:
             raise FabricError(f"rank {self.rank}: fabric failed earlier: {self._error}") from self._error
 
-    def wait_send_free(self, seq, dst):
-        self._check()
-        need = seq - self.layout.depth
+    def _wait_copied(self, dst: int, need: int):
+        """Until the copy thread finished the copies to dst up to exchange ``need`` (run in order)."""
+        need = min(need, self._queued[dst])  # device-sized exchanges queue no copy
         with self._cv:
             if not self._cv.wait_for(lambda: self._copied[dst] >= need, timeout=self.timeout_s):
                 self._fail(f"its own copy to rank {dst} (exchange {need}) did not finish", [dst])
 
+    def wait_send_free(self, seq, dst):
+        self._check()
+        self._wait_copied(dst, seq - self.layout.depth)
+
     def copy(self, seq, dst, nbytes):
         self._check()
+        self._queued[dst] = seq
         self._jobs.put((seq, dst, nbytes))
 
     def _wait(self, kind: int, seq_target: int, peer: int, what: str, seq: int):
@@ -149,6 +155,19 @@ class HostFabric(Fabric):
     def release(self, seq, src):
         self._check()
         flags.store(self._flags[src], self.layout.flag_index(ACK, self.rank), seq)
+
+    # --- device-side sizing: this thread writes dst's region (the SM stores of the CUDA fabric) -
+    def peer_region(self, seq, dst):
+        return self._recv_region_of(dst, seq, self.rank)
+
+    def wait_peer_free(self, seq, dst):
+        self.wait_recv_free(seq, dst)
+
+    def signal_arrival(self, seq, dst):
+        self._check()
+        # arrive[rank] is "every exchange up to seq landed": older copies still queued go first
+        self._wait_copied(dst, seq)
+        flags.store(self._flags[dst], self.layout.flag_index(ARRIVE, self.rank), seq)
 
     # --- failure -------------------------------------------------------------------------------
     def _fail(self, why: str, missing: list[int]):

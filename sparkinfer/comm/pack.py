@@ -10,10 +10,12 @@ Tensor shapes (byte layouts in ``csrc/include/sparkinfer/pack.h``):
 * packed region uint8 ``[J, n, width]`` (dense, contiguous: one copy moves it).
 * workspace uint8 ``[J, ws_rows, width]``; may be a layer-strided view, rows must be contiguous.
 
-``count`` is an int32 scalar tensor on the data's device (an entry of the count plane; the CUDA
-kernels read it on the device, so a captured graph replays with new plans) or a host int (the
-eager chunked path), and ``cap`` its upper bound (the grid size). A count above ``cap`` or any index out of range raises (host) or sets the error word
-that :func:`check_cuda_errors` turns into an exception (CUDA); records are never silently dropped.
+``count`` is an int32 scalar tensor on the data's device (an entry of the count plane) or a host
+int (the eager chunked path), and ``cap`` its upper bound (the grid size). The kernels and their
+host twins read the count from memory, so the Python side never reads it back: a captured graph
+replays with new plans, and an exchange with device-side sizing makes no host read at all. A
+count above ``cap`` or any index out of range raises (host) or sets the error word that
+:func:`check_cuda_errors` turns into an exception (CUDA); records are never silently dropped.
 """
 
 from __future__ import annotations
@@ -87,28 +89,22 @@ def _check_ws(ws: torch.Tensor, n_layers: int, width: int) -> None:
         raise ValueError("workspace rows must be contiguous")
 
 
-def _host_count(count, cap: int) -> int:
-    n = int(count)
-    if n < 0 or n > cap:
-        raise ValueError(f"record count {n} outside [0, {cap}] (capacity overflow must be handled before packing)")
-    return n
-
-
 def _status(op: str, status: int) -> None:
     if status == 1:
         raise ValueError(f"{op}: invalid size argument")
     if status == 2:
         raise RuntimeError(f"{op}: CUDA launch failed")
     if status == 3:
-        raise ValueError(f"{op}: a record index (request, local ordinal, layer or slot) is out of range")
+        raise ValueError(f"{op}: the record count is outside [0, capacity] or a record index (request, local "
+                         "ordinal, layer or slot) is out of range")
 
 
 @lru_cache(maxsize=None)
 def _host():
     return native.declare(native.host_lib(), {
-        "si_pack_pack_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _i64, _i64, _vp],
-        "si_pack_unpack_host": [_vp, _i32, _i64, _i64, _vp, _vp, _i64, _i64],
-        "si_pack_direct_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64],
+        "si_pack_pack_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp],
+        "si_pack_unpack_host": [_vp, _i32, _vp, _i64, _i64, _vp, _vp, _i64, _i64],
+        "si_pack_direct_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64],
     })
 
 
@@ -142,15 +138,19 @@ def check_cuda_errors(device) -> None:
         _status("pack kernel", code)
 
 
-def _dev_count(count, device) -> torch.Tensor:
-    """The count as a device int32 scalar (plane entries already are; a host int is the eager-only
-    chunked path and costs one tiny upload)."""
+def _count_arg(count, device):
+    """(address of the int32 count, object keeping it alive). Plane entries are passed in place;
+    a host int (the eager-only chunked path) goes through a ctypes int (host) or a tiny upload (CUDA)."""
     if isinstance(count, torch.Tensor):
         if count.dtype != torch.int32 or count.numel() != 1 or count.device != device:
             raise ValueError(f"count must be one int32 on {device}, got {count.dtype} {tuple(count.shape)} "
                              f"on {count.device}")
-        return count
-    return torch.tensor(int(count), dtype=torch.int32, device=device)
+        return native.ptr(count), count
+    if device.type == "cuda":
+        t = torch.tensor(int(count), dtype=torch.int32, device=device)
+        return native.ptr(t), t
+    c = ctypes.c_int32(int(count))
+    return ctypes.addressof(c), c
 
 
 def _ptr(t: torch.Tensor):
@@ -169,14 +169,13 @@ def pack(shard: Shard, layers: torch.Tensor, req, local, count, cap: int,
         _check_index(name, t, J if name == "layers" else cap, dev)
     if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() < J * cap * width:
         raise ValueError(f"packed region must be contiguous uint8 with >= {J * cap * width} bytes")
+    n_ptr, _keep = _count_arg(count, dev)
     if dev.type == "cuda":
-        st = _cuda().si_pack_pack_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local),
-                                       native.ptr(_dev_count(count, dev)), cap, width, _ptr(out), native.ptr(_err_word(dev)),
-                                       _stream(dev))
+        st = _cuda().si_pack_pack_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), n_ptr, cap,
+                                       width, _ptr(out), native.ptr(_err_word(dev)), _stream(dev))
     else:
-        n = _host_count(count, cap)
-        st = _host().si_pack_pack_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), n, width,
-                                       _ptr(out))
+        st = _host().si_pack_pack_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), n_ptr, cap,
+                                       width, _ptr(out))
     _status("pack", st)
 
 
@@ -187,14 +186,14 @@ def unpack(packed: torch.Tensor, n_layers: int, count, cap: int, slot, ws: torch
     _check_index("slot", slot, cap, ws.device)
     if packed.dtype != torch.uint8 or not packed.is_contiguous() or packed.numel() < n_layers * cap * width:
         raise ValueError(f"received region must be contiguous uint8 with >= {n_layers * cap * width} bytes")
+    n_ptr, _keep = _count_arg(count, ws.device)
     if ws.device.type == "cuda":
-        st = _cuda().si_pack_unpack_cuda(_ptr(packed), n_layers, native.ptr(_dev_count(count, ws.device)), cap, width,
-                                         _ptr(slot), _ptr(ws), ws.stride(0), ws.shape[1], native.ptr(_err_word(ws.device)),
+        st = _cuda().si_pack_unpack_cuda(_ptr(packed), n_layers, n_ptr, cap, width, _ptr(slot), _ptr(ws),
+                                         ws.stride(0), ws.shape[1], native.ptr(_err_word(ws.device)),
                                          _stream(ws.device))
     else:
-        n = _host_count(count, cap)
-        st = _host().si_pack_unpack_host(_ptr(packed), n_layers, n, width, _ptr(slot), _ptr(ws), ws.stride(0),
-                                         ws.shape[1])
+        st = _host().si_pack_unpack_host(_ptr(packed), n_layers, n_ptr, cap, width, _ptr(slot), _ptr(ws),
+                                         ws.stride(0), ws.shape[1])
     _status("unpack", st)
 
 
@@ -205,14 +204,14 @@ def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int
     _check_ws(ws, J, width)
     for name, t in (("layers", layers), ("req", req), ("local", local), ("slot", slot)):
         _check_index(name, t, J if name == "layers" else cap, dev)
+    n_ptr, _keep = _count_arg(count, dev)
     if dev.type == "cuda":
         st = _cuda().si_pack_direct_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
-                                         native.ptr(_dev_count(count, dev)), cap, width, _ptr(ws), ws.stride(0), ws.shape[1],
+                                         n_ptr, cap, width, _ptr(ws), ws.stride(0), ws.shape[1],
                                          native.ptr(_err_word(dev)), _stream(dev))
     else:
-        n = _host_count(count, cap)
         st = _host().si_pack_direct_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
-                                         n, width, _ptr(ws), ws.stride(0), ws.shape[1])
+                                         n_ptr, cap, width, _ptr(ws), ws.stride(0), ws.shape[1])
     _status("direct", st)
 
 

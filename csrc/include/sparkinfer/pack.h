@@ -65,6 +65,16 @@ SI_HD uint8_t* si_pack_ws_dst(const si_pack_ws& w, int32_t j, int32_t slot, int6
   return w.base + (int64_t)j * w.layer_stride + (int64_t)slot * width;
 }
 
+// Records one launch moves: *count (read from memory, e.g. an entry of the
+// count plane, so the launch needs no host-side size) clamped to [0, cap]. A
+// count outside that range is a planner bug or a missed overflow: the caller
+// reports it (SI_ERR_RANGE) and moves the first `cap` records, never more.
+SI_HD int64_t si_pack_count(const int32_t* count, int64_t cap, bool* bad) {
+  const int64_t n = *count;
+  *bad = n < 0 || n > cap;
+  return n < 0 ? 0 : (n > cap ? cap : n);
+}
+
 // Copy bytes [begin, width) of one record with a stride of `step` units, the
 // widest unit that divides the width and both addresses (16, 4 or 1 bytes), so
 // 368/432/656-byte records move as 16-byte vectors and odd widths still work.
