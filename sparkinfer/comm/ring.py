@@ -39,6 +39,7 @@ class PrefetchRing:
         self._held: list[int | None] = [None] * (depth + 1)  # layer in each slot
         self._slot: dict[int, int] = {}
         self._pending: dict[int, Pending] = {}
+        self._layer_ids: dict[tuple, torch.Tensor] = {}  # int32 layer lists handed to the exchange
         self._next = 0
 
     def prefetch(self, planes, shard: Shard, layers: list[int]) -> Pending:
@@ -55,7 +56,10 @@ class PrefetchRing:
         if busy:
             raise RuntimeError(f"prefetch ring full: slot(s) {[k for k, _ in busy]} still hold layer(s) "
                                f"{[l for _, l in busy]}; release() each layer after its attention")
-        pending = self.exchange.start(planes, shard, layers, self.buf[s: s + J])
+        key = tuple(layers)
+        if key not in self._layer_ids:  # a model's layer groups are fixed: built once, then reused
+            self._layer_ids[key] = torch.tensor(key, dtype=torch.int32, device=self.buf.device)
+        pending = self.exchange.start(planes, shard, self._layer_ids[key], self.buf[s: s + J])
         for j, layer in enumerate(layers):
             self._held[s + j] = layer
             self._slot[layer] = s + j

@@ -1,0 +1,126 @@
+"""Selected-record decode (sparkinfer.vllm.selected_decode) on four host-fabric ranks.
+
+Every rank holds a DCP shard of the records in which this step's own positions are still junk
+(vLLM writes them at the layer's forward, after the group's prefetch), gets the replicated top-k
+and its two heads' queries, and runs a 5-layer FSSFS step with MTP rows (R = 4). The property:
+each rank's output and LSE equal attention over each row's own top-k read directly from the
+unsharded, fully written cache (the same torch attention, so bit for bit), for host- and
+device-sized exchanges and prefetch depths 0, 1 and 3 (one, two and three chunks per group).
+"""
+
+import pytest
+import torch
+
+WORLD = 4
+PATTERN = "FSSFS"
+B, R, K, P, H, BLOCK = 2, 4, 8, 48, 2, 4
+CONTEXT = [40, 29]
+FMT = "nvfp4_ds_mla:fp8-rope-368"
+SCALE = 0.07
+
+pytestmark = pytest.mark.multiproc
+
+
+def _inputs(rank: int):
+    """The step as every rank sees it (shared parts from seed 0, this rank's heads from seed 1 + rank)."""
+    from sparkinfer.comm.synthetic import build_shard
+    from sparkinfer.core.topology import DcpLayout
+    from sparkinfer.formats import get_format
+
+    fmt = get_format(FMT)
+    L = len(PATTERN)
+    g = torch.Generator().manual_seed(0)
+    full = fmt.encode(torch.randn(L * B * P, 512, generator=g), torch.randn(L * B * P, 64, generator=g),
+                      backend="host").view(L, B, P, -1)
+    stale = full.clone()
+    for b, n in enumerate(CONTEXT):
+        stale[:, b, n:n + R] = 0xAB  # not written yet when the group's exchange runs
+    shard = build_shard(stale, DcpLayout(WORLD, 1), rank, BLOCK, torch.Generator().manual_seed(7))
+    topk = {}
+    for layer, c in enumerate(PATTERN):
+        if c == "F":
+            t = torch.full((B * R, K), -1, dtype=torch.int32)
+            for b, n in enumerate(CONTEXT):
+                for r in range(R):
+                    visible = n + r + 1  # causal: row r sees positions 0 .. n + r
+                    pick = torch.randperm(visible, generator=g)[:int(torch.randint(K // 2, K + 1, (1,), generator=g))]
+                    t[b * R + r, :len(pick)] = pick.to(torch.int32)
+            topk[layer] = t
+    gq = torch.Generator().manual_seed(1 + rank)
+    q_nope = torch.randn(L, B * R, H, 512, generator=gq)
+    q_rope = torch.randn(L, B * R, H, 64, generator=gq)
+    rows = torch.tensor([n + r for n in CONTEXT for r in range(R)])
+    new_records = full[:, torch.arange(B).repeat_interleave(R), rows]  # [L, B*R, W]
+    return fmt, full, shard, topk, q_nope, q_rope, new_records
+
+
+def _rank_main(rank, world):
+    from sparkinfer.attention import sparse_mla_decode_torch
+    from sparkinfer.comm.exchange import SelectedExchange
+    from sparkinfer.comm.host_fabric import HostFabric
+    from sparkinfer.comm.slab import SlabLayout
+    from sparkinfer.core.topology import DcpLayout, IndexSharePattern
+    from sparkinfer.vllm.selected_decode import SelectedDecode
+
+    fmt, full, shard, topk, q_nope, q_rope, new_records = _inputs(rank)
+    pattern = IndexSharePattern.parse(PATTERN, len(PATTERN))
+    context = torch.tensor(CONTEXT)
+    W = fmt.record_bytes
+    results = {}
+    for depth, sizing in ((0, "host"), (1, "device"), (3, "host")):
+        fabric = HostFabric(SlabLayout(world, W, capacity=B * R * K, max_layers=depth + 1, depth=2), timeout_s=20)
+        try:
+            dec = SelectedDecode(SelectedExchange(fabric, sizing), fmt, DcpLayout(world, 1), pattern, max_batch=B,
+                                 rows=R, topk=K, depth=depth, scale=SCALE, backend="torch")
+            dec.begin_step(shard.cache, shard.block_table, shard.block_size, context)
+            same = []
+            for layer in range(len(PATTERN)):
+                src = pattern.topk_source(layer)
+                if src == layer:
+                    dec.full_layer(layer, topk[layer])
+                out, lse = dec.attend(layer, q_nope[layer], q_rope[layer], new_records[layer])
+                flat = full[layer].reshape(B * P, W)
+                idx = torch.where(topk[src] >= 0, topk[src] + (torch.arange(B * R) // R * P)[:, None], -1)
+                ref_out, ref_lse = sparse_mla_decode_torch(q_nope[layer], q_rope[layer], flat, fmt,
+                                                           idx.to(torch.int32), SCALE)
+                same.append(bool(torch.equal(out, ref_out) and torch.equal(lse, ref_lse)))
+            results[(depth, sizing)] = same
+            errors = []
+            for call in (lambda: dec.attend(0, q_nope[0], q_rope[0], new_records[0]),  # no plan for it
+                         lambda: dec.full_layer(1, topk[0]),  # a Shared layer
+                         lambda: dec.full_layer(0, topk[0][:-1])):  # wrong row count
+                try:
+                    call()
+                    errors.append("no error")
+                except ValueError as e:
+                    errors.append(str(e))
+            results[("errors", depth)] = errors
+        finally:
+            fabric.close()
+    return results
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    from sparkinfer.comm.launch import run_ranks
+
+    return run_ranks(_rank_main, WORLD, timeout_s=240, pg_timeout_s=60)
+
+
+@pytest.mark.parametrize("depth, sizing", [(0, "host"), (1, "device"), (3, "host")])
+def test_every_rank_equals_attention_over_the_unsharded_cache(outcomes, depth, sizing):
+    for rank, res in enumerate(outcomes):
+        assert res[(depth, sizing)] == [True] * len(PATTERN), f"rank {rank}: {res[(depth, sizing)]}"
+
+
+def test_bad_calls_say_what_is_wrong(outcomes):
+    for res in outcomes:
+        for depth in (0, 1, 3):
+            no_plan, shared, rows = res[("errors", depth)]
+            assert "has no plan" in no_plan and "Shared" in shared and f"int32 [{B * R}, {K}]" in rows
+
+
+def test_step_positions_really_are_stale_in_the_shards():
+    """Guards the test itself: without the local patch the exchange would deliver junk."""
+    fmt, full, shard, *_ = _inputs(0)
+    assert (shard.cache == 0xAB).all(dim=2).any()
