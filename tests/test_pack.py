@@ -59,6 +59,32 @@ def test_pack_unpack_direct_match_reference(width):
     assert torch.equal(ws2, ws_ref)
 
 
+def test_per_layer_tensors_move_like_one_stacked_cache():
+    """vLLM's layout: one separately allocated tensor per layer (no common stride), given in an
+    order unrelated to their addresses; pack and direct read the same records as from the stack."""
+    stacked = make_shard(368, n_layers=4, seed=5)
+    copies = [stacked.cache[l].clone() for l in range(4)]  # fresh allocations, addresses unrelated
+    split = P.Shard(copies, stacked.block_table, stacked.block_size)
+    assert split.layer_ptrs.tolist() == [t.data_ptr() for t in copies]
+    layers = torch.tensor([3, 0, 2], dtype=torch.int32)
+    cap = 10
+    req, local = random_rows(stacked, cap, seed=6)
+    count = torch.tensor(cap, dtype=torch.int32)
+    a, b = (torch.zeros(3 * cap * 368, dtype=torch.uint8) for _ in range(2))
+    P.pack(stacked, layers, req, local, count, cap, a)
+    P.pack(split, layers, req, local, count, cap, b)
+    assert torch.equal(a, b) and torch.equal(b.view(3, cap, 368), P.pack_reference(stacked, layers, req, local, cap))
+    slot = torch.arange(cap, dtype=torch.int32)
+    wa, wb = (torch.zeros(3, cap, 368, dtype=torch.uint8) for _ in range(2))
+    P.direct(stacked, layers, req, local, slot, count, cap, wa)
+    P.direct(split, layers, req, local, slot, count, cap, wb)
+    assert torch.equal(wa, wb) and wa.any()
+    with pytest.raises(ValueError, match="layer 1 is"):
+        P.Shard([copies[0], copies[1][:-1]], stacked.block_table, 4)
+    with pytest.raises(ValueError, match="no layers"):
+        P.Shard([], stacked.block_table, 4)
+
+
 def test_layer_strided_and_unaligned_workspace():
     width = 368
     shard = make_shard(width, seed=5)

@@ -72,7 +72,9 @@ def _rank_main(rank, world):
         try:
             dec = SelectedDecode(SelectedExchange(fabric, sizing), fmt, DcpLayout(world, 1), pattern, max_batch=B,
                                  rows=R, topk=K, depth=depth, scale=SCALE, backend="torch")
-            dec.begin_step(shard.cache, shard.block_table, shard.block_size, context)
+            # depth 1 also takes vLLM's layout: one separately allocated cache tensor per layer
+            caches = [t.clone() for t in shard.cache] if depth == 1 else shard.cache
+            dec.begin_step(caches, shard.block_table, shard.block_size, context)
             same = []
             for layer in range(len(PATTERN)):
                 src = pattern.topk_source(layer)

@@ -156,13 +156,13 @@ class SelectedExchange:
             if sizing == "device":
                 raise ValueError("a device-sized exchange takes layers as an int32 tensor on the shard's device "
                                  "(building one per call would allocate)")
-            layers = torch.tensor(list(layers), dtype=torch.int32, device=shard.cache.device)
+            layers = torch.tensor(list(layers), dtype=torch.int32, device=shard.device)
         J = layers.shape[0]
         if shard.width != lay.width:
             raise ValueError(f"shard record width {shard.width} != exchange width {lay.width}")
         if not 1 <= J <= lay.max_layers:
             raise ValueError(f"{J} layers in one exchange; the slab holds 1..{lay.max_layers}")
-        C = _check_planes(planes, self.world, shard.cache.device)
+        C = _check_planes(planes, self.world, shard.device)
         if sizing == "device":
             return self._start_device_sized(planes, shard, layers, workspace, C)
         counts = planes.count.cpu().tolist()

@@ -2,9 +2,11 @@
 
 Tensor shapes (byte layouts in ``csrc/include/sparkinfer/pack.h``):
 
-* ``Shard``: a rank's paged cache ``cache`` uint8 ``[L, rows, width]`` with ``block_table`` int32
-  ``[B, max_blocks]`` and ``block_size``: record (request b, local ordinal o) of layer l is
-  ``cache[l, block_table[b, o // block_size] * block_size + o % block_size]``.
+* ``Shard``: a rank's paged cache, ``cache`` uint8 ``[L, rows, width]`` or a sequence of ``L``
+  tensors uint8 ``[rows, width]`` (vLLM allocates one tensor per layer), with ``block_table`` int32
+  ``[B, max_blocks]`` and ``block_size``: record (request b, local ordinal o) of layer l is row
+  ``block_table[b, o // block_size] * block_size + o % block_size`` of layer l. The kernels reach
+  the layers through a table of their addresses (``layer_ptrs`` int64 ``[L]``, built once here).
 * ``layers`` int32 ``[J]``: the cache layers that travel, in slab order.
 * ``req``, ``local``, ``slot`` int32 ``[>= n]``: plane rows; only the first ``n`` entries are used.
 * packed region uint8 ``[J, n, width]`` (dense, contiguous: one copy moves it).
@@ -29,23 +31,35 @@ import torch
 from sparkinfer import native
 
 _i32, _i64, _vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-_CACHE_ARGS = [_vp, _i64, _i64, _i32, _vp, _i64, _i32, _i32, _i32]  # pack.h si_pack_cache fields
+_CACHE_ARGS = [_vp, _i64, _i32, _vp, _i64, _i32, _i32, _i32]  # pack.h si_pack_cache fields
 
 
 @dataclass(frozen=True)
 class Shard:
     """One rank's paged record cache (see module docstring for the row rule)."""
 
-    cache: torch.Tensor
+    cache: torch.Tensor | tuple
     block_table: torch.Tensor
     block_size: int
 
     def __post_init__(self):
-        if self.cache.dtype != torch.uint8 or self.cache.dim() != 3:
-            raise ValueError(f"shard cache must be uint8 [L, rows, width], got {self.cache.dtype} "
-                             f"{tuple(self.cache.shape)}")
-        if self.cache.stride(2) != 1 or self.cache.stride(1) != self.cache.shape[2]:
-            raise ValueError("shard cache rows must be contiguous ([L, rows, width] with row stride width)")
+        layers = tuple(self.cache) if isinstance(self.cache, (list, tuple)) else None
+        if layers is None and (self.cache.dtype != torch.uint8 or self.cache.dim() != 3):
+            raise ValueError(f"shard cache must be uint8 [L, rows, width] or a sequence of uint8 [rows, width], "
+                             f"got {self.cache.dtype} {tuple(self.cache.shape)}")
+        layers = layers if layers is not None else tuple(self.cache)
+        if not layers:
+            raise ValueError("shard cache has no layers")
+        first = layers[0]
+        for l, t in enumerate(layers):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 2:
+                raise ValueError(f"shard layer {l} must be a uint8 [rows, width] tensor, got "
+                                 f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+            if t.shape != first.shape or t.device != first.device:
+                raise ValueError(f"shard layer {l} is {tuple(t.shape)} on {t.device}; layer 0 is "
+                                 f"{tuple(first.shape)} on {first.device} (all layers must match)")
+            if t.stride(1) != 1 or t.stride(0) != t.shape[1]:
+                raise ValueError(f"shard layer {l}: rows must be contiguous ([rows, width] with row stride width)")
         if self.block_table.dtype != torch.int32 or self.block_table.dim() != 2:
             raise ValueError(f"block_table must be int32 [B, max_blocks], got {self.block_table.dtype} "
                              f"{tuple(self.block_table.shape)}")
@@ -53,12 +67,19 @@ class Shard:
             raise ValueError("block_table must be contiguous")
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
-        if self.block_table.device != self.cache.device:
+        if self.block_table.device != first.device:
             raise ValueError("block_table and cache must be on the same device")
+        object.__setattr__(self, "layers", layers)
+        object.__setattr__(self, "layer_ptrs", torch.tensor([t.data_ptr() for t in layers], dtype=torch.int64,
+                                                            device=first.device))
 
     @property
     def width(self) -> int:
-        return self.cache.shape[2]
+        return self.layers[0].shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].device
 
     def rows_of(self, req: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
         """Cache rows of (req, local) pairs (torch reference; no bounds checks)."""
@@ -67,10 +88,9 @@ class Shard:
         return block * self.block_size + local % self.block_size
 
     def cache_args(self) -> list:
-        c, bt = self.cache, self.block_table
-        return [native.ptr(c) if c.numel() else None, c.stride(0), c.shape[1], c.shape[0],
-                native.ptr(bt) if bt.numel() else None, bt.stride(0), bt.shape[0], bt.shape[1],
-                self.block_size]
+        bt = self.block_table
+        return [native.ptr(self.layer_ptrs), self.layers[0].shape[0], len(self.layers),
+                native.ptr(bt) if bt.numel() else None, bt.stride(0), bt.shape[0], bt.shape[1], self.block_size]
 
 
 def _check_index(name: str, t: torch.Tensor, n: int, device) -> None:
@@ -164,7 +184,7 @@ def _stream(device):
 def pack(shard: Shard, layers: torch.Tensor, req, local, count, cap: int,
          out: torch.Tensor) -> None:
     """``out[:J*n*width]`` viewed as [J, n, width] <- the shard's records (request, local) of ``layers``."""
-    dev, width, J = shard.cache.device, shard.width, layers.shape[0]
+    dev, width, J = shard.device, shard.width, layers.shape[0]
     for name, t in (("layers", layers), ("req", req), ("local", local)):
         _check_index(name, t, J if name == "layers" else cap, dev)
     if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() < J * cap * width:
@@ -200,7 +220,7 @@ def unpack(packed: torch.Tensor, n_layers: int, count, cap: int, slot, ws: torch
 def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int,
            ws: torch.Tensor) -> None:
     """``ws[j, slot[i]] <- shard record (req[i], local[i]) of layers[j]``: own records, no slab."""
-    dev, width, J = shard.cache.device, shard.width, layers.shape[0]
+    dev, width, J = shard.device, shard.width, layers.shape[0]
     _check_ws(ws, J, width)
     for name, t in (("layers", layers), ("req", req), ("local", local), ("slot", slot)):
         _check_index(name, t, J if name == "layers" else cap, dev)
@@ -220,7 +240,7 @@ def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int
 def pack_reference(shard: Shard, layers, req, local, n: int) -> torch.Tensor:
     """[J, n, width] records, gathered with torch indexing."""
     rows = shard.rows_of(req[:n], local[:n])
-    return shard.cache[layers.long()][:, rows].contiguous()
+    return torch.stack([shard.layers[l][rows] for l in layers.tolist()])
 
 
 def unpack_reference(packed: torch.Tensor, slot, n: int, ws: torch.Tensor) -> None:

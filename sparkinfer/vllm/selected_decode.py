@@ -4,9 +4,9 @@ Instead of stock DCP (all-gather the queries, attend with every head over the lo
 the partial outputs with their LSE), each rank fetches the records its rows selected from their
 owners and attends with its own heads over them. Inputs, per rank, as vLLM holds them:
 
-* ``caches`` uint8 ``[L, num_blocks * block_size, W]``: the DSA layers' main record caches as one
-  tensor, layer ``l`` = vLLM's cache of model layer ``l`` viewed as rows (patch 4 allocates the
-  group's caches this way so that one layered exchange reads every layer with one stride);
+* ``caches``: the DSA layers' main record caches, one uint8 ``[num_blocks * block_size, W]``
+  tensor per model layer (vLLM's per-layer caches viewed as rows; a stacked ``[L, rows, W]``
+  tensor works too): the pack kernels reach them through a table of layer addresses;
   token ``t`` of request ``b`` lives on rank ``owner(t)`` (``DcpLayout``, vLLM's
   ``cp_kv_cache_interleave_size`` placement) at local ordinal ``local(t)``, row
   ``block_table[b, local // block_size] * block_size + local % block_size``;
@@ -64,17 +64,18 @@ class SelectedDecode:
         self._context: torch.Tensor | None = None
         self._group: dict = {}
 
-    def begin_step(self, caches: torch.Tensor, block_table: torch.Tensor, block_size: int,
+    def begin_step(self, caches, block_table: torch.Tensor, block_size: int,
                    context: torch.Tensor) -> None:
         if self._group:
             raise RuntimeError(f"layers {sorted(self._group)} of the previous step were never attended")
         B = context.shape[0]
         if not 1 <= B <= self.max_batch:
             raise ValueError(f"{B} requests in the step; this decoder holds 1..{self.max_batch}")
-        if caches.dim() != 3 or caches.shape[0] != self.pattern.num_layers or caches.shape[2] != self.fmt.record_bytes:
-            raise ValueError(f"caches must be uint8 [{self.pattern.num_layers}, rows, {self.fmt.record_bytes}], "
-                             f"got {caches.dtype} {tuple(caches.shape)}")
-        self._shard = Shard(caches, block_table[:B].contiguous(), block_size)
+        shard = Shard(caches, block_table[:B].contiguous(), block_size)
+        if len(shard.layers) != self.pattern.num_layers or shard.width != self.fmt.record_bytes:
+            raise ValueError(f"caches must hold {self.pattern.num_layers} layers of {self.fmt.record_bytes}-byte "
+                             f"records, got {len(shard.layers)} of {shard.width} bytes")
+        self._shard = shard
         self._context = context.to(torch.int64)
 
     def full_layer(self, layer: int, topk: torch.Tensor) -> None:

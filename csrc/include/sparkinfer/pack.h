@@ -2,8 +2,9 @@
 // CUDA kernels (csrc/cuda/pack.cu) and their host twins (csrc/host/pack_host.cpp).
 //
 // Shapes (all byte offsets; records are opaque `width`-byte rows, any width >= 1):
-//   cache      uint8 [L_cache][cache_rows][width], layer l at cache + l * cache_layer_stride
-//              (a rank's paged shard: row = block_table[req][local / block_size] * block_size
+//   cache      L_cache layers of uint8 [cache_rows][width], layer l at address layer_base[l]
+//              (a table: vLLM allocates one tensor per layer, so no common stride is assumed;
+//               a rank's paged shard: row = block_table[req][local / block_size] * block_size
 //               + local % block_size)
 //   block_table int32 [B][bt_stride] (bt_cols valid columns per request)
 //   layers     int32 [n_layers]  which cache layers travel, in slab order
@@ -23,8 +24,7 @@
 #include "sparkinfer/common.h"
 
 struct si_pack_cache {
-  const uint8_t* base;
-  int64_t layer_stride;  // bytes between layers
+  const uint64_t* layer_base;  // [n_layers] address of each layer's row 0 (device memory for kernels)
   int64_t rows;          // rows per layer
   int32_t n_layers;      // layers held (bound for layers[])
   const int32_t* block_table;
@@ -57,7 +57,7 @@ SI_HD const uint8_t* si_pack_cache_src(const si_pack_cache& c, const int32_t* la
   if (layer < 0 || layer >= c.n_layers) return nullptr;
   const int64_t row = si_pack_cache_row(c, req, local);
   if (row < 0) return nullptr;
-  return c.base + (int64_t)layer * c.layer_stride + row * width;
+  return (const uint8_t*)c.layer_base[layer] + row * width;
 }
 
 SI_HD uint8_t* si_pack_ws_dst(const si_pack_ws& w, int32_t j, int32_t slot, int64_t width) {
