@@ -60,8 +60,8 @@ def test_pack_unpack_direct_match_reference(width):
 
 
 def test_per_layer_tensors_move_like_one_stacked_cache():
-    """vLLM's layout: one separately allocated tensor per layer (no common stride), given in an
-    order unrelated to their addresses; pack and direct read the same records as from the stack."""
+    """vLLM's layouts: one separately allocated tensor per layer (no common stride), or per-layer
+    views that interleave the layers block by block; pack and direct read the same records."""
     stacked = make_shard(368, n_layers=4, seed=5)
     copies = [stacked.cache[l].clone() for l in range(4)]  # fresh allocations, addresses unrelated
     split = P.Shard(copies, stacked.block_table, stacked.block_size)
@@ -79,8 +79,18 @@ def test_per_layer_tensors_move_like_one_stacked_cache():
     P.direct(stacked, layers, req, local, slot, count, cap, wa)
     P.direct(split, layers, req, local, slot, count, cap, wb)
     assert torch.equal(wa, wb) and wa.any()
+    # block-outermost interleaving: [n_blocks, L, block_size, W], layer l = buf[:, l] (block stride L*bs*W)
+    bs = stacked.block_size
+    buf = stacked.cache.view(4, -1, bs, 368).transpose(0, 1).contiguous()
+    inter = P.Shard([buf[:, l] for l in range(4)], stacked.block_table, bs)
+    assert inter.layers[0].stride(0) == 4 * bs * 368
+    c = torch.zeros(3 * cap * 368, dtype=torch.uint8)
+    P.pack(inter, layers, req, local, count, cap, c)
+    assert torch.equal(a, c)
     with pytest.raises(ValueError, match="layer 1 is"):
-        P.Shard([copies[0], copies[1][:-1]], stacked.block_table, 4)
+        P.Shard([copies[0], copies[1][:-4]], stacked.block_table, 4)
+    with pytest.raises(ValueError, match="rows % block_size"):
+        P.Shard([copies[0][:-1]], stacked.block_table, 4)
     with pytest.raises(ValueError, match="no layers"):
         P.Shard([], stacked.block_table, 4)
 

@@ -69,14 +69,14 @@ int32_t launched() { return cudaGetLastError() == cudaSuccess ? SI_OK : SI_ERR_C
 
 extern "C" {
 
-int32_t si_pack_pack_cuda(const uint64_t* layer_base, int64_t cache_rows,
+int32_t si_pack_pack_cuda(const uint64_t* layer_base, int64_t n_blocks, int64_t block_stride,
                           int32_t cache_layers, const int32_t* bt, int64_t bt_stride, int32_t bt_rows,
                           int32_t bt_cols, int32_t block_size, const int32_t* layers, int32_t n_layers,
                           const int32_t* req, const int32_t* local, const int32_t* count, int64_t cap,
                           int64_t width, uint8_t* packed, int32_t* err, void* stream) {
   if (cap < 0 || width <= 0 || n_layers < 0 || block_size <= 0) return SI_ERR_ARG;
   if (cap == 0 || n_layers == 0) return SI_OK;
-  const si_pack_cache c{layer_base, cache_rows, cache_layers, bt, bt_stride, bt_rows, bt_cols,
+  const si_pack_cache c{layer_base, n_blocks, block_stride, cache_layers, bt, bt_stride, bt_rows, bt_cols,
                         block_size};
   pack_kernel<<<grid_for(cap, n_layers), dim3(kLanes, kRecords), 0, (cudaStream_t)stream>>>(
       c, layers, req, local, count, cap, width, packed, err);
@@ -94,7 +94,7 @@ int32_t si_pack_unpack_cuda(const uint8_t* packed, int32_t n_layers, const int32
   return launched();
 }
 
-int32_t si_pack_direct_cuda(const uint64_t* layer_base, int64_t cache_rows,
+int32_t si_pack_direct_cuda(const uint64_t* layer_base, int64_t n_blocks, int64_t block_stride,
                             int32_t cache_layers, const int32_t* bt, int64_t bt_stride, int32_t bt_rows,
                             int32_t bt_cols, int32_t block_size, const int32_t* layers, int32_t n_layers,
                             const int32_t* req, const int32_t* local, const int32_t* slot, const int32_t* count,
@@ -102,7 +102,7 @@ int32_t si_pack_direct_cuda(const uint64_t* layer_base, int64_t cache_rows,
                             int32_t* err, void* stream) {
   if (cap < 0 || width <= 0 || n_layers < 0 || block_size <= 0) return SI_ERR_ARG;
   if (cap == 0 || n_layers == 0) return SI_OK;
-  const si_pack_cache c{layer_base, cache_rows, cache_layers, bt, bt_stride, bt_rows, bt_cols,
+  const si_pack_cache c{layer_base, n_blocks, block_stride, cache_layers, bt, bt_stride, bt_rows, bt_cols,
                         block_size};
   const si_pack_ws w{ws, ws_layer_stride, ws_rows};
   direct_kernel<<<grid_for(cap, n_layers), dim3(kLanes, kRecords), 0, (cudaStream_t)stream>>>(

@@ -8,10 +8,10 @@
 
 namespace {
 
-si_pack_cache make_cache(const uint64_t* layer_base, int64_t rows, int32_t n_layers,
+si_pack_cache make_cache(const uint64_t* layer_base, int64_t n_blocks, int64_t block_stride, int32_t n_layers,
                          const int32_t* bt, int64_t bt_stride, int32_t bt_rows, int32_t bt_cols,
                          int32_t block_size) {
-  return si_pack_cache{layer_base, rows, n_layers, bt, bt_stride, bt_rows, bt_cols, block_size};
+  return si_pack_cache{layer_base, n_blocks, block_stride, n_layers, bt, bt_stride, bt_rows, bt_cols, block_size};
 }
 
 bool bad_args(int64_t cap, int64_t width, int32_t n_layers) { return cap < 0 || width <= 0 || n_layers < 0; }
@@ -20,13 +20,13 @@ bool bad_args(int64_t cap, int64_t width, int32_t n_layers) { return cap < 0 || 
 
 extern "C" {
 
-int32_t si_pack_pack_host(const uint64_t* layer_base, int64_t cache_rows,
+int32_t si_pack_pack_host(const uint64_t* layer_base, int64_t n_blocks, int64_t block_stride,
                           int32_t cache_layers, const int32_t* bt, int64_t bt_stride, int32_t bt_rows,
                           int32_t bt_cols, int32_t block_size, const int32_t* layers, int32_t n_layers,
                           const int32_t* req, const int32_t* local, const int32_t* count, int64_t cap,
                           int64_t width, uint8_t* packed) {
   if (bad_args(cap, width, n_layers) || block_size <= 0) return SI_ERR_ARG;
-  const si_pack_cache c = make_cache(layer_base, cache_rows, cache_layers, bt, bt_stride,
+  const si_pack_cache c = make_cache(layer_base, n_blocks, block_stride, cache_layers, bt, bt_stride,
                                      bt_rows, bt_cols, block_size);
   bool bad;
   const int64_t n = si_pack_count(count, cap, &bad);
@@ -59,13 +59,13 @@ int32_t si_pack_unpack_host(const uint8_t* packed, int32_t n_layers, const int32
   return status;
 }
 
-int32_t si_pack_direct_host(const uint64_t* layer_base, int64_t cache_rows,
+int32_t si_pack_direct_host(const uint64_t* layer_base, int64_t n_blocks, int64_t block_stride,
                             int32_t cache_layers, const int32_t* bt, int64_t bt_stride, int32_t bt_rows,
                             int32_t bt_cols, int32_t block_size, const int32_t* layers, int32_t n_layers,
                             const int32_t* req, const int32_t* local, const int32_t* slot, const int32_t* count,
                             int64_t cap, int64_t width, uint8_t* ws, int64_t ws_layer_stride, int64_t ws_rows) {
   if (bad_args(cap, width, n_layers) || block_size <= 0) return SI_ERR_ARG;
-  const si_pack_cache c = make_cache(layer_base, cache_rows, cache_layers, bt, bt_stride,
+  const si_pack_cache c = make_cache(layer_base, n_blocks, block_stride, cache_layers, bt, bt_stride,
                                      bt_rows, bt_cols, block_size);
   const si_pack_ws w{ws, ws_layer_stride, ws_rows};
   bool bad;

@@ -3,10 +3,12 @@
 Tensor shapes (byte layouts in ``csrc/include/sparkinfer/pack.h``):
 
 * ``Shard``: a rank's paged cache, ``cache`` uint8 ``[L, rows, width]`` or a sequence of ``L``
-  tensors uint8 ``[rows, width]`` (vLLM allocates one tensor per layer), with ``block_table`` int32
-  ``[B, max_blocks]`` and ``block_size``: record (request b, local ordinal o) of layer l is row
-  ``block_table[b, o // block_size] * block_size + o % block_size`` of layer l. The kernels reach
-  the layers through a table of their addresses (``layer_ptrs`` int64 ``[L]``, built once here).
+  per-layer tensors, uint8 ``[rows, width]`` or ``[n_blocks, block_size, width]`` with any block
+  stride (vLLM allocates one tensor per layer, and its per-layer views may interleave layers block
+  by block), with ``block_table`` int32 ``[B, max_blocks]`` and ``block_size``: record (request b,
+  local ordinal o) of layer l is row ``o % block_size`` of block ``block_table[b, o // block_size]``
+  of layer l. The kernels reach the layers through a table of their addresses (``layer_ptrs``
+  int64 ``[L]``, built once here) and one block stride.
 * ``layers`` int32 ``[J]``: the cache layers that travel, in slab order.
 * ``req``, ``local``, ``slot`` int32 ``[>= n]``: plane rows; only the first ``n`` entries are used.
 * packed region uint8 ``[J, n, width]`` (dense, contiguous: one copy moves it).
@@ -31,7 +33,23 @@ import torch
 from sparkinfer import native
 
 _i32, _i64, _vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-_CACHE_ARGS = [_vp, _i64, _i32, _vp, _i64, _i32, _i32, _i32]  # pack.h si_pack_cache fields
+_CACHE_ARGS = [_vp, _i64, _i64, _i32, _vp, _i64, _i32, _i32, _i32]  # pack.h si_pack_cache fields
+
+
+def _as_blocks(l: int, t, block_size: int) -> torch.Tensor:
+    """Layer ``l`` as uint8 [n_blocks, block_size, width] with contiguous rows inside a block."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() not in (2, 3):
+        raise ValueError(f"shard layer {l} must be uint8 [rows, width] or [n_blocks, block_size, width], got "
+                         f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    if t.dim() == 2:
+        if t.shape[0] % block_size or t.stride(0) != t.shape[1] or t.stride(1) != 1:
+            raise ValueError(f"shard layer {l}: [rows, width] needs contiguous rows and rows % block_size == 0, "
+                             f"got {tuple(t.shape)} strides {t.stride()} with block_size {block_size}")
+        return t.view(t.shape[0] // block_size, block_size, t.shape[1])
+    if t.shape[1] != block_size or t.stride(2) != 1 or t.stride(1) != t.shape[2]:
+        raise ValueError(f"shard layer {l}: [n_blocks, block_size, width] needs block_size {block_size} and "
+                         f"contiguous rows inside a block, got {tuple(t.shape)} strides {t.stride()}")
+    return t
 
 
 @dataclass(frozen=True)
@@ -43,53 +61,48 @@ class Shard:
     block_size: int
 
     def __post_init__(self):
-        layers = tuple(self.cache) if isinstance(self.cache, (list, tuple)) else None
-        if layers is None and (self.cache.dtype != torch.uint8 or self.cache.dim() != 3):
-            raise ValueError(f"shard cache must be uint8 [L, rows, width] or a sequence of uint8 [rows, width], "
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        per_layer = isinstance(self.cache, (list, tuple))
+        if not per_layer and (self.cache.dtype != torch.uint8 or self.cache.dim() != 3):
+            raise ValueError(f"shard cache must be uint8 [L, rows, width] or a sequence of per-layer tensors, "
                              f"got {self.cache.dtype} {tuple(self.cache.shape)}")
-        layers = layers if layers is not None else tuple(self.cache)
+        layers = tuple(_as_blocks(l, t, self.block_size) for l, t in enumerate(self.cache))
         if not layers:
             raise ValueError("shard cache has no layers")
         first = layers[0]
         for l, t in enumerate(layers):
-            if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 2:
-                raise ValueError(f"shard layer {l} must be a uint8 [rows, width] tensor, got "
-                                 f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
-            if t.shape != first.shape or t.device != first.device:
-                raise ValueError(f"shard layer {l} is {tuple(t.shape)} on {t.device}; layer 0 is "
-                                 f"{tuple(first.shape)} on {first.device} (all layers must match)")
-            if t.stride(1) != 1 or t.stride(0) != t.shape[1]:
-                raise ValueError(f"shard layer {l}: rows must be contiguous ([rows, width] with row stride width)")
+            if t.shape != first.shape or t.stride(0) != first.stride(0) or t.device != first.device:
+                raise ValueError(f"shard layer {l} is {tuple(t.shape)} (block stride {t.stride(0)}) on {t.device}; "
+                                 f"layer 0 is {tuple(first.shape)} (block stride {first.stride(0)}) on "
+                                 f"{first.device}: all layers must match")
         if self.block_table.dtype != torch.int32 or self.block_table.dim() != 2:
             raise ValueError(f"block_table must be int32 [B, max_blocks], got {self.block_table.dtype} "
                              f"{tuple(self.block_table.shape)}")
         if not self.block_table.is_contiguous():
             raise ValueError("block_table must be contiguous")
-        if self.block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.block_table.device != first.device:
             raise ValueError("block_table and cache must be on the same device")
-        object.__setattr__(self, "layers", layers)
+        object.__setattr__(self, "layers", layers)  # uint8 [n_blocks, block_size, width] each
         object.__setattr__(self, "layer_ptrs", torch.tensor([t.data_ptr() for t in layers], dtype=torch.int64,
                                                             device=first.device))
 
     @property
     def width(self) -> int:
-        return self.layers[0].shape[1]
+        return self.layers[0].shape[2]
 
     @property
     def device(self) -> torch.device:
         return self.layers[0].device
 
-    def rows_of(self, req: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
-        """Cache rows of (req, local) pairs (torch reference; no bounds checks)."""
+    def blocks_of(self, req: torch.Tensor, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, row inside the block) of (req, local) pairs (torch reference; no bounds checks)."""
         req, local = req.long(), local.long()
-        block = self.block_table.long()[req, local // self.block_size]
-        return block * self.block_size + local % self.block_size
+        return self.block_table.long()[req, local // self.block_size], local % self.block_size
 
     def cache_args(self) -> list:
-        bt = self.block_table
-        return [native.ptr(self.layer_ptrs), self.layers[0].shape[0], len(self.layers),
+        bt, first = self.block_table, self.layers[0]
+        return [native.ptr(self.layer_ptrs), first.shape[0], first.stride(0), len(self.layers),
                 native.ptr(bt) if bt.numel() else None, bt.stride(0), bt.shape[0], bt.shape[1], self.block_size]
 
 
@@ -239,8 +252,8 @@ def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int
 
 def pack_reference(shard: Shard, layers, req, local, n: int) -> torch.Tensor:
     """[J, n, width] records, gathered with torch indexing."""
-    rows = shard.rows_of(req[:n], local[:n])
-    return torch.stack([shard.layers[l][rows] for l in layers.tolist()])
+    block, row = shard.blocks_of(req[:n], local[:n])
+    return torch.stack([shard.layers[l][block, row] for l in layers.tolist()])
 
 
 def unpack_reference(packed: torch.Tensor, slot, n: int, ws: torch.Tensor) -> None:

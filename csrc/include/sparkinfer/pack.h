@@ -2,10 +2,12 @@
 // CUDA kernels (csrc/cuda/pack.cu) and their host twins (csrc/host/pack_host.cpp).
 //
 // Shapes (all byte offsets; records are opaque `width`-byte rows, any width >= 1):
-//   cache      L_cache layers of uint8 [cache_rows][width], layer l at address layer_base[l]
-//              (a table: vLLM allocates one tensor per layer, so no common stride is assumed;
-//               a rank's paged shard: row = block_table[req][local / block_size] * block_size
-//               + local % block_size)
+//   cache      L_cache layers of uint8 [n_blocks][block_size][width]: layer l at address
+//              layer_base[l], block k at + k * block_stride bytes, rows of a block contiguous
+//              (vLLM allocates one tensor per layer, and its per-layer views can interleave
+//               layers block by block, so neither a layer nor a block stride is assumed).
+//              A rank's paged shard: local ordinal o of request r is row o % block_size of
+//              block block_table[r][o / block_size].
 //   block_table int32 [B][bt_stride] (bt_cols valid columns per request)
 //   layers     int32 [n_layers]  which cache layers travel, in slab order
 //   req, local int32 [n]         request index and local ordinal of record i on this rank
@@ -24,8 +26,9 @@
 #include "sparkinfer/common.h"
 
 struct si_pack_cache {
-  const uint64_t* layer_base;  // [n_layers] address of each layer's row 0 (device memory for kernels)
-  int64_t rows;          // rows per layer
+  const uint64_t* layer_base;  // [n_layers] address of each layer's block 0 (device memory for kernels)
+  int64_t n_blocks;      // blocks per layer
+  int64_t block_stride;  // bytes between blocks
   int32_t n_layers;      // layers held (bound for layers[])
   const int32_t* block_table;
   int64_t bt_stride;     // int32 elements between requests
@@ -40,14 +43,14 @@ struct si_pack_ws {
   int64_t rows;          // B * U
 };
 
-// Row of (req, local) in the cache, or -1 when any index is out of range.
-SI_HD int64_t si_pack_cache_row(const si_pack_cache& c, int32_t req, int32_t local) {
+// Byte offset of (req, local) inside a layer, or -1 when any index is out of range.
+SI_HD int64_t si_pack_cache_offset(const si_pack_cache& c, int32_t req, int32_t local, int64_t width) {
   if (req < 0 || req >= c.bt_rows || local < 0) return -1;
   const int32_t col = local / c.block_size;
   if (col >= c.bt_cols) return -1;
   const int64_t block = c.block_table[(int64_t)req * c.bt_stride + col];
-  const int64_t row = block * c.block_size + local % c.block_size;
-  return (block < 0 || row >= c.rows) ? -1 : row;
+  if (block < 0 || block >= c.n_blocks) return -1;
+  return block * c.block_stride + (int64_t)(local % c.block_size) * width;
 }
 
 // Source address of record i of slab layer j, or nullptr when out of range.
@@ -55,9 +58,9 @@ SI_HD const uint8_t* si_pack_cache_src(const si_pack_cache& c, const int32_t* la
                                        int32_t req, int32_t local, int64_t width) {
   const int32_t layer = layers[j];
   if (layer < 0 || layer >= c.n_layers) return nullptr;
-  const int64_t row = si_pack_cache_row(c, req, local);
-  if (row < 0) return nullptr;
-  return (const uint8_t*)c.layer_base[layer] + row * width;
+  const int64_t off = si_pack_cache_offset(c, req, local, width);
+  if (off < 0) return nullptr;
+  return (const uint8_t*)c.layer_base[layer] + off;
 }
 
 SI_HD uint8_t* si_pack_ws_dst(const si_pack_ws& w, int32_t j, int32_t slot, int64_t width) {
