@@ -170,6 +170,39 @@ def _rank_main(rank, world):
         return errors
     scenario("device_refusals", device_refusals, SlabLayout(world, 368, capacity=48, max_layers=1))
 
+    def inference_mode(f):
+        """Built and used under torch.inference_mode (as inside vLLM's forward): the copy thread,
+        outside that mode, must still write the segments."""
+        case = make_case(world, 368, seed=51)
+        with torch.inference_mode():
+            fab = HostFabric(SlabLayout(world, 368, capacity=48, max_layers=1), timeout_s=5)
+            try:
+                ws = _ws_for(case, [0])
+                SelectedExchange(fab).exchange(case.planes, case.shard(rank), [0], ws)
+            finally:
+                fab.close()
+        return _diff(ws, case.expected_workspace(rank, [0]))
+    scenario("inference_mode", inference_mode)
+
+    def copy_fails(f):
+        """Rank 1's copy thread fails: every rank raises promptly (not at its timeout) naming it."""
+        case = make_case(world, 368, seed=52)
+        if rank == 1:
+            own = f._recv_region_of
+
+            def broken(owner, seq, src):
+                if owner != rank:  # only the copy thread writes into a peer's segment
+                    raise RuntimeError("injected copy failure")
+                return own(owner, seq, src)
+            f._recv_region_of = broken
+        t0 = time.monotonic()
+        try:
+            SelectedExchange(f).exchange(case.planes, case.shard(rank), [0], _ws_for(case, [0]))
+            return "no error"
+        except FabricError as e:
+            return f"{time.monotonic() - t0:.1f} {e}"
+    scenario("copy_fails", copy_fails, SlabLayout(world, 368, capacity=48, max_layers=1), timeout_s=20)
+
     scenario("empty", lambda f: exchange_cases([make_case(world, 368, empty=True)], [0], f, overlap=False),
              SlabLayout(world, 368, capacity=8, max_layers=1))
     scenario("one_owner", lambda f: exchange_cases([make_case(world, 432, owner_only=0, seed=4)], [0, 3], f,
@@ -325,6 +358,21 @@ def test_device_sized_exchange_refuses_what_it_cannot_replay(outcomes):
     for rank, (small_capacity, list_layers) in _ok(outcomes, "device_refusals"):
         assert "C >= B * U" in small_capacity
         assert "int32 tensor" in list_layers
+
+
+def test_fabric_built_under_inference_mode_works(outcomes):
+    for rank, diff in _ok(outcomes, "inference_mode"):
+        assert diff == "equal", f"rank {rank}: {diff}"
+
+
+def test_failed_copy_fails_every_rank_promptly(outcomes):
+    for rank, msg in _ok(outcomes, "copy_fails"):
+        seconds, text = msg.split(" ", 1)
+        assert float(seconds) < 10, f"rank {rank} waited {seconds} s (the timeout is 20 s): {text}"
+        if rank == 1:
+            assert "injected copy failure" in text
+        else:
+            assert "aborted by a peer: rank 1 failed" in text, text
 
 
 def test_fabric_counts_the_bytes_and_copies_it_moved(outcomes):

@@ -52,6 +52,24 @@ class HostFabric(Fabric):
         tag = [uuid.uuid4().hex if self.rank == 0 else None]
         dist.broadcast_object_list(tag, src=self._global(0), group=group)
         paths = [os.path.join(SHM_DIR, f"sparkinfer-comm-{tag[0]}-r{r}") for r in range(self.world)]
+        # Plain tensors even when built under torch.inference_mode (vLLM builds it inside a forward):
+        # the copy thread runs outside that mode and could not write inference tensors.
+        with torch.inference_mode(False):
+            self._map_segments(paths, group)
+            self._flags = [seg[: layout.flags_bytes].view(torch.int64) for seg in self._segments]
+            self._send = torch.zeros(layout.send_bytes, dtype=torch.uint8)
+        self._copied = [0] * self.world  # last seq whose copy to dst finished reading the send slab
+        self._queued = [0] * self.world  # last seq queued for a copy to dst (device-sized rounds queue none)
+        self.copied_bytes = [0] * self.world  # bytes the copy thread has written into each dst (monotonic)
+        self.copies = [0] * self.world  # non-empty copies to each dst (monotonic)
+        self._cv = threading.Condition()
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._copy_loop, name=f"si-copy-r{self.rank}", daemon=True)
+        self._thread.start()
+
+    def _map_segments(self, paths: list[str], group) -> None:
+        """Map every rank's receive segment (this rank's file created first, then the peers')."""
+        layout = self.layout
         try:
             own = torch.from_file(paths[self.rank], shared=True, size=layout.segment_bytes, dtype=torch.uint8)
             dist.barrier(group)
@@ -62,16 +80,6 @@ class HostFabric(Fabric):
         finally:
             if os.path.exists(paths[self.rank]):
                 os.unlink(paths[self.rank])  # every peer has it mapped now (or setup failed)
-        self._flags = [seg[: layout.flags_bytes].view(torch.int64) for seg in self._segments]
-        self._send = torch.zeros(layout.send_bytes, dtype=torch.uint8)
-        self._copied = [0] * self.world  # last seq whose copy to dst finished reading the send slab
-        self._queued = [0] * self.world  # last seq queued for a copy to dst (device-sized rounds queue none)
-        self.copied_bytes = [0] * self.world  # bytes the copy thread has written into each dst (monotonic)
-        self.copies = [0] * self.world  # non-empty copies to each dst (monotonic)
-        self._cv = threading.Condition()
-        self._jobs: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._copy_loop, name=f"si-copy-r{self.rank}", daemon=True)
-        self._thread.start()
 
     def _global(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
@@ -102,8 +110,10 @@ class HostFabric(Fabric):
                     self.copied_bytes[dst] += region.numel()  # counted before arrival: visible once dst saw it
                     self.copies[dst] += 1
                 flags.store(self._flags[dst], self.layout.flag_index(ARRIVE, self.rank), seq)
-            except BaseException as e:  # surfaced on the rank's next fabric call
+            except BaseException as e:  # every rank (this one too) stops waiting and raises it
                 self._error = e
+                log.error("rank %d: copy to rank %d (exchange %d) failed: %r", self.rank, dst, seq, e)
+                self._abort(list(range(self.world)), [self.rank])
             with self._cv:
                 self._copied[dst] = seq
                 self._cv.notify_all()
@@ -170,23 +180,29 @@ class HostFabric(Fabric):
         flags.store(self._flags[dst], self.layout.flag_index(ARRIVE, self.rank), seq)
 
     # --- failure -------------------------------------------------------------------------------
-    def _fail(self, why: str, missing: list[int]):
+    def _abort(self, ranks: list[int], missing: list[int]):
+        """abort[rank] = 1 + bitmask of ``missing`` in the segments of ``ranks``: their waits return."""
         mask = sum(1 << p for p in missing)
-        for r in range(self.world):
-            if r != self.rank:
-                flags.store(self._flags[r], self.layout.flag_index(ABORT, self.rank), 1 + mask)
+        for r in ranks:
+            flags.store(self._flags[r], self.layout.flag_index(ABORT, self.rank), 1 + mask)
+
+    def _fail(self, why: str, missing: list[int]):
+        self._abort([r for r in range(self.world) if r != self.rank], missing)
         self._error = FabricError(f"rank {self.rank}: {why}; missing peer(s): {missing}")
         log.error("%s", self._error)
         raise self._error
 
     def _raise_abort(self, seq: int):
+        if self._error is not None:  # this rank's own copy thread failed
+            raise FabricError(f"rank {self.rank}: exchange {seq} failed: {self._error!r}") from self._error
         lay = self.layout
         reports = []
         for p in range(self.world):
             v = flags.load(self._flags[self.rank], lay.flag_index(ABORT, p))
             if v:
                 missing = [q for q in range(self.world) if (v - 1) >> q & 1]
-                reports.append(f"rank {p} gave up waiting for rank(s) {missing}")
+                reports.append(f"rank {p} failed" if missing == [p] else
+                               f"rank {p} gave up waiting for rank(s) {missing}")
         self._error = FabricError(f"rank {self.rank}: exchange {seq} aborted by a peer: {'; '.join(reports)}")
         raise self._error
 
