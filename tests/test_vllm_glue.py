@@ -98,27 +98,31 @@ def test_config_roundtrip_and_cli_flags():
     assert sorted(getters) == sorted(sc.env_var(f) for f in sc.FIELD_NAMES)
 
 
-def _vllm_config(dcp, cache_dtype, mode=None):
+def _vllm_config(dcp, cache_dtype, mode=None, device="cuda"):
     import types
     extra = {} if mode is None else {"sparkinfer": {"mode": mode}}
     return types.SimpleNamespace(parallel_config=types.SimpleNamespace(decode_context_parallel_size=dcp),
                                  cache_config=types.SimpleNamespace(cache_dtype=cache_dtype),
+                                 device_config=types.SimpleNamespace(device_type=device),
                                  additional_config=extra)
 
 
-@pytest.mark.parametrize("dcp,dtype,mode,replicated", [
-    (4, "nvfp4_ds_mla:fp8-rope-368", None, True),  # default mode auto
-    (4, "nvfp4_ds_mla:bf16-rope-432", "selected", True),
-    (4, "nvfp4_432", "auto", True),
-    (4, "nvfp4_ds_mla:fp8-rope-368", "stock", False),  # stock: the upstream oracle
-    (4, "fp8_ds_mla", "selected", False),  # stock backends keep upstream sharding
-    (4, "auto", None, False),
-    (1, "nvfp4_ds_mla:fp8-rope-368", "selected", False),  # DCP 1: nothing to replicate
+@pytest.mark.parametrize("dcp,dtype,mode,device,replicated", [
+    (4, "nvfp4_ds_mla:fp8-rope-368", None, "cuda", True),  # default mode auto
+    (4, "nvfp4_ds_mla:bf16-rope-432", "selected", "cuda", True),
+    (4, "nvfp4_432", "auto", "cuda", True),
+    (4, "nvfp4_ds_mla:fp8-rope-368", "stock", "cuda", False),  # stock: the upstream oracle
+    (4, "fp8_ds_mla", "selected", "cuda", False),  # stock backends keep upstream sharding
+    (4, "auto", None, "cuda", False),
+    (1, "nvfp4_ds_mla:fp8-rope-368", "selected", "cuda", False),  # DCP 1: nothing to replicate
+    (2, "auto", "stock", "cpu", True),  # CPU: upstream's top-k merge is CUDA-only, always replicated
+    (2, "nvfp4_368", None, "cpu", True),
+    (1, "auto", None, "cpu", False),
 ])
-def test_indexer_layout(dcp, dtype, mode, replicated):
+def test_indexer_layout(dcp, dtype, mode, device, replicated):
     from sparkinfer.vllm.indexer_layout import indexer_block_size, indexer_dcp_world_size, indexer_replicated
 
-    cfg = _vllm_config(dcp, dtype, mode)
+    cfg = _vllm_config(dcp, dtype, mode, device)
     assert indexer_replicated(cfg) is replicated
     assert indexer_dcp_world_size(cfg) == (1 if replicated else dcp)
     assert indexer_block_size(cfg, 64) == (64 * dcp if replicated else 64)
@@ -162,3 +166,16 @@ def test_env_getters_read_the_environment(monkeypatch):
     assert sc.env_getters()["VLLM_SPARKINFER_POOL_MB"]() == "77"
     monkeypatch.delenv("VLLM_SPARKINFER_POOL_MB")
     assert sc.env_getters()["VLLM_SPARKINFER_POOL_MB"]() is None
+
+
+def test_layer_kernel_block_size():
+    """A replicated indexer page (64 x DCP tokens) scales the group's kernel block by DCP; others keep it."""
+    from sparkinfer.vllm.indexer_layout import layer_kernel_block_size
+
+    assert layer_kernel_block_size(64, 64, _spec(128, False, "indexer")) == 128  # no split: the whole page
+    assert layer_kernel_block_size(32, 64, _spec(256, False, "indexer")) == 128  # group split in two
+    assert layer_kernel_block_size(64, 64, _spec(64, True)) == 64
+    assert layer_kernel_block_size(16, 64, _spec(64, False)) == 16  # DCP 1: a replicated group as vLLM's
+    assert layer_kernel_block_size(None, 64, _spec(128, False, "indexer")) is None
+    with pytest.raises(ValueError, match="whole manager blocks"):
+        layer_kernel_block_size(64, 64, _spec(96, False, "indexer"))

@@ -12,7 +12,7 @@ import torch
 from sparkinfer.attention import merge_lse
 from sparkinfer.formats import get_format
 from sparkinfer.vllm.cache_dtypes import write_records
-from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla, topk_to_slots
+from sparkinfer.vllm.paged_sparse_mla import compact_pages, paged_sparse_mla, topk_to_slots
 
 
 def slot_loop(topk, token_req, block_table, bs, rank, world, inter):
@@ -136,3 +136,36 @@ def test_paged_sparse_mla_rejects_a_wrong_cache():
         paged_sparse_mla(torch.zeros(1, 1, 512), torch.zeros(1, 1, 64), torch.zeros(2, 4, 368, dtype=torch.uint8),
                          "nvfp4_432", torch.zeros(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
                          torch.zeros(1, 2, dtype=torch.int32), 1.0)
+
+
+def test_rows_without_a_local_token_get_lse_minus_inf():
+    """Under DCP a row whose top-k lies wholly on other ranks attends nothing here: lse -inf, output 0."""
+    fmt, latent, rope, caches, tables, token_req, topk, q_nope, q_rope = _scenario("nvfp4_432", 2, 1, seed=5)
+    topk[0] = torch.tensor([1, 3, 5, -1, -1, -1], dtype=torch.int32)  # odd positions: all on rank 1
+    out, lse = paged_sparse_mla(q_nope, q_rope, caches[0], "nvfp4_432", topk, token_req, tables[0], 0.1, 0, 2)
+    assert bool(torch.isneginf(lse[0]).all()) and torch.equal(out[0], torch.zeros_like(out[0]))
+    assert bool(torch.isfinite(lse[1:]).any())
+
+
+@pytest.mark.parametrize("cache_dtype", ["nvfp4_368", "nvfp4_432"])
+def test_block_outermost_layer_view_reads_and_writes_like_a_contiguous_cache(cache_dtype):
+    """vLLM's block-outermost layout interleaves layers' pages: one layer's view is strided."""
+    fmt, latent, rope, caches, tables, token_req, topk, q_nope, q_rope = _scenario(cache_dtype)
+    cache = caches[0]
+    raw = torch.randint(0, 255, (cache.shape[0], 3, *cache.shape[1:]), dtype=torch.uint8)  # [B, L, bs, rec]
+    raw[:, 1] = cache
+    view = raw[:, 1]
+    assert not view.is_contiguous()
+    got = paged_sparse_mla(q_nope, q_rope, view, cache_dtype, topk, token_req, tables[0], 0.1)
+    want = paged_sparse_mla(q_nope, q_rope, cache, cache_dtype, topk, token_req, tables[0], 0.1)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+    slots = torch.tensor([9, -1, 30, 10])
+    lat, rp = torch.randn(4, 512), torch.randn(4, 64)
+    others = raw[:, [0, 2]].clone()
+    pages, local, blocks = compact_pages(view, slots)
+    write_records(cache_dtype, lat, rp, pages, local)
+    view[blocks] = pages
+    write_records(cache_dtype, lat, rp, cache, slots)
+    assert torch.equal(view, cache) and torch.equal(raw[:, [0, 2]], others)  # other layers untouched
+    assert compact_pages(cache, slots)[0] is cache  # contiguous: used as is

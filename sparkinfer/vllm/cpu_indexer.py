@@ -67,13 +67,18 @@ def run_indexer(kv_cache: torch.Tensor, md: CpuIndexerMetadata, q_fp8: torch.Ten
     """Write the keys ``k [T, 128]`` and fill ``topk_indices_buffer[:T]`` (see the module docstring)."""
     from sparkinfer.formats import get_format
     from sparkinfer.indexer import indexer_topk
+    from sparkinfer.vllm.paged_sparse_mla import compact_pages
 
     n = md.num_actual_tokens
     fmt = get_format("indexer_fp8")
     if kv_cache.dim() != 3 or kv_cache.shape[-1] != fmt.record_bytes:
         raise ValueError(f"indexer cache must be uint8 [num_blocks, block_size, 132], got {tuple(kv_cache.shape)}")
-    fmt.write(kv_cache, md.slot_mapping[:n].to(torch.int64), k[:n].float())
-    records = kv_cache.view(-1, fmt.record_bytes)
+    # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: work on contiguous
+    # copies of the touched pages (compact_pages).
+    pages, slots, blocks = compact_pages(kv_cache, md.slot_mapping[:n].to(torch.int64))
+    fmt.write(pages, slots, k[:n].float())
+    if blocks is not None:
+        kv_cache[blocks] = pages
     block_size = kv_cache.shape[1]
     topk_indices_buffer[:n] = -1
     for r in range(md.num_reqs):
@@ -83,8 +88,9 @@ def run_indexer(kv_cache: torch.Tensor, md: CpuIndexerMetadata, q_fp8: torch.Ten
         seq_len = int(md.seq_lens[r])
         t = torch.arange(seq_len)
         slots = md.block_table[r].to(torch.int64)[t // block_size] * block_size + t % block_size
-        ids = indexer_topk(q_fp8[rows].float(), weights[rows].float(), records, md.positions[rows],
-                           min(index_topk, seq_len), token_slots=slots, backend="torch")
+        pages, slots, _ = compact_pages(kv_cache, slots)
+        ids = indexer_topk(q_fp8[rows].float(), weights[rows].float(), pages.view(-1, fmt.record_bytes),
+                           md.positions[rows], min(index_topk, seq_len), token_slots=slots, backend="torch")
         topk_indices_buffer[rows, : ids.shape[1]] = ids.to(topk_indices_buffer.dtype)
     return topk_indices_buffer
 
@@ -92,7 +98,7 @@ def run_indexer(kv_cache: torch.Tensor, md: CpuIndexerMetadata, q_fp8: torch.Ten
 @functools.cache
 def indexer_backend():
     """vLLM's indexer backend class with the CPU metadata builder (one class; vllm imported lazily)."""
-    from vllm.v1.attention.backend import AttentionMetadataBuilder
+    from vllm.v1.attention.backend import AttentionMetadataBuilder, MultipleOf
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
 
     class SparkinferCpuIndexerBuilder(AttentionMetadataBuilder):
@@ -103,12 +109,25 @@ def indexer_backend():
             cm = common_attn_metadata
             seq_lens = cm.seq_lens.cpu()[: cm.num_reqs].to(torch.int64)
             token_req, positions = token_layout(cm.query_start_loc_cpu, seq_lens, cm.num_actual_tokens)
+            # The indexer's own slots (its pages hold kv_cache_spec.block_size tokens), not the group's
+            # slot mapping: under DCP > 1 the indexer is replicated (every rank writes every key, pages
+            # of 64 x DCP tokens) while the group's mapping is the sharded records' (-1 on other ranks).
+            block_size = self.kv_cache_spec.block_size
+            table = cm.block_table_tensor.to(torch.int64)
+            slots = table[token_req, positions // block_size] * block_size + positions % block_size
             return CpuIndexerMetadata(cm.num_actual_tokens, cm.num_reqs, token_req, positions, seq_lens,
-                                      cm.block_table_tensor, cm.slot_mapping)
+                                      cm.block_table_tensor, slots)
 
     class SparkinferCpuIndexerBackend(DeepseekV32IndexerBackend):
         @staticmethod
         def get_builder_cls():
             return SparkinferCpuIndexerBuilder
+
+        @staticmethod
+        def get_supported_kernel_block_sizes(kv_cache_spec=None):
+            # The torch indexer reads pages of any size: a replicated indexer's 64 x DCP-token page
+            # stays one block (vLLM's kernel needs 64 and would split it, which layouts with
+            # block-outermost pages refuse).
+            return [MultipleOf(64)]
 
     return SparkinferCpuIndexerBackend

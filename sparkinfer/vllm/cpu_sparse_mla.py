@@ -25,7 +25,8 @@ from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
 from sparkinfer.core.layouts import LATENT_DIM
 from sparkinfer.vllm.cache_dtypes import CACHE_DTYPES, is_sparkinfer_cache_dtype, write_records
 from sparkinfer.vllm.cpu_indexer import token_layout
-from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla, topk_to_slots
+from sparkinfer.vllm.cpu_selected import SelectedRuntime
+from sparkinfer.vllm.paged_sparse_mla import compact_pages, paged_sparse_mla, topk_to_slots
 
 BACKEND_NAME = "SPARKINFER_SPARSE_MLA"
 
@@ -40,6 +41,15 @@ class SparseMetadata:
     token_req: torch.Tensor  # int64 [T]
     block_table: torch.Tensor  # int32 [R, B]
     slot_mapping: torch.Tensor  # int64 [T]
+    # For vLLM's DCP combine, which masks the rows of empty shards: this rank's (DCP-local) sequence
+    # lengths int32 [R] and query_start_loc int32 [R + 1]; and the DCP interleave of the records.
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    dcp_interleave: int = 1
+    # selected-record step (sparkinfer.vllm.cpu_selected): patched MLAAttention then skips the DCP
+    # query gather and LSE merge; context int64 [R] = tokens of each request before this step
+    sparkinfer_selected: bool = False
+    context: torch.Tensor | None = None
     prefill: None = None
     decode: None = None
 
@@ -52,8 +62,16 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         cm = common_attn_metadata
         n = cm.num_actual_tokens
         token_req, _ = token_layout(cm.query_start_loc_cpu, cm.seq_lens.cpu()[: cm.num_reqs], n)
+        local_lens = cm.dcp_local_seq_lens if cm.dcp_local_seq_lens is not None else cm.seq_lens
+        selected, context = False, None
+        rt = SelectedRuntime.of(self.vllm_config) if getattr(self.kv_cache_spec, "dcp_sharded", False) else None
+        if rt is not None:  # the same decision on every rank: the scheduler output is the same
+            qsl = cm.query_start_loc_cpu[: cm.num_reqs + 1].to(torch.int64)
+            context = cm.seq_lens.cpu()[: cm.num_reqs].to(torch.int64) - (qsl[1:] - qsl[:-1])
+            selected = rt.choose((qsl[1:] - qsl[:-1]).tolist(), context.tolist()).path == "selected"
         return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
-                              cm.slot_mapping)
+                              cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc,
+                              self.vllm_config.parallel_config.cp_kv_cache_interleave_size, selected, context)
 
 
 def float_cache_attention(q_nope, q_rope, kv_cache, slots, scale):
@@ -77,7 +95,9 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
     can_return_lse_for_decode = True
 
     def __init__(self, *args, topk_indices_buffer=None, index_group_builder=None, **kwargs):
+        dcp = self.dcp_world_size, self.dcp_rank  # set by AttentionImpl.__new__; CPUMLAImpl resets them
         super().__init__(*args, **kwargs)
+        self.dcp_world_size, self.dcp_rank = dcp
         if topk_indices_buffer is None:
             raise ValueError(f"{BACKEND_NAME} needs the indexer's topk_indices_buffer")
         self.topk_indices_buffer = topk_indices_buffer
@@ -90,21 +110,39 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
         n = q_nope.shape[0]
         topk = self.topk_indices_buffer[:n]
         md = attn_metadata
+        if md.sparkinfer_selected:  # this rank's heads over the fetched records: no LSE merge follows
+            h = layer.num_heads
+            if q_nope.shape[1] != h:  # queries replicated over the DCP group (every head): keep this rank's
+                q_nope, q_rope = (t[:, self.dcp_rank * h:(self.dcp_rank + 1) * h] for t in (q_nope, q_rope))
+            out, lse = SelectedRuntime.current().attend(layer, q_nope, q_rope, self.topk_indices_buffer, md)
+            return out.to(q_nope.dtype), lse
+        # Under DCP the top-k is global (the indexer is replicated): keep this rank's tokens only; a row
+        # with none gets lse -inf, and vLLM merges the ranks' partials with their LSEs.
+        dcp = (self.dcp_rank, self.dcp_world_size, md.dcp_interleave)
         if is_sparkinfer_cache_dtype(self.kv_cache_dtype):
             out, lse = paged_sparse_mla(q_nope, q_rope, kv_c_and_k_pe_cache, self.kv_cache_dtype, topk,
-                                        md.token_req[:n], md.block_table, self.scale)
+                                        md.token_req[:n], md.block_table, self.scale, *dcp)
         else:
-            slots = topk_to_slots(topk, md.token_req[:n], md.block_table, kv_c_and_k_pe_cache.shape[1])
-            out, lse = float_cache_attention(q_nope, q_rope, kv_c_and_k_pe_cache, slots, self.scale)
+            slots = topk_to_slots(topk, md.token_req[:n], md.block_table, kv_c_and_k_pe_cache.shape[1], *dcp)
+            pages, slots, _ = compact_pages(kv_c_and_k_pe_cache, slots)
+            out, lse = float_cache_attention(q_nope, q_rope, pages, slots, self.scale)
         return out.to(q_nope.dtype), lse
 
     def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale):
         if kv_cache.numel() == 0:
             return
+        rt = SelectedRuntime.current()
+        if rt is not None:  # a selected step patches this step's own records in from these
+            rt.stash(kv_cache, kv_c_normed, k_pe, slot_mapping.shape[0])
+        # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: write into
+        # contiguous copies of the touched pages, then copy them back.
+        pages, slots, blocks = compact_pages(kv_cache, slot_mapping.flatten().to(torch.int64))
         if is_sparkinfer_cache_dtype(kv_cache_dtype):
-            write_records(kv_cache_dtype, kv_c_normed, k_pe, kv_cache, slot_mapping.flatten().to(torch.int64))
+            write_records(kv_cache_dtype, kv_c_normed, k_pe, pages, slots)
         else:
-            super().do_kv_cache_update(kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale)
+            super().do_kv_cache_update(kv_c_normed, k_pe, pages, slots, kv_cache_dtype, k_scale)
+        if blocks is not None:
+            kv_cache[blocks] = pages
 
 
 class SparkinferSparseMLABackend(CPUMLABackend):

@@ -7,11 +7,13 @@ token's 132-byte key and computes the same global top-k itself, so there is no m
 knows every selected token (what the selected-record exchange plans from). On GLM-5.2 that costs
 22 x 132 = 2,904 B per token per rank against ~7-13 KB of sharded main records.
 
-The indexer is replicated when all of these hold:
-  * DCP > 1 (with DCP = 1 both layouts are the same);
+The indexer is replicated when DCP > 1 (with DCP = 1 both layouts are the same) and either
   * the main MLA cache uses a sparkinfer record format, which only the sparkinfer backend reads, so
-    stock backends (FlashMLA sparse on H100/H200, FlashInfer SM120) keep upstream behaviour exactly;
-  * the sparkinfer mode is not ``stock`` (``stock`` is the oracle: upstream sharding and merge).
+    stock backends (FlashMLA sparse on H100/H200, FlashInfer SM120) keep upstream behaviour exactly,
+    and the sparkinfer mode is not ``stock`` (``stock`` is the oracle: upstream sharding and merge);
+  * or vLLM runs on the CPU platform, whatever the format and mode: upstream's merge of the sharded
+    indexer's per-rank candidates is CuteDSL on CUDA only (and only for index_topk 512/1024/2048),
+    so on CPU the replicated indexer is the only one that gives the global top-k.
 Then the indexer's cache spec is not DCP-sharded and the indexer runs with DCP = 1 semantics
 (global sequence lengths, no cross-rank top-k merge); the main records stay sharded.
 """
@@ -24,10 +26,12 @@ from sparkinfer.vllm.cache_dtypes import is_sparkinfer_cache_dtype
 
 def indexer_replicated(vllm_config) -> bool:
     """True when the indexer cache is replicated on every DCP rank (see the module docstring)."""
-    dcp = vllm_config.parallel_config.decode_context_parallel_size
-    cache_dtype = vllm_config.cache_config.cache_dtype
+    if vllm_config.parallel_config.decode_context_parallel_size == 1:
+        return False
+    if getattr(getattr(vllm_config, "device_config", None), "device_type", None) == "cpu":
+        return True
     mode = from_additional_config(vllm_config.additional_config).mode
-    return dcp > 1 and is_sparkinfer_cache_dtype(cache_dtype) and mode != "stock"
+    return is_sparkinfer_cache_dtype(vllm_config.cache_config.cache_dtype) and mode != "stock"
 
 
 def indexer_dcp_world_size(vllm_config) -> int:
@@ -82,3 +86,22 @@ def sharded_first(specs: dict) -> dict:
     if not sharded or len(sharded) == len(specs):
         return specs
     return sharded | {name: s for name, s in specs.items() if not s.dcp_sharded}
+
+
+def layer_kernel_block_size(kernel_block_size: int | None, group_block_size: int, spec) -> int | None:
+    """The kernel block size of one layer of a KV cache group whose kernel block size (vLLM's
+    ``prepare_kernel_block_sizes``) is ``kernel_block_size`` and whose manager block size is
+    ``group_block_size`` (its sharded specs' block size).
+
+    vLLM applies a group's kernel block size to every layer. A replicated indexer's page holds the
+    tokens of one whole manager block, ``group_block_size x DCP`` (``indexer_block_size``), so its
+    kernel block scales by the same factor: with no split of the sharded pages it is the whole
+    indexer page, which block-outermost layouts (the only ones vLLM allows for mixed sharded and
+    replicated pages) cannot split anyway. Other specs keep ``kernel_block_size``.
+    """
+    if kernel_block_size is None or spec.dcp_sharded or spec.block_size == group_block_size:
+        return kernel_block_size
+    if spec.block_size % group_block_size:
+        raise ValueError(f"a replicated spec of block size {spec.block_size} does not cover whole manager "
+                         f"blocks of {group_block_size} tokens")
+    return kernel_block_size * (spec.block_size // group_block_size)

