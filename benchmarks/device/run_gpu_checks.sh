@@ -13,6 +13,7 @@
 #   indexer      benchmarks/indexer_bench.py (T up to 262144, M 4/32)
 #   transport    benchmarks/transport_bench.py --device (pack/unpack vs copy, copy engines)
 #   union        benchmarks/union_ratio.py --time (CUDA union kernel vs host twin)
+#   reuse        benchmarks/reuse_bench.py --device cuda (torch reuse tracker on the GPU vs numpy)
 # and prints a short results table LAST (the device tool returns the end of the output).
 #
 # Files under $OUT (8, flat): summary.txt env.txt build.log pytest_gpu.log pytest_gpu.xml
@@ -186,6 +187,7 @@ if ((BUILD_OK == 0)); then
   bench indexer 150 "$PY" benchmarks/indexer_bench.py
   bench transport 90 "$PY" benchmarks/transport_bench.py --device --csv "$OUT/transport_device.csv"
   bench union 120 "$PY" benchmarks/union_ratio.py --time
+  bench reuse 90 "$PY" benchmarks/reuse_bench.py --device cuda --batches 1,8,32
 else
   ROWS+=("tests+benchmarks|skip|0|build_sm90 failed: see build.log")
 fi
