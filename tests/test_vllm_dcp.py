@@ -9,7 +9,8 @@ gives exactly the greedy tokens of the TP1/DCP1 run with the same cache format (
 ranks), and with index_topk >= the sequence TP2/DCP2 reproduces transformers' fp32 greedy tokens.
 With the 368 and 432 records, TP2/DCP2 in sparkinfer mode ``selected`` (every decode step fetches
 the selected records over the host fabric and attends locally, no LSE merge; the prefill stays
-stock) gives the same tokens again, and both workers report every decode step as selected.
+stock) gives the same tokens again, and both workers report every decode step as selected. With
+MTP (3 speculative tokens, 368 records) TP2/DCP2 stock and selected equal TP1/DCP1 with MTP.
 """
 
 import pytest
@@ -157,6 +158,21 @@ def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch):
                                   kv_cache_dtype=cache_dtype)
         assert selected == dcp1
         assert steps == [MAX_TOKENS - 1] * 2  # every decode step on both ranks (the prefill stays stock)
+
+
+@pytest.mark.vllm
+def test_dcp2_with_mtp3_stock_and_selected_equal_dcp1(tiny, monkeypatch):
+    """MTP with 3 speculative tokens: the verification steps carry 1 + 3 rows per request, which the
+    selected path unions per request; the draft passes stay stock (build_for_drafting)."""
+    pytest.importorskip("vllm")
+    from sparkinfer.vllm.cpu_selected import selected_steps
+
+    mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}, "kv_cache_dtype": "nvfp4_368"}
+    dcp1 = _greedy(tiny, monkeypatch, 1, **mtp)
+    assert _greedy(tiny, monkeypatch, 2, **mtp) == dcp1
+    selected, steps = _greedy(tiny, monkeypatch, 2, mode="selected", probe=selected_steps, **mtp)
+    assert selected == dcp1
+    assert steps[0] == steps[1] > 0  # verification steps ran selected on both ranks
 
 
 @pytest.mark.vllm

@@ -59,12 +59,20 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        return self._build(common_attn_metadata, may_select=True)
+
+    def build_for_drafting(self, common_attn_metadata, draft_index):
+        """MTP draft passes take stock DCP: the selected executor plans the target model's layers."""
+        return self._build(common_attn_metadata, may_select=False)
+
+    def _build(self, common_attn_metadata, may_select: bool):
         cm = common_attn_metadata
         n = cm.num_actual_tokens
         token_req, _ = token_layout(cm.query_start_loc_cpu, cm.seq_lens.cpu()[: cm.num_reqs], n)
         local_lens = cm.dcp_local_seq_lens if cm.dcp_local_seq_lens is not None else cm.seq_lens
         selected, context = False, None
-        rt = SelectedRuntime.of(self.vllm_config) if getattr(self.kv_cache_spec, "dcp_sharded", False) else None
+        sharded = getattr(self.kv_cache_spec, "dcp_sharded", False)
+        rt = SelectedRuntime.of(self.vllm_config) if may_select and sharded else None
         if rt is not None:  # the same decision on every rank: the scheduler output is the same
             qsl = cm.query_start_loc_cpu[: cm.num_reqs + 1].to(torch.int64)
             context = cm.seq_lens.cpu()[: cm.num_reqs].to(torch.int64) - (qsl[1:] - qsl[:-1])
