@@ -16,6 +16,14 @@ si_pack_cache make_cache(const uint64_t* layer_base, int64_t n_blocks, int64_t b
 
 bool bad_args(int64_t cap, int64_t width, int32_t n_layers) { return cap < 0 || width <= 0 || n_layers < 0; }
 
+// Records to move (the kernels' clamp) and the call's initial status: SI_ERR_RANGE if *count was out of range.
+int64_t counted(const int32_t* count, int64_t cap, int32_t* status) {
+  bool bad;
+  const int64_t n = si_pack_count(count, cap, &bad);
+  *status = bad ? SI_ERR_RANGE : SI_OK;
+  return n;
+}
+
 }  // namespace
 
 extern "C" {
@@ -28,9 +36,8 @@ int32_t si_pack_pack_host(const uint64_t* layer_base, int64_t n_blocks, int64_t 
   if (bad_args(cap, width, n_layers) || block_size <= 0) return SI_ERR_ARG;
   const si_pack_cache c = make_cache(layer_base, n_blocks, block_stride, cache_layers, bt, bt_stride,
                                      bt_rows, bt_cols, block_size);
-  bool bad;
-  const int64_t n = si_pack_count(count, cap, &bad);
-  int32_t status = bad ? SI_ERR_RANGE : SI_OK;
+  int32_t status;
+  const int64_t n = counted(count, cap, &status);
   for (int32_t j = 0; j < n_layers; ++j) {
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t* src = si_pack_cache_src(c, layers, j, req[i], local[i], width);
@@ -46,9 +53,8 @@ int32_t si_pack_unpack_host(const uint8_t* packed, int32_t n_layers, const int32
                             int64_t ws_rows) {
   if (bad_args(cap, width, n_layers)) return SI_ERR_ARG;
   const si_pack_ws w{ws, ws_layer_stride, ws_rows};
-  bool bad;
-  const int64_t n = si_pack_count(count, cap, &bad);
-  int32_t status = bad ? SI_ERR_RANGE : SI_OK;
+  int32_t status;
+  const int64_t n = counted(count, cap, &status);
   for (int32_t j = 0; j < n_layers; ++j) {
     for (int64_t i = 0; i < n; ++i) {
       uint8_t* dst = si_pack_ws_dst(w, j, slot[i], width);
@@ -68,9 +74,8 @@ int32_t si_pack_direct_host(const uint64_t* layer_base, int64_t n_blocks, int64_
   const si_pack_cache c = make_cache(layer_base, n_blocks, block_stride, cache_layers, bt, bt_stride,
                                      bt_rows, bt_cols, block_size);
   const si_pack_ws w{ws, ws_layer_stride, ws_rows};
-  bool bad;
-  const int64_t n = si_pack_count(count, cap, &bad);
-  int32_t status = bad ? SI_ERR_RANGE : SI_OK;
+  int32_t status;
+  const int64_t n = counted(count, cap, &status);
   for (int32_t j = 0; j < n_layers; ++j) {
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t* src = si_pack_cache_src(c, layers, j, req[i], local[i], width);

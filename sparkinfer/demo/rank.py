@@ -44,7 +44,7 @@ from sparkinfer.core.reuse import ReuseTracker
 from sparkinfer.core.topology import GLM52_PATTERN, DcpLayout
 from sparkinfer.formats import get_format
 from sparkinfer.indexer import indexer_topk
-from sparkinfer.plan import build_planes, mtp_union
+from sparkinfer.plan import build_planes, mtp_union, workspace_slots
 
 from .config import DemoConfig
 from .inputs import DemoInputs, committed_lens, final_records, step_queries, step_writes
@@ -217,8 +217,7 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                     held = tracker.held_group(layers, req_ids, un, cn)
                     planes_plain = build_planes(union, counts, dcp, B * U)
                     planes_reuse = build_planes(union, counts, dcp, B * U, held=torch.from_numpy(held))
-                    slots = torch.where(remap >= 0, remap + (torch.arange(B) * U)[:, None, None], -1)
-                    slots = slots.view(M, K).to(torch.int32)
+                    slots = workspace_slots(remap, U)
                     live = np.arange(U)[None, :] < cn[:, None]
                     owner = np.asarray(dcp.owner_and_local(np.where(live, un, 0))[0])
                     rem = live[None] & (owner[None] != np.arange(world)[:, None, None])  # [D, B, U]

@@ -9,7 +9,7 @@
 
 from sparkinfer.plan._native import mtp_union_host
 from sparkinfer.plan.planes import TransportPlanes, build_planes
-from sparkinfer.plan.union import mtp_union, mtp_union_reference
+from sparkinfer.plan.union import mtp_union, mtp_union_reference, workspace_slots
 
 __all__ = ["mtp_union", "mtp_union_reference", "mtp_union_host", "build_planes",
-           "TransportPlanes"]
+           "TransportPlanes", "workspace_slots"]

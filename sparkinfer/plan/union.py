@@ -105,6 +105,14 @@ def mtp_union(topk: torch.Tensor, validate: bool = True):
     return mtp_union_reference(topk, validate)
 
 
+def workspace_slots(remap: torch.Tensor, union_width: int) -> torch.Tensor:
+    """int32 [B * R, K]: row ``b * union_width + remap[b, r, k]`` of a dense per-request workspace
+    (``[B * union_width, ...]``, request b's union in rows b*U ..) for each top-k entry; -1 for pads."""
+    B, R, K = remap.shape
+    base = torch.arange(B, device=remap.device)[:, None, None] * union_width
+    return torch.where(remap >= 0, remap + base, -1).view(B * R, K).to(torch.int32)
+
+
 _warned = False
 
 

@@ -31,7 +31,7 @@ from vllm.forward_context import get_forward_context
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype, is_sparkinfer_cache_dtype
-from sparkinfer.vllm.step_path import StepChoice, StepPath
+from sparkinfer.vllm.step_path import StepPath
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class SelectedRuntime:
         self._step = None  # forward context of the step in progress
         self._layers: dict[int, object] | None = None
         self.steps = 0  # steps that took the selected path (for tests and logs)
+        self.selected = False  # the path of the step being built / run
 
     @classmethod
     def of(cls, vllm_config) -> "SelectedRuntime | None":
@@ -84,8 +85,11 @@ class SelectedRuntime:
     def current() -> "SelectedRuntime | None":
         return _current[0]
 
-    def choose(self, query_lens: list[int], contexts: list[int]) -> StepChoice:
-        return self.path.choose(query_lens, contexts)
+    def choose(self, query_lens: list[int], contexts: list[int]) -> bool:
+        """Whether the target model's step takes the selected path (``StepPath``); remembered in
+        ``selected`` so that only selected steps pay for stashing their own records."""
+        self.selected = self.path.choose(query_lens, contexts).path == "selected"
+        return self.selected
 
     def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int) -> None:
         """The step's own records of the layer whose cache is ``kv_cache`` (all tokens, every rank)."""

@@ -40,7 +40,7 @@ from sparkinfer.comm.exchange import SelectedExchange
 from sparkinfer.comm.pack import Shard
 from sparkinfer.comm.ring import PrefetchRing
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
-from sparkinfer.plan import build_planes, mtp_union
+from sparkinfer.plan import build_planes, mtp_union, workspace_slots
 
 
 class SelectedDecode:
@@ -93,7 +93,7 @@ class SelectedDecode:
         own = (union >= self._context[:, None]) & (union >= 0)  # this step's tokens: patched, not moved
         held = own[None].expand(self.dcp.world_size, B, self.U)
         planes = build_planes(union, counts, self.dcp, B * self.U, held=held)
-        slots = torch.where(remap >= 0, remap + b[:, :, None] * self.U, -1).view(B * R, K).to(torch.int32)
+        slots = workspace_slots(remap, self.U)
         # workspace row of each own-step token <- token row b * R + (t - context[b]) of new_records
         ws_rows = (b * self.U + torch.arange(self.U, device=union.device))[own]
         new_rows = (b * R + union.long() - self._context[:, None])[own]
