@@ -25,9 +25,10 @@ def _ring_bytes(d, per_rank_chunk_bytes, phases):
     return tx, rx
 
 
-def _simulate_stock(rows, heads, tp, d, backend, qb, ob):
+def _simulate_stock(rows, heads, tp, d, backend, qb, ob, qrep=False):
     """Element-level model of vLLM's decode collectives: build each rank's real
-    tensors, then count the elements a direct exchange delivers to other ranks."""
+    tensors, then count the elements a direct exchange delivers to other ranks
+    (``qrep``: every rank computed every head's query, nothing is gathered)."""
     h = heads // tp
     itemsize = {"q": qb, "o": ob, "lse": 4}
     m = np.zeros((d, d), np.int64)
@@ -35,7 +36,7 @@ def _simulate_stock(rows, heads, tp, d, backend, qb, ob):
     gathered = np.concatenate(q, axis=1)  # all_gather(dim=1)
     assert gathered.shape == (rows, d * h, 576)
     for s, t in itertools.product(range(d), repeat=2):
-        if s != t:
+        if s != t and not qrep:
             m[s, t] += q[s].size * itemsize["q"]
     out = np.zeros((rows, d * h, 512))
     lse = np.zeros((rows, d * h))
@@ -58,17 +59,18 @@ def _simulate_stock(rows, heads, tp, d, backend, qb, ob):
 @pytest.mark.parametrize("backend", ["ag_rs", "a2a"])
 @pytest.mark.parametrize("rows", [0, 1, 4, 7])
 @pytest.mark.parametrize("qb,ob", [(2, 2), (1, 2), (2, 4)])
-def test_stock_matches_element_simulation(d, backend, rows, qb, ob):
+@pytest.mark.parametrize("qrep", [False, True])
+def test_stock_matches_element_simulation(d, backend, rows, qb, ob, qrep):
     heads, tp = 48 * d, d
-    lb = acc.stock_dcp_layer(acc.StockDcpShape(rows=rows, num_heads=heads, tp=tp, dcp=d,
-                                               backend=backend, q_bytes=qb, out_bytes=ob))
-    ref = _simulate_stock(rows, heads, tp, d, backend, qb, ob) if d > 1 else np.zeros((1, 1))
+    lb = acc.stock_dcp_layer(acc.StockDcpShape(rows=rows, num_heads=heads, tp=tp, dcp=d, backend=backend,
+                                               q_bytes=qb, out_bytes=ob, q_replicated=qrep))
+    ref = _simulate_stock(rows, heads, tp, d, backend, qb, ob, qrep) if d > 1 else np.zeros((1, 1))
     np.testing.assert_array_equal(lb.matrix, ref)
     assert lb.total == ref.sum()
     # a ring moves the same bytes through every port
     if d > 1 and rows:
         h = heads // tp
-        chunks = [rows * h * 576 * qb]
+        chunks = [] if qrep else [rows * h * 576 * qb]
         chunks += ([rows * d * h * 4, rows * h * 512 * ob] if backend == "ag_rs"
                    else [rows * h * (512 + 4 // ob) * ob])
         tx, rx = _ring_bytes(d, chunks, len(chunks))
@@ -145,6 +147,32 @@ def test_selected_matches_brute_force(d, interleave, with_held):
             np.testing.assert_array_equal(lb.matrix, m)
             np.testing.assert_array_equal(lb.local, local)
             assert lb.copies == np.count_nonzero(m)
+
+
+@pytest.mark.parametrize("d", [1, 2, 4])
+@pytest.mark.parametrize("interleave", [1, 3])
+def test_gathered_matches_brute_force_over_prefix_plus_own_rows(d, interleave):
+    """A gathered step's union is each request's prefix plus its new rows, the new rows held by
+    every rank: the brute force over that union is what gathered_layer gives from contexts alone."""
+    rng = np.random.default_rng(d * 10 + interleave)
+    layout = DcpLayout(d, interleave)
+    for trial in range(5):
+        b = int(rng.integers(1, 4))
+        ctx, new = rng.integers(0, 30, size=b), rng.integers(1, 9, size=b)
+        if trial == 0:
+            ctx[:] = 0  # a cold prefill moves nothing
+        seq = ctx + new
+        union = np.full((b, int(seq.max())), -1, np.int64)
+        for i in range(b):
+            union[i, :seq[i]] = np.arange(seq[i])
+        own = union >= ctx[:, None]
+        held = np.broadcast_to(own, (d,) + own.shape)
+        lb = acc.gathered_layer(ctx, layout, 368)
+        m, _ = _brute_selected(union, seq, d, interleave, 368, held)
+        np.testing.assert_array_equal(lb.matrix, m)
+        assert lb.copies == np.count_nonzero(m)
+        if trial == 0:
+            assert lb.total == 0 and lb.ops == 0
 
 
 def test_selected_exhaustive_tiny():

@@ -6,6 +6,11 @@ and its two heads' queries, and runs a 5-layer FSSFS step with MTP rows (R = 4).
 each rank's output and LSE equal attention over each row's own top-k read directly from the
 unsharded, fully written cache (the same torch attention, so bit for bit), for host- and
 device-sized exchanges and prefetch depths 0, 1 and 3 (one, two and three chunks per group).
+
+Gathered steps (the prefill side): a batch of a chunked prefill (context 24, 9 new rows), a cold
+prefill (13 rows, nothing cached) and a decode row; every layer's whole prefix travels, the new
+tokens are patched in, and each row attends over its own top-k of its causal prefix. Same
+property, depths 0 and 2, plus a cold-prefill-only step that moves no record at all.
 """
 
 import pytest
@@ -54,6 +59,62 @@ def _inputs(rank: int):
     return fmt, full, shard, topk, q_nope, q_rope, new_records
 
 
+GATHER_CONTEXT, GATHER_QUERY = [24, 0, 30], [9, 13, 1]
+
+
+def _gather_inputs(rank: int, context, query):
+    """A gathered step: shards with the step's positions stale, per-layer top-k of each row's causal
+    prefix (Shared layers reuse their Full layer's), this rank's queries and the step's own records."""
+    from sparkinfer.comm.synthetic import build_shard
+    from sparkinfer.core.topology import DcpLayout
+    from sparkinfer.formats import get_format
+
+    fmt = get_format(FMT)
+    L, Bg = len(PATTERN), len(context)
+    g = torch.Generator().manual_seed(3)
+    full = fmt.encode(torch.randn(L * Bg * P, 512, generator=g), torch.randn(L * Bg * P, 64, generator=g),
+                      backend="host").view(L, Bg, P, -1)
+    stale = full.clone()
+    for b, (c, q) in enumerate(zip(context, query)):
+        stale[:, b, c:c + q] = 0xAB
+    shard = build_shard(stale, DcpLayout(WORLD, 2), rank, BLOCK, torch.Generator().manual_seed(8))
+    n = sum(query)
+    req = torch.repeat_interleave(torch.arange(Bg), torch.tensor(query))
+    pos = torch.cat([torch.arange(c, c + q) for c, q in zip(context, query)])
+    topk = {}
+    for layer, ch in enumerate(PATTERN):
+        if ch == "F":
+            t = torch.full((n, K), -1, dtype=torch.int32)
+            for i in range(n):
+                pick = torch.randperm(int(pos[i]) + 1, generator=g)[:K]
+                t[i, :len(pick)] = pick.to(torch.int32)
+            topk[layer] = t
+        else:
+            topk[layer] = topk[layer - 1]  # a Shared layer reuses the Full layer before it
+    gq = torch.Generator().manual_seed(11 + rank)
+    q_nope, q_rope = torch.randn(L, n, H, 512, generator=gq), torch.randn(L, n, H, 64, generator=gq)
+    new_records = full[:, req, pos]  # [L, n, W]
+    return fmt, full, shard, topk, q_nope, q_rope, new_records, req
+
+
+def _gathered_step(dec, rank, context, query):
+    """Run one gathered step through ``dec``; per layer, whether out/LSE equal the unsharded reference."""
+    from sparkinfer.attention import sparse_mla_decode_torch
+
+    fmt, full, shard, topk, q_nope, q_rope, new_records, req = _gather_inputs(rank, context, query)
+    dec.begin_step(shard.cache, shard.block_table, shard.block_size, torch.tensor(context),
+                   torch.tensor(query))
+    dec.gather()
+    same = []
+    for layer in range(len(PATTERN)):
+        out, lse = dec.attend(layer, q_nope[layer], q_rope[layer], new_records[layer], topk[layer])
+        idx = torch.where(topk[layer] >= 0, topk[layer] + (req * P)[:, None], -1).to(torch.int32)
+        ref_out, ref_lse = sparse_mla_decode_torch(q_nope[layer], q_rope[layer],
+                                                   full[layer].reshape(-1, fmt.record_bytes), fmt, idx, SCALE)
+        same.append(bool(torch.equal(out, ref_out) and torch.equal(lse, ref_lse)))
+    return same
+
+
 def _rank_main(rank, world):
     from sparkinfer.attention import sparse_mla_decode_torch
     from sparkinfer.comm.exchange import SelectedExchange
@@ -99,6 +160,22 @@ def _rank_main(rank, world):
             results[("errors", depth)] = errors
         finally:
             fabric.close()
+    for depth in (0, 2):  # gathered steps only (no decode batch fits), pairs over the capacity: several rounds
+        fabric = HostFabric(SlabLayout(world, W, capacity=5, max_layers=depth + 1, depth=2), timeout_s=20)
+        try:
+            dec = SelectedDecode(SelectedExchange(fabric, "device"), fmt, DcpLayout(world, 2), pattern, max_batch=0,
+                                 rows=R, topk=K, depth=depth, scale=SCALE, backend="torch", gather_rows=3 * P)
+            results[("gather", depth)] = _gathered_step(dec, rank, GATHER_CONTEXT, GATHER_QUERY)
+            results[("gather_recv", depth)] = dec.step_stats().records_recv
+            results[("cold", depth)] = _gathered_step(dec, rank, [0, 0], [7, 12])
+            results[("cold_moved", depth)] = dec.step_stats().records_sent + dec.step_stats().records_recv
+            try:
+                dec.full_layer(0, topk[0])
+                results[("gather_full", depth)] = "no error"
+            except RuntimeError as e:
+                results[("gather_full", depth)] = str(e)
+        finally:
+            fabric.close()
     return results
 
 
@@ -126,3 +203,23 @@ def test_step_positions_really_are_stale_in_the_shards():
     """Guards the test itself: without the local patch the exchange would deliver junk."""
     fmt, full, shard, *_ = _inputs(0)
     assert (shard.cache == 0xAB).all(dim=2).any()
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_gathered_step_equals_attention_over_the_unsharded_cache(outcomes, depth):
+    for rank, res in enumerate(outcomes):
+        assert res[("gather", depth)] == [True] * len(PATTERN), f"rank {rank}: {res[('gather', depth)]}"
+        assert res[("cold", depth)] == [True] * len(PATTERN), f"rank {rank}: {res[('cold', depth)]}"
+        assert res[("cold_moved", depth)] == 0  # a cold prefill is all own tokens: nothing travels
+        assert "gathered step" in res[("gather_full", depth)]
+
+
+def test_gathered_step_receives_every_remote_context_token(outcomes):
+    """Per layer, rank d receives the context tokens (positions < context) that the other ranks own."""
+    from sparkinfer.core.topology import DcpLayout
+
+    lay = DcpLayout(WORLD, 2)
+    for rank, res in enumerate(outcomes):
+        remote = sum(c - lay.local_len(c, rank) for c in GATHER_CONTEXT)
+        for depth in (0, 2):
+            assert res[("gather_recv", depth)] == remote * len(PATTERN)

@@ -61,3 +61,53 @@ def test_auto_follows_the_cost_model(profile):
 def test_mismatched_lengths_raise():
     with pytest.raises(ValueError, match="2 query lengths but 1 contexts"):
         _path().choose([R, R], [5])
+
+
+def _gathering(mode, gather_rows=4096, interleave=1, **stock):
+    from sparkinfer.core.accounting import StockDcpShape
+    from sparkinfer.core.topology import DcpLayout
+
+    return StepPath(SparkinferConfig(mode=mode, prefetch_depth=1), dcp=4, record_format=True, rows=R, max_batch=8,
+                    gather_rows=gather_rows, layout=DcpLayout(4, interleave), record_bytes=368,
+                    stock=StockDcpShape(rows=0, **stock))
+
+
+def test_rows_not_uniform_take_a_gathered_step_when_it_fits():
+    choice = _gathering("selected").choose([30, R], [0, 500])
+    assert (choice.path, choice.depth) == ("gather", 1)
+    too_big = _gathering("selected", gather_rows=2 * 504 - 1).choose([30, R], [0, 500])  # 2 requests x 504 rows
+    assert too_big.path == "stock" and "larger than the workspace" in too_big.reason
+
+
+def _busiest_rx_brute(query_lens, contexts, interleave, num_heads=64, tp=4, dcp=4):
+    """Bytes into the busiest rank, by counting tokens and elements one by one."""
+    gathered = [0] * dcp
+    for c in contexts:
+        for t in range(c):
+            owner = (t // interleave) % dcp
+            for d in range(dcp):
+                gathered[d] += 368 if d != owner else 0
+    rows, h = sum(query_lens), num_heads // tp
+    per_peer = rows * h * 576 * 2 + rows * dcp * h * 4 + rows * h * 512 * 2  # q, LSE, output (bf16)
+    return max(gathered), (dcp - 1) * per_peer
+
+
+@pytest.mark.parametrize("query_lens, contexts", [
+    ([64, R], [0, 0]),  # cold prefill and a short decode: the gather moves nothing
+    ([64], [100_000]),  # a small chunk of a long prompt: the whole prefix travels for 64 rows
+    ([2048], [4096]),  # a large chunk: its queries outweigh the prefix
+    ([8, 1, 1], [900, 40_000, 35_000]),  # a mixed batch with long decodes
+])
+@pytest.mark.parametrize("interleave", [1, 64])
+def test_auto_gathers_exactly_when_it_moves_fewer_bytes(query_lens, contexts, interleave):
+    p = _gathering("auto", gather_rows=10**7, interleave=interleave)
+    gathered, stock = _busiest_rx_brute(query_lens, contexts, interleave)
+    choice = p.choose(query_lens, contexts)
+    assert choice.path == ("gather" if gathered < stock else "stock")
+    if choice.path == "stock":
+        assert "no fewer bytes" in choice.reason
+
+
+def test_gathered_steps_need_the_byte_rule_inputs():
+    with pytest.raises(ValueError, match="gathered steps need"):
+        StepPath(SparkinferConfig(mode="auto"), dcp=4, record_format=True, rows=R, max_batch=8, gather_rows=100)

@@ -8,9 +8,12 @@ gives exactly the greedy tokens of the TP1/DCP1 run with the same cache format (
 432; top-k 8 < the prompt, so the selection is active and the selected tokens are spread over both
 ranks), and with index_topk >= the sequence TP2/DCP2 reproduces transformers' fp32 greedy tokens.
 With the 368 and 432 records, TP2/DCP2 in sparkinfer mode ``selected`` (every decode step fetches
-the selected records over the host fabric and attends locally, no LSE merge; the prefill stays
-stock) gives the same tokens again, and both workers report every decode step as selected. With
+the selected records over the host fabric and attends locally, no LSE merge; the prefill is a
+gathered step, and chunked into 8-token steps its later chunks fetch exactly their cached prefix
+from the other rank) gives the same tokens again, and both workers report every step as taken. With
 MTP (3 speculative tokens, 368 records) TP2/DCP2 stock and selected equal TP1/DCP1 with MTP.
+TP4/DCP4 (a 4-head variant of the model: one head per rank) with MTP3 and 368 records, stock and
+selected, equals TP1/DCP1 with MTP, and with index_topk >= the sequence reproduces transformers.
 """
 
 import pytest
@@ -121,6 +124,7 @@ def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, **kwargs):
     for k, v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                  "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}.items():
         monkeypatch.setenv(k, v)
+    kwargs.setdefault("sparkinfer_pool_mb", 4)  # the selected ring's slots; the default 512 MiB is for GPUs
     llm = LLM(str(model_dir), dtype="float32", max_model_len=128, enforce_eager=True, max_num_seqs=2,
               tensor_parallel_size=tp, decode_context_parallel_size=tp, sparkinfer_mode=mode,
               compilation_config={"custom_ops": ["-rotary_embedding"]}, **kwargs)  # CPU rope bug for MLA q
@@ -152,34 +156,59 @@ def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch):
     assert len(dcp1) == MAX_TOKENS
     assert dcp2 == dcp1
     if cache_dtype != "auto":  # selected records: the exchange replaces the LSE merge
-        from sparkinfer.vllm.cpu_selected import selected_steps
+        from sparkinfer.vllm.cpu_selected import gathered_steps, selected_steps
 
         selected, steps = _greedy(tiny, monkeypatch, 2, mode="selected", probe=selected_steps,
                                   kv_cache_dtype=cache_dtype)
         assert selected == dcp1
-        assert steps == [MAX_TOKENS - 1] * 2  # every decode step on both ranks (the prefill stays stock)
+        assert steps == [MAX_TOKENS] * 2  # every step on both ranks: the prefill gathered, 5 decode steps
+        # chunked prefill (8 tokens per step): the second and third chunks fetch their cached prefix
+        chunked, gathered = _greedy(tiny, monkeypatch, 2, mode="selected", probe=gathered_steps,
+                                    kv_cache_dtype=cache_dtype, max_num_batched_tokens=8,
+                                    enable_chunked_prefill=True)
+        assert chunked == dcp1
+        from sparkinfer.core.topology import DcpLayout
+
+        lay = DcpLayout(2, 1)
+        for rank, (n_steps, records) in enumerate(gathered):
+            assert n_steps == 3  # chunks at contexts 0, 8, 16
+            assert records == sum(c - lay.local_len(c, rank) for c in (0, 8, 16)) * 4  # x 4 layers
+
+
+@pytest.fixture(scope="module")
+def tiny4(tmp_path_factory):
+    """The tiny model with 4 attention heads, so TP4 leaves one head per rank."""
+    pytest.importorskip("transformers")
+    from sparkinfer.vllm.tiny_model import build_tiny_glm
+
+    return build_tiny_glm(tmp_path_factory.mktemp("tiny_glm_dcp4"), heads=4)
 
 
 @pytest.mark.vllm
-def test_dcp2_with_mtp3_stock_and_selected_equal_dcp1(tiny, monkeypatch):
+@pytest.mark.parametrize("tp, model", [(2, "tiny"), (4, "tiny4")])
+def test_mtp3_stock_and_selected_equal_dcp1(tp, model, request, monkeypatch):
     """MTP with 3 speculative tokens: the verification steps carry 1 + 3 rows per request, which the
-    selected path unions per request; the draft passes stay stock (build_for_drafting)."""
+    selected path unions per request; the draft passes stay stock (build_for_drafting). TP4 runs four
+    workers on the 2-core box (about 80 s per engine): each rank owns a quarter of each 64 x 4-token
+    page, the exchange has 3 peers per rank, and each rank attends with one head."""
     pytest.importorskip("vllm")
     from sparkinfer.vllm.cpu_selected import selected_steps
 
+    model_dir = request.getfixturevalue(model)
     mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}, "kv_cache_dtype": "nvfp4_368"}
-    dcp1 = _greedy(tiny, monkeypatch, 1, **mtp)
-    assert _greedy(tiny, monkeypatch, 2, **mtp) == dcp1
-    selected, steps = _greedy(tiny, monkeypatch, 2, mode="selected", probe=selected_steps, **mtp)
+    dcp1 = _greedy(model_dir, monkeypatch, 1, **mtp)
+    assert _greedy(model_dir, monkeypatch, tp, **mtp) == dcp1
+    selected, steps = _greedy(model_dir, monkeypatch, tp, mode="selected", probe=selected_steps, **mtp)
     assert selected == dcp1
-    assert steps[0] == steps[1] > 0  # verification steps ran selected on both ranks
+    assert len(steps) == tp and len(set(steps)) == 1 and steps[0] > 0  # the same selected steps on every rank
 
 
 @pytest.mark.vllm
-def test_dcp2_reproduces_reference_when_selection_keeps_all(tmp_path, monkeypatch):
+@pytest.mark.parametrize("tp, heads", [(2, 2), (4, 4)])
+def test_dcp_reproduces_reference_when_selection_keeps_all(tp, heads, tmp_path, monkeypatch):
     pytest.importorskip("vllm")
     pytest.importorskip("transformers")
     from sparkinfer.vllm.tiny_model import build_tiny_glm, reference_greedy
 
-    model = build_tiny_glm(tmp_path / "dense_sel", index_topk=256)
-    assert _greedy(model, monkeypatch, 2) == reference_greedy(model, PROMPT, MAX_TOKENS)
+    model = build_tiny_glm(tmp_path / "dense_sel", index_topk=256, heads=heads)
+    assert _greedy(model, monkeypatch, tp) == reference_greedy(model, PROMPT, MAX_TOKENS)

@@ -42,9 +42,10 @@ class PrefetchRing:
         self._layer_ids: dict[tuple, torch.Tensor] = {}  # int32 layer lists handed to the exchange
         self._next = 0
 
-    def prefetch(self, planes, shard: Shard, layers: list[int]) -> Pending:
+    def prefetch(self, planes, shard: Shard, layers: list[int], sizing: str | None = None) -> Pending:
         """Start one layered exchange of ``layers`` into the next free ring slots (its ``stats`` are
-        complete once a layer of it was fetched with ``get``)."""
+        complete once a layer of it was fetched with ``get``); ``sizing``: the exchange's default or
+        ``host``/``device`` for this one."""
         J = len(layers)
         if not 1 <= J <= self.depth + 1:
             raise ValueError(f"{J} layers do not fit a ring of {self.depth + 1} slots")
@@ -59,7 +60,7 @@ class PrefetchRing:
         key = tuple(layers)
         if key not in self._layer_ids:  # a model's layer groups are fixed: built once, then reused
             self._layer_ids[key] = torch.tensor(key, dtype=torch.int32, device=self.buf.device)
-        pending = self.exchange.start(planes, shard, self._layer_ids[key], self.buf[s: s + J])
+        pending = self.exchange.start(planes, shard, self._layer_ids[key], self.buf[s: s + J], sizing)
         for j, layer in enumerate(layers):
             self._held[s + j] = layer
             self._slot[layer] = s + j

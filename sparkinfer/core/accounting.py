@@ -127,6 +127,10 @@ class StockDcpShape:
     out_bytes   partial-output element size (model dtype, bf16: 2)
     q_dim       absorbed query width (kv_lora 512 + rope 64)
     out_dim     partial output width (kv_lora 512)
+    q_replicated  ``dcp_q_replicate``: every rank computes every head's query itself, so nothing
+                is gathered (vLLM 0.32's default for GLM-MoE-DSA is this with ``a2a``:
+                ``GlmMoeDsaForCausalLMConfig`` calls ``set_dcp_defaults(comm_backend="a2a",
+                q_replicate=True)``)
     """
 
     rows: int
@@ -138,6 +142,7 @@ class StockDcpShape:
     out_bytes: int = 2
     q_dim: int = 576
     out_dim: int = 512
+    q_replicated: bool = False
 
     def __post_init__(self):
         _check_nonneg_int(rows=self.rows, num_heads=self.num_heads, tp=self.tp, dcp=self.dcp,
@@ -175,7 +180,7 @@ def stock_dcp_layer(s: StockDcpShape) -> LinkBytes:
     d, h, r = s.dcp, s.local_heads, s.rows
     if d == 1 or r == 0:
         return empty(d)
-    q = _uniform(d, r * h * s.q_dim * s.q_bytes, 1)
+    q = empty(d) if s.q_replicated else _uniform(d, r * h * s.q_dim * s.q_bytes, 1)
     if s.backend == "ag_rs":
         lse = _uniform(d, r * d * h * LSE_BYTES, 1)
         out = _uniform(d, r * h * s.out_dim * s.out_bytes, 1)
@@ -272,6 +277,19 @@ def selected_grouped(missing_per_layer, record_bytes: int) -> LinkBytes:
     if not ms:
         raise ValueError("selected_grouped needs at least one layer")
     return selected_layer(sum(ms[1:], ms[0].copy()), record_bytes)
+
+
+def gathered_layer(contexts, layout, record_bytes: int) -> LinkBytes:
+    """Bytes of one layer of a gathered step (the prefill side of selected records).
+
+    Every rank receives each request's cached prefix (positions ``0 .. contexts[b] - 1``) from the
+    tokens' owners (``layout``: a ``DcpLayout``); the step's own tokens are computed on every rank
+    (hidden states are replicated over TP) and never travel, so a cold prefill moves nothing.
+    The diagonal counts each rank's own cached records (local copies).
+    """
+    d = layout.world_size
+    owned = np.array([sum(layout.local_len(int(c), s) for c in contexts) for s in range(d)], np.int64)
+    return selected_layer(np.repeat(owned[:, None], d, axis=1), record_bytes)
 
 
 def expected_missing(union_counts, world_size: int, new_fraction: float = 1.0) -> np.ndarray:

@@ -29,6 +29,7 @@ import torch
 from vllm.forward_context import get_forward_context
 
 from sparkinfer.config import from_additional_config
+from sparkinfer.core.accounting import StockDcpShape
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype, is_sparkinfer_cache_dtype
 from sparkinfer.vllm.step_path import StepPath
@@ -60,15 +61,28 @@ class SelectedRuntime:
         self.pattern = IndexSharePattern.parse(hf.index_topk_pattern, self.num_layers)
         self.rows = 1 + (spec.num_speculative_tokens if spec is not None else 0)
         self.topk = hf.index_topk
-        self.max_batch = vllm_config.scheduler_config.max_num_seqs
+        # pool_mb holds the ring's depth + 1 slots; a decode step needs R * K rows per request, a
+        # gathered step B * T rows
+        slot_rows = self.config.pool_mb * 2**20 // (self.fmt.record_bytes * (self.config.prefetch_depth + 1))
+        self.gather_rows = slot_rows
+        self.max_batch = min(vllm_config.scheduler_config.max_num_seqs, slot_rows // (self.rows * self.topk))
+        par = vllm_config.parallel_config
+        itemsize = vllm_config.model_config.dtype.itemsize
+        stock = StockDcpShape(rows=0, num_heads=hf.num_attention_heads, tp=par.tensor_parallel_size, dcp=self.dcp,
+                              backend=par.dcp_comm_backend or "ag_rs", q_bytes=itemsize, out_bytes=itemsize,
+                              q_replicated=bool(par.dcp_q_replicate))
         self.path = StepPath(self.config, dcp=self.dcp, record_format=True, rows=self.rows,
-                             max_batch=self.max_batch)
+                             max_batch=self.max_batch, gather_rows=self.gather_rows,
+                             layout=DcpLayout(self.dcp, self.interleave), record_bytes=self.fmt.record_bytes,
+                             stock=stock)
         self.decoder = None
         self._records: dict[int, torch.Tensor] = {}  # kv_cache data_ptr -> uint8 [T, W] of this step
         self._step = None  # forward context of the step in progress
         self._layers: dict[int, object] | None = None
-        self.steps = 0  # steps that took the selected path (for tests and logs)
-        self.selected = False  # the path of the step being built / run
+        self.steps = 0  # steps that took the selected or gathered path (for tests and logs)
+        self.gathered = 0  # of which gathered (rows not uniform: prefill chunks)
+        self.gathered_records = 0  # records this rank received in gathered steps
+        self.selected = False  # the step being built / run takes the selected or gathered path
 
     @classmethod
     def of(cls, vllm_config) -> "SelectedRuntime | None":
@@ -85,11 +99,12 @@ class SelectedRuntime:
     def current() -> "SelectedRuntime | None":
         return _current[0]
 
-    def choose(self, query_lens: list[int], contexts: list[int]) -> bool:
-        """Whether the target model's step takes the selected path (``StepPath``); remembered in
-        ``selected`` so that only selected steps pay for stashing their own records."""
-        self.selected = self.path.choose(query_lens, contexts).path == "selected"
-        return self.selected
+    def choose(self, query_lens: list[int], contexts: list[int]) -> str:
+        """The target model step's path (``StepPath``: stock, selected or gather); ``selected``
+        remembers whether it is not stock, so that only those steps pay for stashing their records."""
+        path = self.path.choose(query_lens, contexts).path
+        self.selected = path != "stock"
+        return path
 
     def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int) -> None:
         """The step's own records of the layer whose cache is ``kv_cache`` (all tokens, every rank)."""
@@ -123,14 +138,15 @@ class SelectedRuntime:
 
         group = get_dcp_group()
         depth = self.config.prefetch_depth
-        layout = SlabLayout(group.world_size, self.fmt.record_bytes, capacity=self.max_batch * self.rows * self.topk,
-                            max_layers=depth + 1, depth=2)
+        # a decode step's pairs move in one round (C >= B * R * K); a gathered one in as many as it needs
+        layout = SlabLayout(group.world_size, self.fmt.record_bytes,
+                            capacity=max(1, self.max_batch * self.rows * self.topk), max_layers=depth + 1, depth=2)
         fabric = HostFabric(layout, group=group.cpu_group, timeout_s=60)
         log.info("sparkinfer: selected-record decode on the %s fabric, DCP %d, R %d, top-k %d, depth %d",
                  fabric.kind, group.world_size, self.rows, self.topk, depth)
         return SelectedDecode(SelectedExchange(fabric), self.fmt, DcpLayout(group.world_size, self.interleave),
                               self.pattern, max_batch=self.max_batch, rows=self.rows, topk=self.topk, depth=depth,
-                              scale=scale, backend="torch")
+                              scale=scale, backend="torch", gather_rows=self.gather_rows)
 
     def attend(self, layer, q_nope: torch.Tensor, q_rope: torch.Tensor, topk_buffer: torch.Tensor, md):
         """(out [T, H, 512], lse [T, H]) of this rank's heads at ``layer`` (an MLAAttention)."""
@@ -138,23 +154,37 @@ class SelectedRuntime:
             self.decoder = self._build_decoder(layer.impl.scale)
         idx = _layer_index(layer.layer_name)
         n = q_nope.shape[0]
+        gathered = md.sparkinfer_gather
         step = get_forward_context()  # one per model forward; layers may carry different metadata objects
         if step is not self._step:  # the step's first DSA layer
             layers = self._dsa_layers()
             cache = layers[0].kv_cache
             self.decoder.begin_step([layers[i].kv_cache for i in range(self.num_layers)], md.block_table,
-                                    cache.shape[1], md.context)
+                                    cache.shape[1], md.context, md.query_lens if gathered else None)
+            if gathered:
+                self.decoder.gather()
             self._step = step
             self.steps += 1
-        if self.pattern.is_full(idx):
+            self.gathered += gathered
+        if not gathered and self.pattern.is_full(idx):
             self.decoder.full_layer(idx, topk_buffer[:n].to(torch.int32))
         records = self._records.pop(layer.kv_cache.data_ptr(), None)
         if records is None:
             raise RuntimeError(f"selected decode: layer {idx} attends before its cache write stashed the step's records")
-        return self.decoder.attend(idx, q_nope, q_rope, records)
+        out = self.decoder.attend(idx, q_nope, q_rope, records, topk_buffer[:n] if gathered else None)
+        if gathered and idx == self.num_layers - 1:
+            self.gathered_records += self.decoder.step_stats().records_recv
+        return out
 
 
 def selected_steps(worker=None) -> int:
-    """Selected steps this worker ran (``LLM.collective_rpc(selected_steps)`` asks every worker)."""
+    """Selected or gathered steps this worker ran (``LLM.collective_rpc(selected_steps)`` asks every
+    worker)."""
     rt = SelectedRuntime.current()
     return 0 if rt is None else rt.steps
+
+
+def gathered_steps(worker=None) -> tuple[int, int]:
+    """(gathered steps, records received in them) of this worker, for ``LLM.collective_rpc``."""
+    rt = SelectedRuntime.current()
+    return (0, 0) if rt is None else (rt.gathered, rt.gathered_records)

@@ -46,10 +46,13 @@ class SparseMetadata:
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
     dcp_interleave: int = 1
-    # selected-record step (sparkinfer.vllm.cpu_selected): patched MLAAttention then skips the DCP
-    # query gather and LSE merge; context int64 [R] = tokens of each request before this step
+    # selected-record or gathered step (sparkinfer.vllm.cpu_selected): patched MLAAttention then skips
+    # the DCP query gather and LSE merge; context int64 [R] = tokens of each request before this step,
+    # query_lens int64 [R] its rows (a gathered step's rows are not uniform)
     sparkinfer_selected: bool = False
     context: torch.Tensor | None = None
+    sparkinfer_gather: bool = False
+    query_lens: torch.Tensor | None = None
     prefill: None = None
     decode: None = None
 
@@ -73,17 +76,18 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         n = cm.num_actual_tokens
         token_req, _ = token_layout(cm.query_start_loc_cpu, cm.seq_lens.cpu()[: cm.num_reqs], n)
         local_lens = cm.dcp_local_seq_lens if cm.dcp_local_seq_lens is not None else cm.seq_lens
-        selected, context = False, None
+        path, context, query_lens = "stock", None, None
         sharded = getattr(self.kv_cache_spec, "dcp_sharded", False)
         rt = SelectedRuntime.of(self.vllm_config) if may_select and sharded else None
         if rt is not None:  # the same decision on every rank: the scheduler output is the same
             qsl = cm.query_start_loc_cpu[: cm.num_reqs + 1].to(torch.int64)
             query_lens = qsl[1:] - qsl[:-1]
             context = cm.seq_lens.cpu()[: cm.num_reqs].to(torch.int64) - query_lens
-            selected = rt.choose(query_lens.tolist(), context.tolist())
+            path = rt.choose(query_lens.tolist(), context.tolist())
         return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
                               cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc,
-                              self.vllm_config.parallel_config.cp_kv_cache_interleave_size, selected, context)
+                              self.vllm_config.parallel_config.cp_kv_cache_interleave_size, path != "stock",
+                              context, path == "gather", query_lens)
 
 
 def float_cache_attention(q_nope, q_rope, kv_cache, slots, scale):

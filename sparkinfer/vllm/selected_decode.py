@@ -29,6 +29,15 @@ chunks of ``depth + 1`` layers (one ring of ``depth + 1`` slots; the next chunk 
 previous one was consumed); at every DSA layer ``attend(l, ...)``: the workspace from the ring,
 the step's own records patched in, ``sparse_mla_decode`` over it with the top-k remapped to
 workspace rows ``b * U + u``. Returns the output and LSE of this rank's heads: no merge follows.
+
+Gathered steps (a prefill chunk or a mixed batch: rows not R per request): ``begin_step`` with
+``query_lens`` int64 ``[B]`` (the request's rows are token rows ``start[b] .. start[b] +
+query_lens[b]``, ``start`` the running sum), then ``gather()``: every rank receives each request's
+whole prefix ``0 .. context[b]`` in every layer (the prefill-side full-CKV gather, ``T = max
+(context + query_lens)``, workspace row ``b * T + t`` = token t), the layers in chunks of
+``depth + 1`` through the same ring, and the step's own tokens patched in locally as above. Each
+layer's ``attend`` then takes its top-k (logical positions, the indexer's buffer) and reads rows
+``b * T + topk``. A cold prefill (context 0) moves nothing at all: every token is the step's own.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from __future__ import annotations
 import torch
 
 from sparkinfer.attention import sparse_mla_decode
-from sparkinfer.comm.exchange import SelectedExchange
+from sparkinfer.comm.exchange import ExchangeStats, SelectedExchange
 from sparkinfer.comm.pack import Shard
 from sparkinfer.comm.ring import PrefetchRing
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
@@ -47,7 +56,10 @@ class SelectedDecode:
     """One per rank and model; ``rows`` = R (1 + speculative tokens), ``topk`` = K."""
 
     def __init__(self, exchange: SelectedExchange, fmt, dcp: DcpLayout, pattern: IndexSharePattern, *,
-                 max_batch: int, rows: int, topk: int, depth: int, scale: float, backend: str = "auto"):
+                 max_batch: int, rows: int, topk: int, depth: int, scale: float, backend: str = "auto",
+                 gather_rows: int = 0):
+        """``gather_rows``: workspace rows a gathered step may use (``B * T``); the ring holds
+        ``max(max_batch * R * K, gather_rows)`` rows per slot."""
         if exchange.layout.width != fmt.record_bytes:
             raise ValueError(f"exchange width {exchange.layout.width} != record bytes {fmt.record_bytes} of {fmt.name}")
         if dcp.world_size != exchange.world:
@@ -59,29 +71,45 @@ class SelectedDecode:
         self.fmt, self.dcp, self.pattern = fmt, dcp, pattern
         self.R, self.K, self.U, self.max_batch = rows, topk, U, max_batch
         self.depth, self.scale, self.backend = depth, scale, backend
-        self.ring = PrefetchRing(exchange, depth, rows=max_batch * U)
+        self.ring = PrefetchRing(exchange, depth, rows=max(max_batch * U, gather_rows))
         self._shard: Shard | None = None
         self._context: torch.Tensor | None = None
+        self._query_lens: torch.Tensor | None = None  # None: a decode step of R rows per request
+        self._row_start: torch.Tensor | None = None  # int64 [B]: token row of each request's first row
         self._group: dict = {}
+        self._pending: list = []  # the exchanges of the step in progress (their stats)
 
     def begin_step(self, caches, block_table: torch.Tensor, block_size: int,
-                   context: torch.Tensor) -> None:
+                   context: torch.Tensor, query_lens: torch.Tensor | None = None) -> None:
+        """``query_lens`` None: a decode step (R rows per request, ``full_layer`` plans); else the
+        rows of each request in a gathered step (``gather`` plans)."""
         if self._group:
             raise RuntimeError(f"layers {sorted(self._group)} of the previous step were never attended")
         B = context.shape[0]
-        if not 1 <= B <= self.max_batch:
-            raise ValueError(f"{B} requests in the step; this decoder holds 1..{self.max_batch}")
+        if B < 1 or (query_lens is None and B > self.max_batch):
+            raise ValueError(f"{B} requests in the step; this decoder's decode steps hold 1..{self.max_batch}")
         shard = Shard(caches, block_table[:B].contiguous(), block_size)
         if len(shard.layers) != self.pattern.num_layers or shard.width != self.fmt.record_bytes:
             raise ValueError(f"caches must hold {self.pattern.num_layers} layers of {self.fmt.record_bytes}-byte "
                              f"records, got {len(shard.layers)} of {shard.width} bytes")
+        if query_lens is not None and query_lens.shape != context.shape:
+            raise ValueError(f"query_lens {tuple(query_lens.shape)} must match context {tuple(context.shape)}")
         self._shard = shard
+        self._pending = []
         self._context = context.to(torch.int64)
+        if query_lens is None:
+            self._query_lens = None
+            self._row_start = torch.arange(B, device=context.device) * self.R
+        else:
+            self._query_lens = query_lens.to(torch.int64)
+            self._row_start = torch.cumsum(self._query_lens, 0) - self._query_lens
 
     def full_layer(self, layer: int, topk: torch.Tensor) -> None:
         """Plan the records of Full ``layer``'s group from its top-k and start the first exchange."""
         if self._shard is None:
             raise RuntimeError("full_layer() before begin_step()")
+        if self._query_lens is not None:
+            raise RuntimeError("full_layer() in a gathered step: gather() planned every layer at begin")
         if not self.pattern.is_full(layer):
             raise ValueError(f"layer {layer} is Shared; its top-k comes from layer {self.pattern.topk_source(layer)}")
         B, R, K = self._context.shape[0], self.R, self.K
@@ -89,40 +117,79 @@ class SelectedDecode:
             raise ValueError(f"topk must be int32 [{B * R}, {K}] (B={B} requests x R={R} rows), "
                              f"got {topk.dtype} {tuple(topk.shape)}")
         union, remap, counts = mtp_union(topk.view(B, R, K))
-        b = torch.arange(B, device=union.device)[:, None]
-        own = (union >= self._context[:, None]) & (union >= 0)  # this step's tokens: patched, not moved
-        held = own[None].expand(self.dcp.world_size, B, self.U)
-        planes = build_planes(union, counts, self.dcp, B * self.U, held=held)
-        slots = workspace_slots(remap, self.U)
-        # workspace row of each own-step token <- token row b * R + (t - context[b]) of new_records
-        ws_rows = (b * self.U + torch.arange(self.U, device=union.device))[own]
-        new_rows = (b * R + union.long() - self._context[:, None])[own]
         layers = [layer] + self.pattern.prefetch_targets(layer, self.pattern.num_layers)
+        self._start_group(layers, union, counts, B * self.U, workspace_slots(remap, self.U), None)
+
+    def gather(self) -> None:
+        """Plan a gathered step: every layer's whole prefix of every request, chunk by chunk."""
+        if self._shard is None or self._query_lens is None:
+            raise RuntimeError("gather() needs begin_step(..., query_lens=...) first")
+        B = self._context.shape[0]
+        seq = self._context + self._query_lens
+        T = int(seq.max())  # one host read: a gathered step (prefill) is never graph-captured
+        if B * T > self.ring.buf.shape[1]:
+            raise ValueError(f"a gathered step of {B} requests x {T} tokens needs {B * T} workspace rows, the "
+                             f"ring holds {self.ring.buf.shape[1]}: take the stock path")
+        t = torch.arange(T, device=seq.device)
+        union = torch.where(t[None, :] < seq[:, None], t[None, :], -1).to(torch.int32)
+        base = torch.repeat_interleave(torch.arange(B, device=seq.device) * T, self._query_lens)
+        self._start_group(list(range(self.pattern.num_layers)), union, seq.to(torch.int32),
+                          B * self.dcp.max_local_len(T), base, "host")
+
+    def _start_group(self, layers, union, counts, capacity: int, slots, sizing) -> None:
+        """Exchange ``union`` (int32 [B, U'], workspace row ``b * U' + u``) of ``layers`` in chunks of
+        ``depth + 1``; ``slots``: the rows' workspace slots (decode) or per-row base ``b * U'`` to add
+        to each layer's top-k (gathered). The step's own tokens are held: patched, not moved."""
+        B, width = union.shape
+        b = torch.arange(B, device=union.device)[:, None]
+        own = (union >= self._context[:, None]) & (union >= 0)
+        held = own[None].expand(self.dcp.world_size, B, width)
+        planes = build_planes(union, counts, self.dcp, capacity, held=held)
+        # workspace row of each own-step token <- its token row start[b] + (t - context[b]) of new_records
+        ws_rows = (b * width + torch.arange(width, device=union.device))[own]
+        new_rows = (self._row_start[:, None] + union.long() - self._context[:, None])[own]
         chunks = [layers[i:i + self.depth + 1] for i in range(0, len(layers), self.depth + 1)]
         group = {"planes": planes, "slots": slots, "patch": (ws_rows, new_rows), "chunks": chunks[1:],
-                 "left": len(chunks[0])}  # layers of the chunk in the ring not attended yet
+                 "left": len(chunks[0]), "sizing": sizing}  # left: layers of the chunk in the ring not attended
         for l in layers:
             self._group[l] = group
-        self.ring.prefetch(planes, self._shard, chunks[0])
+        self._pending.append(self.ring.prefetch(planes, self._shard, chunks[0], sizing))
 
-    def attend(self, layer: int, q_nope: torch.Tensor, q_rope: torch.Tensor, new_records: torch.Tensor):
-        """(out float32 [B*R, H, 512], lse float32 [B*R, H]) of this rank's heads at ``layer``."""
+    def attend(self, layer: int, q_nope: torch.Tensor, q_rope: torch.Tensor, new_records: torch.Tensor,
+               topk: torch.Tensor | None = None):
+        """(out float32 [N, H, 512], lse float32 [N, H]) of this rank's heads at ``layer`` for the step's
+        N token rows; ``topk`` int [N, K] (logical positions) only in a gathered step."""
         group = self._group.pop(layer, None)
         if group is None:
             raise ValueError(f"layer {layer} has no plan: call full_layer() for layer "
                              f"{self.pattern.topk_source(layer)} first")
         W = self.fmt.record_bytes
-        if new_records.dtype != torch.uint8 or new_records.shape != (group["slots"].shape[0], W):
-            raise ValueError(f"new_records must be uint8 [{group['slots'].shape[0]}, {W}], "
+        slots = group["slots"]
+        if self._query_lens is not None:  # gathered: slots from this layer's top-k, row b*T + position
+            if topk is None or topk.dim() != 2 or topk.shape[0] != slots.shape[0]:
+                raise ValueError(f"a gathered step needs each layer's top-k [{slots.shape[0]}, K], got "
+                                 f"{None if topk is None else tuple(topk.shape)}")
+            slots = torch.where(topk >= 0, topk.long() + slots[:, None], -1).to(torch.int32)
+        if new_records.dtype != torch.uint8 or new_records.shape != (slots.shape[0], W):
+            raise ValueError(f"new_records must be uint8 [{slots.shape[0]}, {W}], "
                              f"got {new_records.dtype} {tuple(new_records.shape)}")
         ws = self.ring.get(layer)
         ws_rows, new_rows = group["patch"]
         ws[ws_rows] = new_records[new_rows]
-        out, lse = sparse_mla_decode(q_nope, q_rope, ws, self.fmt, group["slots"], self.scale, backend=self.backend)
+        out, lse = sparse_mla_decode(q_nope, q_rope, ws, self.fmt, slots, self.scale, backend=self.backend)
         self.ring.release(layer)
         group["left"] -= 1
         if group["left"] == 0 and group["chunks"]:  # the ring is free again: the group's next layers
             nxt = group["chunks"].pop(0)
             group["left"] = len(nxt)
-            self.ring.prefetch(group["planes"], self._shard, nxt)
+            self._pending.append(self.ring.prefetch(group["planes"], self._shard, nxt, group["sizing"]))
         return out, lse
+
+    def step_stats(self) -> ExchangeStats:
+        """Records and bytes this rank's exchanges of the current step moved so far (complete once
+        every layer attended)."""
+        total = ExchangeStats()
+        for p in self._pending:
+            if p.done:
+                total.add(p.stats)
+        return total

@@ -7,8 +7,14 @@ reason is logged once per process (a serving engine takes this decision every st
 2. DCP size 1                                   -> stock: every record is local
 3. a cache dtype that is not a sparkinfer record format (368/432 B) -> stock: the exchange moves
    fixed-width records
-4. rows not uniform: a prefill chunk in the batch, or requests with different numbers of
-   speculative rows (the union and the workspace assume R rows per request) -> stock
+4. rows not uniform (a prefill chunk in the batch, or requests with different numbers of
+   speculative rows: the union assumes R rows per request) -> a gathered step (every rank gets
+   each request's whole cached prefix, see ``selected_decode.py``) when its ``B x T`` rows
+   (T = the longest context + rows) fit the workspace (``gather_rows``) and, in ``auto``, when it
+   moves strictly fewer bytes into the busiest rank than stock DCP's query gather and output
+   reduce-scatter for the same rows (``accounting.gathered_layer`` vs ``stock_dcp_layer``; a
+   cold prefill moves none). Otherwise stock. The byte rule is exact, not a model: both paths do
+   the same attention FLOPs (H/N heads over all top-k tokens vs H heads over a 1/N share)
 5. more requests than the decoder's workspace holds (``max_batch``, sized from ``pool_mb``) -> stock
 6. otherwise ``StepPolicy.decide`` (mode selected: selected whenever its workspace fits; auto: the
    cost model of the node profile). Without a profile for this node and DCP size, ``auto`` is
@@ -19,32 +25,41 @@ reason is logged once per process (a serving engine takes this decision every st
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from sparkinfer.config import SparkinferConfig
+from sparkinfer.core.accounting import StockDcpShape, gathered_layer, stock_dcp_layer
 from sparkinfer.core.policy import StepPolicy
+from sparkinfer.core.topology import DcpLayout
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class StepChoice:
-    path: str  # "stock" or "selected"
-    depth: int  # prefetch depth for selected, 0 for stock
+    path: str  # "stock", "selected" (decode rows) or "gather" (rows not uniform)
+    depth: int  # prefetch depth for selected / gather, 0 for stock
     reason: str
 
 
 class StepPath:
     def __init__(self, config: SparkinferConfig, *, dcp: int, record_format: bool, rows: int, max_batch: int,
-                 policy: StepPolicy | None = None):
+                 policy: StepPolicy | None = None, gather_rows: int = 0, layout: DcpLayout | None = None,
+                 record_bytes: int = 0, stock: StockDcpShape | None = None):
         """``record_format``: the main cache holds sparkinfer records; ``rows``: 1 + speculative
         tokens; ``policy``: a StepPolicy for this node and DCP size built with ``mode=config.mode``,
-        or None when no profile describes it."""
-        if rows < 1 or max_batch < 0:
-            raise ValueError(f"rows must be >= 1 and max_batch >= 0, got rows={rows}, max_batch={max_batch}")
+        or None when no profile describes it. Gathered steps: ``gather_rows`` workspace rows (0:
+        never), and for ``auto``'s byte rule the records' ``layout`` and ``record_bytes`` and the
+        ``stock`` DCP exchange's shape (its ``rows`` is replaced by the step's)."""
+        if rows < 1 or max_batch < 0 or gather_rows < 0:
+            raise ValueError(f"rows must be >= 1, max_batch and gather_rows >= 0, got rows={rows}, "
+                             f"max_batch={max_batch}, gather_rows={gather_rows}")
+        if gather_rows and (layout is None or layout.world_size != dcp or record_bytes < 1 or stock is None):
+            raise ValueError(f"gathered steps need the DCP {dcp} layout, record_bytes and the stock exchange shape")
         self.config, self.dcp, self.record_format = config, dcp, record_format
         self.rows, self.max_batch, self.policy = rows, max_batch, policy
+        self.gather_rows, self.layout, self.record_bytes, self.stock = gather_rows, layout, record_bytes, stock
         self._logged: set[str] = set()
 
     def _stock(self, reason: str) -> StepChoice:
@@ -67,7 +82,7 @@ class StepPath:
         if not query_lens:
             return StepChoice("stock", 0, "empty step")
         if any(q != self.rows for q in query_lens):
-            return self._stock(f"a request without exactly {self.rows} rows (prefill, or fewer speculative tokens)")
+            return self._gather_or_stock(query_lens, contexts)
         if len(query_lens) > self.max_batch:
             return self._stock(f"more than {self.max_batch} requests: the selected workspace (pool_mb "
                                f"{self.config.pool_mb}) does not hold them")
@@ -79,3 +94,19 @@ class StepPath:
         if d.path == "stock":
             return self._stock(d.reason)
         return StepChoice("selected", d.depth, d.reason)
+
+    def _gather_or_stock(self, query_lens: Sequence[int], contexts: Sequence[int]) -> StepChoice:
+        if not self.gather_rows:
+            return self._stock(f"a request without exactly {self.rows} rows (prefill, or fewer speculative tokens)")
+        longest = max(c + q for c, q in zip(contexts, query_lens))
+        if len(query_lens) * longest > self.gather_rows:
+            return self._stock(f"a gathered step (rows not uniform) larger than the workspace's {self.gather_rows} "
+                               f"rows (pool_mb {self.config.pool_mb})")
+        if self.config.mode == "selected":
+            return StepChoice("gather", self.config.prefetch_depth, "mode selected, rows not uniform")
+        gathered = gathered_layer(contexts, self.layout, self.record_bytes).rx.max()
+        stock = stock_dcp_layer(replace(self.stock, rows=sum(query_lens))).rx.max()
+        if gathered < stock:
+            return StepChoice("gather", self.config.prefetch_depth,
+                              f"gathered prefix {gathered} B < stock DCP {stock} B into the busiest rank")
+        return self._stock("a gathered step would move no fewer bytes than stock DCP")

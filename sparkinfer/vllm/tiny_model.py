@@ -24,7 +24,7 @@ from pathlib import Path
 VOCAB = 128
 
 
-def tiny_glm_config(pattern: str = "FSSF", index_topk: int = 8, mtp_layers: int = 0):
+def tiny_glm_config(pattern: str = "FSSF", index_topk: int = 8, mtp_layers: int = 0, heads: int = 2):
     from transformers import GlmMoeDsaConfig
 
     if not pattern or set(pattern) - {"F", "S"} or pattern[0] != "F":
@@ -32,7 +32,7 @@ def tiny_glm_config(pattern: str = "FSSF", index_topk: int = 8, mtp_layers: int 
                          f"earlier Full layer's top-k), got {pattern!r}")
     return GlmMoeDsaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-        num_hidden_layers=len(pattern), num_attention_heads=2, num_key_value_heads=2,
+        num_hidden_layers=len(pattern), num_attention_heads=heads, num_key_value_heads=heads,
         n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
         kv_lora_rank=512, q_lora_rank=32, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
         index_topk=index_topk, index_head_dim=128, index_n_heads=2,
@@ -42,7 +42,7 @@ def tiny_glm_config(pattern: str = "FSSF", index_topk: int = 8, mtp_layers: int 
 
 
 def build_tiny_glm(out_dir: str | Path, pattern: str = "FSSF", index_topk: int = 8, seed: int = 0,
-                   mtp_layers: int = 1) -> Path:
+                   mtp_layers: int = 1, heads: int = 2) -> Path:
     """Write config, random weights (main and MTP layers) and tokenizer to ``out_dir``; returns it."""
     import torch
     from safetensors.torch import load_file, save_file
@@ -52,11 +52,11 @@ def build_tiny_glm(out_dir: str | Path, pattern: str = "FSSF", index_topk: int =
         raise ValueError(f"mtp_layers must be >= 0, got {mtp_layers}")
     out = Path(out_dir)
     torch.manual_seed(seed)
-    GlmMoeDsaForCausalLM(tiny_glm_config(pattern, index_topk, mtp_layers)).save_pretrained(out)
+    GlmMoeDsaForCausalLM(tiny_glm_config(pattern, index_topk, mtp_layers, heads)).save_pretrained(out)
     if mtp_layers:
         weights_path = out / "model.safetensors"
         weights = load_file(weights_path)
-        weights.update(mtp_weights(weights, pattern, index_topk, mtp_layers, seed))
+        weights.update(mtp_weights(weights, pattern, index_topk, mtp_layers, seed, heads))
         save_file(weights, weights_path, metadata={"format": "pt"})
     config_path = out / "config.json"
     config = json.loads(config_path.read_text())
@@ -70,7 +70,7 @@ def build_tiny_glm(out_dir: str | Path, pattern: str = "FSSF", index_topk: int =
     return out
 
 
-def mtp_weights(main: dict, pattern: str, index_topk: int, mtp_layers: int, seed: int) -> dict:
+def mtp_weights(main: dict, pattern: str, index_topk: int, mtp_layers: int, seed: int, heads: int = 2) -> dict:
     """Random MTP layers ``model.layers.{L + i}.*`` (L = len(pattern)), named as vLLM's DeepSeek MTP
     head loads them: a decoder layer with a Full indexer and an MoE MLP (the saved weights of the
     last layer of a transformers model with ``pattern + "F" * mtp_layers``), plus ``enorm``,
@@ -86,7 +86,7 @@ def mtp_weights(main: dict, pattern: str, index_topk: int, mtp_layers: int, seed
     from transformers import GlmMoeDsaForCausalLM
 
     first = len(pattern)
-    config = tiny_glm_config(pattern + "F" * mtp_layers, index_topk)
+    config = tiny_glm_config(pattern + "F" * mtp_layers, index_topk, heads=heads)
     torch.manual_seed(seed + 1)  # the main weights stay those of the model without MTP
     with tempfile.TemporaryDirectory() as tmp:  # saved, so experts are in the checkpoint naming
         GlmMoeDsaForCausalLM(config).save_pretrained(tmp)
