@@ -12,8 +12,10 @@ rows' top-k (first-occurrence order) is priced with ``sparkinfer.core.accounting
 at TP4/DCP4, interleave 1, 368-byte records; reuse runs the replicated
 ``ReuseTracker`` (held mask -> missing records -> commit of positions ``< p + a``),
 its pool split into per-layer quotas of ``--pool`` x k records per destination.
-Stock DCP's bytes do not depend on the trace (query all-gather + LSE
-all-gather + output reduce-scatter for 4 rows per layer).
+Stock DCP's bytes do not depend on the trace; two variants are priced: ``stock``
+(ag_rs: query all-gather + LSE all-gather + output reduce-scatter for 4 rows per
+layer) and ``stock_qrep`` (vLLM 0.32's default for GLM-MoE-DSA: queries replicated,
+one all-to-all of outputs and LSE).
 
 Traces:
 * real: ``benchmarks/traces/smollm2_topk.npz`` (``make_traces.py``: SmolLM2-135M,
@@ -69,8 +71,9 @@ def first_occurrence_union(rows: np.ndarray) -> np.ndarray:
     return flat[np.sort(idx)]
 
 
-def stock_bytes_per_step() -> int:
-    return acc.stock_dcp_layer(acc.StockDcpShape(rows=ROWS, tp=DCP, dcp=DCP)).total
+def stock_bytes_per_step(qrep: bool = False) -> int:
+    shape = acc.StockDcpShape(rows=ROWS, tp=DCP, dcp=DCP, backend="a2a" if qrep else "ag_rs", q_replicated=qrep)
+    return acc.stock_dcp_layer(shape).total
 
 
 def replay(topk_of, positions: np.ndarray, layers: int, capacity: int, seed: int, fresh: bool) -> dict:
@@ -117,9 +120,11 @@ def per_token(res: dict, layers: int, steady: bool, k: int) -> dict:
     """Bytes per decoded token per layer at GLM-5.2 scale: record counts x (GLM_TOPK / k)."""
     s = slice(1, None) if steady else slice(None)
     t = res["tokens"][s].sum()
-    stock = stock_bytes_per_step() * layers * len(res["tokens"][s])
+    steps = layers * len(res["tokens"][s])
     scale = GLM_TOPK / k
-    return {"stock": stock / t / layers, "selected": res["selected"][s].sum() * scale / t / layers,
+    return {"stock": stock_bytes_per_step() * steps / t / layers,
+            "stock_qrep": stock_bytes_per_step(qrep=True) * steps / t / layers,
+            "selected": res["selected"][s].sum() * scale / t / layers,
             "reuse": res["reuse"][s].sum() * scale / t / layers}
 
 
@@ -140,7 +145,8 @@ def real_rows(path: str, capacity_per_layer: float, label: str = "real") -> list
                         "context": int(ctx), "ctx_over_k": int(ctx) / k,
                         "overlap": res["overlap"], "accounting": mode, "steps": len(res["tokens"]),
                         **{f"{p}_B_per_tok_layer": v for p, v in pt.items()},
-                        "reuse_vs_stock": pt["stock"] / pt["reuse"]})
+                        "reuse_vs_stock": pt["stock"] / pt["reuse"],
+                    "reuse_vs_stock_qrep": pt["stock_qrep"] / pt["reuse"]})
     return out
 
 
@@ -170,13 +176,14 @@ def synthetic_rows(overlaps, ctx: int, k: int, n_pos: int, capacity_per_layer: f
         out.append({"trace": "synthetic", "pool": capacity_per_layer, "replay": "fresh", "k": k, "context": ctx, "ctx_over_k": ctx / k,
                     "overlap": res["overlap"], "accounting": "steady", "steps": len(res["tokens"]),
                     **{f"{p}_B_per_tok_layer": v for p, v in pt.items()},
-                    "reuse_vs_stock": pt["stock"] / pt["reuse"]})
+                    "reuse_vs_stock": pt["stock"] / pt["reuse"],
+                    "reuse_vs_stock_qrep": pt["stock_qrep"] / pt["reuse"]})
     return out
 
 
-def break_even(rows: list[dict]) -> float:
-    """Overlap above which reuse moves fewer bytes than stock (linear interpolation)."""
-    pts = sorted((r["overlap"], r["reuse_B_per_tok_layer"] - r["stock_B_per_tok_layer"]) for r in rows)
+def break_even(rows: list[dict], stock: str = "stock") -> float:
+    """Overlap above which reuse moves fewer bytes than ``stock`` (linear interpolation)."""
+    pts = sorted((r["overlap"], r["reuse_B_per_tok_layer"] - r[f"{stock}_B_per_tok_layer"]) for r in rows)
     for (o0, d0), (o1, d1) in zip(pts, pts[1:]):
         if d0 >= 0 > d1:
             return o0 + (o1 - o0) * d0 / (d0 - d1)
@@ -265,15 +272,16 @@ def main(argv=None) -> int:
               f"{r['accounting']:>7}{r['stock_B_per_tok_layer']:>10.0f}{r['selected_B_per_tok_layer']:>10.0f}"
               f"{r['reuse_B_per_tok_layer']:>10.0f}{r['reuse_vs_stock']:>12.2f}")
     syn = [r for r in rows if r["trace"] == "synthetic"]
-    print(f"synthetic break-even overlap (reuse = stock bytes), k={k}: {break_even(syn):.3f}")
+    print(f"synthetic break-even overlap (reuse = stock bytes), k={k}: {break_even(syn):.3f} (ag_rs), "
+          f"{break_even(syn, 'stock_qrep'):.3f} (replicated queries, a2a)")
     real8 = [r for r in rows if r["trace"].startswith("real") and r["ctx_over_k"] >= 8]
     for (trace, pool), replay_mode, mode in itertools.product(sorted({(r["trace"], r["pool"]) for r in real8}),
                                                               ("accepted", "fresh"), ("steady", "cold")):
         sel = [r for r in real8 if r["accounting"] == mode and r["replay"] == replay_mode
                and r["trace"] == trace and r["pool"] == pool]
-        if sel:
-            ratios = np.array([r["reuse_vs_stock"] for r in sel])
-            print(f"{trace} traces, pool {pool:g} k/layer, ctx >= 8k, replay {replay_mode}, {mode}: stock/reuse "
+        for stock in ("stock", "stock_qrep") if sel else ():
+            ratios = np.array([r["reuse_vs_" + stock] for r in sel])
+            print(f"{trace} traces, pool {pool:g} k/layer, ctx >= 8k, replay {replay_mode}, {mode}: {stock}/reuse "
                   f"bytes ratio mean {ratios.mean():.2f} min {ratios.min():.2f} max {ratios.max():.2f} over "
                   f"{len(sel)} (k, ctx) windows")
     png = os.path.join(args.out, "bytes_per_token.png")

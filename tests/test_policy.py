@@ -23,16 +23,20 @@ def _profiles():
 
 @pytest.mark.parametrize("profile", _profiles(), ids=lambda p: p.name)
 @pytest.mark.parametrize("fmt", ["nvfp4_368", "fp8_ds_mla"])
-def test_never_picks_the_slower_path(profile, fmt):
+@pytest.mark.parametrize("qrep", [False, True], ids=["ag_rs", "qrep_a2a"])
+def test_never_picks_the_slower_path(profile, fmt, qrep):
     """Grid of steps: the policy's choice is never rated slower by the full cost model
-    (``costmodel.predict``, which also prices the indexer and attention both paths share)."""
+    (``costmodel.predict``, which also prices the indexer and attention both paths share), for
+    stock DCP as vLLM's default (ag_rs, gathered queries) and as its GLM-MoE-DSA default
+    (replicated queries, a2a)."""
     picks = set()
+    stock_shape = {"backend": "a2a" if qrep else "ag_rs", "q_replicated": qrep}
     for batch, rows, ctx, nf in itertools.product((1, 2, 8), (1, 4), (0, 100, 2048, 8192, 65536, 262144),
                                                  (1.0, 0.5, 0.3, 0.1, 0.0)):
         ur = 1.75 if rows == 4 else 1.0
         step = cm.StepSpec(batch=batch, rows=rows, context=ctx, union_ratio=ur, new_fraction=nf,
-                           record_format=fmt)
-        pol = StepPolicy(profile, record_format=fmt, max_depth=3, env={})
+                           record_format=fmt, **stock_shape)
+        pol = StepPolicy(profile, record_format=fmt, max_depth=3, env={}, **stock_shape)
         u = cm.selected_tokens(step)
         d = pol.decide([rows] * batch, [ctx] * batch, [u] * batch, [nf] * batch)
         stock = cm.predict(step, profile, "stock", 0).total_us
@@ -42,6 +46,24 @@ def test_never_picks_the_slower_path(profile, fmt):
         picks.add(d.path)
     if profile.name == "lean":
         assert picks == {"stock", "selected"}  # the grid exercises both outcomes
+
+
+@pytest.mark.parametrize("profile", _profiles(), ids=lambda p: p.name)
+def test_replicated_queries_make_stock_win_more_often(profile):
+    """Stock with replicated queries moves fewer bytes, so wherever the policy picks stock against
+    ag_rs it picks stock against qrep + a2a too, and on the lean profile some steps flip."""
+    flips = 0
+    for batch, rows, ctx, nf in itertools.product((1, 2, 8), (1, 4), (2048, 65536), (1.0, 0.3, 0.0)):
+        ur = 1.75 if rows == 4 else 1.0
+        u = cm.selected_tokens(cm.StepSpec(batch=batch, rows=rows, context=ctx, union_ratio=ur))
+        args = ([rows] * batch, [ctx] * batch, [u] * batch, [nf] * batch)
+        ag = StepPolicy(profile, env={}).decide(*args)
+        qrep = StepPolicy(profile, env={}, backend="a2a", q_replicated=True).decide(*args)
+        assert qrep.stock_us < ag.stock_us
+        assert ag.path == "selected" or qrep.path == "stock"
+        flips += ag.path != qrep.path
+    if profile.name == "lean":
+        assert flips > 0
 
 
 @pytest.mark.parametrize("profile", _profiles(), ids=lambda p: p.name)

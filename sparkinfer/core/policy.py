@@ -88,7 +88,7 @@ class StepPolicy:
 
     def __init__(self, profile: cm.NodeProfile, geom: ModelGeometry = GLM52, *, tp: int = 4,
                  dcp: int | None = None, record_format: str = "nvfp4_368", backend: str = "ag_rs",
-                 max_depth: int = 3, workspace_bytes: int | None = None, mode: str | None = None,
+                 q_replicated: bool = False, max_depth: int = 3, workspace_bytes: int | None = None, mode: str | None = None,
                  env=None, prior_new_fraction: float | None = None):
         dcp = profile.world_size if dcp is None else dcp
         if dcp != profile.world_size:
@@ -105,7 +105,7 @@ class StepPolicy:
         p = profile
         # stock: per layer ops * collective + link time, linear in query rows
         one = acc.stock_dcp_layer(acc.StockDcpShape(rows=1, num_heads=geom.num_heads, tp=tp, dcp=dcp,
-                                                    backend=backend))
+                                                    backend=backend, q_replicated=q_replicated))
         self._stock_fixed = one.ops * (p.collective_us + p.link_latency_us)
         self._stock_per_row = float(cm.link_us(one.tx.max(), one.rx.max(), (one.tx + one.rx).max(), p))
         # selected: link time per union record per layer (even spread over owners), fixed costs
