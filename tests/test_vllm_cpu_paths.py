@@ -59,7 +59,7 @@ def test_run_indexer_matches_reference_per_request():
 
 def test_float_cache_attention_matches_float64():
     pytest.importorskip("vllm")
-    from sparkinfer.vllm.cpu_sparse_mla import float_cache_attention
+    from sparkinfer.vllm.sparse_mla_backend import float_cache_attention
 
     g = torch.Generator().manual_seed(2)
     cache = torch.randn(3, 4, 576, generator=g)

@@ -156,7 +156,7 @@ def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch):
     assert len(dcp1) == MAX_TOKENS
     assert dcp2 == dcp1
     if cache_dtype != "auto":  # selected records: the exchange replaces the LSE merge
-        from sparkinfer.vllm.cpu_selected import gathered_steps, selected_steps
+        from sparkinfer.vllm.selected_runtime import gathered_steps, selected_steps
 
         selected, steps = _greedy(tiny, monkeypatch, 2, mode="selected", probe=selected_steps,
                                   kv_cache_dtype=cache_dtype)
@@ -192,7 +192,7 @@ def test_mtp3_stock_and_selected_equal_dcp1(tp, model, request, monkeypatch):
     workers on the 2-core box (about 80 s per engine): each rank owns a quarter of each 64 x 4-token
     page, the exchange has 3 peers per rank, and each rank attends with one head."""
     pytest.importorskip("vllm")
-    from sparkinfer.vllm.cpu_selected import selected_steps
+    from sparkinfer.vllm.selected_runtime import selected_steps
 
     model_dir = request.getfixturevalue(model)
     mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}, "kv_cache_dtype": "nvfp4_368"}

@@ -68,7 +68,7 @@ def _record_rows(mp, run: Run):
     """While ``mp`` lasts, record the rows per request of every sparse-attention and indexer call
     into ``run`` (the engine runs in-process)."""
     from sparkinfer.vllm import cpu_indexer
-    from sparkinfer.vllm.cpu_sparse_mla import SparkinferSparseMLAImpl
+    from sparkinfer.vllm.sparse_mla_backend import SparkinferSparseMLAImpl
 
     forward_mqa, run_indexer = SparkinferSparseMLAImpl.forward_mqa, cpu_indexer.run_indexer
 

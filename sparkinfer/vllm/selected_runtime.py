@@ -16,8 +16,8 @@ format). The backend calls it at three points of a step:
 
 Patched ``MLAAttention.forward`` skips the query all-gather and the LSE combine of a selected
 step: each rank's heads already saw every selected record. The fabric is the host fabric over the
-DCP group's gloo group, built at the first selected step (a collective: every rank reaches it in
-the same step).
+DCP group's gloo group (the CUDA fabric when the caches are on a GPU: not run yet), built at the
+first selected step (a collective: every rank reaches it in the same step).
 """
 
 from __future__ import annotations
@@ -128,11 +128,12 @@ class SelectedRuntime:
                 raise RuntimeError(f"selected decode: no sparse-MLA attention layer found for model layer(s) {missing}")
         return self._layers
 
-    def _build_decoder(self, scale: float):
+    def _build_decoder(self, scale: float, device: torch.device):
+        """The executor over the configured fabric (``auto``: ``cuda`` for caches on a GPU, copy
+        engines and IPC slabs, device-sized; ``host`` otherwise, the shared-memory stand-in)."""
         from vllm.distributed.parallel_state import get_dcp_group
 
         from sparkinfer.comm.exchange import SelectedExchange
-        from sparkinfer.comm.host_fabric import HostFabric
         from sparkinfer.comm.slab import SlabLayout
         from sparkinfer.vllm.selected_decode import SelectedDecode
 
@@ -141,17 +142,22 @@ class SelectedRuntime:
         # a decode step's pairs move in one round (C >= B * R * K); a gathered one in as many as it needs
         layout = SlabLayout(group.world_size, self.fmt.record_bytes,
                             capacity=max(1, self.max_batch * self.rows * self.topk), max_layers=depth + 1, depth=2)
-        fabric = HostFabric(layout, group=group.cpu_group, timeout_s=60)
+        kind = self.config.fabric if self.config.fabric != "auto" else ("cuda" if device.type == "cuda" else "host")
+        if kind == "cuda":
+            from sparkinfer.comm.cuda_fabric import CudaFabric as fabric_cls
+        else:
+            from sparkinfer.comm.host_fabric import HostFabric as fabric_cls
+        fabric = fabric_cls(layout, group=group.cpu_group, timeout_s=60)
         log.info("sparkinfer: selected-record decode on the %s fabric, DCP %d, R %d, top-k %d, depth %d",
                  fabric.kind, group.world_size, self.rows, self.topk, depth)
-        return SelectedDecode(SelectedExchange(fabric), self.fmt, DcpLayout(group.world_size, self.interleave),
+        return SelectedDecode(SelectedExchange(fabric, "device" if kind == "cuda" else "host"), self.fmt, DcpLayout(group.world_size, self.interleave),
                               self.pattern, max_batch=self.max_batch, rows=self.rows, topk=self.topk, depth=depth,
-                              scale=scale, backend="torch", gather_rows=self.gather_rows)
+                              scale=scale, backend="torch" if kind == "host" else "auto", gather_rows=self.gather_rows)
 
     def attend(self, layer, q_nope: torch.Tensor, q_rope: torch.Tensor, topk_buffer: torch.Tensor, md):
         """(out [T, H, 512], lse [T, H]) of this rank's heads at ``layer`` (an MLAAttention)."""
         if self.decoder is None:
-            self.decoder = self._build_decoder(layer.impl.scale)
+            self.decoder = self._build_decoder(layer.impl.scale, q_nope.device)
         idx = _layer_index(layer.layer_name)
         n = q_nope.shape[0]
         gathered = md.sparkinfer_gather
