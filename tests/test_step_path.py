@@ -20,7 +20,7 @@ def _path(mode="auto", dcp=4, record_format=True, max_batch=8, policy=None):
 @pytest.mark.parametrize("kwargs, lens, reason", [
     ({"mode": "stock"}, [R, R], "mode stock"),
     ({"mode": "selected", "dcp": 1}, [R, R], "DCP size 1"),
-    ({"mode": "selected", "record_format": False}, [R, R], "not a sparkinfer record format"),
+    ({"mode": "selected", "record_format": False}, [R, R], "not a record format"),
     ({"mode": "selected"}, [R, 17], f"exactly {R} rows"),  # a prefill chunk in the batch
     ({"mode": "selected"}, [R, 2], f"exactly {R} rows"),  # fewer drafts for one request
     ({"mode": "selected", "max_batch": 1}, [R, R], "more than 1 requests"),

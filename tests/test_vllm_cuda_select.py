@@ -49,6 +49,7 @@ CASES = [
     ("sm121_368", 12, "nvfp4_ds_mla:fp8-rope-368", True),
     ("sm120_dense_mla", 12, "auto", False),
     ("sm120_fp8_ds_mla", 12, "fp8_ds_mla", True),
+    ("sm120_fp8_per_token_head", 12, "fp8_per_token_head", True),
     ("sm90_368", 9, "nvfp4_ds_mla:fp8-rope-368", True),
 ]
 
@@ -62,7 +63,7 @@ def selection():
     return json.loads(lines[0][len("RESULT"):])
 
 
-@pytest.mark.parametrize("case", ["sm120_368", "sm120_432", "sm120_auto", "sm121_368"])
+@pytest.mark.parametrize("case", ["sm120_368", "sm120_432", "sm120_auto", "sm121_368", "sm120_fp8_ds_mla"])
 def test_dsa_models_on_sm12x_get_the_sparkinfer_backend(selection, case):
     from sparkinfer.vllm.platforms import BACKEND_NAME, BACKEND_PATH
 
@@ -80,10 +81,10 @@ def test_dense_mla_models_on_sm12x_keep_upstream_choice(selection):
 
 
 def test_formats_the_backend_cannot_read_are_refused(selection):
-    """fp8_ds_mla (656 B) is FlashInfer SM120's format; the backend does not claim it."""
+    """fp8 per-token-head is not a record format: vLLM's next backend is chosen."""
     from sparkinfer.vllm.platforms import BACKEND_PATH
 
-    case = selection["sm120_fp8_ds_mla"]
+    case = selection["sm120_fp8_per_token_head"]
     assert case["chosen"] != BACKEND_PATH and "kv_cache_dtype not supported" in case["our_reasons"]
 
 

@@ -148,7 +148,7 @@ def tiny(tmp_path_factory):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("cache_dtype", ["auto", "nvfp4_368", "nvfp4_432"])
+@pytest.mark.parametrize("cache_dtype", ["auto", "nvfp4_368", "nvfp4_432", "fp8_ds_mla"])
 def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch):
     pytest.importorskip("vllm")
     dcp1 = _greedy(tiny, monkeypatch, 1, kv_cache_dtype=cache_dtype)

@@ -51,7 +51,7 @@ SPEC_METRICS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_token
 # (fp32 summation order only; any swapped selection costs > 1e-2); nvfp4_368 0.064 / 0.017 (top-k 8),
 # 0.035 / 0.0087 (keep-all); nvfp4_432 0.044 / 0.014 (top-k 8), 0.043 / 0.015 (keep-all). The
 # bounds are ~3x the worst measured value of each format.
-KL_BOUND = {"auto": (1e-5, 1e-6), "nvfp4_368": (0.2, 0.05), "nvfp4_432": (0.15, 0.05)}
+KL_BOUND = {"auto": (1e-5, 1e-6), "nvfp4_368": (0.2, 0.05), "nvfp4_432": (0.15, 0.05), "fp8_ds_mla": (0.08, 0.02)}
 
 
 @dataclass
@@ -235,7 +235,7 @@ def kl_per_position(ref: torch.Tensor, test: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("selection", ["keep_all", "topk8"])
-@pytest.mark.parametrize("cache_dtype", ["auto", "nvfp4_368", "nvfp4_432"])
+@pytest.mark.parametrize("cache_dtype", ["auto", "nvfp4_368", "nvfp4_432", "fp8_ds_mla"])
 def test_kl_to_reference_within_bound(models, runs, cache_dtype, selection):
     # keep_all/auto: the MTP run (saves an engine start; its logprobs are the target model's)
     run = runs(selection, cache_dtype, (selection, cache_dtype) == ("keep_all", "auto"))

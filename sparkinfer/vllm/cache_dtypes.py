@@ -18,8 +18,18 @@ CACHE_DTYPES = (NVFP4_368.name, NVFP4_432.name)
 ACCEPTED_NAMES = CACHE_DTYPES + (NVFP4_368.short, NVFP4_432.short)
 
 
+#: record formats the sparkinfer backend reads and writes: its own two and vLLM's 656-byte
+#: ``fp8_ds_mla`` (FlashMLA's layout, record-formats.md), which vLLM already sizes itself.
+RECORD_DTYPES = CACHE_DTYPES + ("fp8_ds_mla",)
+
+
 def is_sparkinfer_cache_dtype(cache_dtype: object) -> bool:
     return isinstance(cache_dtype, str) and cache_dtype in ACCEPTED_NAMES
+
+
+def is_record_cache_dtype(cache_dtype: object) -> bool:
+    """A fixed-width record format the sparkinfer backend encodes, reads and exchanges."""
+    return is_sparkinfer_cache_dtype(cache_dtype) or cache_dtype == "fp8_ds_mla"
 
 
 def canonical_cache_dtype(cache_dtype: str) -> str:

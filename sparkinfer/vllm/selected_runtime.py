@@ -2,8 +2,8 @@
 
 One ``SelectedRuntime`` per worker process (``SelectedRuntime.of(vllm_config)`` from the metadata
 builder, ``SelectedRuntime.current()`` from the attention impl; None when the engine can never
-take the selected path: DCP 1, mode stock, or a cache dtype that is not a sparkinfer record
-format). The backend calls it at three points of a step:
+take the selected path: DCP 1, mode stock, a cache dtype that is not a record format (368, 432,
+656 B), or a sharded indexer). The backend calls it at three points of a step:
 
 * metadata build (``choose``): the ``StepPath`` gates on the step's rows and contexts; identical
   on every rank (the scheduler output is), so every rank of the DCP group takes the same path;
@@ -31,7 +31,8 @@ from vllm.forward_context import get_forward_context
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.accounting import StockDcpShape
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
-from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype, is_sparkinfer_cache_dtype
+from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype, is_record_cache_dtype
+from sparkinfer.vllm.indexer_layout import indexer_replicated
 from sparkinfer.vllm.step_path import StepPath
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,10 @@ class SelectedRuntime:
         key = id(vllm_config)
         if key not in _runtimes:
             cfg = from_additional_config(vllm_config.additional_config)
+            # every rank must compute the same top-k (replicated indexer) to plan the same exchange
             eligible = (vllm_config.parallel_config.decode_context_parallel_size > 1 and cfg.mode != "stock"
-                        and is_sparkinfer_cache_dtype(vllm_config.cache_config.cache_dtype))
+                        and is_record_cache_dtype(vllm_config.cache_config.cache_dtype)
+                        and indexer_replicated(vllm_config))
             _runtimes[key] = cls(vllm_config) if eligible else None
             _current[0] = _runtimes[key]
         return _runtimes[key]

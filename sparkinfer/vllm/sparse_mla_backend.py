@@ -10,7 +10,7 @@ they run on either device) and changes three things:
   top-k tokens. Per token it records its request (``token_req``, on the cache's device) for the
   block table;
 * ``forward_mqa``: logical top-k (``topk_indices_buffer``, written by the indexer) -> physical
-  slots -> attention, returning (out [T, H, 512], lse [T, H]). Record formats (368/432) go through
+  slots -> attention, returning (out [T, H, 512], lse [T, H]). Record formats (368/432/656) go through
   ``paged_sparse_mla`` (``sparkinfer.attention``: the Triton kernel on a GPU, torch on CPU); the
   unquantized cache (``auto``: float [num_blocks, block_size, 576], latent then rope) through the
   float path below;
@@ -32,7 +32,7 @@ from vllm.v1.attention.backend import AttentionMetadataBuilder, MultipleOf
 from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
 
 from sparkinfer.core.layouts import LATENT_DIM
-from sparkinfer.vllm.cache_dtypes import CACHE_DTYPES, is_sparkinfer_cache_dtype, write_records
+from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, is_record_cache_dtype, write_records
 from sparkinfer.vllm.cpu_indexer import token_layout
 from sparkinfer.vllm.selected_runtime import SelectedRuntime
 from sparkinfer.vllm.paged_sparse_mla import compact_pages, paged_sparse_mla, topk_to_slots
@@ -145,7 +145,7 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
         # Under DCP the top-k is global (the indexer is replicated): keep this rank's tokens only; a row
         # with none gets lse -inf, and vLLM merges the ranks' partials with their LSEs.
         dcp = (self.dcp_rank, self.dcp_world_size, md.dcp_interleave)
-        if is_sparkinfer_cache_dtype(self.kv_cache_dtype):
+        if is_record_cache_dtype(self.kv_cache_dtype):
             out, lse = paged_sparse_mla(q_nope, q_rope, kv_c_and_k_pe_cache, self.kv_cache_dtype, topk,
                                         md.token_req[:n], md.block_table, self.scale, *dcp)
         else:
@@ -163,7 +163,7 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
         # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: write into
         # contiguous copies of the touched pages, then copy them back.
         pages, slots, blocks = compact_pages(kv_cache, slot_mapping.flatten().to(torch.int64))
-        if is_sparkinfer_cache_dtype(kv_cache_dtype):
+        if is_record_cache_dtype(kv_cache_dtype):
             write_records(kv_cache_dtype, kv_c_normed, k_pe, pages, slots)
         else:
             super().do_kv_cache_update(kv_c_normed, k_pe, pages, slots, kv_cache_dtype, k_scale)
@@ -172,7 +172,7 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
 
 
 class SparkinferSparseMLABackend(CPUMLABackend):
-    supported_kv_cache_dtypes: ClassVar[list] = ["auto", *CACHE_DTYPES]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", *RECORD_DTYPES]
 
     @staticmethod
     def get_name() -> str:

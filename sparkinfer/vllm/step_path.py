@@ -5,7 +5,7 @@ reason is logged once per process (a serving engine takes this decision every st
 
 1. ``mode`` stock                               -> stock
 2. DCP size 1                                   -> stock: every record is local
-3. a cache dtype that is not a sparkinfer record format (368/432 B) -> stock: the exchange moves
+3. a cache dtype that is not a record format (368/432/656 B) -> stock: the exchange moves
    fixed-width records
 4. rows not uniform (a prefill chunk in the batch, or requests with different numbers of
    speculative rows: the union assumes R rows per request) -> a gathered step (every rank gets
@@ -78,7 +78,7 @@ class StepPath:
         if self.dcp == 1:
             return self._stock("DCP size 1: every record is local")
         if not self.record_format:
-            return self._stock("the KV cache dtype is not a sparkinfer record format (nvfp4_368 / nvfp4_432)")
+            return self._stock("the KV cache dtype is not a record format (nvfp4_368 / nvfp4_432 / fp8_ds_mla)")
         if not query_lens:
             return StepChoice("stock", 0, "empty step")
         if any(q != self.rows for q in query_lens):
