@@ -26,6 +26,31 @@ def test_shipped_profiles_load():
         (55.0, 107.0, 0.4, 2.0, 1790.0)
 
 
+def test_find_profile_by_device_name_and_world():
+    """auto inside vLLM models only the node the RTX profile was fitted to; the H200 profile is an
+    estimate and matches no device."""
+    rtx = cm.find_profile("NVIDIA RTX PRO 6000 Blackwell Server Edition", 4)
+    assert rtx is not None and rtx.name == "rtx_pro_6000_x4"
+    assert cm.find_profile("NVIDIA RTX PRO 6000 Blackwell Server Edition", 2) is None  # fitted for 4 GPUs
+    assert cm.find_profile("NVIDIA H200", 4) is None
+    assert cm.find_profile("cpu", 4) is None
+
+
+def test_geometry_from_a_hugging_face_config():
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from sparkinfer.core.geometry import ModelGeometry
+
+    hf = SimpleNamespace(model_type="glm_moe_dsa", num_hidden_layers=GLM52.num_layers, num_nextn_predict_layers=1,
+                         num_attention_heads=64, kv_lora_rank=512, qk_rope_head_dim=64, index_n_heads=32,
+                         index_head_dim=128, index_topk=2048, index_topk_pattern=GLM52.index_share)
+    geom = ModelGeometry.from_hf_config(hf)
+    assert geom == replace(GLM52, name="glm_moe_dsa")
+    hf.index_topk_pattern = None  # no IndexShare: every layer runs the indexer
+    assert ModelGeometry.from_hf_config(hf).pattern.full_layers == list(range(GLM52.num_layers))
+
+
 def test_profile_validation(tmp_path, rtx):
     d = rtx.to_dict()
     for bad, msg in ((dict(d, bw_dir_GBps=0), "bandwidths"), (dict(d, copy_us=-1), "copy_us"),

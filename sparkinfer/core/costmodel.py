@@ -73,6 +73,7 @@ class NodeProfile:
     base_row_us: float  # added per extra query row in the step
     mode: str = "auto"  # auto | stock | selected (environment VLLM_SPARKINFER_MODE overrides)
     source: str = ""  # where the numbers come from
+    gpu: str = ""  # part of the CUDA device name that auto applies it to ("": none, e.g. an estimate)
 
     def __post_init__(self):
         for f in fields(self):
@@ -93,7 +94,7 @@ class NodeProfile:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"unknown profile fields {unknown}; expected {sorted(names)}")
-        missing = sorted(f.name for f in fields(cls) if f.name not in d and f.name not in ("mode", "source"))
+        missing = sorted(f.name for f in fields(cls) if f.name not in d and f.name not in ("mode", "source", "gpu"))
         if missing:
             raise ValueError(f"profile is missing fields {missing}")
         return cls(**d)
@@ -117,6 +118,17 @@ def load_profile(name_or_path: str) -> NodeProfile:
         raise ValueError(f"no profile {name_or_path!r}: not a file and not one of {have}")
     with open(path) as f:
         return NodeProfile.from_dict(json.load(f))
+
+
+def find_profile(device_name: str, world_size: int) -> NodeProfile | None:
+    """The shipped profile for ``world_size`` GPUs named like ``device_name`` (its ``gpu`` is part
+    of the name, case-insensitive), or None: a node without one is not modelled."""
+    for f in sorted(os.listdir(PROFILE_DIR)):
+        if f.endswith(".json"):
+            p = load_profile(os.path.join(PROFILE_DIR, f))
+            if p.gpu and p.gpu.lower() in device_name.lower() and p.world_size == world_size:
+                return p
+    return None
 
 
 @dataclass(frozen=True)

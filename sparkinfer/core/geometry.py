@@ -43,6 +43,17 @@ class ModelGeometry:
         if self.num_mtp_layers < 0:
             raise ValueError(f"{self.name}: num_mtp_layers must be >= 0")
 
+    @classmethod
+    def from_hf_config(cls, hf) -> "ModelGeometry":
+        """The geometry of a served DSA model from its Hugging Face config (vLLM's ``hf_config``:
+        ``index_topk_pattern`` as vLLM reads IndexShare, else every layer Full)."""
+        layers = hf.num_hidden_layers
+        return cls(name=getattr(hf, "model_type", "dsa"), num_layers=layers,
+                   num_mtp_layers=getattr(hf, "num_nextn_predict_layers", 0) or 0,
+                   num_heads=hf.num_attention_heads, kv_lora_rank=hf.kv_lora_rank, rope_dim=hf.qk_rope_head_dim,
+                   index_heads=hf.index_n_heads, index_dim=hf.index_head_dim, topk=hf.index_topk,
+                   index_share=getattr(hf, "index_topk_pattern", None) or "F" * layers)
+
     @cached_property
     def pattern(self) -> IndexSharePattern:
         return IndexSharePattern.parse(self.index_share, self.num_layers)

@@ -73,7 +73,7 @@ class SelectedRuntime:
                               backend=par.dcp_comm_backend or "ag_rs", q_bytes=itemsize, out_bytes=itemsize,
                               q_replicated=bool(par.dcp_q_replicate))
         self.path = StepPath(self.config, dcp=self.dcp, record_format=True, rows=self.rows,
-                             max_batch=self.max_batch, gather_rows=self.gather_rows,
+                             max_batch=self.max_batch, policy=self._policy(hf, stock), gather_rows=self.gather_rows,
                              layout=DcpLayout(self.dcp, self.interleave), record_bytes=self.fmt.record_bytes,
                              stock=stock)
         self.decoder = None
@@ -84,6 +84,25 @@ class SelectedRuntime:
         self.gathered = 0  # of which gathered (rows not uniform: prefill chunks)
         self.gathered_records = 0  # records this rank received in gathered steps
         self.selected = False  # the step being built / run takes the selected or gathered path
+
+    def _policy(self, hf, stock: StockDcpShape):
+        """``auto``'s cost model for decode steps when a shipped profile describes this node (GPU
+        name and DCP size, ``costmodel.find_profile``), with stock DCP priced as vLLM will run it;
+        None otherwise: ``auto`` decode steps then stay stock (``StepPath``). Not run yet: needs a GPU."""
+        if self.config.mode != "auto" or not torch.cuda.is_available():
+            return None
+        from sparkinfer.core.costmodel import find_profile
+        from sparkinfer.core.geometry import ModelGeometry
+        from sparkinfer.core.policy import StepPolicy
+
+        profile = find_profile(torch.cuda.get_device_name(), self.dcp)
+        if profile is None:
+            return None
+        log.info("sparkinfer: auto decides each decode step with the %s profile", profile.name)
+        return StepPolicy(profile, ModelGeometry.from_hf_config(hf), tp=stock.tp, dcp=self.dcp,
+                          record_format=self.fmt.name, backend=stock.backend, q_replicated=stock.q_replicated,
+                          max_depth=self.config.prefetch_depth, workspace_bytes=self.config.pool_mb * 2**20,
+                          mode="auto", env={})
 
     @classmethod
     def of(cls, vllm_config) -> "SelectedRuntime | None":
