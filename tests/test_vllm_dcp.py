@@ -10,7 +10,8 @@ ranks), and with index_topk >= the sequence TP2/DCP2 reproduces transformers' fp
 With the 368 and 432 records, TP2/DCP2 in sparkinfer mode ``selected`` (every decode step fetches
 the selected records over the host fabric and attends locally, no LSE merge; the prefill is a
 gathered step, and chunked into 8-token steps its later chunks fetch exactly their cached prefix
-from the other rank) gives the same tokens again, and both workers report every step as taken. With
+from the other rank) gives the same tokens again, and both workers' transport ledgers count every
+step, the records delivered and stock DCP's bytes for the same rows as computed by hand. With
 MTP (3 speculative tokens, 368 records) TP2/DCP2 stock and selected equal TP1/DCP1 with MTP.
 TP4/DCP4 (a 4-head variant of the model: one head per rank) with MTP3 and 368 records, stock and
 selected, equals TP1/DCP1 with MTP, and with index_topk >= the sequence reproduces transformers.
@@ -156,23 +157,35 @@ def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch):
     assert len(dcp1) == MAX_TOKENS
     assert dcp2 == dcp1
     if cache_dtype != "auto":  # selected records: the exchange replaces the LSE merge
-        from sparkinfer.vllm.selected_runtime import gathered_steps, selected_steps
-
-        selected, steps = _greedy(tiny, monkeypatch, 2, mode="selected", probe=selected_steps,
-                                  kv_cache_dtype=cache_dtype)
-        assert selected == dcp1
-        assert steps == [MAX_TOKENS] * 2  # every step on both ranks: the prefill gathered, 5 decode steps
-        # chunked prefill (8 tokens per step): the second and third chunks fetch their cached prefix
-        chunked, gathered = _greedy(tiny, monkeypatch, 2, mode="selected", probe=gathered_steps,
-                                    kv_cache_dtype=cache_dtype, max_num_batched_tokens=8,
-                                    enable_chunked_prefill=True)
-        assert chunked == dcp1
         from sparkinfer.core.topology import DcpLayout
+        from sparkinfer.formats import get_format
+        from sparkinfer.vllm.selected_runtime import transport_ledger
 
+        selected, ledgers = _greedy(tiny, monkeypatch, 2, mode="selected", probe=transport_ledger,
+                                    kv_cache_dtype=cache_dtype)
+        assert selected == dcp1
+        # stock DCP as vLLM runs this model (replicated queries, a2a): per row and layer each rank
+        # receives its one head's fp32 partial output and LSE (512 + 1 floats) from the other rank
+        stock_per_row = (512 + 1) * 4 * 4  # x 4 layers
+        W = get_format(cache_dtype).record_bytes
+        for led in ledgers:
+            sel, gat = led["selected"], led["gather"]
+            assert (sel["steps"], sel["rows"]) == (MAX_TOKENS - 1, MAX_TOKENS - 1)  # every decode step
+            assert (gat["steps"], gat["rows"], gat["records_recv"]) == (1, len(PROMPT), 0)  # cold prefill: all own
+            assert 0 < sel["records_recv"] <= sel["rows"] * 8 * 4  # at most the top-k 8 per row and layer
+            assert sel["bytes_recv"] == sel["records_recv"] * W
+            assert (sel["stock_bytes"], gat["stock_bytes"]) == (sel["rows"] * stock_per_row, gat["rows"] * stock_per_row)
+            print(f"{cache_dtype} TP2/DCP2, bytes into one rank: decode selected {sel['bytes_recv']} vs stock "
+                  f"{sel['stock_bytes']}, prefill gathered {gat['bytes_recv']} vs stock {gat['stock_bytes']}")
+        # chunked prefill (8 tokens per step): the second and third chunks fetch their cached prefix
+        chunked, ledgers = _greedy(tiny, monkeypatch, 2, mode="selected", probe=transport_ledger,
+                                   kv_cache_dtype=cache_dtype, max_num_batched_tokens=8,
+                                   enable_chunked_prefill=True)
+        assert chunked == dcp1
         lay = DcpLayout(2, 1)
-        for rank, (n_steps, records) in enumerate(gathered):
-            assert n_steps == 3  # chunks at contexts 0, 8, 16
-            assert records == sum(c - lay.local_len(c, rank) for c in (0, 8, 16)) * 4  # x 4 layers
+        for rank, led in enumerate(ledgers):
+            assert led["gather"]["steps"] == 3  # chunks at contexts 0, 8, 16
+            assert led["gather"]["records_recv"] == sum(c - lay.local_len(c, rank) for c in (0, 8, 16)) * 4
 
 
 @pytest.fixture(scope="module")
@@ -192,15 +205,17 @@ def test_mtp3_stock_and_selected_equal_dcp1(tp, model, request, monkeypatch):
     workers on the 2-core box (about 80 s per engine): each rank owns a quarter of each 64 x 4-token
     page, the exchange has 3 peers per rank, and each rank attends with one head."""
     pytest.importorskip("vllm")
-    from sparkinfer.vllm.selected_runtime import selected_steps
+    from sparkinfer.vllm.selected_runtime import transport_ledger
 
     model_dir = request.getfixturevalue(model)
     mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}, "kv_cache_dtype": "nvfp4_368"}
     dcp1 = _greedy(model_dir, monkeypatch, 1, **mtp)
     assert _greedy(model_dir, monkeypatch, tp, **mtp) == dcp1
-    selected, steps = _greedy(model_dir, monkeypatch, tp, mode="selected", probe=selected_steps, **mtp)
+    selected, ledgers = _greedy(model_dir, monkeypatch, tp, mode="selected", probe=transport_ledger, **mtp)
     assert selected == dcp1
+    steps = [led["selected"]["steps"] for led in ledgers]
     assert len(steps) == tp and len(set(steps)) == 1 and steps[0] > 0  # the same selected steps on every rank
+    assert ledgers[0]["selected"]["rows"] == 4 * steps[0]  # verification steps: 1 + 3 rows each
 
 
 @pytest.mark.vllm

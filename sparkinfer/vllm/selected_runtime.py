@@ -23,13 +23,14 @@ first selected step (a collective: every rank reaches it in the same step).
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from vllm.forward_context import get_forward_context
 
 from sparkinfer.config import from_additional_config
-from sparkinfer.core.accounting import StockDcpShape
+from sparkinfer.core.accounting import StockDcpShape, stock_dcp_layer
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype, is_record_cache_dtype
 from sparkinfer.vllm.indexer_layout import indexer_replicated
@@ -79,10 +80,10 @@ class SelectedRuntime:
         self.decoder = None
         self._records: dict[int, torch.Tensor] = {}  # kv_cache data_ptr -> uint8 [T, W] of this step
         self._step = None  # forward context of the step in progress
+        self._charge: PathLedger | None = None  # the ledger of the step in progress
         self._layers: dict[int, object] | None = None
-        self.steps = 0  # steps that took the selected or gathered path (for tests and logs)
-        self.gathered = 0  # of which gathered (rows not uniform: prefill chunks)
-        self.gathered_records = 0  # records this rank received in gathered steps
+        self.stock = stock
+        self.ledger = {"selected": PathLedger(), "gather": PathLedger()}
         self.selected = False  # the step being built / run takes the selected or gathered path
 
     def _policy(self, hf, stock: StockDcpShape):
@@ -192,27 +193,42 @@ class SelectedRuntime:
             if gathered:
                 self.decoder.gather()
             self._step = step
-            self.steps += 1
-            self.gathered += gathered
+            self._charge = self.ledger["gather" if gathered else "selected"]
+            self._charge.start(n, stock_dcp_layer(replace(self.stock, rows=n)).rx.max() * self.num_layers)
         if not gathered and self.pattern.is_full(idx):
             self.decoder.full_layer(idx, topk_buffer[:n].to(torch.int32))
         records = self._records.pop(layer.kv_cache.data_ptr(), None)
         if records is None:
             raise RuntimeError(f"selected decode: layer {idx} attends before its cache write stashed the step's records")
         out = self.decoder.attend(idx, q_nope, q_rope, records, topk_buffer[:n] if gathered else None)
-        if gathered and idx == self.num_layers - 1:
-            self.gathered_records += self.decoder.step_stats().records_recv
+        if idx == self.num_layers - 1:  # the step's exchanges are all complete
+            self._charge.finish(self.decoder.step_stats().records_recv, self.fmt.record_bytes)
         return out
 
 
-def selected_steps(worker=None) -> int:
-    """Selected or gathered steps this worker ran (``LLM.collective_rpc(selected_steps)`` asks every
-    worker)."""
-    rt = SelectedRuntime.current()
-    return 0 if rt is None else rt.steps
+@dataclass
+class PathLedger:
+    """What one path's steps moved into this rank, beside what stock DCP would have moved for the
+    same rows (``StockDcpShape`` as vLLM runs it, all layers): the per-engine comparison."""
+
+    steps: int = 0
+    rows: int = 0  # query rows of those steps
+    records_recv: int = 0  # records the exchanges delivered to this rank (measured)
+    bytes_recv: int = 0
+    stock_bytes: int = 0  # stock DCP's bytes into this rank for the same rows (accounting)
+
+    def start(self, rows: int, stock_bytes: int) -> None:
+        self.steps += 1
+        self.rows += rows
+        self.stock_bytes += int(stock_bytes)
+
+    def finish(self, records_recv: int, record_bytes: int) -> None:
+        self.records_recv += records_recv
+        self.bytes_recv += records_recv * record_bytes
 
 
-def gathered_steps(worker=None) -> tuple[int, int]:
-    """(gathered steps, records received in them) of this worker, for ``LLM.collective_rpc``."""
+def transport_ledger(worker=None) -> dict:
+    """This worker's ``PathLedger`` per path (``selected``, ``gather``), as dicts; empty when the
+    engine never takes those paths (``LLM.collective_rpc(transport_ledger)`` asks every worker)."""
     rt = SelectedRuntime.current()
-    return (0, 0) if rt is None else (rt.gathered, rt.gathered_records)
+    return {} if rt is None else {path: asdict(led) for path, led in rt.ledger.items()}
