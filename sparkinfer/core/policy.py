@@ -88,8 +88,8 @@ class StepPolicy:
 
     def __init__(self, profile: cm.NodeProfile, geom: ModelGeometry = GLM52, *, tp: int = 4,
                  dcp: int | None = None, record_format: str = "nvfp4_368", backend: str = "ag_rs",
-                 q_replicated: bool = False, max_depth: int = 3, workspace_bytes: int | None = None, mode: str | None = None,
-                 env=None, prior_new_fraction: float | None = None):
+                 q_replicated: bool = False, max_depth: int = 3, workspace_bytes: int | None = None,
+                 mode: str | None = None, env=None, prior_new_fraction: float | None = None):
         dcp = profile.world_size if dcp is None else dcp
         if dcp != profile.world_size:
             raise ValueError(f"dcp={dcp} but profile {profile.name!r} describes {profile.world_size} GPUs")

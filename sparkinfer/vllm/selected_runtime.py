@@ -1,4 +1,5 @@
-"""Selected-record decode inside vLLM's sparse-MLA backend at DCP > 1 (the hooks of patch 4).
+"""Selected-record decode and gathered prefill steps inside vLLM's sparse-MLA backend at DCP > 1
+(the hooks of patch 4).
 
 One ``SelectedRuntime`` per worker process (``SelectedRuntime.of(vllm_config)`` from the metadata
 builder, ``SelectedRuntime.current()`` from the attention impl; None when the engine can never
@@ -11,8 +12,9 @@ take the selected path: DCP 1, mode stock, a cache dtype that is not a record fo
   writes only this rank's tokens into the shard, and only at this layer's forward: after the
   group's exchange was issued at its Full layer, see ``selected_decode.py``);
 * attention (``attend``): the first layer of a step starts it (``begin_step`` with every DSA
-  layer's cache), a Full layer plans and prefetches its group from the replicated indexer's
-  top-k, every layer attends with this rank's heads over the fetched records.
+  layer's cache; a gathered step plans every layer there), a Full layer of a decode step plans and
+  prefetches its group from the replicated indexer's top-k, every layer attends with this rank's
+  heads over the fetched records, and the last one books the step in the ``PathLedger``.
 
 Patched ``MLAAttention.forward`` skips the query all-gather and the LSE combine of a selected
 step: each rank's heads already saw every selected record. The fabric is the host fabric over the
@@ -173,9 +175,10 @@ class SelectedRuntime:
         fabric = fabric_cls(layout, group=group.cpu_group, timeout_s=60)
         log.info("sparkinfer: selected-record decode on the %s fabric, DCP %d, R %d, top-k %d, depth %d",
                  fabric.kind, group.world_size, self.rows, self.topk, depth)
-        return SelectedDecode(SelectedExchange(fabric, "device" if kind == "cuda" else "host"), self.fmt, DcpLayout(group.world_size, self.interleave),
-                              self.pattern, max_batch=self.max_batch, rows=self.rows, topk=self.topk, depth=depth,
-                              scale=scale, backend="torch" if kind == "host" else "auto", gather_rows=self.gather_rows)
+        exchange = SelectedExchange(fabric, "device" if kind == "cuda" else "host")
+        return SelectedDecode(exchange, self.fmt, DcpLayout(group.world_size, self.interleave), self.pattern,
+                              max_batch=self.max_batch, rows=self.rows, topk=self.topk, depth=depth, scale=scale,
+                              backend="torch" if kind == "host" else "auto", gather_rows=self.gather_rows)
 
     def attend(self, layer, q_nope: torch.Tensor, q_rope: torch.Tensor, topk_buffer: torch.Tensor, md):
         """(out [T, H, 512], lse [T, H]) of this rank's heads at ``layer`` (an MLAAttention)."""
