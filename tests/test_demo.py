@@ -28,7 +28,7 @@ def test_demo_cli_check_passes_and_policy_picks_stock_on_the_rtx_profile(capsys)
     assert "PASS" in out and "top-k identical on all ranks: True" in out and "problems: 0" in out
     # the modelled RTX node prefers stock at this size; the same decision on every rank, every step
     assert out.count("policy: stock (depth 0)") == 2 and out.count("same on all ranks: True") == 2
-    assert "MISMATCH" not in out
+    assert "MISMATCH" not in out and "qrep+a2a B" in out
 
 
 def _check_reuse(rows):
@@ -50,6 +50,9 @@ def test_demo_reuse_under_the_policy_with_eviction():
     rows = s["rows"]
     assert all(r["path"] == "selected" and r["decision_agreed"] for r in rows)
     _check_reuse(rows)
+    # stock with replicated queries (vLLM's GLM-MoE-DSA default): per (src, dst) pair and layer the
+    # a2a carries 4 rows x 2 local heads x (512 + 2) bf16 (LSE packed in 2 elements); 12 pairs, 79 layers
+    assert all(r["stock_qrep"] == 12 * 79 * 4 * 2 * 514 * 2 < r["bytes"]["stock"] for r in rows)
     assert max(r["pool_rows"] for r in rows) == cap  # full: commits evicted to make room
 
 
@@ -115,7 +118,7 @@ def _fake_results(world=4):
     """A run's per-rank results whose numbers agree, to flip one thing at a time."""
     m = (np.ones((world, world), np.int64) - np.eye(world, dtype=np.int64)) * 1000
     step = {"path": "selected", "depth": 3, "stock_us": 2.0, "selected_us": 1.0, "reason": "x", "horizon": 1,
-            "plan_stock_us": 2.0, "plan_selected_us": 1.0,
+            "plan_stock_us": 2.0, "plan_selected_us": 1.0, "stock_qrep": 6000,
             "decision_agreed": True, "measured": {p: m.tolist() for p in ("stock", "selected", "reuse")},
             "accounted": {p: m.tolist() for p in ("stock", "selected", "reuse")}, "union_ratio": 1.5,
             "overlap": None, "hit_rate": 0.0, "accepted": [1], "pool_rows": 0, "err_selected": 1e-7,

@@ -275,6 +275,10 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                 measured = _gather_rows([[a - b for a, b in zip(x, y)] for x, y in zip(now, base)], world)
                 acc_stock = acc.stock_dcp_layer(acc.StockDcpShape(rows=M, num_heads=cfg.heads, tp=world, dcp=world,
                                                                   q_bytes=2, out_bytes=2)).times(pat.num_layers)
+                # vLLM's default for GLM-MoE-DSA (replicated queries, one all-to-all): accounted, not run
+                stock_qrep = acc.stock_dcp_layer(acc.StockDcpShape(
+                    rows=M, num_heads=cfg.heads, tp=world, dcp=world, backend="a2a", q_replicated=True,
+                    q_bytes=2, out_bytes=2)).times(pat.num_layers).total
             with tm("reuse commit"):
                 after = lens[s + 1].numpy()
                 # rejected drafts (positions >= the new committed length) are overwritten next step:
@@ -296,6 +300,7 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                 "reason": d.reason, "decision_agreed": decision_agreed,
                 "measured": {"stock": measured[2].tolist(), "selected": measured[0].tolist(),
                              "reuse": measured[1].tolist()},
+                "stock_qrep": int(stock_qrep),
                 "accounted": {"stock": acc_stock.matrix.tolist(), "selected": acc_plain.matrix.tolist(),
                               "reuse": acc_reuse.matrix.tolist()},
                 "copies": {"selected": (int(measured[3].sum()), acc_plain.copies),

@@ -24,6 +24,7 @@ def summarize(cfg: DemoConfig, results: list[dict]) -> dict:
             "stock_us": s0["stock_us"], "selected_us": s0["selected_us"], "horizon": s0["horizon"],
             "plan_stock_us": s0["plan_stock_us"], "plan_selected_us": s0["plan_selected_us"],
             "bytes": {p: sum(map(sum, s0["measured"][p])) for p in PATHS},
+            "stock_qrep": s0["stock_qrep"],
             "accounted": {p: sum(map(sum, s0["accounted"][p])) for p in PATHS},
             "bytes_ok": bytes_ok, "copies_ok": copies_ok, "copies": s0["copies"],
             "union_ratio": s0["union_ratio"], "overlap": s0["overlap"],
@@ -66,7 +67,7 @@ def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
     from rich.table import Table
 
     fmt = get_format(cfg.fmt)
-    con = Console(width=160)
+    con = Console(width=180)
     con.print(f"sparkinfer demo: TP{cfg.world}/DCP{cfg.world}/MTP{cfg.mtp}, {cfg.pattern.num_layers} layers "
               f"(GLM-5.2 pattern + MTP layer), {cfg.fmt} ({fmt.record_bytes} B), batch {cfg.batch}, "
               f"context {cfg.context}, top-k {cfg.topk}, {cfg.heads} heads ({cfg.local_heads}/rank), "
@@ -75,13 +76,14 @@ def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
     t = Table(title="per decode step: bytes over all (src, dst) pairs, measured (= accounting where 'ok'); "
                     "overlap: share of the top-k union already in the previous step's; hits: remote union "
                     "records the destination's pool held")
-    for c in ("step", "policy", "stock DCP B", "selected B", "sel+reuse B", "/stock", "bytes", "union/k",
-              "overlap", "hits", "accepted", "pool rows", "err sel", "err stock"):
+    for c in ("step", "policy", "stock B", "qrep+a2a B", "selected B", "sel+reuse B", "/stock", "/qrep",
+              "bytes", "union/k", "overlap", "hits", "accepted", "pool", "err sel", "err stock"):
         t.add_column(c, justify="right", no_wrap=True)
     for r in summary["rows"]:
         b = r["bytes"]
-        t.add_row(str(r["step"]), f"{r['path']} d{r['depth']}", f"{b['stock']:,}", f"{b['selected']:,}",
-                  f"{b['reuse']:,}", f"{b['reuse'] / max(1, b['stock']):.2f}x",
+        t.add_row(str(r["step"]), f"{r['path']} d{r['depth']}", f"{b['stock']:,}", f"{r['stock_qrep']:,}",
+                  f"{b['selected']:,}", f"{b['reuse']:,}", f"{b['reuse'] / max(1, b['stock']):.2f}x",
+                  f"{b['reuse'] / max(1, r['stock_qrep']):.2f}x",
                   "ok" if all(r["bytes_ok"].values()) and r["copies_ok"] else "MISMATCH", f"{r['union_ratio']:.2f}",
                   "-" if r["overlap"] is None else f"{r['overlap']:.2f}", f"{r['hit_rate']:.0%}",
                   ",".join(map(str, r["accepted"])), str(r["pool_rows"]), f"{r['err_selected']:.1e}",
@@ -112,7 +114,9 @@ def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
               "omit records the destination holds (both counted by the host fabric's copy thread), stock DCP = "
               "vLLM's ag_rs tensors (query all-gather, LSE all-gather, output reduce-scatter; bf16 queries and "
               "partial outputs, fp32 LSE) counted at the gloo calls; each compared per (src, dst) pair with "
-              "sparkinfer.core.accounting. Every step "
+              "sparkinfer.core.accounting. qrep+a2a = stock DCP as vLLM 0.32 runs GLM-MoE-DSA by default "
+              "(every rank computes every head's query, one all-to-all of outputs and LSE), accounted, not "
+              "run; /stock and /qrep = sel+reuse over each. Every step "
               "runs all paths; the policy's path is the one whose records the reuse pools keep.")
     verdict = "PASS" if summary["ok"] else "FAIL"
     con.print(f"{verdict}: tolerance {summary['tol']:g} selected, {summary['tol_stock']:g} stock (bf16 partials), "
