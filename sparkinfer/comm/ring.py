@@ -88,12 +88,18 @@ def decode_groups(pattern: IndexSharePattern, depth: int) -> list[list[int]]:
     return [[f] + pattern.prefetch_targets(f, depth) for f in pattern.full_layers]
 
 
+def prefix_union(seq_lens: torch.Tensor):
+    """``union`` int32 [B, T] (T = the longest) = positions 0 .. seq_lens[b] - 1 of each request, -1
+    after them, and ``counts`` int32 [B]: the union of a full-prefix gather (one host read)."""
+    T = int(seq_lens.max())
+    t = torch.arange(T, device=seq_lens.device)
+    union = torch.where(t[None, :] < seq_lens[:, None], t[None, :], -1).to(torch.int32)
+    return union, seq_lens.to(torch.int32)
+
+
 def prefill_planes(seq_lens: list[int], dcp: DcpLayout, device="cpu"):
     """Planes that move every rank's whole shard to every rank: workspace row ``b * T + t`` holds
     token t of request b (T = max seq_len), i.e. the unsharded cache, for the prefill ring."""
-    T = max(seq_lens)
-    B = len(seq_lens)
-    union = torch.arange(T, dtype=torch.int32, device=device).repeat(B, 1)
-    counts = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    union[torch.arange(T, device=device)[None, :] >= counts[:, None]] = -1
+    union, counts = prefix_union(torch.tensor(seq_lens, device=device))
+    B, T = union.shape
     return build_planes(union, counts, dcp, capacity=B * dcp.max_local_len(T))

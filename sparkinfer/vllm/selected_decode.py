@@ -47,7 +47,7 @@ import torch
 from sparkinfer.attention import sparse_mla_decode
 from sparkinfer.comm.exchange import ExchangeStats, SelectedExchange
 from sparkinfer.comm.pack import Shard
-from sparkinfer.comm.ring import PrefetchRing
+from sparkinfer.comm.ring import PrefetchRing, prefix_union
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.plan import build_planes, mtp_union, workspace_slots
 
@@ -124,17 +124,14 @@ class SelectedDecode:
         """Plan a gathered step: every layer's whole prefix of every request, chunk by chunk."""
         if self._shard is None or self._query_lens is None:
             raise RuntimeError("gather() needs begin_step(..., query_lens=...) first")
-        B = self._context.shape[0]
-        seq = self._context + self._query_lens
-        T = int(seq.max())  # one host read: a gathered step (prefill) is never graph-captured
+        union, counts = prefix_union(self._context + self._query_lens)  # host read: prefill is never captured
+        B, T = union.shape
         if B * T > self.ring.buf.shape[1]:
             raise ValueError(f"a gathered step of {B} requests x {T} tokens needs {B * T} workspace rows, the "
                              f"ring holds {self.ring.buf.shape[1]}: take the stock path")
-        t = torch.arange(T, device=seq.device)
-        union = torch.where(t[None, :] < seq[:, None], t[None, :], -1).to(torch.int32)
-        base = torch.repeat_interleave(torch.arange(B, device=seq.device) * T, self._query_lens)
-        self._start_group(list(range(self.pattern.num_layers)), union, seq.to(torch.int32),
-                          B * self.dcp.max_local_len(T), base, "host")
+        base = torch.repeat_interleave(torch.arange(B, device=union.device) * T, self._query_lens)
+        self._start_group(list(range(self.pattern.num_layers)), union, counts, B * self.dcp.max_local_len(T),
+                          base, "host")
 
     def _start_group(self, layers, union, counts, capacity: int, slots, sizing) -> None:
         """Exchange ``union`` (int32 [B, U'], workspace row ``b * U' + u``) of ``layers`` in chunks of

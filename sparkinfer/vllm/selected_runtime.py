@@ -84,7 +84,8 @@ class SelectedRuntime:
         self._step = None  # forward context of the step in progress
         self._charge: PathLedger | None = None  # the ledger of the step in progress
         self._layers: dict[int, object] | None = None
-        self.stock = stock
+        # stock DCP's bytes are linear in the rows: one row's, all layers, priced once
+        self._stock_bytes_per_row = int(stock_dcp_layer(replace(stock, rows=1)).rx.max()) * self.num_layers
         self.ledger = {"selected": PathLedger(), "gather": PathLedger()}
         self.selected = False  # the step being built / run takes the selected or gathered path
 
@@ -197,7 +198,7 @@ class SelectedRuntime:
                 self.decoder.gather()
             self._step = step
             self._charge = self.ledger["gather" if gathered else "selected"]
-            self._charge.start(n, stock_dcp_layer(replace(self.stock, rows=n)).rx.max() * self.num_layers)
+            self._charge.start(n, n * self._stock_bytes_per_row)
         if not gathered and self.pattern.is_full(idx):
             self.decoder.full_layer(idx, topk_buffer[:n].to(torch.int32))
         records = self._records.pop(layer.kv_cache.data_ptr(), None)
@@ -223,7 +224,7 @@ class PathLedger:
     def start(self, rows: int, stock_bytes: int) -> None:
         self.steps += 1
         self.rows += rows
-        self.stock_bytes += int(stock_bytes)
+        self.stock_bytes += stock_bytes
 
     def finish(self, records_recv: int, record_bytes: int) -> None:
         self.records_recv += records_recv
