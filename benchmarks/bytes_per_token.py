@@ -205,19 +205,19 @@ def plot(rows: list[dict], path: str) -> bool:
     real = [r for r in rows if r["trace"] == "real" and r["accounting"] == "steady" and r["replay"] == "fresh"]
     for k in sorted({r["k"] for r in real}):
         rk = sorted((r for r in real if r["k"] == k), key=lambda r: r["context"])
-        for path in ("stock", "selected", "reuse"):
-            a.plot([r["context"] for r in rk], [r[f"{path}_B_per_tok_layer"] / 1e3 for r in rk],
-                   styles.get(k, "-"), color=colors[path], marker="o", ms=3,
-                   label=f"{names[path]}, k={k}" if path != "stock" or k == 64 else None)
+        for kind in ("stock", "selected", "reuse"):
+            a.plot([r["context"] for r in rk], [r[f"{kind}_B_per_tok_layer"] / 1e3 for r in rk],
+                   styles.get(k, "-"), color=colors[kind], marker="o", ms=3,
+                   label=f"{names[kind]}, k={k}" if kind != "stock" or k == 64 else None)
     a.set_xscale("log", base=2)
     a.set_xlabel("context (tokens)")
     a.set_ylabel("KB per decoded token per layer (all links, k scaled to 2048)")
     a.set_title("real traces (SmolLM2-135M top-k, MTP3, fresh-row replay)")
     a.legend(fontsize=7)
     syn = sorted((r for r in rows if r["trace"] == "synthetic"), key=lambda r: r["overlap"])
-    for path in ("stock", "selected", "reuse"):
-        b.plot([r["overlap"] for r in syn], [r[f"{path}_B_per_tok_layer"] / 1e6 for r in syn],
-               color=colors[path], marker="o", ms=3, label=names[path])
+    for kind in ("stock", "selected", "reuse"):
+        b.plot([r["overlap"] for r in syn], [r[f"{kind}_B_per_tok_layer"] / 1e6 for r in syn],
+               color=colors[kind], marker="o", ms=3, label=names[kind])
     rf = [r for r in real if r["ctx_over_k"] >= 8]
     b.scatter([r["overlap"] for r in rf], [r["reuse_B_per_tok_layer"] / 1e6 for r in rf], s=12,
               color="tab:cyan", label="real traces, selected + reuse (ctx >= 8k)", zorder=3)
