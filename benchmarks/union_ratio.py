@@ -29,7 +29,7 @@ import time
 import torch
 
 from sparkinfer.plan import build_planes, mtp_union, mtp_union_host, mtp_union_reference
-from sparkinfer.topology import DcpLayout
+from sparkinfer.core.topology import DcpLayout
 
 R, K = 4, 2048
 DCP, PLANE_BATCH = 4, 8

@@ -2,10 +2,10 @@
 
 Layout of the package (see docs/design/overview.md):
 
-* ``sparkinfer.core``      torch-free planning core: record layouts, topology,
-                           capacity and byte accounting, cost model.
+* ``sparkinfer.core``      torch-free planning core: record layouts, topology (DCP
+                           placement, the IndexShare pattern), capacity and byte
+                           accounting, cost model.
 * ``sparkinfer.formats``   record codecs (torch reference, host and CUDA builds).
-* ``sparkinfer.topology``  DCP placement and the IndexShare pattern.
 * ``sparkinfer.plan``      per-request MTP union and transport planes.
 * ``sparkinfer.indexer``   the replicated DSA indexer and its top-k.
 * ``sparkinfer.attention`` sparse MLA decode over records, LSE merge.

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkinfer.formats import get_format
-from sparkinfer.topology import IndexSharePattern
+from sparkinfer.core.topology import IndexSharePattern
 from sparkinfer.indexer import (ReplicatedIndexerCache, indexer_scores, indexer_scores_torch, indexer_topk,
                                 indexer_topk_torch, merge_candidates, select_topk, shard_candidates)
 

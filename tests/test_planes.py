@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sparkinfer.plan import build_planes, mtp_union
-from sparkinfer.topology import DcpLayout
+from sparkinfer.core.topology import DcpLayout
 
 
 def brute_planes(union, counts, lay, cap, held):

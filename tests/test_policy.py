@@ -217,7 +217,7 @@ def test_policy_table_matches_model_and_policy():
 def test_plan_section_renders():
     import argparse
     from sparkinfer.cli import plan
-    from sparkinfer.core.policy_table import add_policy_arguments, policy_section
+    from sparkinfer.cli.plan import add_policy_arguments, policy_section
     ap = argparse.ArgumentParser()
     plan.add_arguments(ap)
     if not any("--profile" in a.option_strings for a in ap._actions):  # not wired into plan (yet)

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkinfer.topology import DcpLayout, IndexSharePattern
+from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 
 INTERLEAVES = (1, 2, 3, 4, 7, 16)
 

@@ -13,8 +13,11 @@ import argparse
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+from sparkinfer.core import costmodel as cm
 from sparkinfer.core.capacity import GIB, INDEXER_MODES, CapacityPlan, CapacityProfile, capacity_plan
 from sparkinfer.core.layouts import MAIN_LAYOUTS, layout
+from sparkinfer.core.policy import StepPolicy
+from sparkinfer.core.policy_table import policy_rows
 
 HELP = "KV capacity plan: bytes per token per rank, KV tokens that fit, max context"
 
@@ -134,8 +137,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-# Issue 6 (policy engineer): per-context predicted bytes/time per path and the policy's choice
-# with --profile; the table lives in sparkinfer/core/policy_table.py.
-from sparkinfer.core.policy_table import add_policy_arguments, policy_section  # noqa: E402
+def add_policy_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=None,
+                   help="node profile (name in sparkinfer/profiles or JSON path): adds the per-path table")
+    p.add_argument("--batch", type=int, default=1, help="requests per step for the per-path table")
+    p.add_argument("--reuse-new", type=float, default=0.3,
+                   help="share of the remote union not yet held, for selected+reuse (default 0.3)")
+
+
+def policy_section(args: argparse.Namespace, plan) -> Optional[Section]:
+    """Per-context predicted bytes/time per path and the policy's choice (rows from
+    ``sparkinfer.core.policy_table``); None without ``--profile``."""
+    if getattr(args, "profile", None) is None:
+        return None
+    prof = cm.load_profile(args.profile)
+    rows = policy_rows(prof, batch=args.batch, mtp=args.mtp, record_format=args.format, tp=args.tp,
+                       dcp=args.dcp, new_fraction=args.reuse_new)
+    table = [(f"{r['context']:,}", r["path"], str(r["depth"]), f"{r['rx_MB']:.1f}",
+              f"{r['comm_us']:.0f}", f"{r['path_us']:.0f}", r["decision"] if r["path"] == "stock" else "")
+             for r in rows]
+    return Section(f"Predicted per decode step on {prof.name} (batch {args.batch}, MTP{args.mtp}, "
+                   f"reuse new share {args.reuse_new}); mode {StepPolicy(prof, dcp=args.dcp).mode}",
+                   ("context", "path", "depth", "MB in/rank", "comm us", "path us", "policy"), table)
+
 
 add_section(policy_section, add_policy_arguments)

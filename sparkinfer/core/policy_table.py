@@ -1,13 +1,10 @@
 """Per-context predicted bytes and time per decode step for each path, and the policy's choice.
 
-``policy_rows`` is torch-free and returns plain rows; ``policy_section`` and
-``add_policy_arguments`` adapt it to ``sparkinfer plan``'s ``add_section`` hook
-(``sparkinfer plan --profile rtx_pro_6000_x4``).
+``policy_rows`` is torch-free and returns plain rows; ``sparkinfer plan`` renders them
+(``sparkinfer/cli/plan.py``, ``policy_section``). The core knows nothing of the CLI.
 """
 
 from __future__ import annotations
-
-import argparse
 
 from sparkinfer.core import costmodel as cm
 from sparkinfer.core.policy import StepPolicy
@@ -44,27 +41,3 @@ def policy_rows(profile: cm.NodeProfile, *, batch: int = 1, mtp: int = 3, record
                         "decision": f"{chosen.path} d={chosen.depth}"})
     return out
 
-
-def add_policy_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default=None,
-                   help="node profile (name in sparkinfer/profiles or JSON path): adds the per-path table")
-    p.add_argument("--batch", type=int, default=1, help="requests per step for the per-path table")
-    p.add_argument("--reuse-new", type=float, default=0.3,
-                   help="share of the remote union not yet held, for selected+reuse (default 0.3)")
-
-
-def policy_section(args: argparse.Namespace, plan):
-    """``sparkinfer plan`` section; None without ``--profile``."""
-    if getattr(args, "profile", None) is None:
-        return None
-    from sparkinfer.cli.plan import Section
-
-    prof = cm.load_profile(args.profile)
-    rows = policy_rows(prof, batch=args.batch, mtp=args.mtp, record_format=args.format, tp=args.tp,
-                       dcp=args.dcp, new_fraction=args.reuse_new)
-    table = [(f"{r['context']:,}", r["path"], str(r["depth"]), f"{r['rx_MB']:.1f}",
-              f"{r['comm_us']:.0f}", f"{r['path_us']:.0f}", r["decision"] if r["path"] == "stock" else "")
-             for r in rows]
-    return Section(f"Predicted per decode step on {prof.name} (batch {args.batch}, MTP{args.mtp}, "
-                   f"reuse new share {args.reuse_new}); mode {StepPolicy(prof, dcp=args.dcp).mode}",
-                   ("context", "path", "depth", "MB in/rank", "comm us", "path us", "policy"), table)
