@@ -6,12 +6,16 @@ Fields (CLI flag / environment variable; CLI wins over the environment, both ove
   prefetch_depth  --sparkinfer-prefetch-depth  VLLM_SPARKINFER_PREFETCH_DEPTH  int in [0, 8]
   pool_mb         --sparkinfer-pool-mb         VLLM_SPARKINFER_POOL_MB         int in [1, 65536]
   fabric          --sparkinfer-fabric          VLLM_SPARKINFER_FABRIC          auto | host | cuda
+  replica_window  --sparkinfer-replica-window  VLLM_SPARKINFER_REPLICA_WINDOW  auto | int in [0, 2^24]
 
 mode: ``stock`` always runs vLLM's DCP decode (partial outputs + LSE merge); ``selected`` moves
 the selected records (sparkinfer.comm) when a step is eligible; ``auto`` decides per step.
 prefetch_depth: exchanges in flight ahead of the attention that consumes them (0 = none).
 pool_mb: per-rank workspace for fetched records; a step that does not fit falls back to stock.
 fabric: the transport; ``auto`` = ``cuda`` on a GPU, ``host`` on CPU.
+replica_window: positions of each request every rank keeps although it does not own them (the
+replica store, ``sparkinfer.core.replicas``); 0 = off; ``auto`` = the whole ``max_model_len`` when
+that store fits a quarter of this rank's KV cache bytes, else what does (docs/design/replicas.md).
 
 Patched vLLM validates the configuration once at engine start (``EngineArgs.create_engine_config``)
 and stores ``as_dict()`` in ``VllmConfig.additional_config["sparkinfer"]``; errors are ValueErrors
@@ -28,6 +32,7 @@ MODES = ("auto", "stock", "selected")
 FABRICS = ("auto", "host", "cuda")
 MAX_PREFETCH_DEPTH = 8  # deeper rings only cost memory (measured gains stop at depth 1-3)
 MAX_POOL_MB = 65536
+MAX_REPLICA_WINDOW = 2**24
 ADDITIONAL_CONFIG_KEY = "sparkinfer"
 ENV_PREFIX = "VLLM_SPARKINFER_"
 
@@ -38,6 +43,7 @@ class SparkinferConfig:
     prefetch_depth: int = 3
     pool_mb: int = 512
     fabric: str = "auto"
+    replica_window: object = "auto"  # "auto" or an int
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -63,17 +69,21 @@ def _parse(field: str, raw: object, source: str):
         if value not in choices:
             raise ValueError(f"sparkinfer {where}: expected one of {', '.join(choices)}, got {raw!r}")
         return value
-    lo, hi = (0, MAX_PREFETCH_DEPTH) if field == "prefetch_depth" else (1, MAX_POOL_MB)
+    if field == "replica_window" and isinstance(raw, str) and raw.strip().lower() == "auto":
+        return "auto"
+    lo, hi = {"prefetch_depth": (0, MAX_PREFETCH_DEPTH), "pool_mb": (1, MAX_POOL_MB),
+              "replica_window": (0, MAX_REPLICA_WINDOW)}[field]
+    expect = ("auto or " if field == "replica_window" else "") + f"an integer in [{lo}, {hi}]"
     if isinstance(raw, bool):
-        raise ValueError(f"sparkinfer {where}: expected an integer in [{lo}, {hi}], got {raw!r}")
+        raise ValueError(f"sparkinfer {where}: expected {expect}, got {raw!r}")
     try:
         value = int(str(raw).strip(), 10) if isinstance(raw, str) else int(raw)
     except (TypeError, ValueError):
-        raise ValueError(f"sparkinfer {where}: expected an integer in [{lo}, {hi}], got {raw!r}") from None
+        raise ValueError(f"sparkinfer {where}: expected {expect}, got {raw!r}") from None
     if isinstance(raw, float) and raw != value:
-        raise ValueError(f"sparkinfer {where}: expected an integer in [{lo}, {hi}], got {raw!r}")
+        raise ValueError(f"sparkinfer {where}: expected {expect}, got {raw!r}")
     if not lo <= value <= hi:
-        raise ValueError(f"sparkinfer {where}: expected an integer in [{lo}, {hi}], got {value}")
+        raise ValueError(f"sparkinfer {where}: expected {expect}, got {value}")
     return value
 
 
@@ -117,6 +127,7 @@ def add_cli_args(parser) -> None:
         "prefetch_depth": f"record exchanges in flight ahead of attention, 0..{MAX_PREFETCH_DEPTH}",
         "pool_mb": "per-rank workspace for fetched records, MiB",
         "fabric": f"record transport: {' | '.join(FABRICS)}",
+        "replica_window": "positions per request every rank keeps locally (auto | 0 = off | tokens)",
     }
     for f in FIELD_NAMES:
         group.add_argument(cli_flag(f), dest=f"sparkinfer_{f}", default=None,
