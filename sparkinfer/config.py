@@ -37,6 +37,10 @@ ADDITIONAL_CONFIG_KEY = "sparkinfer"
 ENV_PREFIX = "VLLM_SPARKINFER_"
 
 
+class SparkinferConfigError(ValueError):
+    """A start-up configuration error; patched ``vllm serve`` prints its message alone and exits 2."""
+
+
 @dataclass(frozen=True)
 class SparkinferConfig:
     mode: str = "auto"

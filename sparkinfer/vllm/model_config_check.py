@@ -1,0 +1,181 @@
+"""Start-up checks of patched vLLM (patch 0002): sparkinfer's settings, the record format against
+the model, and the GLM-5.2 config keys vLLM 0.32.0 would misread.
+
+vLLM 0.32.0 serves ``model_type: glm_moe_dsa`` with its DeepSeek-V2/V3.2 model code, which reads
+some keys with ``getattr(config, key, default)``. transformers' ``GlmMoeDsaConfig`` does not define
+these keys (so a checkpoint saved by ``GlmMoeDsaForCausalLM`` lacks them) and its model hard-codes
+their meaning, so vLLM falls back to DeepSeek defaults that contradict the model and serves
+garbage without a warning. ``glm_config_problems`` lists each such key, comparing what vLLM would
+do with what transformers' model does:
+
+  key                          vLLM when missing               GLM-MoE-DSA (transformers)
+  scoring_func                 softmax routing                 sigmoid routing
+  topk_method                  no e_score_correction_bias      bias-corrected group top-k (noaux_tc)
+  indexer_rope_interleave      NeoX (half-split) indexer RoPE  interleaved indexer RoPE
+  index_topk_pattern           IndexShare from index_topk_freq/index_skip_topk_offset
+                                                               IndexShare from indexer_types
+  first_k_dense_replace /      MoE layers: i >= first_k_dense_replace and i % moe_layer_freq == 0
+    moe_layer_freq                                             MoE layers: mlp_layer_types
+  rope_parameters.rope_type    any non-default type -> DeepSeek YaRN
+                                                               the named type
+  attention_bias               no biases (checkpoint's dropped) q_a/kv_a/o_proj biases
+  llama_4_scaling              applied when present            never applied
+
+Keys transformers' config defines (routed_scaling_factor, norm_topk_prob, n_group, topk_group,
+index_topk, ...) reach vLLM with transformers' values, so vLLM reads them right; the main
+attention's RoPE is interleaved in both. The check runs on ``hf_config.to_dict()`` (what vLLM
+reads); for a raw config.json dict the transformers defaults it needs are filled in here.
+
+Errors are ``SparkinferConfigError``: patched ``vllm serve`` prints the message alone and exits 2.
+Torch-free (imported by patched vLLM at start-up).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sparkinfer import config as sparkinfer_config
+from sparkinfer.config import SparkinferConfigError
+from sparkinfer.vllm.cache_dtypes import is_sparkinfer_cache_dtype
+
+MODEL_TYPE = "glm_moe_dsa"
+# transformers' GlmMoeDsaConfig defaults for the fields used below (a raw config.json may omit them).
+_HF_DEFAULTS = {"num_hidden_layers": 78, "first_k_dense_replace": 3, "n_routed_experts": 256}
+_VLLM_ROPE_TYPES = ("default", "yarn")  # vLLM turns every other non-default type into DeepSeek YaRN
+
+
+def _hf_indexer_types(cfg: Mapping, layers: int) -> list:
+    """``indexer_types`` as transformers' GlmMoeDsaConfig derives it (its ``__post_init__``)."""
+    if cfg.get("indexer_types") is not None:
+        return list(cfg["indexer_types"])
+    pattern = cfg.get("index_topk_pattern")
+    if pattern is not None:
+        return [{"F": "full", "S": "shared"}.get(c, c) for c in pattern] if isinstance(pattern, str) \
+            else list(pattern)
+    freq = max(cfg.get("index_topk_freq", 1), 1)
+    offset = cfg.get("index_skip_topk_offset", 2)
+    return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
+
+
+def _vllm_shared(cfg: Mapping, layers: int) -> list[bool]:
+    """Which layers vLLM 0.32.0 builds without an indexer (deepseek_v2.py / deepseek_v32/attention.py)."""
+    pattern = cfg.get("index_topk_pattern")
+    if pattern is None:
+        freq, offset = cfg.get("index_topk_freq", 1), cfg.get("index_skip_topk_offset", 2)
+        return [max(i - offset + 1, 0) % freq != 0 for i in range(layers)]
+    return [i < len(pattern) and pattern[i] == "S" for i in range(layers)]
+
+
+def _index_share_problems(cfg: Mapping, layers: int) -> list[str]:
+    if not isinstance(layers, int) or layers < 1:
+        return [f"num_hidden_layers is {layers!r}: expected a positive integer"]
+    hf_types = _hf_indexer_types(cfg, layers)
+    if len(hf_types) != layers or set(hf_types) - {"full", "shared"}:
+        return [f"indexer_types {hf_types!r}: expected {layers} entries (num_hidden_layers), each "
+                f"'full' or 'shared'"]
+    want = "".join("S" if t == "shared" else "F" for t in hf_types)
+    fix = f'set "index_topk_pattern": "{want}" (from indexer_types)'
+    pattern = cfg.get("index_topk_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str) or set(pattern) - {"F", "S"}:
+            return [f"index_topk_pattern {pattern!r}: must be a string of F (Full) and S (Shared); {fix}"]
+        if len(pattern) != layers:
+            return [f"index_topk_pattern has {len(pattern)} characters but num_hidden_layers is {layers} "
+                    f"(vLLM runs the indexer on every layer past the pattern); {fix}"]
+    if want[0] != "F":
+        return [f"indexer_types starts with 'shared': layer 0 has no earlier Full layer whose top-k it "
+                f"could reuse; the first layer must be 'full'"]
+    vllm_shared = _vllm_shared(cfg, layers)
+    if vllm_shared != [c == "S" for c in want]:
+        got = "".join("S" if s else "F" for s in vllm_shared)
+        source = "index_topk_pattern" if pattern is not None else \
+            "index_topk_freq / index_skip_topk_offset (index_topk_pattern missing)"
+        return [f"IndexShare: vLLM reads {got} from {source} but the model's indexer_types is {want}; {fix}"]
+    return []
+
+
+def _moe_layout_problems(cfg: Mapping, layers: int) -> list[str]:
+    first_dense = cfg.get("first_k_dense_replace", _HF_DEFAULTS["first_k_dense_replace"])
+    hf_types = cfg.get("mlp_layer_types")
+    if hf_types is None:  # transformers derives it from first_k_dense_replace
+        hf_types = ["dense"] * min(first_dense, layers) + ["sparse"] * max(layers - first_dense, 0)
+    freq = cfg.get("moe_layer_freq", 1)
+    routed = cfg.get("n_routed_experts", _HF_DEFAULTS["n_routed_experts"]) is not None
+    vllm_moe = [routed and i >= first_dense and i % freq == 0 for i in range(layers)]
+    if vllm_moe == [t == "sparse" for t in list(hf_types)[:layers]] and len(hf_types) == layers:
+        return []
+    k = next((i for i, t in enumerate(hf_types) if t != "dense"), len(hf_types))
+    if len(hf_types) == layers and all(t == "sparse" for t in hf_types[k:]):
+        fix = f'set "first_k_dense_replace": {k}' + (' and remove "moe_layer_freq"' if freq != 1 else "")
+    else:
+        fix = "vLLM 0.32.0 places MoE layers only as 'first k dense, then all sparse'; it cannot serve this layout"
+    return [f"mlp_layer_types {list(hf_types)!r} disagree with what vLLM builds from first_k_dense_replace="
+            f"{first_dense}, moe_layer_freq={freq}; {fix}"]
+
+
+def glm_config_problems(cfg: Mapping) -> list[str]:
+    """Each GLM-MoE-DSA config key that vLLM 0.32.0 would read differently from transformers' model,
+    naming the key and the value to set; empty when vLLM serves the model transformers defines."""
+    problems = []
+    expect = {
+        "scoring_func": ("sigmoid", "vLLM's default is softmax expert routing; GLM-MoE-DSA routes with sigmoid"),
+        "topk_method": ("noaux_tc", "without it vLLM drops e_score_correction_bias from expert routing"),
+        "indexer_rope_interleave": (True, "vLLM's default is half-split (NeoX) indexer RoPE; GLM-MoE-DSA's "
+                                          "indexer RoPE is interleaved"),
+    }
+    for key, (value, why) in expect.items():
+        if key not in cfg or cfg[key] != value:
+            have = "missing" if key not in cfg else f"is {cfg[key]!r}"
+            problems.append(f"{key} {have} ({why}): set \"{key}\": {_json(value)}")
+    layers = cfg.get("num_hidden_layers", _HF_DEFAULTS["num_hidden_layers"])
+    problems += _index_share_problems(cfg, layers)
+    problems += _moe_layout_problems(cfg, layers)
+    rope_type = (cfg.get("rope_parameters") or {}).get("rope_type", "default")
+    if rope_type not in _VLLM_ROPE_TYPES:
+        problems.append(f"rope_parameters.rope_type is {rope_type!r}: vLLM 0.32.0 serves every non-default "
+                        f"RoPE type of this model as DeepSeek YaRN; use 'default' or 'yarn'")
+    if cfg.get("attention_bias"):
+        problems.append("attention_bias is true: vLLM 0.32.0 builds this model's attention without biases "
+                        "and drops the checkpoint's; it cannot serve it")
+    if cfg.get("llama_4_scaling") is not None:
+        problems.append("llama_4_scaling is set: vLLM applies it, GLM-MoE-DSA never does; remove it")
+    return problems
+
+
+def _json(value) -> str:
+    return "true" if value is True else f'"{value}"'
+
+
+def check_hf_config(hf_config) -> None:
+    """Refuse a ``glm_moe_dsa`` config vLLM would misread; any other model type is not looked at."""
+    if getattr(hf_config, "model_type", None) != MODEL_TYPE:
+        return
+    problems = glm_config_problems(hf_config.to_dict())
+    if problems:
+        raise SparkinferConfigError(
+            f"config.json of this {MODEL_TYPE} (GLM-5.2) model would be misread by vLLM 0.32.0 "
+            f"(see README, 'GLM-5.2 config.json'): " + "; ".join(problems))
+
+
+def check_record_format(cache_dtype: str, model_config) -> None:
+    """A sparkinfer record format is one MLA latent + rope record per token: MLA models only.
+    ``model_config.use_mla`` is read only for a sparkinfer format."""
+    if is_sparkinfer_cache_dtype(cache_dtype) and not model_config.use_mla:
+        raise SparkinferConfigError(
+            f"--kv-cache-dtype {cache_dtype}: a sparkinfer record format holds MLA latent records and "
+            f"this model does not use MLA; use --kv-cache-dtype auto (or fp8) for it")
+
+
+def check_at_startup(cli: Mapping[str, object], model_config, cache_dtype: str):
+    """Everything patched ``EngineArgs.create_engine_config`` checks once: the sparkinfer settings
+    (``sparkinfer.config.resolve``, CLI over ``VLLM_SPARKINFER_*``), the record format against the
+    model and a GLM-5.2 config. Returns the resolved ``SparkinferConfig``."""
+    try:
+        resolved = sparkinfer_config.resolve(cli)
+    except SparkinferConfigError:
+        raise
+    except ValueError as e:  # resolve reports bad settings as ValueErrors naming them
+        raise SparkinferConfigError(str(e)) from None
+    check_record_format(cache_dtype, model_config)
+    check_hf_config(model_config.hf_config)
+    return resolved
