@@ -160,6 +160,27 @@ def _rank_main(rank, world):
             results[("errors", depth)] = errors
         finally:
             fabric.close()
+    for window in (64, 16):  # replica stores: every position local; the last 16 only
+        fabric = HostFabric(SlabLayout(world, W, capacity=B * R * K, max_layers=2, depth=2), timeout_s=20)
+        try:
+            dec = SelectedDecode(SelectedExchange(fabric, "host"), fmt, DcpLayout(world, 1), pattern, max_batch=B,
+                                 rows=R, topk=K, depth=1, scale=SCALE, backend="torch")
+            replicas = _replicas(full, window)
+            dec.begin_step(shard.cache, shard.block_table, shard.block_size, context, replicas=replicas)
+            same = []
+            for layer in range(len(PATTERN)):
+                src = pattern.topk_source(layer)
+                if src == layer:
+                    dec.full_layer(layer, topk[layer])
+                out, lse = dec.attend(layer, q_nope[layer], q_rope[layer], new_records[layer])
+                idx = torch.where(topk[src] >= 0, topk[src] + (torch.arange(B * R) // R * P)[:, None], -1)
+                ref_out, ref_lse = sparse_mla_decode_torch(q_nope[layer], q_rope[layer], full[layer].reshape(B * P, W),
+                                                           fmt, idx.to(torch.int32), SCALE)
+                same.append(bool(torch.equal(out, ref_out) and torch.equal(lse, ref_lse)))
+            results[("replicas", window)] = (same, dec.step_stats().records_recv, dec.exchanges, dec.skipped,
+                                             replicas.lo.tolist())
+        finally:
+            fabric.close()
     for depth in (0, 2):  # gathered steps only (no decode batch fits), pairs over the capacity: several rounds
         fabric = HostFabric(SlabLayout(world, W, capacity=5, max_layers=depth + 1, depth=2), timeout_s=20)
         try:
@@ -177,6 +198,22 @@ def _rank_main(rank, world):
         finally:
             fabric.close()
     return results
+
+
+def _replicas(full, window):
+    """A replica store holding positions [context - window + R, context) of each request (what the
+    rule keeps after a decode step of R rows), every other row junk."""
+    from sparkinfer.vllm.selected_decode import LocalReplicas
+
+    L, W = full.shape[0], full.shape[-1]
+    lo = torch.tensor([max(0, c + R - window) for c in CONTEXT])
+    base = torch.arange(B) * window
+    store = [torch.full((B * window, W), 0xCD, dtype=torch.uint8) for _ in range(L)]
+    for layer in range(L):
+        for b, c in enumerate(CONTEXT):
+            pos = torch.arange(int(lo[b]), c)
+            store[layer][base[b] + pos % window] = full[layer, b, pos]
+    return LocalReplicas(store, lo, base, window)
 
 
 @pytest.fixture(scope="module")
@@ -223,3 +260,25 @@ def test_gathered_step_receives_every_remote_context_token(outcomes):
         remote = sum(c - lay.local_len(c, rank) for c in GATHER_CONTEXT)
         for depth in (0, 2):
             assert res[("gather_recv", depth)] == remote * len(PATTERN)
+
+
+def test_replicas_held_locally_move_only_the_records_outside_the_window(outcomes):
+    """Window 64 holds every context position: no group runs an exchange. Window 16: each rank
+    receives, per layer, exactly the remote union tokens below the window (counted from the top-k)."""
+    from sparkinfer.core.topology import DcpLayout, IndexSharePattern
+
+    lay = DcpLayout(WORLD, 1)
+    pattern = IndexSharePattern.parse(PATTERN, len(PATTERN))
+    _, _, _, topk, *_ = _inputs(0)
+    for rank, res in enumerate(outcomes):
+        same, recv, exchanges, skipped, _ = res[("replicas", 64)]
+        assert same == [True] * len(PATTERN) and recv == 0 and exchanges == 0 and skipped == 3  # chunks [0, 1], [2], [3, 4]
+        same, recv, exchanges, skipped, lo = res[("replicas", 16)]
+        assert same == [True] * len(PATTERN), f"rank {rank}: {same}"
+        expected = 0
+        for f in pattern.full_layers:
+            group = 1 + len(pattern.prefetch_targets(f, len(PATTERN)))
+            for b in range(B):
+                toks = {int(t) for t in topk[f][b * R:(b + 1) * R].flatten() if t >= 0}
+                expected += group * sum(1 for t in toks if t < lo[b] and int(lay.owner_and_local(t)[0]) != rank)
+        assert recv == expected and expected > 0

@@ -111,3 +111,14 @@ def test_auto_gathers_exactly_when_it_moves_fewer_bytes(query_lens, contexts, in
 def test_gathered_steps_need_the_byte_rule_inputs():
     with pytest.raises(ValueError, match="gathered steps need"):
         StepPath(SparkinferConfig(mode="auto"), dcp=4, record_format=True, rows=R, max_batch=8, gather_rows=100)
+
+
+def test_all_local_steps_go_selected_even_in_auto_but_never_in_stock():
+    """A step whose records are all in the replica store moves nothing: auto takes it with no profile
+    (stock would still run its per-layer all-to-all); mode stock and the hard gates still win."""
+    assert _path(mode="auto").choose([R, R], [1000, 50], all_local=True).path == "selected"
+    assert "replicas" in _path(mode="auto").choose([R, R], [1000, 50], all_local=True).reason
+    assert _path(mode="auto").choose([R, R], [1000, 50]).path == "stock"
+    assert _path(mode="stock").choose([R, R], [1000, 50], all_local=True).path == "stock"
+    assert _path(mode="auto", dcp=1).choose([R, R], [1000, 50], all_local=True).path == "stock"
+    assert _path(mode="auto", max_batch=1).choose([R, R], [1000, 50], all_local=True).path == "stock"

@@ -126,6 +126,7 @@ def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, **kwargs):
                  "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}.items():
         monkeypatch.setenv(k, v)
     kwargs.setdefault("sparkinfer_pool_mb", 4)  # the selected ring's slots; the default 512 MiB is for GPUs
+    kwargs.setdefault("sparkinfer_replica_window", 0)  # these runs count the bytes of the exchange alone
     llm = LLM(str(model_dir), dtype="float32", max_model_len=128, enforce_eager=True, max_num_seqs=2,
               tensor_parallel_size=tp, decode_context_parallel_size=tp, sparkinfer_mode=mode,
               compilation_config={"custom_ops": ["-rotary_embedding"]}, **kwargs)  # CPU rope bug for MLA q

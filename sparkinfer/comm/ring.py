@@ -46,6 +46,23 @@ class PrefetchRing:
         """Start one layered exchange of ``layers`` into the next free ring slots (its ``stats`` are
         complete once a layer of it was fetched with ``get``); ``sizing``: the exchange's default or
         ``host``/``device`` for this one."""
+        s = self._free_slots(layers)
+        key = tuple(layers)
+        if key not in self._layer_ids:  # a model's layer groups are fixed: built once, then reused
+            self._layer_ids[key] = torch.tensor(key, dtype=torch.int32, device=self.buf.device)
+        pending = self.exchange.start(planes, shard, self._layer_ids[key], self.buf[s: s + len(layers)], sizing)
+        self._assign(s, layers)
+        for layer in layers:
+            self._pending[layer] = pending
+        return pending
+
+    def reserve(self, layers: list[int]) -> None:
+        """Ring slots for ``layers`` with no exchange: every record they need is already local (the
+        caller fills the workspaces), so nothing is packed, copied or waited for."""
+        self._assign(self._free_slots(layers), layers)
+
+    def _free_slots(self, layers: list[int]) -> int:
+        """First of the ``len(layers)`` consecutive slots the layers take next (checked free)."""
         J = len(layers)
         if not 1 <= J <= self.depth + 1:
             raise ValueError(f"{J} layers do not fit a ring of {self.depth + 1} slots")
@@ -57,29 +74,30 @@ class PrefetchRing:
         if busy:
             raise RuntimeError(f"prefetch ring full: slot(s) {[k for k, _ in busy]} still hold layer(s) "
                                f"{[l for _, l in busy]}; release() each layer after its attention")
-        key = tuple(layers)
-        if key not in self._layer_ids:  # a model's layer groups are fixed: built once, then reused
-            self._layer_ids[key] = torch.tensor(key, dtype=torch.int32, device=self.buf.device)
-        pending = self.exchange.start(planes, shard, self._layer_ids[key], self.buf[s: s + J], sizing)
+        return s
+
+    def _assign(self, s: int, layers: list[int]) -> None:
+        J = len(layers)
         for j, layer in enumerate(layers):
             self._held[s + j] = layer
             self._slot[layer] = s + j
-            self._pending[layer] = pending
         self._next = (s + J) % (self.depth + 1)
-        return pending
 
     def get(self, layer: int) -> torch.Tensor:
         """uint8 [rows, width] workspace of ``layer``, its exchange completed."""
         if layer not in self._slot:
             raise ValueError(f"layer {layer} was not prefetched into the ring (held: {sorted(self._slot)})")
-        self.exchange.finish(self._pending[layer])
+        if layer in self._pending:
+            self.exchange.finish(self._pending[layer])
         return self.buf[self._slot[layer]]
 
     def release(self, layer: int) -> None:
         """Attention of ``layer`` is done (or enqueued on the exchange's stream): its slot may be reused."""
         if layer not in self._slot:
             raise ValueError(f"layer {layer} is not in the ring")
-        self.exchange.finish(self._pending.pop(layer))  # never recycle a slot an unpack may still write
+        pending = self._pending.pop(layer, None)
+        if pending is not None:
+            self.exchange.finish(pending)  # never recycle a slot an unpack may still write
         self._held[self._slot.pop(layer)] = None
 
 

@@ -30,6 +30,12 @@ previous one was consumed); at every DSA layer ``attend(l, ...)``: the workspace
 the step's own records patched in, ``sparse_mla_decode`` over it with the top-k remapped to
 workspace rows ``b * U + u``. Returns the output and LSE of this rank's heads: no merge follows.
 
+Replica records (``sparkinfer.core.replicas``): with ``begin_step(..., replicas=LocalReplicas(...))``
+every position of request ``b`` in ``[lo[b], context[b])`` is in this rank's replica store (every
+rank keeps the same window), so it is held for every destination as well: nobody sends it and each
+rank copies it from its store into the workspace. A group whose planes then carry nothing runs no
+exchange at all (no pack, copy or barrier; the ring slots are only reserved).
+
 Gathered steps (a prefill chunk or a mixed batch: rows not R per request): ``begin_step`` with
 ``query_lens`` int64 ``[B]`` (the request's rows are token rows ``start[b] .. start[b] +
 query_lens[b]``, ``start`` the running sum), then ``gather()``: every rank receives each request's
@@ -42,6 +48,8 @@ layer's ``attend`` then takes its top-k (logical positions, the indexer's buffer
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from sparkinfer.attention import sparse_mla_decode
@@ -50,6 +58,22 @@ from sparkinfer.comm.pack import Shard
 from sparkinfer.comm.ring import PrefetchRing, prefix_union
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.plan import build_planes, mtp_union, workspace_slots
+
+
+@dataclass
+class LocalReplicas:
+    """This rank's replica store as one step sees it.
+
+    store   per model layer a uint8 ``[slots * window, W]`` tensor (position p of the request in
+            slot k at row ``k * window + p % window``)
+    lo      int64 ``[B]``: positions ``[lo[b], context[b])`` of request b are in the store
+    base    int64 ``[B]``: ``slot * window`` of request b (any value where ``lo == context``)
+    """
+
+    store: list
+    lo: torch.Tensor
+    base: torch.Tensor
+    window: int
 
 
 class SelectedDecode:
@@ -78,11 +102,15 @@ class SelectedDecode:
         self._row_start: torch.Tensor | None = None  # int64 [B]: token row of each request's first row
         self._group: dict = {}
         self._pending: list = []  # the exchanges of the step in progress (their stats)
+        self._replicas: LocalReplicas | None = None
+        self.exchanges = self.skipped = 0  # layered exchanges started / not needed (every record local)
 
     def begin_step(self, caches, block_table: torch.Tensor, block_size: int,
-                   context: torch.Tensor, query_lens: torch.Tensor | None = None) -> None:
+                   context: torch.Tensor, query_lens: torch.Tensor | None = None,
+                   replicas: LocalReplicas | None = None) -> None:
         """``query_lens`` None: a decode step (R rows per request, ``full_layer`` plans); else the
-        rows of each request in a gathered step (``gather`` plans)."""
+        rows of each request in a gathered step (``gather`` plans). ``replicas``: what this rank's
+        replica store holds for the step's requests (None: nothing)."""
         if self._group:
             raise RuntimeError(f"layers {sorted(self._group)} of the previous step were never attended")
         B = context.shape[0]
@@ -94,8 +122,13 @@ class SelectedDecode:
                              f"records, got {len(shard.layers)} of {shard.width} bytes")
         if query_lens is not None and query_lens.shape != context.shape:
             raise ValueError(f"query_lens {tuple(query_lens.shape)} must match context {tuple(context.shape)}")
+        if replicas is not None and (replicas.lo.shape != context.shape or replicas.base.shape != context.shape
+                                     or len(replicas.store) != self.pattern.num_layers):
+            raise ValueError(f"replicas need lo and base of shape {tuple(context.shape)} and one store per layer "
+                             f"({self.pattern.num_layers})")
         self._shard = shard
         self._pending = []
+        self._replicas = replicas
         self._context = context.to(torch.int64)
         if query_lens is None:
             self._query_lens = None
@@ -139,18 +172,35 @@ class SelectedDecode:
         to each layer's top-k (gathered). The step's own tokens are held: patched, not moved."""
         B, width = union.shape
         b = torch.arange(B, device=union.device)[:, None]
+        ws_row = b * width + torch.arange(width, device=union.device)
         own = (union >= self._context[:, None]) & (union >= 0)
-        held = own[None].expand(self.dcp.world_size, B, width)
+        local = own
+        rep = self._replicas
+        if rep is not None:  # the window every rank keeps: held for every destination, copied from the store
+            kept = (union >= rep.lo[:, None]) & (union < self._context[:, None]) & (union >= 0)
+            local = own | kept
+            replica_patch = (ws_row[kept], (rep.base[:, None] + union.long() % rep.window)[kept])
+        held = local[None].expand(self.dcp.world_size, B, width)
         planes = build_planes(union, counts, self.dcp, capacity, held=held)
         # workspace row of each own-step token <- its token row start[b] + (t - context[b]) of new_records
-        ws_rows = (b * width + torch.arange(width, device=union.device))[own]
         new_rows = (self._row_start[:, None] + union.long() - self._context[:, None])[own]
         chunks = [layers[i:i + self.depth + 1] for i in range(0, len(layers), self.depth + 1)]
-        group = {"planes": planes, "slots": slots, "patch": (ws_rows, new_rows), "chunks": chunks[1:],
-                 "left": len(chunks[0]), "sizing": sizing}  # left: layers of the chunk in the ring not attended
-        for l in layers:
+        # host read of the counts: a group with nothing remote runs no exchange (not graph-capturable)
+        moves = rep is None or bool(planes.count.any())
+        group = {"planes": planes, "slots": slots, "patch": (ws_row[own], new_rows), "chunks": chunks[1:],
+                 "left": len(chunks[0]), "sizing": sizing, "moves": moves,
+                 "replica_patch": replica_patch if rep is not None else None}
+        for l in layers:  # left: layers of the chunk in the ring not attended
             self._group[l] = group
-        self._pending.append(self.ring.prefetch(planes, self._shard, chunks[0], sizing))
+        self._fetch(group, chunks[0])
+
+    def _fetch(self, group: dict, layers: list[int]) -> None:
+        if group["moves"]:
+            self.exchanges += 1
+            self._pending.append(self.ring.prefetch(group["planes"], self._shard, layers, group["sizing"]))
+        else:
+            self.skipped += 1
+            self.ring.reserve(layers)
 
     def attend(self, layer: int, q_nope: torch.Tensor, q_rope: torch.Tensor, new_records: torch.Tensor,
                topk: torch.Tensor | None = None):
@@ -173,13 +223,16 @@ class SelectedDecode:
         ws = self.ring.get(layer)
         ws_rows, new_rows = group["patch"]
         ws[ws_rows] = new_records[new_rows]
+        if group["replica_patch"] is not None:
+            rep_ws, rep_rows = group["replica_patch"]
+            ws[rep_ws] = self._replicas.store[layer][rep_rows]
         out, lse = sparse_mla_decode(q_nope, q_rope, ws, self.fmt, slots, self.scale, backend=self.backend)
         self.ring.release(layer)
         group["left"] -= 1
         if group["left"] == 0 and group["chunks"]:  # the ring is free again: the group's next layers
             nxt = group["chunks"].pop(0)
             group["left"] = len(nxt)
-            self._pending.append(self.ring.prefetch(group["planes"], self._shard, nxt, group["sizing"]))
+            self._fetch(group, nxt)
         return out, lse
 
     def step_stats(self) -> ExchangeStats:

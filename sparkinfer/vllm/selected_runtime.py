@@ -10,11 +10,19 @@ take the selected path: DCP 1, mode stock, a cache dtype that is not a record fo
   on every rank (the scheduler output is), so every rank of the DCP group takes the same path;
 * cache write (``stash``): the step's own records of the layer, encoded for all tokens (vLLM
   writes only this rank's tokens into the shard, and only at this layer's forward: after the
-  group's exchange was issued at its Full layer, see ``selected_decode.py``);
+  group's exchange was issued at its Full layer, see ``selected_decode.py``); with replicas on,
+  every target step (stock ones too) also writes them into the replica store;
 * attention (``attend``): the first layer of a step starts it (``begin_step`` with every DSA
   layer's cache; a gathered step plans every layer there), a Full layer of a decode step plans and
   prefetches its group from the replicated indexer's top-k, every layer attends with this rank's
   heads over the fetched records, and the last one books the step in the ``PathLedger``.
+
+Replica records (``replica_window``, ``sparkinfer.core.replicas``): every rank keeps the last
+``window`` positions of each request in a per-layer ring, keyed by the request's first KV block
+(stable while the request lives; a new request under a recycled block starts at position 0,
+which starts a new run). ``choose`` advances the rule from the step's rows; the planes then treat
+the window as held everywhere, a group with nothing remote runs no exchange, and a step whose
+requests hold their whole context goes selected even under ``auto`` (it moves nothing).
 
 Patched ``MLAAttention.forward`` skips the query all-gather and the LSE combine of a selected
 step: each rank's heads already saw every selected record. The fabric is the host fabric over the
@@ -33,6 +41,7 @@ from vllm.forward_context import get_forward_context
 
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.accounting import StockDcpShape, stock_dcp_layer
+from sparkinfer.core.replicas import ReplicaWindow, window_for_budget
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype, is_record_cache_dtype
 from sparkinfer.vllm.indexer_layout import indexer_replicated
@@ -88,7 +97,11 @@ class SelectedRuntime:
         self._stock_bytes_per_row = int(stock_dcp_layer(replace(stock, rows=1)).rx.max()) * self.num_layers
         self.ledger = {"selected": PathLedger(), "gather": PathLedger()}
         self.selected = False  # the step being built / run takes the selected or gathered path
-
+        self.keep_records = False  # the step's cache writes are stashed (selected) or kept (replicas)
+        self.replicas: ReplicaWindow | None = None  # built at the first step (auto needs the caches)
+        self._replica_store: list[torch.Tensor] | None = None  # per layer uint8 [slots * window, W]
+        self._step_replicas = None  # (StepReplicas, write rows int64 [T] or None) of the step being built
+        self._layer_of: dict[int, int] | None = None  # kv_cache data_ptr -> model layer
     def _policy(self, hf, stock: StockDcpShape):
         """``auto``'s cost model for decode steps when a shipped profile describes this node (GPU
         name and DCP size, ``costmodel.find_profile``), with stock DCP priced as vLLM will run it;
@@ -125,17 +138,65 @@ class SelectedRuntime:
     def current() -> "SelectedRuntime | None":
         return _current[0]
 
-    def choose(self, query_lens: list[int], contexts: list[int]) -> str:
+    def _replica_window(self) -> int:
+        """``replica_window`` resolved: ``auto`` = the whole ``max_model_len`` if a store for
+        ``max_num_seqs`` requests fits a quarter of this rank's main record cache bytes, else the
+        window that does. The store is allocated beside vLLM's KV cache, not carved out of it
+        (docs/design/replicas.md)."""
+        w = self.config.replica_window
+        if w != "auto":
+            return int(w)
+        kv_bytes = sum(layer.kv_cache.numel() * layer.kv_cache.element_size() for layer in self._dsa_layers().values())
+        slots = self.vllm_config.scheduler_config.max_num_seqs
+        fit = window_for_budget(kv_bytes // 4, slots, self.num_layers, self.fmt.record_bytes)
+        return min(self.vllm_config.model_config.max_model_len, fit)
+
+    def _replica_rule(self) -> ReplicaWindow | None:
+        if self.replicas is None and self.config.replica_window != 0:
+            window = self._replica_window()
+            if window > 0:
+                slots = self.vllm_config.scheduler_config.max_num_seqs
+                self.replicas = ReplicaWindow(window, slots)
+                cache = self._dsa_layers()[0].kv_cache
+                self._replica_store = [torch.zeros(slots * window, self.fmt.record_bytes, dtype=torch.uint8,
+                                                   device=cache.device) for _ in range(self.num_layers)]
+                log.info("sparkinfer: replica store of %d positions x %d requests x %d layers (%.1f MiB per rank)",
+                         window, slots, self.num_layers, slots * window * self.num_layers * self.fmt.record_bytes / 2**20)
+        return self.replicas
+
+    def choose(self, query_lens: list[int], contexts: list[int], keys: list[int] | None = None) -> str:
         """The target model step's path (``StepPath``: stock, selected or gather); ``selected``
-        remembers whether it is not stock, so that only those steps pay for stashing their records."""
-        path = self.path.choose(query_lens, contexts).path
+        remembers whether it is not stock, so that only those steps pay for stashing their records.
+        ``keys``: each request's first KV block id (the replica rule's request key)."""
+        rule = self._replica_rule() if keys is not None else None
+        all_local = False
+        self._step_replicas = None
+        if rule is not None:
+            step = rule.begin_step(keys, contexts, query_lens)
+            rows = torch.from_numpy(step.write_rows())
+            self._step_replicas = (step, rows if bool((rows >= 0).any()) else None)
+            all_local = step.all_local
+        path = self.path.choose(query_lens, contexts, all_local=all_local).path
         self.selected = path != "stock"
+        self.keep_records = self.selected or self._step_replicas is not None
         return path
 
     def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int) -> None:
-        """The step's own records of the layer whose cache is ``kv_cache`` (all tokens, every rank)."""
+        """The step's own records of the layer whose cache is ``kv_cache`` (all tokens, every rank):
+        kept for a selected step's attention and written into the replica store."""
+        if self._layer_of is None:
+            self._layer_of = {layer.kv_cache.data_ptr(): i for i, layer in self._dsa_layers().items()}
+        idx = self._layer_of.get(kv_cache.data_ptr())
+        if idx is None:  # not a target model layer (the MTP layer): its records are not planned
+            return
         k_pe = k_pe.squeeze(1) if k_pe.dim() == 3 else k_pe
-        self._records[kv_cache.data_ptr()] = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens])
+        records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens])
+        if self.selected:
+            self._records[kv_cache.data_ptr()] = records
+        if self._step_replicas is not None and self._step_replicas[1] is not None:
+            rows = self._step_replicas[1].to(records.device)
+            keep = rows >= 0
+            self._replica_store[idx][rows[keep]] = records[: rows.shape[0]][keep]
 
     def _dsa_layers(self) -> dict[int, object]:
         """Model layer index -> attention layer (its ``kv_cache`` is the layer's record cache)."""
@@ -193,12 +254,14 @@ class SelectedRuntime:
             layers = self._dsa_layers()
             cache = layers[0].kv_cache
             self.decoder.begin_step([layers[i].kv_cache for i in range(self.num_layers)], md.block_table,
-                                    cache.shape[1], md.context, md.query_lens if gathered else None)
+                                    cache.shape[1], md.context, md.query_lens if gathered else None,
+                                    self._local_replicas(md.context.device))
             if gathered:
                 self.decoder.gather()
             self._step = step
             self._charge = self.ledger["gather" if gathered else "selected"]
             self._charge.start(n, n * self._stock_bytes_per_row)
+            self._exchanges = (self.decoder.exchanges, self.decoder.skipped)
         if not gathered and self.pattern.is_full(idx):
             self.decoder.full_layer(idx, topk_buffer[:n].to(torch.int32))
         records = self._records.pop(layer.kv_cache.data_ptr(), None)
@@ -206,8 +269,20 @@ class SelectedRuntime:
             raise RuntimeError(f"selected decode: layer {idx} attends before its cache write stashed the step's records")
         out = self.decoder.attend(idx, q_nope, q_rope, records, topk_buffer[:n] if gathered else None)
         if idx == self.num_layers - 1:  # the step's exchanges are all complete
-            self._charge.finish(self.decoder.step_stats().records_recv, self.fmt.record_bytes)
+            self._charge.finish(self.decoder.step_stats().records_recv, self.fmt.record_bytes,
+                                self.decoder.exchanges - self._exchanges[0], self.decoder.skipped - self._exchanges[1])
         return out
+
+    def _local_replicas(self, device):
+        """The step's replica map for the executor (None without replicas)."""
+        if self._step_replicas is None:
+            return None
+        from sparkinfer.vllm.selected_decode import LocalReplicas
+
+        step = self._step_replicas[0]
+        lo = torch.from_numpy(step.lo).to(device)
+        base = torch.from_numpy(step.slot.clip(min=0) * step.window).to(device)
+        return LocalReplicas(self._replica_store, lo, base, step.window)
 
 
 @dataclass
@@ -220,15 +295,19 @@ class PathLedger:
     records_recv: int = 0  # records the exchanges delivered to this rank (measured)
     bytes_recv: int = 0
     stock_bytes: int = 0  # stock DCP's bytes into this rank for the same rows (accounting)
+    exchanges: int = 0  # layered exchanges run (each: pack, one copy per pair, one barrier)
+    exchanges_skipped: int = 0  # groups whose records were all local (replicas): nothing ran
 
     def start(self, rows: int, stock_bytes: int) -> None:
         self.steps += 1
         self.rows += rows
         self.stock_bytes += stock_bytes
 
-    def finish(self, records_recv: int, record_bytes: int) -> None:
+    def finish(self, records_recv: int, record_bytes: int, exchanges: int = 0, skipped: int = 0) -> None:
         self.records_recv += records_recv
         self.bytes_recv += records_recv * record_bytes
+        self.exchanges += exchanges
+        self.exchanges_skipped += skipped
 
 
 def transport_ledger(worker=None) -> dict:

