@@ -1,5 +1,6 @@
 """Cost model: profiles, link time, bytes consistent with the accounting, published residuals."""
 
+import itertools
 import json
 import math
 
@@ -167,3 +168,56 @@ def test_calibrate_host_fabric(tmp_path):
     path = tmp_path / "p.json"
     prof.save(str(path))
     assert cm.load_profile(str(path)) == prof
+
+
+def _profiles():
+    from dataclasses import replace
+    rtx = cm.load_profile("rtx_pro_6000_x4")
+    return [rtx, cm.load_profile("h200_x4"), replace(rtx, name="lean", exchange_us=60.0, copy_us=1.0)]
+
+
+@pytest.mark.parametrize("profile", _profiles(), ids=lambda p: p.name)
+def test_fully_held_step_is_attention_plus_replica_write(profile):
+    """A step whose remote union the replica store holds entirely runs no exchange: predicted
+    selected time is the indexer + attention + the replica writes (rows x layers x record bytes at
+    HBM rate, counted by hand here), no PCIe byte, strictly below stock at every depth."""
+    for batch, rows, ctx, fmt, qrep in itertools.product((1, 8), (1, 4), (0, 2048, 65536, 262144),
+                                                         ("nvfp4_368", "fp8_ds_mla"), (False, True)):
+        ur = 1.75 if rows == 4 else 1.0
+        kw = dict(batch=batch, rows=rows, context=ctx, union_ratio=ur, record_format=fmt,
+                  backend="a2a" if qrep else "ag_rs", q_replicated=qrep)
+        held = cm.StepSpec(held_fraction=1.0, **kw)
+        plain = cm.StepSpec(**kw)
+        layers = GLM52.num_layers + (rows > 1)
+        rec = {"nvfp4_368": 368, "fp8_ds_mla": 656}[fmt]
+        write = batch * rows * layers * rec / (profile.hbm_GBps * 1e3)
+        st = cm.predict(held, profile, "stock", 0)
+        assert st.write_us == pytest.approx(write, rel=1e-12)
+        assert st.total_us == pytest.approx(cm.predict(plain, profile, "stock", 0).total_us + write, rel=1e-12)
+        for d in range(4):
+            se = cm.predict(held, profile, "selected", d)
+            ref = cm.predict(plain, profile, "selected", d)
+            assert se.comm_us == 0.0 and se.rx_bytes_per_rank == 0.0 and se.total_bytes == 0.0
+            assert se.total_us == ref.indexer_us + ref.attn_us + se.write_us
+            assert se.total_us < st.total_us
+        assert write < 1.0  # small: under a microsecond per step even at batch 8 with 656-byte records
+
+
+def test_replica_share_combines_with_reuse(rtx):
+    """held_fraction and new_fraction are one notion: the share of the remote union that moves,
+    (1 - held) * new; without a replica store (None) nothing changes, not even by a write term."""
+    base = dict(batch=2, rows=4, context=65536, union_ratio=1.75)
+    for held, new in ((0.0, 1.0), (0.5, 0.4), (0.9, 0.3), (0.25, 0.0)):
+        a = cm.StepSpec(held_fraction=held, new_fraction=new, **base)
+        b = cm.StepSpec(new_fraction=(1 - held) * new, **base)
+        assert cm.moving_fraction(new, held) == pytest.approx((1 - held) * new)
+        np.testing.assert_allclose(cm.step_bytes(a)["reuse"], cm.step_bytes(b)["reuse"], rtol=1e-12)
+        for d in range(4):
+            pa, pb = cm.predict(a, rtx, "selected", d), cm.predict(b, rtx, "selected", d)
+            assert pa.comm_us == pytest.approx(pb.comm_us, rel=1e-12)  # exchange still runs (held < 1)
+            assert pa.total_us == pytest.approx(pb.total_us + pa.write_us, rel=1e-12) and pa.write_us > 0
+    none = cm.StepSpec(**base)
+    assert cm.moving_fraction(0.3, None) == 0.3 and not cm.all_local(none)
+    assert cm.predict(none, rtx, "selected", 3).write_us == 0.0
+    with pytest.raises(ValueError, match="held_fraction"):
+        cm.StepSpec(held_fraction=1.5)

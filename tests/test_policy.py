@@ -220,9 +220,9 @@ def test_plan_section_renders():
     from sparkinfer.cli.plan import add_policy_arguments, policy_section
     ap = argparse.ArgumentParser()
     plan.add_arguments(ap)
-    if not any("--profile" in a.option_strings for a in ap._actions):  # not wired into plan (yet)
+    if not any("--hw" in a.option_strings for a in ap._actions):  # not wired into plan (yet)
         add_policy_arguments(ap)
-    args = ap.parse_args(["--profile", "h200_x4", "--batch", "2"])
+    args = ap.parse_args(["--hw", "h200_x4", "--batch", "2"])
     sec = policy_section(args, None)
     assert sec is not None and len(sec.rows) == 6 * 3 and "h200_x4" in sec.title
     assert policy_section(ap.parse_args([]), None) is None
@@ -300,3 +300,132 @@ def test_fast_decide_equals_reference(profile):
     for pol in pols[:3]:
         assert pol.decide([], []) == _reference_decide(pol, [], []) == Decision("stock", 0, 0.0, 0.0, "empty step")
     assert len(kinds) >= 7, kinds  # the rule's outcomes (incl. amortised ones) occur on the grid
+
+
+@pytest.mark.parametrize("profile", _profiles(), ids=lambda p: p.name)
+def test_fully_held_step_goes_selected_under_auto(profile):
+    """Replicas hold the whole remote union: auto takes the selected path with no exchange (depth
+    0) on every profile, batch, row count, context, stock shape, reuse state and horizon, and the
+    full cost model rates it strictly cheaper than stock."""
+    for batch, rows, ctx, qrep, nf, h in itertools.product((1, 8), (1, 4), (0, 2048, 65536, 1 << 20), (False, True),
+                                                           (None, 1.0, 0.3), (1, 64)):
+        shape = {"backend": "a2a" if qrep else "ag_rs", "q_replicated": qrep}
+        pol = StepPolicy(profile, max_depth=3, env={}, prior_new_fraction=0.3, **shape)
+        ur = 1.75 if rows == 4 else 1.0
+        step = cm.StepSpec(batch=batch, rows=rows, context=ctx, union_ratio=ur, held_fraction=1.0, **shape)
+        u = cm.selected_tokens(step)
+        d = pol.decide([rows] * batch, [ctx] * batch, [u] * batch, None if nf is None else [nf] * batch, horizon=h,
+                       held_fraction=[1.0] * batch)
+        assert d.path == "selected" and d.depth == 0 and "local" in d.reason, (batch, rows, ctx, qrep, d)
+        stock, sel = cm.predict(step, profile, "stock", 0), cm.predict(step, profile, "selected", 0)
+        assert sel.total_us < stock.total_us and sel.comm_us == 0.0
+        assert d.selected_us == pytest.approx(sel.write_us) and d.stock_us == pytest.approx(stock.comm_us + stock.write_us)
+    # mode=stock still forces stock; a held share below 1 prices an exchange again
+    assert StepPolicy(profile, mode="stock", env={}).decide([4], [65536], held_fraction=[1.0]).path == "stock"
+    part = StepPolicy(profile, env={}).decide([4], [65536], held_fraction=[0.999])
+    assert part.selected_us > profile.exchange_us
+
+
+@pytest.mark.parametrize("profile", _profiles(), ids=lambda p: p.name)
+@pytest.mark.parametrize("qrep", [False, True], ids=["ag_rs", "qrep_a2a"])
+def test_never_picks_the_slower_path_with_replicas(profile, qrep):
+    """The never-rated-slower grid with replica shares: per step and amortised over a horizon, the
+    choice is never rated slower by ``costmodel.predict`` (held_fraction set) than the other path."""
+    stock_shape = {"backend": "a2a" if qrep else "ag_rs", "q_replicated": qrep}
+    pol = StepPolicy(profile, max_depth=3, env={}, **stock_shape)
+    picks = set()
+    for batch, rows, ctx, held, nf, ss, h in itertools.product(
+            (1, 8), (1, 4), (0, 8192, 65536, 262144), (0.0, 0.5, 0.9, 1.0), (1.0, 0.3, 0.0), (None, 0.0, 0.3),
+            (1, 8)):
+        ur = 1.75 if rows == 4 else 1.0
+        spec = lambda f: cm.StepSpec(batch=batch, rows=rows, context=ctx, union_ratio=ur, new_fraction=f,
+                                     held_fraction=held, **stock_shape)
+        u = cm.selected_tokens(spec(1.0))
+        d = pol.decide([rows] * batch, [ctx] * batch, [u] * batch, [nf] * batch, horizon=h,
+                       steady_fraction=None if ss is None else [ss] * batch, held_fraction=[held] * batch)
+        stock = cm.predict(spec(nf), profile, "stock", 0).total_us
+        sel_now = [cm.predict(spec(nf), profile, "selected", k).total_us for k in range(4)]
+        if h == 1 or ss is None or held == 1.0:
+            best_sel, chosen_sel, plan_stock = min(sel_now), sel_now[d.depth], stock
+        else:
+            sel_ss = min(cm.predict(spec(ss), profile, "selected", k).total_us for k in range(4))
+            best_sel, chosen_sel, plan_stock = min(sel_now) + (h - 1) * sel_ss, sel_now[d.depth] + (h - 1) * sel_ss, \
+                h * stock
+        chosen = plan_stock if d.path == "stock" else chosen_sel
+        assert chosen <= min(plan_stock, best_sel) * (1 + 1e-9), (batch, rows, ctx, held, nf, ss, h, d)
+        picks.add((d.path, held == 1.0))
+    assert ("selected", True) in picks
+    if profile.name != "h200_x4":  # the H200 model rates selected faster everywhere on this grid
+        assert ("stock", False) in picks  # both outcomes occur
+
+
+def _reference_replicas(pol, rows, contexts, union, new_fraction, horizon, steady_fraction, held):
+    """``decide`` with a replica store through ``pol.costs`` (the straightforward evaluation)."""
+    b = len(rows)
+    total_rows = sum(rows)
+    if total_rows == 0:
+        return Decision("stock", 0, 0.0, 0.0, "empty step")
+    if union is None:
+        union = [min(c + r, pol.geom.topk) for c, r in zip(contexts, rows)]
+    outside = [u * (1.0 - h) for u, h in zip(union, held)]
+    local = sum(outside) == 0
+    moved = sum(outside) if new_fraction is None else sum(o * f for o, f in zip(outside, new_fraction))
+    mtp = total_rows > b
+    stock, sel = pol.costs(total_rows, moved, mtp, all_local=local, replicas=True)
+    if pol.mode == "stock":
+        return Decision("stock", 0, stock, min(sel), "mode=stock", stock, min(sel))
+    depths = list(range(len(sel)))
+    if pol.workspace_bytes is not None:
+        depths = [d for d in depths if sum(union) * pol.record_bytes * (d + 1) <= pol.workspace_bytes]
+        if not depths:
+            return Decision("stock", 0, stock, min(sel), "workspace too small", stock, min(sel))
+    depth = min(depths, key=sel.__getitem__)
+    if pol.mode == "selected":
+        return Decision("selected", depth, stock, sel[depth], "mode=selected", stock, sel[depth])
+    if local:
+        return Decision("selected", depth, stock, sel[depth], "model: every record local (replicas), no exchange",
+                        stock, sel[depth])
+    if steady_fraction is None and horizon != 1 and pol.prior_new_fraction is not None:
+        steady_fraction = [pol.prior_new_fraction] * b
+    if horizon == 1 or steady_fraction is None:
+        why = "model: selected faster" if sel[depth] < stock else "model: stock faster or equal"
+        return Decision("selected" if sel[depth] < stock else "stock", depth if sel[depth] < stock else 0, stock,
+                        sel[depth], why, stock, sel[depth])
+    steady = pol.costs(total_rows, sum(o * f for o, f in zip(outside, steady_fraction)), mtp, replicas=True)[1]
+    plan_stock, plan_sel = horizon * stock, sel[depth] + (horizon - 1) * min(steady[d] for d in depths)
+    why = f"over {horizon} steps at steady reuse"
+    if plan_sel < plan_stock:
+        return Decision("selected", depth, stock, sel[depth], f"model: selected faster {why}", plan_stock, plan_sel,
+                        horizon)
+    return Decision("stock", 0, stock, sel[depth], f"model: stock faster or equal {why}", plan_stock, plan_sel, horizon)
+
+
+@pytest.mark.parametrize("profile", _profiles(), ids=lambda p: p.name)
+def test_replica_decide_equals_reference(profile):
+    """``decide(held_fraction=...)`` (compiled exposed time) equals the ``costs`` reference bit for
+    bit on a randomized grid, including all-local, partly held and empty steps."""
+    import random
+    rng = random.Random(11)
+    pols = [StepPolicy(profile, mode=mode, env={}, max_depth=md, workspace_bytes=ws, prior_new_fraction=prior)
+            for mode, md, ws, prior in itertools.product(("auto", "stock", "selected"), (0, 3), (None, 4 << 20),
+                                                         (None, 0.25))]
+    kinds = set()
+    for _ in range(1500):
+        pol = rng.choice(pols)
+        b = rng.randint(1, 8)
+        rows = [rng.choice([0, 1, 4]) for _ in range(b)]
+        ctx = [rng.choice([0, rng.randint(0, 4096), rng.randint(0, 300000)]) for _ in range(b)]
+        union = rng.choice([None, [float(rng.randint(0, 4096)) for _ in range(b)]])
+        nf = rng.choice([None, [rng.random() for _ in range(b)], [0.0] * b])
+        held = rng.choice([[1.0] * b, [rng.random() for _ in range(b)], [0.0] * b,
+                           [rng.choice([1.0, 0.5]) for _ in range(b)]])
+        h = rng.choice([1, 8, rng.randint(1, 200)])
+        ss = rng.choice([None, [rng.random() for _ in range(b)]])
+        got = pol.decide(rows, ctx, union, nf, horizon=h, steady_fraction=ss, held_fraction=held)
+        assert got == _reference_replicas(pol, rows, ctx, union, nf, h, ss, held), (pol.mode, rows, ctx, held)
+        kinds.add((got.path, got.reason.split(" over ")[0]))
+    assert ("selected", "model: every record local (replicas), no exchange") in kinds and len(kinds) >= 6, kinds
+    with pytest.raises(ValueError, match="held_fraction"):
+        pols[0].decide([4], [100], held_fraction=[1.5])
+    with pytest.raises(ValueError, match="one entry per request"):
+        pols[0].decide([4, 4], [100, 100], held_fraction=[1.0])

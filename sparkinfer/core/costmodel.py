@@ -36,6 +36,16 @@ Per attention layer, with ``x`` the layer's link time for its bytes:
   out of the policy's comparison; it is priced to compare against published runs.
 * **attention**: ``attn_us_per_ktok`` per layer per 1024 selected tokens per row,
   the same for both paths (stock DCP attends the same top-k, split over ranks).
+* **replica records** (``StepSpec.held_fraction``, ``core/replicas.py``): the share of the remote
+  union a rank holds in its replica store is local like its own shard; the reuse pool's
+  ``new_fraction`` applies to the rest, so the share that moves is
+  ``(1 - held_fraction) * new_fraction`` (``moving_fraction``). A step whose remote union is
+  entirely replica-held runs no exchange at all (no pack, copy or barrier: zero fixed cost), so
+  the selected path costs its attention alone. The store is written at every step whatever the
+  path (every rank writes every new token's record of every layer into its ring), priced on both
+  paths as HBM bytes: ``rows * layers * record_bytes / hbm`` (``replica_write_us``; 65 ns for 4
+  rows of 368-byte records on the RTX profile, assuming the ring write rides the cache-write
+  kernel, i.e. no launch of its own).
 
 Parameters come from a node profile (``sparkinfer/profiles/*.json``).
 """
@@ -49,6 +59,7 @@ from dataclasses import asdict, dataclass, fields
 from sparkinfer.core import accounting as acc
 from sparkinfer.core.geometry import GLM52, ModelGeometry
 from sparkinfer.core.layouts import layout as record_layout
+from sparkinfer.core.replicas import write_hbm_bytes
 
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
 
@@ -140,7 +151,10 @@ class StepSpec:
     context       tokens in each request's context
     union_ratio   per-request union of the rows' top-k, in units of min(context, topk)
                   (1.0 for one row; ~1.75 measured for 4 MTP rows)
-    new_fraction  share of the remote union a destination does not hold yet (1.0 = no reuse)
+    new_fraction  share of the remote union a destination does not hold yet (1.0 = no reuse);
+                  with replicas, of the part the replica store does not hold
+    held_fraction share of the remote union held by the replica store (None: no replica store;
+                  1.0: every remote record is local and the step runs no exchange)
     record_format main record format name or width
     tp, dcp       parallel sizes
     backend       stock DCP's combine: ag_rs | a2a
@@ -160,6 +174,7 @@ class StepSpec:
     backend: str = "ag_rs"
     q_replicated: bool = False
     indexer: str = "replicated"
+    held_fraction: float | None = None
 
     def __post_init__(self):
         for k in ("batch", "rows", "tp", "dcp"):
@@ -171,6 +186,8 @@ class StepSpec:
             raise ValueError(f"union_ratio must be in [1, rows={self.rows}], got {self.union_ratio}")
         if not 0.0 <= self.new_fraction <= 1.0:
             raise ValueError(f"new_fraction must be in [0, 1], got {self.new_fraction}")
+        if self.held_fraction is not None and not 0.0 <= self.held_fraction <= 1.0:
+            raise ValueError(f"held_fraction must be in [0, 1] or None (no replica store), got {self.held_fraction}")
         if self.indexer not in ("replicated", "sharded"):
             raise ValueError(f"indexer must be 'replicated' or 'sharded', got {self.indexer!r}")
         record_layout(self.record_format)
@@ -187,9 +204,12 @@ class PathCost:
     attn_us: float
     rx_bytes_per_rank: float  # bytes entering the busiest port, whole step
     total_bytes: float  # bytes over PCIe, all ports, whole step
+    write_us: float = 0.0  # replica-store writes (HBM), 0 without a replica store
 
     @property
     def total_us(self) -> float:
+        if self.write_us:
+            return self.comm_us + self.indexer_us + self.attn_us + self.write_us
         return self.comm_us + self.indexer_us + self.attn_us
 
 
@@ -222,10 +242,29 @@ def selected_tokens(step: StepSpec, geom: ModelGeometry = GLM52) -> float:
     return step.union_ratio * min(step.context + step.rows, geom.topk)
 
 
+def moving_fraction(new_fraction: float, held_fraction: float | None) -> float:
+    """Share of the remote union that must move: what neither the replica store (``held_fraction``,
+    None: no store) nor the reuse pool (``new_fraction`` of the rest missing) holds."""
+    if held_fraction is None:
+        return new_fraction
+    return (1.0 - held_fraction) * new_fraction
+
+
+def all_local(step: StepSpec) -> bool:
+    """The replica store holds the step's whole remote union: the selected path moves nothing."""
+    return step.held_fraction is not None and step.held_fraction >= 1.0
+
+
+def replica_write_us(rows_total: int, record_bytes: int, layers: int, p: NodeProfile) -> float:
+    """HBM time of one step's replica writes on one rank: every row's record at every layer."""
+    return rows_total * write_hbm_bytes(record_bytes, layers) / (p.hbm_GBps * 1e3)
+
+
 def step_bytes(step: StepSpec, geom: ModelGeometry = GLM52) -> dict:
     """Bytes of one attention layer per path: ``stock`` is the exact LinkBytes; ``selected`` and
     ``reuse`` are float [D_src, D_dst] byte matrices (diagonal: local) for a union spread evenly
-    over owners (``accounting.expected_missing``)."""
+    over owners (``accounting.expected_missing``); ``reuse`` moves ``moving_fraction`` of the
+    remote union (replicas, then the reuse pool)."""
     d = step.dcp
     rec = record_layout(step.record_format).record_bytes
     stock = acc.stock_dcp_layer(acc.StockDcpShape(rows=step.batch * step.rows, num_heads=geom.num_heads,
@@ -233,7 +272,7 @@ def step_bytes(step: StepSpec, geom: ModelGeometry = GLM52) -> dict:
                                                   q_replicated=step.q_replicated))
     u = selected_tokens(step, geom) * step.batch
     sel = acc.expected_missing([u], d, 1.0) * rec
-    reuse = acc.expected_missing([u], d, step.new_fraction) * rec
+    reuse = acc.expected_missing([u], d, moving_fraction(step.new_fraction, step.held_fraction)) * rec
     return {"stock": stock, "selected": sel, "reuse": reuse, "record_bytes": rec}
 
 
@@ -258,7 +297,8 @@ def predict(step: StepSpec, p: NodeProfile, path: str, depth: int = 1,
             geom: ModelGeometry = GLM52) -> PathCost:
     """Path-dependent time of one decode step: ``path`` is ``stock`` or ``selected``.
 
-    ``selected`` uses ``step.new_fraction`` (set it below 1 for reuse).
+    ``selected`` uses ``step.new_fraction`` (set it below 1 for reuse) and ``step.held_fraction``
+    (replicas); with a replica store both paths pay its writes (``PathCost.write_us``).
     """
     if step.dcp != p.world_size:
         raise ValueError(f"step has dcp={step.dcp} but profile {p.name!r} describes {p.world_size} GPUs")
@@ -275,6 +315,7 @@ def predict(step: StepSpec, p: NodeProfile, path: str, depth: int = 1,
     index = n_full * rows_total * scored * p.index_ns_per_token * 1e-3
     b = step_bytes(step, geom)
     d = step.dcp
+    write = 0.0 if step.held_fraction is None else replica_write_us(rows_total, b["record_bytes"], n_layers, p)
     if path == "stock":
         if depth:
             raise ValueError("stock DCP has no prefetch depth (pass depth=0)")
@@ -287,17 +328,19 @@ def predict(step: StepSpec, p: NodeProfile, path: str, depth: int = 1,
             comm += n_full * (merge.ops * p.collective_us + lb_link_us(merge, p))
             rx += float(merge.rx.max()) * n_full
             total += float(merge.total) * n_full
-        return PathCost("stock", 0, comm, index, attn, rx, total)
+        return PathCost("stock", 0, comm, index, attn, rx, total, write)
     if path != "selected":
         raise ValueError(f"path must be 'stock' or 'selected', got {path!r}")
     if step.indexer != "replicated":
         raise ValueError("selected records need the replicated indexer (identical top-k on every rank)")
+    if all_local(step):  # no exchange: no pack, copy, barrier or link time
+        return PathCost("selected", depth, 0.0, index, attn, 0.0, 0.0, write)
     m = b["reuse"]
     x, rx1, tot1 = matrix_link_us(m, p)
     x += p.link_latency_us if tot1 else 0.0
     fixed = p.exchange_us + (d * (d - 1) * p.copy_us if tot1 else 0.0)
     comm = selected_comm_us(x, fixed, layer_compute_us(p, rows_total, n_layers), group_counts(groups), depth)
-    return PathCost("selected", depth, comm, index, attn, rx1 * n_layers, tot1 * n_layers)
+    return PathCost("selected", depth, comm, index, attn, rx1 * n_layers, tot1 * n_layers, write)
 
 
 def group_counts(groups: list[int]) -> tuple:

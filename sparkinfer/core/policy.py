@@ -30,6 +30,14 @@ and picks the cheaper (ties to stock). The warm-up step's extra cost is thus
 charged against the saving of the steps after it. With H = 1 (or no steady
 fraction) it is the per-step rule; ``mode`` stock/selected ignore H.
 
+Replica records (``core/replicas.py``). ``decide(..., held_fraction=...)`` gives, per request, the
+share of its remote union that the replica store holds (local on every rank). The reuse pool's
+``new_fraction`` / ``steady_fraction`` then apply to the rest: the share that moves is
+``(1 - held) * new`` (``costmodel.moving_fraction``). A step whose remote union is entirely
+replica-held runs no exchange (zero fixed cost), so it costs only the replica writes, which both
+paths pay, and is strictly cheaper than stock: ``auto`` takes it (depth 0, no ring). Without
+``held_fraction`` every decision is the one before replicas, bit for bit.
+
 Mode sources, later wins: the profile's ``mode``, the environment variable
 ``VLLM_SPARKINFER_MODE`` (``sparkinfer.config``), an explicit argument.
 """
@@ -129,9 +137,12 @@ class StepPolicy:
         self._fast = {mtp: (n_layers, _compile_exposed(n_full, terms))
                       for mtp, (n_layers, n_full, terms) in self._tables.items()}
 
-    def costs(self, rows: int, union_records: float, mtp: bool) -> tuple[float, list[float]]:
+    def costs(self, rows: int, union_records: float, mtp: bool, *, all_local: bool = False,
+              replicas: bool = False) -> tuple[float, list[float]]:
         """(stock us, [selected us at depth 0..max_depth]) for a step with ``rows`` query rows in
         total and ``union_records`` union records to move per layer (reuse already applied).
+        ``replicas``: a replica store is written (both paths pay ``replica_write_us``);
+        ``all_local``: it holds every remote record, so the selected path runs no exchange.
         The straightforward evaluation through ``costmodel``; ``decide`` inlines the same arithmetic."""
         p = self.profile
         n_layers, n_full, terms = self._tables[mtp]
@@ -140,7 +151,13 @@ class StepPolicy:
         x = p.link_latency_us + union_records * self._sel_per_record if moving else 0.0
         fixed = p.exchange_us + (self._copies_us if moving else 0.0)  # nothing moved: no copies
         c = cm.layer_compute_us(p, rows, n_layers)
-        return stock, cm.exposed_us(x, fixed, c, n_full, terms)
+        sel = cm.exposed_us(x, fixed, c, n_full, terms)
+        if not (replicas or all_local):
+            return stock, sel
+        write = cm.replica_write_us(rows, self.record_bytes, n_layers, p)
+        if all_local:
+            return stock + write, [write] * len(terms)
+        return stock + write, [s + write for s in sel]
 
     def _exposed(self, moved: float, c: float, exposed) -> tuple:
         """Selected cost per depth for ``moved`` records per layer: ``costs``' second value."""
@@ -163,21 +180,30 @@ class StepPolicy:
 
     def decide(self, rows: Sequence[int], contexts: Sequence[int], union: Sequence[float] | None = None,
                new_fraction: Sequence[float] | None = None, horizon: int = 1,
-               steady_fraction: Sequence[float] | None = None) -> Decision:
+               steady_fraction: Sequence[float] | None = None,
+               held_fraction: Sequence[float] | None = None) -> Decision:
         """The path for one step.
 
         rows             query rows per request (1 + speculative tokens)
         contexts         context length per request
         union            union records per request per layer (default: min(context + rows, topk))
-        new_fraction     share of each request's remote union not yet held (default 1: no reuse)
+        new_fraction     share of each request's remote union not yet held (default 1: no reuse);
+                         with ``held_fraction``, of the part the replica store does not hold
         horizon          decode steps to amortise a selected plan over (1: per-step rule)
         steady_fraction  per request, the share a warm pool still misses (default: the prior)
+        held_fraction    per request, the share of the remote union held by the replica store
+                         (None: no replica store; all 1.0: nothing remote, no exchange)
         """
         b = len(rows)
         if len(contexts) != b or (union is not None and len(union) != b) or (
                 new_fraction is not None and len(new_fraction) != b) or (
-                steady_fraction is not None and len(steady_fraction) != b):
-            raise ValueError("rows, contexts, union, new_fraction and steady_fraction need one entry per request")
+                steady_fraction is not None and len(steady_fraction) != b) or (
+                held_fraction is not None and len(held_fraction) != b):
+            raise ValueError("rows, contexts, union, new_fraction, steady_fraction and held_fraction need one "
+                             "entry per request")
+        if held_fraction is not None:
+            return self._decide_replicas(rows, contexts, union, new_fraction, horizon, steady_fraction,
+                                         held_fraction)
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
             raise ValueError(f"horizon must be an int >= 1, got {horizon!r}")
         total_rows = sum(rows)
@@ -196,10 +222,17 @@ class StepPolicy:
         stock = n_layers * (self._stock_fixed + total_rows * self._stock_per_row)
         c = (self._base_us + self._base_row_us * (total_rows - 1)) / n_layers  # cm.layer_compute_us
         sels = self._exposed(moved, c, exposed)
+        slot = None if self.workspace_bytes is None else records * self.record_bytes
+        return self._choose(b, stock, sels, slot, horizon, steady_fraction,
+                            lambda ss: self._exposed(sum(map(operator.mul, union, ss)), c, exposed))
+
+    def _choose(self, b: int, stock: float, sels: tuple, slot, horizon: int, steady_fraction, steady_sels,
+                local: bool = False) -> Decision:
+        """The rule once the costs are known: ``sels`` per depth, ``steady_sels(fractions)`` the
+        per-depth costs of a warm step, ``local`` a step without remote records."""
         mode = self.mode
         if mode == "stock":
             return Decision("stock", 0, stock, min(sels), "mode=stock", stock, min(sels))
-        slot = None if self.workspace_bytes is None else records * self.record_bytes
         depth, sel = self._pick(sels, slot)
         if depth < 0:
             min_sel = min(sels)
@@ -207,6 +240,9 @@ class StepPolicy:
             return Decision("stock", 0, stock, min_sel, "workspace too small", stock, min_sel)
         if mode == "selected":
             return Decision("selected", depth, stock, sel, "mode=selected", stock, sel)
+        if local:  # no remote record: no exchange, strictly cheaper than stock's collectives
+            return Decision("selected", depth, stock, sel, "model: every record local (replicas), no exchange",
+                            stock, sel)
         if steady_fraction is None and horizon != 1 and self.prior_new_fraction is not None:
             steady_fraction = [self.prior_new_fraction] * b
         if horizon == 1 or steady_fraction is None:
@@ -216,7 +252,7 @@ class StepPolicy:
         for f in steady_fraction:
             if not 0.0 <= f <= 1.0:
                 raise ValueError(f"steady_fraction entries must be in [0, 1], got {list(steady_fraction)}")
-        steady = self._pick(self._exposed(sum(map(operator.mul, union, steady_fraction)), c, exposed), slot)[1]
+        steady = self._pick(steady_sels(steady_fraction), slot)[1]
         plan_stock = horizon * stock
         plan_sel = sel + (horizon - 1) * steady
         if plan_sel < plan_stock:
@@ -224,6 +260,37 @@ class StepPolicy:
                             "reuse", plan_stock, plan_sel, horizon)
         return Decision("stock", 0, stock, sel, f"model: stock faster or equal over {horizon} steps at steady reuse",
                         plan_stock, plan_sel, horizon)
+
+    def _decide_replicas(self, rows, contexts, union, new_fraction, horizon, steady_fraction, held_fraction):
+        """``decide`` with a replica store: the same rule, with the held share local, a step
+        without remote records priced with no exchange, and the store's writes on both paths."""
+        b = len(rows)
+        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+            raise ValueError(f"horizon must be an int >= 1, got {horizon!r}")
+        for name, fr in (("held_fraction", held_fraction), ("new_fraction", new_fraction),
+                         ("steady_fraction", steady_fraction)):
+            if fr is not None and any(not 0.0 <= f <= 1.0 for f in fr):
+                raise ValueError(f"{name} entries must be in [0, 1], got {list(fr)}")
+        total_rows = sum(rows)
+        if total_rows == 0:
+            return Decision("stock", 0, 0.0, 0.0, "empty step")
+        if union is None:
+            union = [min(c + r, self.geom.topk) for c, r in zip(contexts, rows)]
+        records = sum(union)
+        outside = [u * (1.0 - h) for u, h in zip(union, held_fraction)]  # not replica-held
+        local = sum(outside) == 0  # the replica store holds every remote record
+        moved = sum(outside) if new_fraction is None else sum(map(operator.mul, outside, new_fraction))
+        mtp = total_rows > b
+        # the arithmetic of ``costs(..., all_local=local, replicas=True)``, through the compiled form
+        n_layers, exposed = self._fast[mtp]
+        write = cm.replica_write_us(total_rows, self.record_bytes, n_layers, self.profile)
+        stock = n_layers * (self._stock_fixed + total_rows * self._stock_per_row) + write
+        c = (self._base_us + self._base_row_us * (total_rows - 1)) / n_layers
+        sels = (write,) * len(self._depths) if local else tuple(s + write for s in self._exposed(moved, c, exposed))
+        slot = None if self.workspace_bytes is None else records * self.record_bytes
+        return self._choose(b, stock, sels, slot, horizon, steady_fraction,
+                            lambda ss: tuple(s + write for s in self._exposed(
+                                sum(map(operator.mul, outside, ss)), c, exposed)), local)
 
 
 def _compile_exposed(n_full: int, terms_by_depth: tuple):
