@@ -23,7 +23,8 @@ SMALL = dict(batch=1, context=64, topk=16, fmt="fp8_ds_mla")
 @pytest.mark.multiproc
 def test_demo_cli_check_passes_and_policy_picks_stock_on_the_rtx_profile(capsys):
     assert main(["demo", "--check", "--steps", "2", "--batch", "1", "--context", "64", "--topk", "16",
-                 "--format", "nvfp4_368", "--mode", "auto", "--profile", "rtx_pro_6000_x4"]) == 0
+                 "--format", "nvfp4_368", "--mode", "auto", "--profile", "rtx_pro_6000_x4",
+                 "--replica-window", "0"]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "top-k identical on all ranks: True" in out and "problems: 0" in out
     # the modelled RTX node prefers stock at this size; the same decision on every rank, every step
@@ -31,8 +32,29 @@ def test_demo_cli_check_passes_and_policy_picks_stock_on_the_rtx_profile(capsys)
     assert "MISMATCH" not in out and "qrep+a2a B" in out
 
 
+@pytest.mark.multiproc
+def test_demo_defaults_take_the_replica_path_and_move_nothing(capsys):
+    """At its defaults every record of the run is in every rank's replica store: each step goes
+    selected under auto on the RTX profile (which picks stock without replicas, test above), its
+    replica exchange moves 0 bytes and skips every group, and the workspaces built from the store
+    still equal the unsharded cache (the float64 reference checks the attention)."""
+    assert main(["demo", "--check", "--steps", "2", "--batch", "1", "--context", "64", "--topk", "16",
+                 "--format", "nvfp4_368"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and out.count("every record local (replicas)") == 2 and "0/22" in out
+
+
+@pytest.mark.multiproc
+def test_demo_small_replica_window_moves_only_what_it_misses():
+    s = run_demo(DemoConfig(steps=3, mode="selected", replica_window=24, restart_step=1, **SMALL))
+    assert s["ok"], s["problems"]
+    for r in s["rows"]:
+        assert r["bytes_ok"]["replica"] and r["replica_exchanges"] == (22, 0) and r["replica_held"] > 0
+        assert 0 < r["bytes"]["replica"] < r["bytes"]["reuse"]
+
+
 def _check_reuse(rows):
-    assert all(r["bytes_ok"] == {"stock": True, "selected": True, "reuse": True} and r["copies_ok"] for r in rows)
+    assert all(all(r["bytes_ok"].values()) and r["copies_ok"] for r in rows)
     assert rows[0]["bytes"]["reuse"] == rows[0]["bytes"]["selected"] and rows[0]["hit_rate"] == 0
     for r in rows[1:]:
         assert 0.3 < r["overlap"] < 0.95  # consecutive steps' unions overlap, as in trained models
@@ -45,7 +67,7 @@ def test_demo_reuse_under_the_policy_with_eviction():
     a small pool forces evictions. Every byte matrix and copy count equals the accounting, every
     workspace the unsharded gather (``ok``)."""
     cap = 79 * 12  # 12 rows per layer (79 with the MTP layer): below a layer's remote union
-    s = run_demo(DemoConfig(steps=3, profile="h200_x4", pool_rows=cap, **SMALL))
+    s = run_demo(DemoConfig(replica_window=0, steps=3, profile="h200_x4", pool_rows=cap, **SMALL))
     assert s["ok"], s["problems"]
     rows = s["rows"]
     assert all(r["path"] == "selected" and r["decision_agreed"] for r in rows)
@@ -67,7 +89,7 @@ def test_demo_auto_warms_a_cold_pool_by_amortising_over_the_remaining_steps(tmp_
     prof.update(name="slow_link", bw_dir_GBps=0.1, bw_bidir_GBps=0.2, exchange_us=60.0, copy_us=0.5)
     path = tmp_path / "slow_link.json"
     path.write_text(json.dumps(prof))
-    s = run_demo(DemoConfig(steps=3, profile=str(path), mode="auto", batch=1, context=128, topk=64, heads=4,
+    s = run_demo(DemoConfig(replica_window=0, steps=3, profile=str(path), mode="auto", batch=1, context=128, topk=64, heads=4,
                             fmt="fp8_ds_mla"))
     assert s["ok"], s["problems"]
     rows = s["rows"]
@@ -85,7 +107,7 @@ def test_demo_forced_selected_with_a_shallow_ring_and_a_request_that_ends():
     4-layer group into two exchanges, which the copy counts and bytes must reflect. Before step 2
     request 0 ends and a new request takes its slot and KV blocks: its entries leave the pools
     (their rows are reused), its records are never served to the new request."""
-    s = run_demo(DemoConfig(steps=3, mode="selected", depth=1, restart_step=2, batch=2, context=64, topk=16,
+    s = run_demo(DemoConfig(replica_window=0, steps=3, mode="selected", depth=1, restart_step=2, batch=2, context=64, topk=16,
                             fmt="fp8_ds_mla"))
     assert s["ok"], s["problems"]
     rows = s["rows"]
@@ -99,7 +121,7 @@ def test_demo_forced_selected_with_a_shallow_ring_and_a_request_that_ends():
 
 @pytest.mark.multiproc
 def test_demo_detects_a_request_end_that_keeps_its_pool_entries():
-    s = run_demo(DemoConfig(steps=2, mode="selected", restart_step=1, forget_drop=True, **SMALL))
+    s = run_demo(DemoConfig(replica_window=0, steps=2, mode="selected", restart_step=1, forget_drop=True, **SMALL))
     assert not s["ok"]
     assert s["problems"] == ["reuse pools not empty after every request ended"]
 
@@ -119,8 +141,9 @@ def _fake_results(world=4):
     m = (np.ones((world, world), np.int64) - np.eye(world, dtype=np.int64)) * 1000
     step = {"path": "selected", "depth": 3, "stock_us": 2.0, "selected_us": 1.0, "reason": "x", "horizon": 1,
             "plan_stock_us": 2.0, "plan_selected_us": 1.0, "stock_qrep": 6000,
-            "decision_agreed": True, "measured": {p: m.tolist() for p in ("stock", "selected", "reuse")},
-            "accounted": {p: m.tolist() for p in ("stock", "selected", "reuse")}, "union_ratio": 1.5,
+            "decision_agreed": True, "measured": {p: m.tolist() for p in ("stock", "selected", "reuse", "replica")},
+            "accounted": {p: m.tolist() for p in ("stock", "selected", "reuse", "replica")}, "union_ratio": 1.5,
+            "replica_exchanges": (1, 0), "replica_held": 10,
             "overlap": None, "hit_rate": 0.0, "accepted": [1], "pool_rows": 0, "err_selected": 1e-7,
             "err_stock": 1e-7, "workspace_exact": True, "spec_dropped": 0,
             "copies": {"selected": (12, 12), "reuse": (9, 9)}, "restart": None}

@@ -32,6 +32,8 @@ def add_arguments(p) -> None:
     p.add_argument("--depth", type=int, default=3, help="deepest prefetch ring the policy may pick")
     p.add_argument("--interleave", type=int, default=1, help="DCP interleave size")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replica-window", type=int, default=-1,
+                   help="positions per request every rank keeps (replica records): -1 whole context, 0 off")
     p.add_argument("--check", action="store_true",
                    help="exit non-zero on any mismatch (outputs, workspaces, bytes vs accounting, decisions)")
 
@@ -47,7 +49,7 @@ def run(args) -> int:
                      heads=args.heads, depth=args.depth, interleave=args.interleave, seed=args.seed,
                      steps=args.steps, drift=args.drift, mode=args.mode, profile=args.profile,
                      pool_rows=args.pool_rows, restart_step=args.restart_step,
-                     reuse_prior=args.reuse_prior)
+                     reuse_prior=args.reuse_prior, replica_window=args.replica_window)
     summary = run_demo(cfg)
     show(replace(cfg, mode=summary["mode"]), summary, summary["wall_s"])
     return 0 if summary["ok"] or not args.check else 1

@@ -32,6 +32,8 @@ class DemoConfig:
                             # run can hold (no eviction)
     reuse_prior: float = 0.3  # the policy's prior for the share of a request's remote union a warm pool
                               # misses, until the tracker has observed it (~0.7 step-to-step overlap)
+    replica_window: int = -1  # replica store positions per request (sparkinfer.core.replicas): -1 = the
+                              # whole run fits (every record local), 0 = off
     restart_step: int = -1  # >= 1: before that step request 0 ends and a new request (new prompt, same
                             # length) takes its batch slot and its KV blocks
     corrupt_rank: int = -1  # >= 0: flip bytes in that rank's shard (proves --check can fail)
@@ -50,6 +52,8 @@ class DemoConfig:
             raise ValueError(f"accept must be a probability in [0, 1], got {self.accept}")
         if self.restart_step != -1 and not 1 <= self.restart_step < self.steps:
             raise ValueError(f"restart_step must be -1 (none) or in [1, steps={self.steps}), got {self.restart_step}")
+        if self.replica_window < -1:
+            raise ValueError(f"replica_window must be -1 (whole context), 0 (off) or > 0, got {self.replica_window}")
         if self.pool_rows < 0:
             raise ValueError(f"pool_rows must be >= 0, got {self.pool_rows}")
         if not 0.0 <= self.reuse_prior <= 1.0:
@@ -69,6 +73,11 @@ class DemoConfig:
     def reuse_capacity(self) -> int:
         """Pool rows per rank: ``pool_rows``, or every remote union record of every layer and step."""
         return self.pool_rows or self.pattern.num_layers * self.batch * self.union_width * self.steps
+
+    @property
+    def window(self) -> int:
+        """Replica positions per request: ``replica_window``, or (-1) every position the run reaches."""
+        return self.max_len + 1 + self.mtp if self.replica_window == -1 else self.replica_window
 
     @property
     def rows(self) -> int:

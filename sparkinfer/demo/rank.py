@@ -11,6 +11,10 @@ Per step (every rank, identical decisions from identical data):
     plain selected exchange (synchronous; bytes and workspace checked) ->
     reuse exchange through the prefetch ring in chunks of depth + 1 layers, held rows filled
     from the pool; workspace == gather from the unsharded cache, bit for bit ->
+    replica exchange (synchronous): planes without what the replica store holds (the rule's window
+    plus the step's own rows, which every rank computed) or the reuse pool holds; a group with
+    nothing remote runs no exchange; workspace from the exchange, the pool and the store == the
+    gather, bit for bit, and its attention against the reference too ->
     sparse MLA decode of this rank's heads over the workspace;
     float64 reference;
   stock DCP (ag_rs over gloo, bytes counted) for all layers of the step.
@@ -40,6 +44,7 @@ from sparkinfer.core import accounting as acc
 from sparkinfer.core.costmodel import load_profile
 from sparkinfer.core.geometry import ModelGeometry
 from sparkinfer.core.policy import StepPolicy
+from sparkinfer.core.replicas import ReplicaWindow
 from sparkinfer.core.reuse import ReuseTracker
 from sparkinfer.core.topology import GLM52_PATTERN, DcpLayout
 from sparkinfer.formats import get_format
@@ -153,6 +158,23 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
     slab = SlabLayout(world, W, capacity=B * U, max_layers=cfg.depth + 1, depth=2)
     fab_reuse = HostFabric(slab, timeout_s=30)
     fab_plain = HostFabric(slab, timeout_s=30)
+    fab_rep = HostFabric(slab, timeout_s=30)
+    # replica store: every rank keeps every request's last ``window`` positions, written at each write
+    rule = ReplicaWindow(cfg.window, B) if cfg.window else None
+    rep_store = torch.zeros(pat.num_layers, B * max(cfg.window, 1), W, dtype=torch.uint8)
+
+    def keep(step_rep, b, pos, main_w):
+        """Write the records main_w [L, N, W] of requests b [N] at positions pos [N] into the store."""
+        rows = torch.from_numpy(step_rep.write_rows())
+        order = torch.from_numpy(np.lexsort((pos.numpy(), b.numpy())))  # write_rows is request-major
+        ok = rows >= 0
+        rep_store[:, rows[ok]] = main_w[:, order][:, ok]
+
+    if rule is not None:  # the prefill wrote every cached position
+        n0 = lens[0]
+        keep(rule.begin_step(req_ids, [0] * B, n0.tolist()), torch.arange(B).repeat_interleave(n0),
+             torch.cat([torch.arange(int(c)) for c in n0]), cache[:, torch.arange(B).repeat_interleave(n0),
+                                                                   torch.cat([torch.arange(int(c)) for c in n0])])
     sent_stock = SentBytes(rank, world)
     steps, topks = [], []
     prev_union: dict = {}
@@ -161,6 +183,7 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
     try:
         ring = PrefetchRing(SelectedExchange(fab_reuse), cfg.depth, rows=B * U)
         plain = SelectedExchange(fab_plain)
+        rep_x = SelectedExchange(fab_rep)
         scratch = torch.zeros(cfg.depth + 1, B * U, W, dtype=torch.uint8)
         for s in range(cfg.steps):
             n = lens[s]
@@ -170,6 +193,8 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                     # request 0 ends; a new request (new id, new prompt of the same length) takes
                     # its batch slot and KV blocks: its prefill rewrites every position
                     dropped = 0 if cfg.forget_drop else tracker.drop_request(req_ids[0])
+                    if rule is not None and not cfg.forget_drop:
+                        rule.drop(req_ids[0])
                     restart = {"ended": req_ids[0], "new": max(req_ids) + 1, "dropped": dropped}
                     req_ids[0] = restart["new"]
                     final = final_records(inp, True)
@@ -177,10 +202,17 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                     _write(shard, cache, index, dcp, rank, torch.zeros(P, dtype=torch.int64), torch.arange(P),
                            final[0][:, 0], final[1][:, 0])
                     prev_union = {k: v for k, v in prev_union.items() if k[1] != 0}
+                    if rule is not None:  # the new request's prefill
+                        keep(rule.begin_step([restart["new"]], [0], [P]), torch.zeros(P, dtype=torch.int64),
+                             torch.arange(P), final[0][:, 0])
             with tm("cache writes + queries"):
                 pos, main_w, index_w = step_writes(inp, s, n, final)
                 bb = torch.arange(B)[:, None].expand(B, R).reshape(-1)
                 _write(shard, cache, index, dcp, rank, bb, pos.reshape(-1), main_w.flatten(1, 2), index_w.flatten(1, 2))
+                step_rep = None
+                if rule is not None:
+                    step_rep = rule.begin_step(req_ids, n.tolist(), [R] * B)
+                    keep(step_rep, bb, pos.reshape(-1), main_w.flatten(1, 2))
                 q_nope, q_rope = step_queries(cfg, s, pat.num_layers, rank)  # [L, M, h, *]: this rank's heads
                 row_pos = pos.reshape(M)
             with tm("policy"):
@@ -190,18 +222,23 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                 steady = [tracker.steady_new_fraction(r, cfg.reuse_prior) for r in req_ids]
                 d = policy.decide([R] * B, n.tolist(), union=union_prev, new_fraction=new_fraction,
                                   horizon=cfg.steps - s, steady_fraction=steady)
+                if step_rep is not None and step_rep.all_local and d.path == "stock" and cfg.mode != "stock":
+                    # every record local: the step runs no exchange and no collective, beating stock's a2a
+                    d = d._replace(path="selected", depth=cfg.depth, reason="every record local (replicas)")
             decision_agreed = _same_on_all_ranks(tuple(d), world)
             chunk = (d.depth if d.path == "selected" else cfg.depth) + 1
             base = [list(fab_plain.copied_bytes), list(fab_reuse.copied_bytes), list(sent_stock.to),
-                    list(fab_plain.copies), list(fab_reuse.copies)]
+                    list(fab_plain.copies), list(fab_reuse.copies), list(fab_rep.copied_bytes), list(fab_rep.copies)]
             acc_plain = acc.empty(world)
             acc_reuse = acc.empty(world)
+            acc_rep = acc.empty(world)
+            rep_exchanges = rep_skipped = 0
             err_sel = err_stock = 0.0
             ws_ok = True
             remote = hits = 0
             union_sum = overlap_num = overlap_den = 0
             new_num, new_den, union_b = np.zeros(B), np.zeros(B), np.zeros(B)
-            kept, unions, topk_of, refs = {}, {}, {}, {}
+            kept, unions, topk_of, refs, rep_out = {}, {}, {}, {}, {}
             for f, layers in groups_of.items():
                 fi = inp.full_slot[f]
                 with tm("indexer top-k"):
@@ -236,9 +273,36 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                     b_live = live_rows // U
                     miss_plain = acc.missing_counts(un, cn, dcp)
                     miss_reuse = acc.missing_counts(un, cn, dcp, held)
+                    # replicas: the window and the step's own rows are local on every rank; the pool adds its own
+                    local = (step_rep.held_mask(un, cn) | ((un >= n.numpy()[:, None]) & live)) if step_rep is not None \
+                        else np.zeros_like(live)
+                    held_rep = held | local[None]
+                    planes_rep = build_planes(union, counts, dcp, B * U, held=torch.from_numpy(held_rep))
+                    miss_rep = acc.missing_counts(un, cn, dcp, held_rep)
+                    moves = bool(planes_rep.count.any())
+                    if local.any():
+                        lb, lu = np.nonzero(local)
+                        local_ws = torch.from_numpy(lb * U + lu)
+                        local_src = torch.from_numpy(step_rep.rows(lb, un[lb, lu]))
                 for part in _chunks(layers, chunk):
                     acc_plain = acc_plain + acc.selected_grouped([miss_plain] * len(part), W)
                     acc_reuse = acc_reuse + acc.selected_grouped([miss_reuse] * len(part), W)
+                    with tm("exchange (replicas)"):
+                        if moves:
+                            acc_rep = acc_rep + acc.selected_grouped([miss_rep] * len(part), W)
+                            rep_x.exchange(planes_rep, shard, part, scratch[:len(part)])
+                            rep_exchanges += 1
+                        else:  # every record local: no pack, no copy, no barrier
+                            rep_skipped += 1
+                        for j, layer in enumerate(part):
+                            pool.fill(scratch[j], tracker.slots(layer, req_ids, un, cn)[rank],
+                                      held[rank] & live & ~local)
+                            if local.any():
+                                scratch[j, local_ws] = rep_store[layer, local_src]
+                            ws_ok &= torch.equal(scratch[j, live_rows], cache[layer, b_live, tok_live])
+                            out, _ = sparse_mla_decode(q_nope[layer], q_rope[layer], scratch[j], fmt, slots,
+                                                       cfg.scale, backend=ATTN_BACKEND)
+                            rep_out[layer] = out
                     with tm("exchange (plain selected)"):
                         plain.exchange(planes_plain, shard, part, scratch[:len(part)])
                     for j, layer in enumerate(part):
@@ -260,7 +324,8 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                             ref = reference(cfg, cache[layer], fmt, topk, q_nope[layer], q_rope[layer])
                         refs[layer] = ref
                         scale = 1.0 + float(ref.abs().max())
-                        err_sel = max(err_sel, float((out.double() - ref).abs().max()) / scale)
+                        err_sel = max(err_sel, float((out.double() - ref).abs().max()) / scale,
+                                      float((rep_out.pop(layer).double() - ref).abs().max()) / scale)
             with tm("stock DCP (ag_rs)"):
                 out_stock = stock_dcp_step(sent_stock, q_nope, q_rope, shard, fmt, dcp,
                                            [(layers, topk_of[f]) for f, layers in groups_of.items()], h, cfg.scale,
@@ -271,7 +336,7 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
             with tm("byte check"):
                 dist.barrier()  # every copy of the step has landed (its counter was bumped before arrival)
                 now = [list(fab_plain.copied_bytes), list(fab_reuse.copied_bytes), list(sent_stock.to),
-                       list(fab_plain.copies), list(fab_reuse.copies)]
+                       list(fab_plain.copies), list(fab_reuse.copies), list(fab_rep.copied_bytes), list(fab_rep.copies)]
                 measured = _gather_rows([[a - b for a, b in zip(x, y)] for x, y in zip(now, base)], world)
                 acc_stock = acc.stock_dcp_layer(acc.StockDcpShape(rows=M, num_heads=cfg.heads, tp=world, dcp=world,
                                                                   q_bytes=2, out_bytes=2)).times(pat.num_layers)
@@ -299,12 +364,15 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                 "horizon": d.horizon, "plan_stock_us": d.plan_stock_us, "plan_selected_us": d.plan_selected_us,
                 "reason": d.reason, "decision_agreed": decision_agreed,
                 "measured": {"stock": measured[2].tolist(), "selected": measured[0].tolist(),
-                             "reuse": measured[1].tolist()},
+                             "reuse": measured[1].tolist(), "replica": measured[5].tolist()},
                 "stock_qrep": int(stock_qrep),
                 "accounted": {"stock": acc_stock.matrix.tolist(), "selected": acc_plain.matrix.tolist(),
-                              "reuse": acc_reuse.matrix.tolist()},
+                              "reuse": acc_reuse.matrix.tolist(), "replica": acc_rep.matrix.tolist()},
                 "copies": {"selected": (int(measured[3].sum()), acc_plain.copies),
-                           "reuse": (int(measured[4].sum()), acc_reuse.copies)},
+                           "reuse": (int(measured[4].sum()), acc_reuse.copies),
+                           "replica": (int(measured[6].sum()), acc_rep.copies)},
+                "replica_exchanges": (rep_exchanges, rep_skipped),
+                "replica_held": int(step_rep.held_counts.sum()) if step_rep is not None else 0,
                 "union_ratio": union_sum / (len(groups_of) * B * K),
                 "overlap": overlap_num / overlap_den if overlap_den else None,
                 "hit_rate": hits / remote if remote else 0.0,
@@ -318,6 +386,7 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
     finally:
         fab_reuse.close()
         fab_plain.close()
+        fab_rep.close()
     digest = hashlib.sha256(torch.cat([t.flatten() for t in topks]).numpy().tobytes()).hexdigest()
     return {"rank": rank, "steps": steps, "times": dict(tm.s), "tol": tol, "tol_stock": tol_stock,
             "topk_identical": _same_on_all_ranks(digest, world), "pools_empty": pools_empty}

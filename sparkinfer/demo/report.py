@@ -6,7 +6,7 @@ from sparkinfer.formats import get_format
 
 from .config import DemoConfig
 
-PATHS = ("stock", "selected", "reuse")
+PATHS = ("stock", "selected", "reuse", "replica")
 
 
 def summarize(cfg: DemoConfig, results: list[dict]) -> dict:
@@ -34,6 +34,7 @@ def summarize(cfg: DemoConfig, results: list[dict]) -> dict:
             "workspace_exact": all(s["workspace_exact"] for s in ss),
             "decision_agreed": all(s["decision_agreed"] for s in ss),
             "restart": s0.get("restart"),
+            "replica_exchanges": s0["replica_exchanges"], "replica_held": s0["replica_held"],
         }
         rows.append(row)
         why = [f"{p} bytes measured {row['bytes'][p]:,} != accounted {row['accounted'][p]:,} (or per pair)"
@@ -67,7 +68,7 @@ def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
     from rich.table import Table
 
     fmt = get_format(cfg.fmt)
-    con = Console(width=180)
+    con = Console(width=230)
     con.print(f"sparkinfer demo: TP{cfg.world}/DCP{cfg.world}/MTP{cfg.mtp}, {cfg.pattern.num_layers} layers "
               f"(GLM-5.2 pattern + MTP layer), {cfg.fmt} ({fmt.record_bytes} B), batch {cfg.batch}, "
               f"context {cfg.context}, top-k {cfg.topk}, {cfg.heads} heads ({cfg.local_heads}/rank), "
@@ -77,13 +78,15 @@ def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
                     "overlap: share of the top-k union already in the previous step's; hits: remote union "
                     "records the destination's pool held")
     for c in ("step", "policy", "stock B", "qrep+a2a B", "selected B", "sel+reuse B", "/stock", "/qrep",
-              "bytes", "union/k", "overlap", "hits", "accepted", "pool", "err sel", "err stock"):
+              "replicas B", "rep/qrep", "exch run/skip", "bytes", "union/k", "overlap", "hits", "accepted", "pool",
+              "err sel", "err stock"):
         t.add_column(c, justify="right", no_wrap=True)
     for r in summary["rows"]:
         b = r["bytes"]
         t.add_row(str(r["step"]), f"{r['path']} d{r['depth']}", f"{b['stock']:,}", f"{r['stock_qrep']:,}",
                   f"{b['selected']:,}", f"{b['reuse']:,}", f"{b['reuse'] / max(1, b['stock']):.2f}x",
-                  f"{b['reuse'] / max(1, r['stock_qrep']):.2f}x",
+                  f"{b['reuse'] / max(1, r['stock_qrep']):.2f}x", f"{b['replica']:,}",
+                  f"{b['replica'] / max(1, r['stock_qrep']):.2f}x", "{}/{}".format(*r["replica_exchanges"]),
                   "ok" if all(r["bytes_ok"].values()) and r["copies_ok"] else "MISMATCH", f"{r['union_ratio']:.2f}",
                   "-" if r["overlap"] is None else f"{r['overlap']:.2f}", f"{r['hit_rate']:.0%}",
                   ",".join(map(str, r["accepted"])), str(r["pool_rows"]), f"{r['err_selected']:.1e}",
@@ -116,7 +119,10 @@ def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
               "partial outputs, fp32 LSE) counted at the gloo calls; each compared per (src, dst) pair with "
               "sparkinfer.core.accounting. qrep+a2a = stock DCP as vLLM 0.32 runs GLM-MoE-DSA by default "
               "(every rank computes every head's query, one all-to-all of outputs and LSE), accounted, not "
-              "run; /stock and /qrep = sel+reuse over each. Every step "
+              "run; /stock and /qrep = sel+reuse over each. replicas = the exchange whose planes also omit what "
+              f"every rank's replica store holds (the last {cfg.window} positions of each request, written at "
+              "every cache write, and the step's own rows): exch run/skip = its layered exchanges run and "
+              "skipped because every record was local. Every step "
               "runs all paths; the policy's path is the one whose records the reuse pools keep.")
     verdict = "PASS" if summary["ok"] else "FAIL"
     con.print(f"{verdict}: tolerance {summary['tol']:g} selected, {summary['tol_stock']:g} stock (bf16 partials), "
