@@ -60,7 +60,8 @@ def build_tiny_glm(out_dir: str | Path, pattern: str = "FSSF", index_topk: int =
         save_file(weights, weights_path, metadata={"format": "pt"})
     config_path = out / "config.json"
     config = json.loads(config_path.read_text())
-    # Spelled out for vLLM, whose defaults differ from transformers' GlmMoeDsa semantics:
+    # Spelled out for vLLM, whose defaults differ from transformers' GlmMoeDsa semantics (patched vLLM
+    # refuses the config without them: sparkinfer/vllm/model_config_check.py):
     config["topk_method"] = "noaux_tc"  # the DeepSeek-V3 router
     config["scoring_func"] = "sigmoid"  # transformers' router is sigmoid; vLLM defaults to softmax
     config["indexer_rope_interleave"] = True  # transformers' indexer RoPE is interleaved; vLLM: NeoX
