@@ -95,7 +95,7 @@ def test_all_full_needs_no_pattern_but_freq_offset_must_agree():
     layer Full), as transformers does when indexer_types is absent; a saved indexer_types must agree."""
     all_full = glm52_config(indexer_types=["full"] * 78)
     assert mcc.glm_config_problems(without(all_full, "index_topk_pattern")) == []
-    # freq 4, offset 3: layers 0-2 Full, then F every 4th from layer 2: transformers and vLLM agree
+    # freq 4, offset 3: layers 0-2 Full, then every 4th from layer 6: transformers and vLLM agree
     sched = without(glm52_config(index_topk_freq=4, index_skip_topk_offset=3), "index_topk_pattern", "indexer_types")
     assert mcc.glm_config_problems(sched) == []
     (problem,) = mcc.glm_config_problems(dict(sched, indexer_types=["full"] * 78))
