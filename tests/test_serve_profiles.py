@@ -1,122 +1,124 @@
-"""The serve profiles under profiles/serve/: the script's argv and environment, the sparkinfer
-settings against sparkinfer.config, and (in the vLLM venv, marker vllm) every flag against vLLM
-0.32's own `vllm serve` argument parser."""
+"""The serve profiles (profiles/serve/*.toml) as vLLM sees them: the command `sparkinfer serve
+--dry-run` prints, parsed by vLLM 0.32's own `vllm serve` argument parser (patched: the
+--sparkinfer-* flags), has the profile's values; every profile also validates against the tiny
+GLM-5.2-shaped model's config. Runs in the vLLM venv (CI: .venv-vllm/bin/python); skips where
+vllm / transformers are not importable. Also the Dockerfile's serve example."""
 
+import contextlib
+import io
 import json
-import os
-import subprocess
+import shlex
 from pathlib import Path
 
 import pytest
 
 from sparkinfer import config as sc
+from sparkinfer.cli import main as cli_main
+from sparkinfer.cli import serve
 
-PROFILES = Path(__file__).parent.parent / "profiles" / "serve"
-SCRIPTS = sorted(PROFILES.glob("*.sh"))
-
-
-def read_env(path: Path) -> dict:
-    env = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, sep, value = line.partition("=")
-            assert sep and key.isidentifier() and value == value.strip(), f"{path.name}: {line!r}"
-            env[key] = value
-    return env
+REPO = Path(__file__).parent.parent
+NAMES = sorted(p.stem for p in (REPO / "profiles" / "serve").glob("*.toml"))
+GLM52_PATTERN = "FFFSSS" + "FSSS" * 18
 
 
-def print_args(script: Path, **env) -> list[str]:
-    r = subprocess.run(["bash", str(script), "--print-args"], capture_output=True, text=True, check=True,
-                       env={**os.environ, **env})
-    return r.stdout.splitlines()
+@pytest.fixture(scope="module")
+def glm52_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("glm52")
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "glm_moe_dsa", "num_hidden_layers": 78, "num_attention_heads": 64, "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64, "index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048,
+        "index_topk_pattern": GLM52_PATTERN, "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576}))
+    return d
 
 
-def flags(argv: list[str]) -> dict:
-    assert len(argv) % 2 == 0 and all(a.startswith("--") for a in argv[::2]), argv
-    return dict(zip(argv[::2], argv[1::2]))
-
-
-def test_there_are_profiles_with_their_env():
-    assert SCRIPTS
-    for s in SCRIPTS:
-        assert s.with_suffix(".env").is_file(), s
-        assert os.access(s, os.X_OK), f"{s.name} is not executable"
-
-
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_env_is_valid_sparkinfer_configuration(script):
-    env = read_env(script.with_suffix(".env"))
-    assert env and all(k.startswith(sc.ENV_PREFIX) for k in env)
-    assert set(env) == {sc.env_var(f) for f in sc.FIELD_NAMES}  # every setting stated, none invented
-    cfg = sc.resolve(environ=env)
-    assert (cfg.mode, cfg.fabric) == ("auto", "cuda")
-
-
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_profile_is_tp4_dcp4_mtp3(script):
-    f = flags(print_args(script))
-    assert f["--tensor-parallel-size"] == "4" and f["--decode-context-parallel-size"] == "4"
-    assert json.loads(f["--speculative-config"]) == {"method": "mtp", "num_speculative_tokens": 3}
-    assert f["--kv-cache-dtype"] == "nvfp4_368"
-    assert f["--host"] == "127.0.0.1"
-    assert flags(print_args(script, KV_CACHE_DTYPE="nvfp4_432"))["--kv-cache-dtype"] == "nvfp4_432"
-
-
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_script_execs_vllm_serve_with_the_env(script, tmp_path):
-    """A fake `vllm` on the PATH records what the profile would run."""
-    fake = tmp_path / "vllm"
-    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$OUT/argv"\nenv | grep ^VLLM_SPARKINFER_ | sort '
-                    '> "$OUT/env"\n')
-    fake.chmod(0o755)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(sc.ENV_PREFIX)}
-    env = {**base, "PATH": f"{tmp_path}:{os.environ['PATH']}", "OUT": str(tmp_path),
-           "VLLM_SPARKINFER_POOL_MB": "1024"}  # the caller's value wins over the profile's
-    subprocess.run(["bash", str(script), "/models/glm", "--max-num-seqs", "8"], env=env, check=True)
-    argv = (tmp_path / "argv").read_text().splitlines()
-    assert argv == ["serve", "/models/glm", *print_args(script), "--max-num-seqs", "8"]
-    got = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines())
-    assert got == {**read_env(script.with_suffix(".env")), "VLLM_SPARKINFER_POOL_MB": "1024"}
-    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
-    assert r.returncode == 2 and "usage" in r.stderr
-
-
-@pytest.mark.vllm
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
-def test_every_flag_exists_in_vllm_serve(script):
+@pytest.fixture(scope="module")
+def vllm_parser():
     pytest.importorskip("vllm")
-    from vllm.config.cache import CacheConfig
-    from vllm.engine.arg_utils import EngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser())
-    argv = print_args(script)
-    with pytest.raises(SystemExit):  # the parser does reject what it does not know
-        parser.parse_args(["/models/glm", *argv, "--decode-context-parallel-sizes", "4"])
-    args = parser.parse_args(["/models/glm", *argv])
-    assert args.model_tag == "/models/glm"
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+def dry_run_command(name: str, model: Path) -> list[str]:
+    """The command line `sparkinfer serve --dry-run` prints (its last line), as the shell splits it."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli_main(["serve", "--dry-run", "--profile", name, str(model)]) == 0
+    argv = shlex.split(out.getvalue().strip().splitlines()[-1])
+    assert argv[:3] == ["vllm", "serve", str(model)]
+    return argv[2:]
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def parsed(request, vllm_parser, glm52_dir):
+    """One parse per profile: (profile data, vLLM's namespace)."""
+    return serve.load_profile(request.param), vllm_parser.parse_args(dry_run_command(request.param, glm52_dir))
+
+
+@pytest.mark.vllm
+def test_vllm_parses_the_profile_values(parsed, glm52_dir):
+    from vllm.config.cache import CacheConfig
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.engine.arg_utils import EngineArgs
+
+    data, args = parsed
+    v = data["vllm"]
+    assert args.model_tag == str(glm52_dir)
+    assert args.tensor_parallel_size == v["tensor_parallel_size"] == 4
+    assert args.decode_context_parallel_size == v["decode_context_parallel_size"]
+    assert args.kv_cache_dtype == v["kv_cache_dtype"]
+    assert (args.block_size, args.max_model_len, args.max_num_seqs) == (64, v["max_model_len"], v["max_num_seqs"])
+    assert args.speculative_config == v.get("speculative_config")  # None for MTP0
+    comp = args.compilation_config
+    want_mode = v["compilation_config"].get("cudagraph_mode")
+    assert (comp.cudagraph_mode.name if comp.cudagraph_mode is not None else None) == want_mode
+    if args.decode_context_parallel_size > 1:
+        assert comp.cudagraph_mode == CUDAGraphMode.PIECEWISE
+    assert comp.max_cudagraph_capture_size == v["compilation_config"]["max_cudagraph_capture_size"]
+    for f in sc.FIELD_NAMES:  # the flags of patch 0002, one per sparkinfer.config field
+        assert getattr(args, f"sparkinfer_{f}") == str(data["sparkinfer"][f])
     e = EngineArgs.from_cli_args(args)
-    assert (e.tensor_parallel_size, e.decode_context_parallel_size, e.block_size) == (4, 4, 64)
-    assert e.speculative_config == {"method": "mtp", "num_speculative_tokens": 3}
-    assert CacheConfig(cache_dtype=e.kv_cache_dtype, block_size=64).cache_dtype == "nvfp4_ds_mla:fp8-rope-368"
-    sc.resolve(environ=read_env(script.with_suffix(".env")))  # what patched vLLM validates at start-up
+    assert (e.tensor_parallel_size, e.decode_context_parallel_size) == (4, v["decode_context_parallel_size"])
+    assert sc.resolve({f: getattr(e, f"sparkinfer_{f}") for f in sc.FIELD_NAMES}, environ={}).as_dict() == \
+        sc.resolve(data["sparkinfer"], environ={}).as_dict()  # what patched vLLM validates at start-up
+    fmt = {"nvfp4_368": "nvfp4_ds_mla:fp8-rope-368", "nvfp4_432": "nvfp4_ds_mla:bf16-rope-432"}[v["kv_cache_dtype"]]
+    assert CacheConfig(cache_dtype=e.kv_cache_dtype, block_size=64).cache_dtype == fmt
 
 
-def test_dockerfile_pins_and_patch_commands():
-    """The image builds the release the series is for, with commands the patch tool accepts."""
+@pytest.mark.vllm
+def test_vllm_parser_rejects_what_it_does_not_know(vllm_parser, glm52_dir):
+    argv = dry_run_command(NAMES[0], glm52_dir)
+    with pytest.raises(SystemExit):
+        vllm_parser.parse_args([*argv, "--decode-context-parallel-sizes", "4"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_profile_validates_against_the_tiny_model(name, tmp_path_factory):
+    """The tiny GLM-5.2-shaped checkpoint (4 heads for TP4, one MTP layer, 256 positions) with the
+    context set to what it has."""
+    pytest.importorskip("transformers")
+    from sparkinfer.vllm.tiny_model import build_tiny_glm
+
+    model = tmp_path_factory.getbasetemp() / "tiny_glm_tp4"
+    if not (model / "config.json").is_file():
+        build_tiny_glm(model, heads=4)
+    cfg = json.loads((model / "config.json").read_text())
+    data = serve.load_profile(name)
+    serve.apply_set(data, "vllm.max_model_len=256")
+    checked = serve.validate(data, cfg, environ={})
+    assert checked.plan.kv_tokens >= 256 and checked.plan.profile.geometry.num_layers == cfg["num_hidden_layers"]
+    data = serve.load_profile(name)  # its 262,144-token context is more than the tiny model has
+    with pytest.raises(serve.ProfileError, match="max_position_embeddings") as e:
+        serve.validate(data, cfg, environ={})
+    assert e.value.field == "vllm.max_model_len"
+
+
+def test_dockerfile_serves_a_shipped_profile():
+    """The image's serve example names a profile that ships (its pins: tests/test_image_build.py)."""
     import re
-    import shlex
 
-    from vllm_patches.__main__ import build_parser
-    from vllm_patches.series import PINNED_VERSION
-
-    text = (Path(__file__).parent.parent / "docker" / "Dockerfile").read_text()
-    assert re.search(r"^ARG VLLM_REF=v(\S+)$", text, re.M).group(1) == PINNED_VERSION
-    assert f"SETUPTOOLS_SCM_PRETEND_VERSION={PINNED_VERSION}" in text
-    assert 'TORCH_CUDA_ARCH_LIST="12.0"' in text and "SPARKINFER_CUDA_ARCHS=120 " in text
-    calls = re.findall(r"python -m vllm_patches ([^\n&\\]+)", text)
-    assert calls
-    for call in calls:
-        build_parser().parse_args(shlex.split(call))  # SystemExit on an unknown subcommand or flag
+    text = (REPO / "docker" / "Dockerfile").read_text()
+    profiles = re.findall(r"sparkinfer serve --profile (\S+)", text)
+    assert profiles and set(profiles) <= set(NAMES)
+    assert "profiles/serve/" not in text.replace("profiles/serve/*.toml", "")  # no script path left

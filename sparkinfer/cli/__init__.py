@@ -20,6 +20,7 @@ COMMANDS = {
     "calibrate": ("sparkinfer.cli.calibrate", "measure cost-model parameters on this machine"),
     "preflight": ("sparkinfer.cli.preflight",
                   "check a node before serving: GPUs, torch build, P2P, IOMMU/ACS/HMM, CUDA library, memory"),
+    "serve": ("sparkinfer.cli.serve", "run `vllm serve` from a serve profile, checked against the model"),
 }
 
 
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sparkinfer", description="sparse CKV transport for GLM-5.2")
     sub = ap.add_subparsers(dest="command", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    extra = None
     for name, (path, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
@@ -35,7 +37,14 @@ def main(argv: list[str] | None = None) -> int:
             p.description = mod.HELP
             mod.add_arguments(p)
             p.set_defaults(_run=mod.run)
+            # A subcommand that wraps another program takes everything after "--" verbatim
+            # (argparse would otherwise try to match it against the subcommand's positionals).
+            if getattr(mod, "PASSTHROUGH", False) and "--" in argv:
+                cut = argv.index("--")
+                argv, extra = argv[:cut], argv[cut + 1:]
     args = ap.parse_args(argv)
+    if extra is not None:
+        args.extra = extra
     return int(args._run(args) or 0)
 
 

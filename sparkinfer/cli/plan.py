@@ -1,5 +1,10 @@
 """``sparkinfer plan``: KV capacity of a serving profile (bytes per token per rank, tokens that fit).
 
+``--profile NAME`` takes TP, DCP, MTP, record format, indexer layout, block size and KV budget
+from a serve profile (``profiles/serve/NAME.toml``, the one ``sparkinfer serve --profile`` runs);
+a flag given beside it wins. ``--hw NODE`` names the hardware cost profile
+(``sparkinfer/profiles/NODE.json``) that the per-path table models.
+
 The output is a list of sections (title, column names, rows) printed as rich
 tables. Further tables (e.g. predicted
 bytes and time per transport path) plug in with ``add_section(build, add_args)``:
@@ -39,22 +44,31 @@ def add_section(build: SectionBuilder,
     _SECTIONS.append((build, add_args))
 
 
+# What plan sizes when neither a flag nor --profile says otherwise: GLM-5.2's main profile.
+DEFAULTS = dict(tp=4, dcp=4, interleave=1, mtp=3, format="nvfp4_368", indexer="replicated", kv_gb=10.0,
+                block_size=64)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     formats = [lay.short for lay in MAIN_LAYOUTS]
-    p.add_argument("--tp", type=int, default=4, help="tensor-parallel size = GPUs (default 4)")
-    p.add_argument("--dcp", type=int, default=4, help="decode-context-parallel size, divides tp")
-    p.add_argument("--interleave", type=int, default=1,
+    d = DEFAULTS
+    p.add_argument("--profile", default=None,
+                   help="serve profile (name in profiles/serve/ or .toml path) whose topology, format and kv_gb "
+                        "to size; flags given beside it win")
+    p.add_argument("--tp", type=int, default=None, help=f"tensor-parallel size = GPUs (default {d['tp']})")
+    p.add_argument("--dcp", type=int, default=None, help=f"decode-context-parallel size, divides tp (default {d['dcp']})")
+    p.add_argument("--interleave", type=int, default=None,
                    help="DCP interleave (cp_kv_cache_interleave_size, default 1)")
-    p.add_argument("--mtp", type=int, default=3,
-                   help="speculative tokens; > 0 adds the MTP layer's caches (default 3)")
-    p.add_argument("--format", default="nvfp4_368",
-                   help=f"main record format: {', '.join(formats)} (or full name / width)")
-    p.add_argument("--indexer", choices=INDEXER_MODES, default="replicated")
+    p.add_argument("--mtp", type=int, default=None,
+                   help=f"speculative tokens; > 0 adds the MTP layer's caches (default {d['mtp']})")
+    p.add_argument("--format", default=None,
+                   help=f"main record format: {', '.join(formats)} (or full name / width; default {d['format']})")
+    p.add_argument("--indexer", choices=INDEXER_MODES, default=None, help=f"default {d['indexer']}")
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--kv-gb", type=float, default=10.0,
-                        help="KV cache budget per GPU in GiB (2**30 bytes, default 10)")
+    budget.add_argument("--kv-gb", type=float, default=None,
+                        help=f"KV cache budget per GPU in GiB (2**30 bytes, default {d['kv_gb']:g})")
     budget.add_argument("--kv-bytes", type=int, default=None, help="KV cache budget per GPU in bytes")
-    p.add_argument("--block-size", type=int, default=64, help="tokens per cache page (default 64)")
+    p.add_argument("--block-size", type=int, default=None, help=f"tokens per cache page (default {d['block_size']})")
     p.add_argument("--concurrency", type=int, default=1,
                    help="requests sharing the cache, for the per-request max context")
     for _, add_args in _SECTIONS:
@@ -62,7 +76,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             add_args(p)
 
 
+def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill what no flag gave from ``--profile`` (a serve profile), else ``DEFAULTS``; in place."""
+    given = {}
+    if getattr(args, "profile", None) is not None:
+        from sparkinfer.cli import serve
+
+        data = serve.load_profile(args.profile)
+        given = serve.capacity_fields(data)
+        given["format"] = given.pop("record_format")
+        if data.get("kv_gb") is not None:
+            given["kv_gb"] = data["kv_gb"]
+    for key, default in DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, given.get(key, default))
+    if not hasattr(args, "kv_bytes"):
+        args.kv_bytes = None
+    return args
+
+
 def profile_from_args(args: argparse.Namespace) -> CapacityProfile:
+    resolve_args(args)
     kv = args.kv_bytes if args.kv_bytes is not None else int(args.kv_gb * GIB)
     return CapacityProfile(tp=args.tp, dcp=args.dcp, mtp=args.mtp, record_format=args.format,
                            indexer=args.indexer, kv_bytes=kv, interleave=args.interleave,
@@ -82,7 +116,8 @@ def capacity_section(args: argparse.Namespace, plan: CapacityPlan) -> Section:
     idx_where = "on every rank" if prof.indexer == "replicated" else f"/ {prof.dcp} ranks"
     rows = [
         ("profile", f"TP{prof.tp} DCP{prof.dcp} (interleave {prof.interleave}) MTP{prof.mtp}",
-         f"{prof.geometry.name}, one GPU per TP rank"),
+         f"{prof.geometry.name}, one GPU per TP rank"
+         + (f", serve profile {args.profile}" if getattr(args, "profile", None) else "")),
         ("main record", f"{layout(plan.record_format).short} ({plan.record_bytes} B)",
          plan.record_format),
         ("main bytes / token / rank", _num(plan.main_bytes_per_token),
@@ -138,8 +173,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", default=None,
-                   help="node profile (name in sparkinfer/profiles or JSON path): adds the per-path table")
+    p.add_argument("--hw", default=None,
+                   help="hardware cost profile (name in sparkinfer/profiles or JSON path): adds the per-path table")
     p.add_argument("--batch", type=int, default=1, help="requests per step for the per-path table")
     p.add_argument("--reuse-new", type=float, default=0.3,
                    help="share of the remote union not yet held, for selected+reuse (default 0.3)")
@@ -147,10 +182,11 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
 
 def policy_section(args: argparse.Namespace, plan) -> Optional[Section]:
     """Per-context predicted bytes/time per path and the policy's choice (rows from
-    ``sparkinfer.core.policy_table``); None without ``--profile``."""
-    if getattr(args, "profile", None) is None:
+    ``sparkinfer.core.policy_table``); None without ``--hw``."""
+    if getattr(args, "hw", None) is None:
         return None
-    prof = cm.load_profile(args.profile)
+    resolve_args(args)
+    prof = cm.load_profile(args.hw)
     rows = policy_rows(prof, batch=args.batch, mtp=args.mtp, record_format=args.format, tp=args.tp,
                        dcp=args.dcp, new_fraction=args.reuse_new)
     table = [(f"{r['context']:,}", r["path"], str(r["depth"]), f"{r['rx_MB']:.1f}",

@@ -1,0 +1,497 @@
+"""``sparkinfer serve``: run ``vllm serve`` from a serve profile, checked against the model first.
+
+A serve profile is a TOML file in ``profiles/serve/`` (``--profile NAME``, or a path to one):
+
+* ``description``, ``kv_gb`` (the KV cache budget per GPU, GiB, that ``max_model_len`` is
+  checked against; optional);
+* ``[vllm]``: ``vllm serve`` arguments, key = flag without ``--`` (underscores for dashes); a table
+  is passed as JSON, ``true`` as a bare flag, ``false`` as ``--no-FLAG``;
+* ``[sparkinfer]``: the fields of ``sparkinfer.config`` (passed as ``--sparkinfer-*`` flags);
+* ``[env]`` (optional): environment variables set for vLLM.
+
+Before anything runs, the profile is checked against MODEL's ``config.json``: attention heads
+divisible by TP, DCP dividing TP, an IndexShare pattern as long as the layer count, CUDA graphs
+covering a full decode step (max_num_seqs x (1 + speculative tokens)), no full CUDA graphs with
+DCP > 1, MTP only with a checkpoint that has the layer, ``max_model_len`` within the model's
+positions and, with ``kv_gb``, within what the KV budget holds (``sparkinfer.core.capacity``,
+what ``sparkinfer plan`` prints). A failure names the field and exits 2.
+
+Torch-free (``sparkinfer plan --profile`` reads profiles through this module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from sparkinfer import config as sc
+from sparkinfer.core.capacity import GIB, CapacityPlan, CapacityProfile, capacity_plan
+from sparkinfer.core.geometry import ModelGeometry
+from sparkinfer.core.layouts import MAIN_LAYOUTS, layout
+from sparkinfer.core.topology import IndexSharePattern
+
+# `sparkinfer` hands what follows "--" to run() as args.extra.
+PASSTHROUGH = True
+HELP = "run `vllm serve` from a serve profile (profiles/serve/), checked against the model's config.json"
+
+TOP_KEYS = ("description", "kv_gb", "vllm", "sparkinfer", "env")
+TABLES = ("vllm", "sparkinfer", "env")
+# Graph modes that capture full CUDA graphs; unset = vLLM 0.32's default FULL_AND_PIECEWISE.
+FULL_GRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+DEFAULT_GRAPH_MODE = "FULL_AND_PIECEWISE"
+
+
+class ProfileError(ValueError):
+    """A profile (or model) field that vLLM or the model would refuse; ``field`` names it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+# ----------------------------------------------------------------------------- profiles
+
+def profile_dirs() -> list[Path]:
+    """Where ``--profile NAME`` is looked up: the checkout this package runs from (an editable
+    install), then ``./profiles/serve`` (the image's working directory)."""
+    here = Path(__file__).resolve().parents[2] / "profiles" / "serve"
+    cwd = Path.cwd() / "profiles" / "serve"
+    return [here] if here == cwd.resolve() else [here, cwd]
+
+
+def profile_names() -> list[str]:
+    return sorted({p.stem for d in profile_dirs() if d.is_dir() for p in d.glob("*.toml")})
+
+
+def find_profile(name: str) -> Path:
+    path = Path(name)
+    if path.suffix == ".toml" or path.is_file():
+        if not path.is_file():
+            raise ProfileError("--profile", f"no profile file {name}")
+        return path
+    for d in profile_dirs():
+        if (d / f"{name}.toml").is_file():
+            return d / f"{name}.toml"
+    hw = Path(__file__).resolve().parents[1] / "profiles" / f"{name}.json"
+    if hw.is_file():
+        raise ProfileError("--profile", f"{name!r} is a hardware cost profile (sparkinfer/profiles/); "
+                                        f"pass it as --hw {name}")
+    raise ProfileError("--profile", f"no serve profile {name!r}; known: {', '.join(profile_names()) or 'none'} "
+                                    f"(in {', '.join(str(d) for d in profile_dirs())}) or a path to a .toml file")
+
+
+def _toml_loads(text: str) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+def load_profile(name: str) -> dict:
+    """The profile's data (plain dict), with its structure checked."""
+    path = find_profile(name)
+    try:
+        data = _toml_loads(path.read_text())
+    except ValueError as e:  # tomllib.TOMLDecodeError
+        raise ProfileError(str(path), f"not valid TOML: {e}") from None
+    check_structure(data)
+    return data
+
+
+def check_structure(data: dict) -> None:
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise ProfileError(unknown[0], f"unknown profile key; a profile has {', '.join(TOP_KEYS)}")
+    for t in TABLES:
+        if not isinstance(data.setdefault(t, {}), dict):
+            raise ProfileError(t, "must be a table")
+    if "kv_gb" in data and (isinstance(data["kv_gb"], bool) or not isinstance(data["kv_gb"], (int, float))
+                            or data["kv_gb"] <= 0):
+        raise ProfileError("kv_gb", f"must be a number of GiB > 0, got {data['kv_gb']!r}")
+    for key in data["vllm"]:
+        if key.startswith("sparkinfer_"):
+            raise ProfileError(f"vllm.{key}", f"set it as sparkinfer.{key[len('sparkinfer_'):]}")
+    for key, value in data["env"].items():
+        if not isinstance(value, str):
+            raise ProfileError(f"env.{key}", f"must be a string, got {value!r}")
+
+
+def parse_value(text: str):
+    """A ``--set`` value: a TOML value (number, bool, quoted string, inline table, array), else the
+    text itself as a string (``--set vllm.kv_cache_dtype=nvfp4_432``)."""
+    try:
+        return _toml_loads(f"v = {text}")["v"]
+    except ValueError:
+        return text
+
+
+def apply_set(data: dict, assignment: str) -> None:
+    """``KEY=VALUE``: KEY is dotted (``vllm.max_model_len``, ``vllm.compilation_config.cudagraph_mode``,
+    ``sparkinfer.mode``, ``kv_gb``); a bare key of one table (``max_model_len``) is looked up there."""
+    key, sep, text = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ProfileError("--set", f"expected KEY=VALUE, got {assignment!r}")
+    parts = key.split(".")
+    if len(parts) == 1 and parts[0] not in TOP_KEYS:
+        owners = [t for t in TABLES if parts[0] in data.get(t, {})]
+        if len(owners) != 1:
+            raise ProfileError(f"--set {key}", "not a key of this profile; say vllm.KEY, sparkinfer.KEY or env.KEY")
+        parts = [owners[0], parts[0]]
+    if len(parts) > 1 and parts[0] not in TABLES:
+        raise ProfileError(f"--set {key}", f"the first part must be one of {', '.join(TABLES)}")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ProfileError(f"--set {key}", f"{p} is not a table")
+    node[parts[-1]] = text if parts[0] == "env" else parse_value(text)
+
+
+# ----------------------------------------------------------------------------- command line
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def vllm_args(data: dict) -> list[str]:
+    """The profile's ``vllm serve`` arguments, then its ``--sparkinfer-*`` flags."""
+    out = []
+    for key, value in data["vllm"].items():
+        if value is True:
+            out.append(_flag(key))
+        elif value is False:
+            out.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, (dict, list)):
+            out += [_flag(key), json.dumps(value)]
+        else:
+            out += [_flag(key), str(value)]
+    for f, value in data["sparkinfer"].items():
+        out += [sc.cli_flag(f), str(value)]
+    return out
+
+
+def check_passthrough(data: dict, extra: list[str]) -> None:
+    """Extra vLLM arguments must not restate a profile field: validation would not see them."""
+    known = {_flag(k) for k in data["vllm"]} | {"--no-" + k.replace("_", "-") for k in data["vllm"]}
+    known |= {sc.cli_flag(f) for f in sc.FIELD_NAMES}
+    for a in extra:
+        flag = a.split("=", 1)[0]
+        if flag in known:
+            name = flag[2:].replace("-", "_").removeprefix("no_")
+            table = "sparkinfer" if name.startswith("sparkinfer_") else "vllm"
+            name = name.removeprefix("sparkinfer_")
+            raise ProfileError(flag, f"the profile sets it; use --set {table}.{name}=VALUE so it is checked")
+
+
+def serve_command(model: str, data: dict, extra: list[str] = ()) -> list[str]:
+    return ["vllm", "serve", model, *vllm_args(data), *extra]
+
+
+# ----------------------------------------------------------------------------- checks
+
+@dataclass
+class Checked:
+    """What validation found: one line per check, and the capacity plan when ``kv_gb`` is set."""
+
+    lines: list[str] = field(default_factory=list)
+    plan: CapacityPlan | None = None
+
+
+def _int(data: dict, key: str, default=None):
+    value = data["vllm"].get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProfileError(f"vllm.{key}", f"must be an integer, got {value!r}")
+    if value < 1:
+        raise ProfileError(f"vllm.{key}", f"must be >= 1, got {value}")
+    return value
+
+
+def _table(data: dict, key: str) -> dict:
+    value = data["vllm"].get(key) or {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ProfileError(f"vllm.{key}", f"not a table or JSON object: {value!r}") from None
+    if not isinstance(value, dict):
+        raise ProfileError(f"vllm.{key}", f"must be a table, got {value!r}")
+    return value
+
+
+def speculative_tokens(data: dict) -> int:
+    spec = _table(data, "speculative_config")
+    k = spec.get("num_speculative_tokens", 0) if spec else 0
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ProfileError("vllm.speculative_config.num_speculative_tokens", f"must be an integer >= 0, got {k!r}")
+    return k
+
+
+def read_model_config(model: str) -> dict:
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        raise ProfileError("MODEL", f"{model} is not a directory with a config.json; sparkinfer serve checks the "
+                                    f"profile against a local checkpoint (download it first)")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ProfileError(str(path), f"not valid JSON: {e}") from None
+
+
+def model_geometry(cfg: dict, where: str = "config.json") -> ModelGeometry:
+    """The DSA geometry from a Hugging Face config dict, a missing key named."""
+    need = ("num_hidden_layers", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim", "index_n_heads",
+            "index_head_dim", "index_topk")
+    for k in need:
+        if not isinstance(cfg.get(k), int):
+            raise ProfileError(f"{where}: {k}", f"missing or not an integer ({cfg.get(k)!r}); sparkinfer serves "
+                                                f"DSA models (GLM-5.2, DeepSeek-V3.2) only")
+    try:
+        return ModelGeometry.from_hf_config(SimpleNamespace(**cfg))
+    except ValueError as e:
+        raise ProfileError(f"{where}: index_topk_pattern", str(e)) from None
+
+
+def check_pattern(cfg: dict, where: str = "config.json") -> str:
+    layers = cfg["num_hidden_layers"]
+    if cfg.get("index_topk_pattern") is not None:
+        try:
+            IndexSharePattern.parse(cfg["index_topk_pattern"], layers)
+        except ValueError as e:
+            raise ProfileError(f"{where}: index_topk_pattern", str(e)) from None
+        return f"IndexShare pattern: {layers} characters for {layers} layers"
+    types = cfg.get("indexer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            n = len(types) if isinstance(types, list) else types
+            raise ProfileError(f"{where}: indexer_types", f"has {n} entries but the model has {layers} layers")
+        return f"indexer_types: {layers} entries for {layers} layers"
+    return "IndexShare: no pattern in the config (every layer Full)"
+
+
+def indexer_mode(data: dict) -> str:
+    """Replicated or sharded indexer, by the rule patched vLLM applies on CUDA
+    (``sparkinfer.vllm.indexer_layout.indexer_replicated``)."""
+    from sparkinfer.vllm.indexer_layout import indexer_replicated
+
+    v = data["vllm"]
+    cfg = SimpleNamespace(
+        parallel_config=SimpleNamespace(decode_context_parallel_size=v.get("decode_context_parallel_size", 1)),
+        device_config=SimpleNamespace(device_type="cuda"),
+        additional_config={sc.ADDITIONAL_CONFIG_KEY: dict(data["sparkinfer"])},
+        cache_config=SimpleNamespace(cache_dtype=v.get("kv_cache_dtype", "auto")))
+    return "replicated" if indexer_replicated(cfg) else "sharded"
+
+
+def capacity_fields(data: dict) -> dict:
+    """The profile's ``CapacityProfile`` fields other than the budget and the geometry (what
+    ``sparkinfer plan --profile`` sizes)."""
+    v = data["vllm"]
+    dtype = v.get("kv_cache_dtype", "auto")
+    try:
+        fmt = layout(str(dtype))
+    except (KeyError, ValueError):
+        fmt = None
+    if fmt not in MAIN_LAYOUTS:
+        raise ProfileError("vllm.kv_cache_dtype", f"{dtype!r}: the KV budget check sizes the record formats "
+                                                  f"{', '.join(lay.short for lay in MAIN_LAYOUTS)}; "
+                                                  f"leave kv_gb unset to skip it")
+    return dict(tp=_int(data, "tensor_parallel_size", 1), dcp=_int(data, "decode_context_parallel_size", 1),
+                mtp=speculative_tokens(data), record_format=fmt.name, indexer=indexer_mode(data),
+                block_size=_int(data, "block_size", 64), interleave=_int(data, "cp_kv_cache_interleave_size", 1))
+
+
+def capacity_profile(data: dict, geometry: ModelGeometry, kv_gb: float) -> CapacityProfile:
+    return CapacityProfile(**capacity_fields(data), kv_bytes=int(kv_gb * GIB), geometry=geometry)
+
+
+def check_sparkinfer(data: dict, environ) -> None:
+    """The [sparkinfer] table as patched vLLM will resolve it (flags over the caller's
+    VLLM_SPARKINFER_* variables, which must all be known names)."""
+    unknown = sorted(set(data["sparkinfer"]) - set(sc.FIELD_NAMES))
+    if unknown:
+        raise ProfileError(f"sparkinfer.{unknown[0]}", f"not a sparkinfer setting; known: {', '.join(sc.FIELD_NAMES)}")
+    try:
+        sc.resolve(cli=data["sparkinfer"], environ=environ)
+    except ValueError as e:
+        bad = [f for f in data["sparkinfer"] if f"sparkinfer {f} (" in str(e)]
+        raise ProfileError(f"sparkinfer.{bad[0]}" if bad else "sparkinfer", str(e)) from None
+
+
+def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) -> Checked:
+    """Check a profile against a model's config dict; raises ProfileError naming the field."""
+    environ = os.environ if environ is None else environ
+    out = Checked()
+    check_sparkinfer(data, environ)
+    tp = _int(data, "tensor_parallel_size", 1)
+    dcp = _int(data, "decode_context_parallel_size", 1)
+    heads = cfg.get("num_attention_heads")
+    if not isinstance(heads, int) or not isinstance(cfg.get("num_hidden_layers"), int):
+        raise ProfileError(f"{where}: num_attention_heads", "the config needs num_attention_heads and "
+                                                            "num_hidden_layers (integers)")
+    if heads % tp:
+        raise ProfileError("vllm.tensor_parallel_size", f"{tp} does not divide the model's {heads} attention "
+                                                         f"heads ({where}: num_attention_heads)")
+    out.lines.append(f"TP{tp}: {heads} heads, {heads // tp} per GPU")
+    if tp % dcp:
+        raise ProfileError("vllm.decode_context_parallel_size", f"{dcp} must divide tensor_parallel_size {tp} "
+                                                                 f"(DCP ranks are TP ranks)")
+    out.lines.append(f"DCP{dcp} divides TP{tp}")
+    out.lines.append(check_pattern(cfg, where))
+
+    k = speculative_tokens(data)
+    if k:
+        method = _table(data, "speculative_config").get("method")
+        if method == "mtp" and not cfg.get("num_nextn_predict_layers"):
+            raise ProfileError("vllm.speculative_config", f"method mtp but the checkpoint has no MTP layer "
+                                                          f"({where}: num_nextn_predict_layers is "
+                                                          f"{cfg.get('num_nextn_predict_layers')!r})")
+    comp = _table(data, "compilation_config")
+    mode = str(comp.get("cudagraph_mode") or DEFAULT_GRAPH_MODE).upper()
+    eager = data["vllm"].get("enforce_eager") is True
+    if dcp > 1 and not eager and mode in FULL_GRAPH_MODES:
+        why = "silently corrupts output with MTP (vllm-project/vllm#45425) and " if k else ""
+        raise ProfileError("vllm.compilation_config.cudagraph_mode",
+                           f"{mode}{' (vLLM default)' if 'cudagraph_mode' not in comp else ''} captures full CUDA "
+                           f"graphs, which with DCP > 1 {why}can hang the first decode after a long prefill "
+                           f"(vllm-project/vllm#46145); set PIECEWISE")
+    max_seqs = _int(data, "max_num_seqs")
+    sizes = comp.get("cudagraph_capture_sizes")
+    largest = max(sizes) if sizes else comp.get("max_cudagraph_capture_size")
+    if not eager and mode != "NONE" and max_seqs is not None and largest is not None:
+        need = max_seqs * (1 + k)
+        key = "cudagraph_capture_sizes" if sizes else "max_cudagraph_capture_size"
+        if largest < need:
+            raise ProfileError(f"vllm.compilation_config.{key}",
+                               f"largest CUDA graph {largest} tokens < a full decode step of max_num_seqs "
+                               f"{max_seqs} x (1 + {k}) rows = {need}; raise it to {need} or lower max_num_seqs")
+        out.lines.append(f"CUDA graphs ({mode}) up to {largest} tokens cover {max_seqs} x {1 + k} rows")
+
+    max_len = _int(data, "max_model_len")
+    positions = cfg.get("max_position_embeddings")
+    long_ok = str({**environ, **data["env"]}.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "")).strip() in ("1", "true")
+    if max_len and isinstance(positions, int) and not cfg.get("rope_scaling") and not long_ok and max_len > positions:
+        raise ProfileError("vllm.max_model_len", f"{max_len} > the model's {positions} positions ({where}: "
+                                                 f"max_position_embeddings); vLLM refuses it")
+    kv_gb = data.get("kv_gb")
+    if kv_gb is not None:
+        geometry = model_geometry(cfg, where)
+        try:
+            plan = capacity_plan(capacity_profile(data, geometry, kv_gb))
+        except ProfileError:
+            raise
+        except ValueError as e:  # CapacityProfile's own checks name the setting
+            raise ProfileError("vllm", str(e)) from None
+        out.plan = plan
+        if max_len and plan.kv_tokens < max_len:
+            raise ProfileError("vllm.max_model_len",
+                               f"{max_len} tokens do not fit kv_gb {kv_gb:g} GiB per GPU: it holds {plan.kv_tokens:,} "
+                               f"({plan.bytes_per_token:,.0f} B per token per GPU, {plan.profile.indexer} indexer); "
+                               f"lower max_model_len or raise kv_gb (sparkinfer plan --profile ... --kv-gb G)")
+        out.lines.append(f"KV budget {kv_gb:g} GiB/GPU holds {plan.kv_tokens:,} tokens"
+                         + (f" >= max_model_len {max_len:,}" if max_len else ""))
+    line = check_replicas(data, cfg, max_len, max_seqs, out.plan)
+    if line:
+        out.lines.append(line)
+    return out
+
+
+def check_replicas(data: dict, cfg: dict, max_len, max_seqs, plan: CapacityPlan | None) -> str | None:
+    """The replica store (``replica_window``): an explicit window no longer than ``max_model_len``
+    (positions past it are never written but still allocated), and its size per rank. ``auto`` is
+    predicted by the runtime's rule (a quarter of the rank's main record cache, which the capacity
+    plan sizes) when ``kv_gb`` and ``max_num_seqs`` are given."""
+    if "replica_window" not in sc.FIELD_NAMES:
+        return None
+    window = sc.resolve(cli=data["sparkinfer"], environ={}).replica_window
+    if window == 0:
+        return "replica store: off (replica_window 0)"
+    if window != "auto" and max_len and window > max_len:
+        raise ProfileError("sparkinfer.replica_window", f"{window} positions > max_model_len {max_len}: the store "
+                                                        f"would hold positions no request reaches; use auto or <= {max_len}")
+    if plan is None or max_seqs is None:
+        return f"replica store: window {window} (size not predicted without kv_gb and max_num_seqs)"
+    from sparkinfer.core.replicas import store_bytes, window_for_budget
+
+    layers = cfg["num_hidden_layers"]
+    if window == "auto":
+        main_cache = plan.local_tokens * plan.main_bytes_per_local_token
+        window = min(max_len or plan.kv_tokens, window_for_budget(main_cache // 4, max_seqs, layers, plan.record_bytes))
+        how = "auto, predicted"
+    else:
+        how = "replica_window"
+    mib = store_bytes(window, max_seqs, layers, plan.record_bytes) / 2**20
+    return f"replica store ({how}): {window:,} positions x {max_seqs} requests x {layers} layers = {mib:,.0f} MiB per GPU"
+
+
+# ----------------------------------------------------------------------------- the subcommand
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True,
+                   help=f"serve profile: a name in profiles/serve/ ({', '.join(profile_names())}) or a path to a "
+                        f".toml file")
+    p.add_argument("model", metavar="MODEL", help="local checkpoint directory (with config.json)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a profile field (vllm.max_model_len=131072, sparkinfer.mode=stock, kv_gb=12); "
+                        "repeatable")
+    p.add_argument("--kv-gb", type=float, default=None,
+                   help="KV cache budget per GPU in GiB that max_model_len is checked against (the profile's kv_gb)")
+    p.add_argument("--dry-run", action="store_true", help="check and print the command, do not run it")
+    p.epilog = "Arguments after -- go to `vllm serve` as they are (a field the profile sets must be --set instead)."
+
+
+def resolve(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    data = load_profile(args.profile)
+    for s in args.sets:
+        apply_set(data, s)
+    if args.kv_gb is not None:
+        data["kv_gb"] = args.kv_gb
+    check_structure(data)
+    extra = list(getattr(args, "extra", None) or [])
+    check_passthrough(data, extra)
+    return data, extra
+
+
+def render(model: str, data: dict, extra: list[str], checked: Checked, profile: str, environ=None) -> str:
+    """What ``--dry-run`` prints: a shell script (comments, exports, the command on one line)."""
+    environ = os.environ if environ is None else environ
+    lines = [f"# sparkinfer serve: profile {profile}" + (f" ({data['description']})" if data.get("description") else "")]
+    lines += [f"# ok: {line}" for line in checked.lines]
+    flags = {sc.env_var(f): sc.cli_flag(f) for f in data["sparkinfer"]}
+    for var in sorted(v for v in environ if v in flags):
+        lines.append(f"# {var} in the environment is overridden by the profile's {flags[var]}")
+    if data["env"]:
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in data["env"].items()]
+    else:
+        lines.append("# environment: the caller's, unchanged (the profile sets no variables)")
+    lines.append(shlex.join(serve_command(model, data, extra)))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        data, extra = resolve(args)
+        checked = validate(data, read_model_config(args.model), f"{args.model}/config.json")
+    except ProfileError as e:
+        print(f"sparkinfer serve: {e}", file=sys.stderr)
+        return 2
+    print(render(args.model, data, extra, checked, args.profile), flush=True)
+    if args.dry_run:
+        return 0
+    if shutil.which("vllm") is None:
+        print("sparkinfer serve: vllm is not on PATH (install the patched vLLM of docker/Dockerfile, or "
+              "use --dry-run)", file=sys.stderr)
+        return 2
+    cmd = serve_command(args.model, data, extra)
+    os.execvpe(cmd[0], cmd, {**os.environ, **data["env"]})
+    return 0  # not reached

@@ -1,0 +1,312 @@
+"""`sparkinfer serve`: the shipped serve profiles (profiles/serve/*.toml) against a GLM-5.2-shaped
+config.json, every check failing on the field it guards, --set / -- overrides, the dry-run command
+and the exec. CPU, no vLLM (tests/test_serve_profiles.py parses the command with vLLM's parser)."""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkinfer import config as sc
+from sparkinfer.cli import main as cli_main
+from sparkinfer.cli import serve
+
+REPO = Path(__file__).parent.parent
+PROFILES = sorted((REPO / "profiles" / "serve").glob("*.toml"))
+NAMES = [p.stem for p in PROFILES]
+GIB = 1 << 30
+
+# GLM-5.2's config.json facts (../shared/spec/glm52-and-hardware.md), written out independently of
+# sparkinfer.core.geometry: 78 layers, 64 heads, latent 512, rope 64, 32 x 128 indexer, top-k 2048.
+GLM52_PATTERN = "FFFSSS" + "FSSS" * 18
+
+
+def glm52_config(**changes) -> dict:
+    cfg = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "num_hidden_layers": 78,
+           "num_attention_heads": 64, "hidden_size": 6144, "vocab_size": 154880, "q_lora_rank": 2048,
+           "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 192, "v_head_dim": 256,
+           "index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048, "index_topk_pattern": GLM52_PATTERN,
+           "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576, "scoring_func": "sigmoid",
+           "indexer_rope_interleave": True}
+    cfg.update(changes)
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+@pytest.fixture
+def glm(tmp_path):
+    def write(**changes):
+        d = tmp_path / "glm-5.2"
+        d.mkdir(exist_ok=True)
+        (d / "config.json").write_text(json.dumps(glm52_config(**changes)))
+        return str(d)
+    return write
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(sc.ENV_PREFIX):
+            monkeypatch.delenv(k)
+
+
+def dry_run(capsys, *argv) -> tuple[int, str, str]:
+    rc = cli_main(["serve", "--dry-run", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def command(out: str) -> list[str]:
+    lines = out.strip().splitlines()
+    assert all(line.startswith(("#", "export ")) for line in lines[:-1]), lines
+    return shlex.split(lines[-1])
+
+
+def pairs(argv: list[str]) -> dict:
+    assert all(a.startswith("--") for a in argv[::2]), argv
+    return dict(zip(argv[::2], argv[1::2]))
+
+
+def test_the_four_profiles_ship():
+    assert set(NAMES) == {"glm52-tp4-dcp4-mtp3-368", "glm52-tp4-dcp4-mtp3-432", "glm52-tp4-dcp4-mtp0-368",
+                          "glm52-tp4-dcp1-mtp3-368"}
+    assert not list((REPO / "profiles" / "serve").glob("*.sh")), "the shell profiles were replaced by data"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_profile_data(name):
+    data = serve.load_profile(name)
+    v = data["vllm"]
+    tp, dcp = v["tensor_parallel_size"], v["decode_context_parallel_size"]
+    k = v.get("speculative_config", {}).get("num_speculative_tokens", 0)
+    assert name == f"glm52-tp{tp}-dcp{dcp}-mtp{k}-{v['kv_cache_dtype'].split('_')[1]}"
+    assert set(data["sparkinfer"]) == set(sc.FIELD_NAMES), "state every sparkinfer setting"
+    assert sc.resolve(cli=data["sparkinfer"], environ={}).fabric == "cuda"
+    if dcp > 1:  # full CUDA graphs corrupt MTP output / hang the first decode under DCP > 1
+        assert v["compilation_config"]["cudagraph_mode"] == "PIECEWISE"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_profile_validates_against_glm52(name, glm, capsys):
+    rc, out, err = dry_run(capsys, "--profile", name, glm())
+    assert rc == 0, err
+    argv = command(out)
+    assert argv[:3] == ["vllm", "serve", glm()]
+    data = serve.load_profile(name)
+    f = pairs(argv[3:])
+    for key, value in data["vllm"].items():
+        got = f["--" + key.replace("_", "-")]
+        assert (json.loads(got) if isinstance(value, dict) else got) == (value if isinstance(value, dict) else str(value))
+    for key, value in data["sparkinfer"].items():
+        assert f[sc.cli_flag(key)] == str(value)
+    assert len(f) == len(data["vllm"]) + len(data["sparkinfer"])
+
+
+def _tokens_that_fit(kv_bytes: int, record: int, dcp: int, mtp: bool) -> int:
+    """By hand: 78 (+1 MTP) layers of records on the token's owner, 21 (+1) indexer keys of 132 B
+    on every rank (replicated under DCP > 1); whole 64 x DCP blocks."""
+    main = (78 + mtp) * record
+    idx = (21 + mtp) * 132
+    granule = 64 * dcp
+    per_block = granule // dcp * main + granule * idx
+    return kv_bytes // per_block * granule
+
+
+@pytest.mark.parametrize("name,record,dcp,mtp", [("glm52-tp4-dcp4-mtp3-368", 368, 4, True),
+                                                 ("glm52-tp4-dcp4-mtp3-432", 432, 4, True),
+                                                 ("glm52-tp4-dcp4-mtp0-368", 368, 4, False),
+                                                 ("glm52-tp4-dcp1-mtp3-368", 368, 1, True)])
+def test_kv_budget_check_is_the_capacity_core(name, record, dcp, mtp, glm, capsys):
+    kv_gb = serve.load_profile(name)["kv_gb"]
+    want = _tokens_that_fit(int(kv_gb * GIB), record, dcp, mtp)
+    checked = serve.validate(serve.load_profile(name), glm52_config(), environ={})
+    assert checked.plan.kv_tokens == want
+    # The boundary: max_model_len = one block more than fits fails, exactly what fits passes.
+    granule = 64 * dcp
+    model = glm(max_position_embeddings=1 << 24)  # past 1M positions: the budget is the limit here
+    assert dry_run(capsys, "--profile", name, model, "--set", f"vllm.max_model_len={want}")[0] == 0
+    rc, _, err = dry_run(capsys, "--profile", name, model, "--set", f"max_model_len={want + granule}")
+    assert rc == 2 and err.startswith("sparkinfer serve: vllm.max_model_len:") and f"{want:,}" in err
+    # ... and the budget that just holds 262,144 tokens (bytes from the hand count) passes, less fails
+    need = 262144 // dcp * (78 + mtp) * record + 262144 * (21 + mtp) * 132
+    assert dry_run(capsys, "--profile", name, glm(), "--kv-gb", f"{(need + 64) / GIB!r}")[0] == 0
+    assert dry_run(capsys, "--profile", name, glm(), "--kv-gb", f"{(need - 64) / GIB!r}")[0] == 2
+
+
+def test_replica_store_line(glm, capsys):
+    """auto: a quarter of the fullest rank's main records (79 layers x 368 B per local token at
+    DCP4) over max_num_seqs x 78 layers x 368 B; an explicit window: its own size."""
+    local = 1055488 // 4
+    window = local * 79 * 368 // 4 // (16 * 78 * 368)
+    rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm())
+    assert rc == 0 and f"replica store (auto, predicted): {window:,} positions x 16 requests x 78 layers" in out
+    rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm(), "--set", "sparkinfer.replica_window=1024")
+    assert rc == 0 and f"= {1024 * 16 * 78 * 368 / 2**20:,.0f} MiB per GPU" in out
+    rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp1-mtp3-368", glm())
+    assert rc == 0 and "replica store: off" in out
+
+
+BAD = [  # (config changes, --set overrides, the field the error must name)
+    ({"num_attention_heads": 6}, [], "vllm.tensor_parallel_size"),
+    ({}, ["vllm.tensor_parallel_size=3"], "vllm.tensor_parallel_size"),
+    ({}, ["vllm.tensor_parallel_size=128", "vllm.decode_context_parallel_size=1"], "vllm.tensor_parallel_size"),
+    ({}, ["vllm.decode_context_parallel_size=3"], "vllm.decode_context_parallel_size"),
+    ({"num_attention_heads": 96}, ["vllm.tensor_parallel_size=6", "vllm.decode_context_parallel_size=4"],
+     "vllm.decode_context_parallel_size"),
+    ({"index_topk_pattern": GLM52_PATTERN[:-1]}, [], "index_topk_pattern"),
+    ({"index_topk_pattern": None, "indexer_types": ["full"] * 77}, [], "indexer_types"),
+    ({}, ["vllm.compilation_config.max_cudagraph_capture_size=32"],
+     "vllm.compilation_config.max_cudagraph_capture_size"),
+    ({}, ["vllm.max_num_seqs=17"], "vllm.compilation_config.max_cudagraph_capture_size"),
+    ({}, ["vllm.compilation_config={cudagraph_mode='PIECEWISE', cudagraph_capture_sizes=[4, 8, 16, 32, 60]}"],
+     "vllm.compilation_config.cudagraph_capture_sizes"),
+    ({}, ["vllm.compilation_config.cudagraph_mode=FULL_AND_PIECEWISE"], "vllm.compilation_config.cudagraph_mode"),
+    ({}, ["vllm.compilation_config={max_cudagraph_capture_size=64}"], "vllm.compilation_config.cudagraph_mode"),
+    ({}, ["kv_gb=2"], "vllm.max_model_len"),
+    ({"max_position_embeddings": 131072}, [], "vllm.max_model_len"),
+    ({"num_nextn_predict_layers": 0}, [], "vllm.speculative_config"),
+    ({}, ["sparkinfer.mode=fast"], "sparkinfer.mode"),
+    ({}, ["sparkinfer.pool_mb=0"], "sparkinfer.pool_mb"),
+    ({}, ["sparkinfer.window=3"], "sparkinfer.window"),
+    ({}, ["sparkinfer.replica_window=-1"], "sparkinfer.replica_window"),
+    ({}, ["vllm.kv_cache_dtype=auto"], "vllm.kv_cache_dtype"),
+    ({"index_topk": None}, [], "index_topk"),
+    ({}, ["vllm.block_size=0"], "vllm.block_size"),
+    ({}, ["kv_gb=-1"], "kv_gb"),
+    ({}, ["bogus=1"], "--set bogus"),
+]
+
+
+@pytest.mark.parametrize("changes,sets,field", BAD, ids=[b[2] + "-" + str(i) for i, b in enumerate(BAD)])
+def test_bad_field_is_named(changes, sets, field, glm, capsys):
+    argv = ["--profile", "glm52-tp4-dcp4-mtp3-368", glm(**changes)]
+    for s in sets:
+        argv += ["--set", s]
+    rc, out, err = dry_run(capsys, *argv)
+    assert rc == 2 and out == ""
+    # one line: the field (a config.json key after the file's path), then what is wrong
+    assert re.match(rf"sparkinfer serve: (\S+/config\.json: )?{re.escape(field)}[:= ]", err), err
+    assert err.count("\n") == 1, err
+    assert dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm())[0] == 0  # the good one passes
+
+
+def test_other_errors_name_what_to_fix(glm, tmp_path, capsys, monkeypatch):
+    model = glm()
+    rc, _, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", str(tmp_path / "nowhere"))
+    assert rc == 2 and "MODEL" in err and "config.json" in err
+    rc, _, err = dry_run(capsys, "--profile", "nope", model)
+    assert rc == 2 and "no serve profile 'nope'" in err and "glm52-tp4-dcp4-mtp3-368" in err
+    rc, _, err = dry_run(capsys, "--profile", "rtx_pro_6000_x4", model)
+    assert rc == 2 and "hardware cost profile" in err and "--hw rtx_pro_6000_x4" in err
+    # a flag the profile sets must go through --set, where it is checked
+    rc, _, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", model, "--", "--tensor-parallel-size", "2")
+    assert rc == 2 and "--set vllm.tensor_parallel_size=VALUE" in err
+    rc, _, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", model, "--", "--sparkinfer-mode=stock")
+    assert rc == 2 and "--set sparkinfer.mode=VALUE" in err
+    # the caller's environment: an unknown VLLM_SPARKINFER_* name fails here, not in vLLM
+    monkeypatch.setenv("VLLM_SPARKINFER_MOOD", "auto")
+    rc, _, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", model)
+    assert rc == 2 and "VLLM_SPARKINFER_MOOD" in err
+
+
+def test_overrides_and_passthrough(glm, capsys, monkeypatch):
+    model = glm()
+    monkeypatch.setenv("VLLM_SPARKINFER_POOL_MB", "1024")
+    rc, out, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", model,
+                           "--set", "max_model_len=131072", "--set", "sparkinfer.mode=stock",
+                           "--set", "vllm.compilation_config.max_cudagraph_capture_size=128",
+                           "--set", "vllm.enforce_eager=true", "--set", "vllm.enable_prefix_caching=false",
+                           "--set", "vllm.served_model_name='glm 5.2'", "--set", "env.NCCL_DEBUG=INFO",
+                           "--", "--max-num-batched-tokens", "8192", "--seed", "7")
+    assert rc == 0, err
+    argv = command(out)
+    assert argv[-4:] == ["--max-num-batched-tokens", "8192", "--seed", "7"]
+    assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv
+    f = pairs([a for a in argv[3:-4] if a not in ("--enforce-eager", "--no-enable-prefix-caching")])
+    assert f["--max-model-len"] == "131072" and f["--sparkinfer-mode"] == "stock"
+    assert f["--served-model-name"] == "glm 5.2"
+    assert json.loads(f["--compilation-config"]) == {"cudagraph_mode": "PIECEWISE", "max_cudagraph_capture_size": 128}
+    assert "export NCCL_DEBUG=INFO" in out.splitlines()
+    assert "# VLLM_SPARKINFER_POOL_MB in the environment is overridden by the profile's --sparkinfer-pool-mb" in out
+
+
+def test_profile_by_path_and_kv_gb_absent(glm, tmp_path, capsys):
+    text = (REPO / "profiles" / "serve" / "glm52-tp4-dcp4-mtp0-368.toml").read_text()
+    path = tmp_path / "mine.toml"
+    path.write_text(text.replace("kv_gb = 10.0", "").replace("max_model_len = 262144", "max_model_len = 4194304"))
+    rc, out, err = dry_run(capsys, "--profile", str(path), glm(max_position_embeddings=1 << 24))
+    assert rc == 0 and "KV budget" not in out  # no budget: not checked (4M tokens would not fit 10 GiB)
+    rc, _, err = dry_run(capsys, "--profile", str(path), glm(max_position_embeddings=1 << 24), "--kv-gb", "10")
+    assert rc == 2 and "vllm.max_model_len" in err and "do not fit kv_gb 10 GiB" in err
+    path.write_text("replicas = 2\n" + text)
+    rc, _, err = dry_run(capsys, "--profile", str(path), glm())
+    assert rc == 2 and err.startswith("sparkinfer serve: replicas: unknown profile key")
+    path.write_text(text + "replicas = 2\n")  # now inside [sparkinfer]
+    rc, _, err = dry_run(capsys, "--profile", str(path), glm())
+    assert rc == 2 and err.startswith("sparkinfer serve: sparkinfer.replicas: not a sparkinfer setting")
+    path.write_text(text.replace('replica_window = "auto"', "replica_window = 300000"))
+    rc, _, err = dry_run(capsys, "--profile", str(path), glm())
+    assert rc == 2 and err.startswith("sparkinfer serve: sparkinfer.replica_window: 300000 positions > max_model_len")
+
+
+def test_serve_execs_vllm_with_the_command_and_env(glm, tmp_path, capsys):
+    """A fake `vllm` on the PATH records what `sparkinfer serve` (no --dry-run) runs."""
+    model = glm()
+    rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", model, "--set", "env.NCCL_DEBUG=WARN",
+                         "--", "--seed", "1")
+    assert rc == 0
+    fake = tmp_path / "bin" / "vllm"
+    fake.parent.mkdir()
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" vllm "$@" > "$REC/argv"\necho "$NCCL_DEBUG" > "$REC/env"\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(sc.ENV_PREFIX)}
+    env.update(PATH=f"{fake.parent}:{env['PATH']}", REC=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "sparkinfer", "serve", "--profile", "glm52-tp4-dcp4-mtp3-368", model,
+                        "--set", "env.NCCL_DEBUG=WARN", "--", "--seed", "1"],
+                       env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == out  # what it printed is what --dry-run prints
+    assert (tmp_path / "argv").read_text().splitlines() == command(out)
+    assert (tmp_path / "env").read_text().strip() == "WARN"
+    # no vllm on the PATH: exit 2 with the reason, no traceback
+    env["PATH"] = "/nonexistent"
+    r = subprocess.run([sys.executable, "-m", "sparkinfer", "serve", "--profile", "glm52-tp4-dcp4-mtp3-368", model],
+                       env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and "vllm is not on PATH" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_plan_reads_the_same_profiles(capsys):
+    from sparkinfer.cli import plan as plan_cli
+    from sparkinfer.core.capacity import capacity_plan
+
+    for name in NAMES:
+        data = serve.load_profile(name)
+        ap = __import__("argparse").ArgumentParser()
+        plan_cli.add_arguments(ap)
+        args = ap.parse_args(["--profile", name])
+        got = capacity_plan(plan_cli.profile_from_args(args))
+        want = serve.validate(data, glm52_config(), environ={}).plan
+        assert (got.kv_tokens, got.record_format, got.profile.dcp, got.profile.mtp) == \
+            (want.kv_tokens, want.record_format, want.profile.dcp, want.profile.mtp)
+        args = ap.parse_args(["--profile", name, "--dcp", "2", "--kv-gb", "4"])  # flags win
+        p = plan_cli.profile_from_args(args)
+        assert (p.dcp, p.kv_bytes, p.tp) == (2, 4 * GIB, 4)
+    with pytest.raises(SystemExit, match="pass it as --hw rtx_pro_6000_x4"):
+        cli_main(["plan", "--profile", "rtx_pro_6000_x4"])
+    assert cli_main(["plan", "--profile", "glm52-tp4-dcp4-mtp3-368", "--hw", "rtx_pro_6000_x4"]) == 0
+    out = capsys.readouterr().out
+    assert "serve profile" in out and "Predicted per decode step on rtx_pro_6000_x4" in out
+
+
+def test_core_imports_neither_torch_nor_the_cli():
+    code = ("import pkgutil, importlib, sys, sparkinfer.core as c\n"
+            "for m in pkgutil.iter_modules(c.__path__): importlib.import_module('sparkinfer.core.' + m.name)\n"
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('sparkinfer.cli')]\n"
+            "assert not bad, bad\n"
+            "import sparkinfer.cli.serve, sparkinfer.cli.plan\n"
+            "assert 'torch' not in sys.modules, 'serve/plan imported torch'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
