@@ -1,6 +1,7 @@
 """Capacity planning: the spec's per-token figures, tokens-that-fit against brute force, CLI."""
 
 import subprocess
+from dataclasses import replace
 import sys
 
 import pytest
@@ -142,3 +143,50 @@ def test_plan_does_not_import_torch():
             "plan.add_arguments(p); plan.run(p.parse_args([])); "
             "assert 'torch' not in sys.modules, 'plan imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("batch,share,fmt,mtp", [(1, 0.25, "nvfp4_368", 3), (8, 0.25, "nvfp4_368", 3),
+                                                  (3, 0.5, "656", 0), (2, 0.0, "432", 3), (1, 1.0, "nvfp4_368", 1)])
+def test_replica_capacity(batch, share, fmt, mtp):
+    """Window from the budget (largest ring that fits), local context checked step by step against
+    the replica rule itself, the store inside the KV budget (less context than DCP without it)."""
+    from sparkinfer.core.capacity import rank_bytes, replica_capacity
+    from sparkinfer.core.replicas import ReplicaWindow
+    from sparkinfer.core.topology import DcpLayout
+    prof = profile(record_format=fmt, mtp=mtp, kv_bytes=64 << 20)  # small enough to simulate
+    budget = int(share * prof.kv_bytes)
+    r = replica_capacity(prof, batch, budget)
+    per_pos = batch * GLM52.cached_layers(mtp > 0) * {"nvfp4_368": 368, "656": 656, "432": 432}[fmt]
+    assert r.window * per_pos <= budget < (r.window + 1) * per_pos and r.store_bytes == r.window * per_pos
+    rows = 1 + mtp
+    # the rule: a request prefilled to c, then one decode step of `rows`, holds everything iff c <= local
+    for c in {max(0, r.local_context - 1), r.local_context, r.local_context + 1}:
+        ring = ReplicaWindow(r.window, batch)
+        keys = list(range(batch))
+        ring.begin_step(keys, [0] * batch, [c] * batch)
+        step = ring.begin_step(keys, [c] * batch, [rows] * batch)
+        if c <= r.local_context or r.local_context < r.replica_max_context:  # else capped by capacity
+            assert step.all_local == (c <= r.local_context), (c, r)
+    # capacities: per request, whole blocks; the store counted inside the budget
+    def per_request(p):
+        g = p.block_size * p.dcp
+        return capacity_plan(p).kv_tokens // batch // g * g
+    assert r.dcp_max_context == per_request(prof)
+    assert r.dcp1_max_context == per_request(replace(prof, dcp=1))
+    assert r.replica_max_context == per_request(replace(prof, kv_bytes=prof.kv_bytes - r.store_bytes))
+    assert r.replica_max_context <= r.dcp_max_context and r.local_context <= r.replica_max_context
+    plan = capacity_plan(prof)
+    lay = DcpLayout(prof.dcp, prof.interleave)
+    used = rank_bytes(lay, r.replica_max_context * batch, plan.main_bytes_per_local_token,
+                      plan.indexer_bytes_per_token) + r.store_bytes
+    assert used <= prof.kv_bytes
+    if share == 0.0:
+        assert (r.window, r.local_context, r.store_bytes) == (0, 0, 0) and r.replica_max_context == r.dcp_max_context
+
+
+def test_replica_capacity_rejects():
+    from sparkinfer.core.capacity import replica_capacity
+    with pytest.raises(ValueError, match="batch"):
+        replica_capacity(profile(), 0, 0)
+    with pytest.raises(ValueError, match="store_budget"):
+        replica_capacity(profile(), 1, 11 * GIB)

@@ -20,7 +20,7 @@ vLLM's sparse-MLA caches use 64-token pages).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparkinfer.core.geometry import GLM52, ModelGeometry
 from sparkinfer.core.layouts import INDEXER_FP8, MAIN_LAYOUTS, layout
@@ -127,3 +127,56 @@ def capacity_plan(profile: CapacityProfile) -> CapacityPlan:
         indexer_bytes_per_token=idx_token, kv_tokens=n, local_tokens=lay.max_local_len(n),
         bytes_used=rank_bytes(lay, n, main_local + idx_local, idx_token),
     )
+
+
+@dataclass(frozen=True)
+class ReplicaCapacity:
+    """Where a replica store (``core/replicas.py``) makes every record local, for one profile and
+    batch. The store is counted inside the KV budget, so DCP with replicas fits less context."""
+
+    profile: CapacityProfile  # kv_bytes: the whole KV budget per GPU, store included
+    batch: int  # requests decoding together (one ring each)
+    rows: int  # positions a decode step writes per request (1 + mtp)
+    store_budget: int  # bytes per rank given to the store
+    window: int  # ring positions per request
+    store_bytes: int  # bytes per rank the store takes (window x batch x layers x record bytes)
+    local_context: int  # longest context whose decode steps move no record (capped at replica_max_context)
+    dcp1_max_context: int  # per request, DCP1 (same TP, same budget)
+    dcp_max_context: int  # per request, this DCP without a store
+    replica_max_context: int  # per request, this DCP with the store inside the budget
+
+    @property
+    def store_bytes_per_request(self) -> int:
+        return self.store_bytes // self.batch
+
+
+def _per_request(plan: CapacityPlan, batch: int) -> int:
+    """Per-request context when ``batch`` requests share the cache (whole scheduler blocks)."""
+    granule = plan.profile.block_size * plan.profile.dcp
+    return plan.kv_tokens // batch // granule * granule
+
+
+def replica_capacity(profile: CapacityProfile, batch: int, store_budget: int) -> ReplicaCapacity:
+    """The context up to which every record is local with a replica store of ``store_budget`` bytes
+    per rank taken from ``profile.kv_bytes``, next to DCP1's and this DCP's max context.
+
+    A request of context ``c`` writes ``[c, c + rows)`` in a step; every rank then holds its
+    positions ``[c + rows - window, c)``, so the step is all local iff ``c + rows <= window``.
+    """
+    from sparkinfer.core.replicas import store_bytes, window_for_budget
+
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    if isinstance(store_budget, bool) or not isinstance(store_budget, int) or not 0 <= store_budget <= profile.kv_bytes:
+        raise ValueError(f"store_budget must be an int in [0, kv_bytes={profile.kv_bytes}], got {store_budget!r}")
+    fmt = layout(profile.record_format)
+    layers = profile.geometry.cached_layers(profile.mtp > 0)
+    window = window_for_budget(store_budget, batch, layers, fmt.record_bytes)
+    used = store_bytes(window, batch, layers, fmt.record_bytes)
+    rows = 1 + profile.mtp
+    dcp = _per_request(capacity_plan(profile), batch)
+    dcp1 = _per_request(capacity_plan(replace(profile, dcp=1, interleave=1)), batch)
+    rep = _per_request(capacity_plan(replace(profile, kv_bytes=profile.kv_bytes - used)), batch)
+    return ReplicaCapacity(profile=profile, batch=batch, rows=rows, store_budget=store_budget, window=window,
+                           store_bytes=used, local_context=min(max(0, window - rows), rep),
+                           dcp1_max_context=dcp1, dcp_max_context=dcp, replica_max_context=rep)
