@@ -221,3 +221,30 @@ def test_replica_share_combines_with_reuse(rtx):
     assert cm.predict(none, rtx, "selected", 3).write_us == 0.0
     with pytest.raises(ValueError, match="held_fraction"):
         cm.StepSpec(held_fraction=1.5)
+
+
+def test_bytes_per_token_replica_replay():
+    """The benchmark's replica path: a window covering the context moves nothing and runs no
+    exchange; a window that misses the selected tokens moves what selected + reuse moves; a window
+    holding the newest half of them moves only the rest (counted by hand)."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bytes_per_token.py")
+    spec = importlib.util.spec_from_file_location("bytes_per_token", path)
+    bpt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bpt)
+    topk = np.arange(36, 100)  # 64 tokens committed before the replay starts at 100
+    ctx = 140
+    windows = (1.0, 2 / ctx, 40 / ctx)  # ring of 144 (fits), 2 (holds none), 40 positions
+    res = bpt.replay(lambda layer, pos: topk, np.arange(100, ctx), layers=2, capacity=1000, seed=1, fresh=True,
+                     windows=windows, context=ctx)
+    fits, none, half = res["replicas"]
+    assert not fits["bytes"].any() and not fits["exchanges"].any() and not fits["copies"].any()
+    assert fits["bytes"].shape == res["reuse"].shape
+    np.testing.assert_array_equal(none["bytes"], res["reuse"])
+    # step s writes [p, p + 4), p = 100 + 4 s; every rank's ring then holds [p + 4 - 40, p). Step 0:
+    # 64..99 in the ring, 36..63 (7 per owner) move, 21 records into each of 4 destinations per layer
+    assert half["bytes"][0] == 2 * 4 * 21 * 368 and half["exchanges"][0] == 2
+    assert (half["copies"][0], none["copies"][0]) == (2 * 12, 2 * 12)
+    # later steps: the pool kept 36..63; the 4 positions that just left the ring move once (3 destinations)
+    assert half["bytes"][1:].tolist() == [2 * 4 * 3 * 368] * (len(half["bytes"]) - 1)
