@@ -190,3 +190,20 @@ def test_replica_capacity_rejects():
         replica_capacity(profile(), 0, 0)
     with pytest.raises(ValueError, match="store_budget"):
         replica_capacity(profile(), 1, 11 * GIB)
+
+
+def test_plan_prints_replica_table(capsys):
+    """``sparkinfer plan`` shows, per batch, the context up to which every record is local next to
+    DCP1's and DCP4's max context and the store's bytes per rank (replica_capacity's numbers)."""
+    from sparkinfer.core.capacity import replica_capacity
+    assert cli_main(["plan", "--kv-gb", "10", "--concurrency", "2", "--replica-share", "0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "Replica records" in out
+    for batch in (1, 2, 8):
+        r = replica_capacity(profile(), batch, int(0.25 * 10 * GIB))
+        for v in (r.local_context, r.dcp1_max_context, r.dcp_max_context, r.replica_max_context):
+            assert f"{v:,}" in out
+    assert cli_main(["plan", "--replica-share", "0"]) == 0 and "Replica records" not in capsys.readouterr().out
+    assert cli_main(["plan", "--dcp", "1"]) == 0 and "Replica records" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="replica-share"):
+        cli_main(["plan", "--replica-share", "1.5"])

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from sparkinfer.core import costmodel as cm
-from sparkinfer.core.capacity import GIB, INDEXER_MODES, CapacityPlan, CapacityProfile, capacity_plan
+from sparkinfer.core.capacity import GIB, INDEXER_MODES, CapacityPlan, CapacityProfile, capacity_plan, replica_capacity
 from sparkinfer.core.layouts import MAIN_LAYOUTS, layout
 from sparkinfer.core.policy import StepPolicy
 from sparkinfer.core.policy_table import policy_rows
@@ -198,3 +198,32 @@ def policy_section(args: argparse.Namespace, plan) -> Optional[Section]:
 
 
 add_section(policy_section, add_policy_arguments)
+
+
+def add_replica_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replica-share", type=float, default=0.2,
+                   help="share of the KV budget per GPU given to the replica store in the replica table "
+                        "(default 0.2, what replica_window auto reserves at most; 0 hides the table)")
+
+
+def replica_section(args: argparse.Namespace, plan: CapacityPlan) -> Optional[Section]:
+    """Per batch (1, 8, --concurrency): the context up to which every record is local with a replica
+    store of ``--replica-share`` of the KV budget (counted inside it), beside DCP1's and this DCP's
+    max context (``sparkinfer.core.capacity.replica_capacity``); None at DCP1 or a share of 0."""
+    prof, share = plan.profile, getattr(args, "replica_share", 0.0)
+    if prof.dcp == 1 or not share:
+        return None
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"--replica-share must be in [0, 1), got {share}")
+    rows = []
+    for batch in sorted({1, 8, args.concurrency}):
+        r = replica_capacity(prof, batch, int(share * prof.kv_bytes))
+        rows.append((str(batch), f"{r.window:,}", f"{r.local_context:,}", f"{r.dcp1_max_context:,}",
+                     f"{r.dcp_max_context:,}", f"{r.replica_max_context:,}", f"{r.store_bytes / GIB:.2f}"))
+    return Section(f"Replica records: store = {share:.0%} of the KV budget per GPU, one ring per request "
+                   f"(the engine keeps max_num_seqs rings)",
+                   ("batch", "window / request", "every record local up to", "DCP1 max context",
+                    f"DCP{prof.dcp} max context", f"DCP{prof.dcp} + replicas max context", "store GiB / rank"), rows)
+
+
+add_section(replica_section, add_replica_arguments)
