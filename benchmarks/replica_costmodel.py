@@ -27,7 +27,10 @@ Assumed parameters (printed in the header):
   union of the 4 rows ``costmodel.UNION_RATIO_MTP3`` = 1.75 k, k = 2048, 368-byte records;
 * KV budget per GPU ``--kv-gb`` (default 10 GiB, the plan / serve-profile default), replicated
   indexer unless said, 64-token pages (``core/capacity.py``);
-* replica store ``--replica-share`` of it (default 0.25): the rest stays for the DCP4 shards;
+* replica store ``--replica-share`` of it (default 0.2, the most ``replica_window = auto`` reserves,
+  ``sparkinfer/vllm/replica_budget.py``): the rest stays for the DCP4 shards; one ring per request
+  of the batch (the engine keeps ``max_num_seqs`` rings, so a deployment's window is this table's
+  at batch = ``max_num_seqs``);
 * moving share of the remote union at window fraction ``w``: from
   ``benchmarks/results/bytes_per_token.csv`` (real traces, ``--replay`` fresh = pessimistic,
   steady, ctx/k >= 8, sum of replica bytes / sum of plain selected bytes per window), linear in
@@ -205,8 +208,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="predicted decode tok/s with replica records (cost model)")
     ap.add_argument("--profile", default="rtx_pro_6000_x4")
     ap.add_argument("--kv-gb", type=float, default=10.0, help="KV budget per GPU, GiB (default 10)")
-    ap.add_argument("--replica-share", type=float, default=0.25,
-                    help="share of the KV budget given to the replica store (default 0.25)")
+    ap.add_argument("--replica-share", type=float, default=0.2,
+                    help="share of the KV budget given to the replica store (default 0.2, the auto share)")
     ap.add_argument("--replay", choices=("fresh", "accepted"), default="fresh",
                     help="which bytes_per_token replay gives the moving share (fresh: pessimistic)")
     ap.add_argument("--bytes-csv", default=BYTES_CSV)
