@@ -97,13 +97,18 @@ def test_every_profile_validates_against_glm52(name, glm, capsys):
     argv = command(out)
     assert argv[:3] == ["vllm", "serve", glm()]
     data = serve.load_profile(name)
-    f = pairs(argv[3:])
+    bools = {k: v for k, v in data["vllm"].items() if isinstance(v, bool)}
+    flags = {("--" if v else "--no-") + k.replace("_", "-") for k, v in bools.items()}
+    assert flags <= set(argv)
+    f = pairs([a for a in argv[3:] if a not in flags])
     for key, value in data["vllm"].items():
+        if key in bools:
+            continue
         got = f["--" + key.replace("_", "-")]
         assert (json.loads(got) if isinstance(value, dict) else got) == (value if isinstance(value, dict) else str(value))
     for key, value in data["sparkinfer"].items():
         assert f[sc.cli_flag(key)] == str(value)
-    assert len(f) == len(data["vllm"]) + len(data["sparkinfer"])
+    assert len(f) + len(flags) == len(data["vllm"]) + len(data["sparkinfer"])
 
 
 def _tokens_that_fit(kv_bytes: int, record: int, dcp: int, mtp: bool) -> int:
@@ -138,16 +143,21 @@ def test_kv_budget_check_is_the_capacity_core(name, record, dcp, mtp, glm, capsy
 
 
 def test_replica_store_line(glm, capsys):
-    """auto: a quarter of the fullest rank's main records (79 layers x 368 B per local token at
-    DCP4) over max_num_seqs x 78 layers x 368 B; an explicit window: its own size."""
-    local = 1055488 // 4
-    window = local * 79 * 368 // 4 // (16 * 78 * 368)
-    rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm())
-    assert rc == 0 and f"replica store (auto, predicted): {window:,} positions x 16 requests x 78 layers" in out
+    """An explicit window: window x max_num_seqs x 78 layers x 368 B per GPU; auto needs prefix
+    caching off like any window under DCP > 1; DCP1: off."""
     rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm(), "--set", "sparkinfer.replica_window=1024")
     assert rc == 0 and f"= {1024 * 16 * 78 * 368 / 2**20:,.0f} MiB per GPU" in out
+    rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm())
+    assert rc == 0 and "replica store: auto" in out
     rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp1-mtp3-368", glm())
     assert rc == 0 and "replica store: off" in out
+    # prefix caching on (vLLM's default when unset) is refused while replicas are on, fine when off
+    for sets in (["vllm.enable_prefix_caching=true"], ["vllm.enable_prefix_caching=true", "sparkinfer.replica_window=64"]):
+        rc, _, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm(), *sum((["--set", s] for s in sets), []))
+        assert rc == 2 and err.startswith("sparkinfer serve: vllm.enable_prefix_caching:")
+    rc, _, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm(), "--set", "vllm.enable_prefix_caching=true",
+                       "--set", "sparkinfer.replica_window=0")
+    assert rc == 0
 
 
 BAD = [  # (config changes, --set overrides, the field the error must name)
@@ -168,6 +178,8 @@ BAD = [  # (config changes, --set overrides, the field the error must name)
     ({}, ["vllm.compilation_config={max_cudagraph_capture_size=64}"], "vllm.compilation_config.cudagraph_mode"),
     ({}, ["kv_gb=2"], "vllm.max_model_len"),
     ({"max_position_embeddings": 131072}, [], "vllm.max_model_len"),
+    ({"max_position_embeddings": 131072, "rope_parameters": {"rope_type": "default", "rope_theta": 8e6}}, [],
+     "vllm.max_model_len"),
     ({"num_nextn_predict_layers": 0}, [], "vllm.speculative_config"),
     ({}, ["sparkinfer.mode=fast"], "sparkinfer.mode"),
     ({}, ["sparkinfer.pool_mb=0"], "sparkinfer.pool_mb"),
@@ -227,11 +239,17 @@ def test_overrides_and_passthrough(glm, capsys, monkeypatch):
     assert argv[-4:] == ["--max-num-batched-tokens", "8192", "--seed", "7"]
     assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv
     f = pairs([a for a in argv[3:-4] if a not in ("--enforce-eager", "--no-enable-prefix-caching")])
+    assert "--enable-prefix-caching" not in f
     assert f["--max-model-len"] == "131072" and f["--sparkinfer-mode"] == "stock"
     assert f["--served-model-name"] == "glm 5.2"
     assert json.loads(f["--compilation-config"]) == {"cudagraph_mode": "PIECEWISE", "max_cudagraph_capture_size": 128}
     assert "export NCCL_DEBUG=INFO" in out.splitlines()
     assert "# VLLM_SPARKINFER_POOL_MB in the environment is overridden by the profile's --sparkinfer-pool-mb" in out
+
+
+def test_scaled_rope_leaves_the_length_to_vllm(glm, capsys):
+    model = glm(max_position_embeddings=131072, rope_parameters={"rope_type": "yarn", "factor": 4.0})
+    assert dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", model)[0] == 0
 
 
 def test_profile_by_path_and_kv_gb_absent(glm, tmp_path, capsys):

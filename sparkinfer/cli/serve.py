@@ -380,7 +380,10 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
     max_len = _int(data, "max_model_len")
     positions = cfg.get("max_position_embeddings")
     long_ok = str({**environ, **data["env"]}.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "")).strip() in ("1", "true")
-    if max_len and isinstance(positions, int) and not cfg.get("rope_scaling") and not long_ok and max_len > positions:
+    # RoPE scaling changes vLLM's derived length (and YaRN configs state it scaled): checked only without.
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    scaled = isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) not in (None, "default")
+    if max_len and isinstance(positions, int) and not scaled and not long_ok and max_len > positions:
         raise ProfileError("vllm.max_model_len", f"{max_len} > the model's {positions} positions ({where}: "
                                                  f"max_position_embeddings); vLLM refuses it")
     kv_gb = data.get("kv_gb")
@@ -407,31 +410,34 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
 
 
 def check_replicas(data: dict, cfg: dict, max_len, max_seqs, plan: CapacityPlan | None) -> str | None:
-    """The replica store (``replica_window``): an explicit window no longer than ``max_model_len``
-    (positions past it are never written but still allocated), and its size per rank. ``auto`` is
-    predicted by the runtime's rule (a quarter of the rank's main record cache, which the capacity
-    plan sizes) when ``kv_gb`` and ``max_num_seqs`` are given."""
+    """The replica store (``replica_window``, ``sparkinfer.core.replicas``): under DCP > 1 it needs
+    prefix caching off (the rule keys a request by its first KV block, which prefix caching shares
+    between live requests); an explicit window no longer than ``max_model_len`` (positions past it
+    are allocated but never written), and its size per GPU. ``auto`` is sized at start-up from the
+    KV memory each rank gets."""
     if "replica_window" not in sc.FIELD_NAMES:
         return None
     window = sc.resolve(cli=data["sparkinfer"], environ={}).replica_window
-    if window == 0:
-        return "replica store: off (replica_window 0)"
-    if window != "auto" and max_len and window > max_len:
+    dcp = _int(data, "decode_context_parallel_size", 1)
+    if window == 0 or dcp == 1:
+        return f"replica store: off (replica_window {window}, DCP{dcp})"
+    if data["vllm"].get("enable_prefix_caching") is not False:
+        raise ProfileError("vllm.enable_prefix_caching", f"replica records (sparkinfer.replica_window {window}) key a "
+                                                         f"request by its first KV block, which prefix caching shares "
+                                                         f"between live requests (vLLM's default is on); set it false, "
+                                                         f"or sparkinfer.replica_window = 0")
+    if window == "auto":
+        return "replica store: auto (sized at start-up from the KV memory each GPU gets), prefix caching off"
+    if max_len and window > max_len:
         raise ProfileError("sparkinfer.replica_window", f"{window} positions > max_model_len {max_len}: the store "
                                                         f"would hold positions no request reaches; use auto or <= {max_len}")
     if plan is None or max_seqs is None:
-        return f"replica store: window {window} (size not predicted without kv_gb and max_num_seqs)"
-    from sparkinfer.core.replicas import store_bytes, window_for_budget
+        return f"replica store: window {window} (size not known without kv_gb and max_num_seqs)"
+    from sparkinfer.core.replicas import store_bytes
 
     layers = cfg["num_hidden_layers"]
-    if window == "auto":
-        main_cache = plan.local_tokens * plan.main_bytes_per_local_token
-        window = min(max_len or plan.kv_tokens, window_for_budget(main_cache // 4, max_seqs, layers, plan.record_bytes))
-        how = "auto, predicted"
-    else:
-        how = "replica_window"
     mib = store_bytes(window, max_seqs, layers, plan.record_bytes) / 2**20
-    return f"replica store ({how}): {window:,} positions x {max_seqs} requests x {layers} layers = {mib:,.0f} MiB per GPU"
+    return f"replica store: {window:,} positions x {max_seqs} requests x {layers} layers = {mib:,.0f} MiB per GPU"
 
 
 # ----------------------------------------------------------------------------- the subcommand
