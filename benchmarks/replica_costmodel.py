@@ -20,6 +20,10 @@ Lines (per request context ``c``, every request of the batch at ``c``):
   fraction ``w = W / c`` is the trace measurement of ``bytes_per_token.py`` (below). The policy
   (``StepPolicy.decide`` with ``held_fraction``) picks stock or selected per step; the line is the
   chosen path's time, which includes the replica writes on both paths.
+* **proposal, not implemented** (dashed): the same, but a step that goes stock scores a quarter of
+  the context per rank from the replicated keys and merges candidates as vLLM's sharded indexer
+  does (its cost model term), the cheaper full step (indexer included) chosen: what closing the
+  gap to vLLM's sharded-indexer stock would give.
 
 Assumed parameters (printed in the header):
 * profile ``rtx_pro_6000_x4`` (fitted base, exchange, indexer and attention terms; measured link);
@@ -129,6 +133,11 @@ def rows_for(p, batch, contexts, curve, kv, share) -> list[dict]:
         rep = cm.predict(rs, p, d.path, d.depth)
         b = base_us(p, batch)
         dcp1 = b + st.indexer_us + st.attn_us
+        # proposal (not implemented): stock steps score a quarter of the context per rank from the
+        # replicated keys and merge candidates, as vLLM's sharded indexer does; the cheaper full step wins
+        shd_rep = cm.predict(replace(rs, indexer="sharded"), p, "stock", 0)
+        best_sel = min(cm.predict(rs, p, "selected", k).total_us for k in range(DEPTHS))
+        proposal = min(shd_rep.total_us, best_sel)
         out.append({
             "batch": batch, "context": c, "kv_gib": kv / GIB, "replica_share": share, "window": cap.window,
             "window_fraction": min(1.0, cap.window / c) if c else 1.0, "all_local": local, "held_fraction": held,
@@ -141,6 +150,8 @@ def rows_for(p, batch, contexts, curve, kv, share) -> list[dict]:
             "dcp4_selected_reuse_tok_s": tok_s(batch, b + reuse.total_us) if c <= cap.dcp_max_context
             else float("nan"),
             "dcp4_replicas_tok_s": tok_s(batch, b + rep.total_us) if c <= cap.replica_max_context else float("nan"),
+            "dcp4_replicas_sharded_fallback_tok_s": tok_s(batch, b + proposal) if c <= cap.replica_max_context
+            else float("nan"),
             "replica_path": f"{d.path} d={d.depth}", "replica_write_us": rep.write_us,
             "replica_rx_MB_per_step": rep.rx_bytes_per_rank / 1e6, "stock_rx_MB_per_step": st.rx_bytes_per_rank / 1e6,
         })
@@ -159,13 +170,16 @@ def check_targets(rows: list[dict]) -> list[str]:
             lines.append(f"batch {batch}: contexts that fit the window (<= {max(r['context'] for r in fit):,}): "
                          f"replicas / DCP1 >= {ratio:.5f} (at {worst['context']:,}) -> "
                          f"{'met' if ratio >= 0.95 else 'NOT met'} (target >= 0.95)")
-        for col, name in (("dcp4_stock_tok_s", "DCP4 stock (replicated indexer)"),
-                          ("dcp4_stock_sharded_tok_s", "DCP4 stock (vLLM default, sharded indexer)")):
-            both = [r for r in rb if r["dcp4_replicas_tok_s"] == r["dcp4_replicas_tok_s"] and r[col] == r[col]]
+        for line, col, name in (
+                ("dcp4_replicas_tok_s", "dcp4_stock_tok_s", "DCP4 stock (replicated indexer)"),
+                ("dcp4_replicas_tok_s", "dcp4_stock_sharded_tok_s", "DCP4 stock (vLLM default, sharded indexer)"),
+                ("dcp4_replicas_sharded_fallback_tok_s", "dcp4_stock_sharded_tok_s",
+                 "DCP4 stock (vLLM default, sharded indexer), proposal: sharded scoring on stock steps")):
+            both = [r for r in rb if r[line] == r[line] and r[col] == r[col]]
             if not both:
                 continue
-            worst = min(both, key=lambda r: r["dcp4_replicas_tok_s"] / r[col])
-            ratio = worst["dcp4_replicas_tok_s"] / worst[col]
+            worst = min(both, key=lambda r: r[line] / r[col])
+            ratio = worst[line] / worst[col]
             lines.append(f"batch {batch}: replicas / {name} >= {ratio:.6f} (at {worst['context']:,}, "
                          f"{worst['replica_path']}) up to {max(r['context'] for r in both):,} -> "
                          f"{'met' if ratio >= 1 else 'below by %.2g%%' % ((1 - ratio) * 100)}")
@@ -183,7 +197,9 @@ def plot(rows: list[dict], path: str) -> bool:
              ("dcp4_stock_sharded_tok_s", "DCP4 stock qrep+a2a (vLLM default, sharded indexer)",
               dict(color="tab:gray", ls="--")),
              ("dcp4_selected_reuse_tok_s", "DCP4 selected + reuse (forced)", dict(color="tab:blue", ls=":")),
-             ("dcp4_replicas_tok_s", "DCP4 replicas + reuse (auto)", dict(color="tab:green", lw=2)))
+             ("dcp4_replicas_tok_s", "DCP4 replicas + reuse (auto)", dict(color="tab:green", lw=2)),
+             ("dcp4_replicas_sharded_fallback_tok_s", "same, stock steps with sharded scoring (proposal)",
+              dict(color="tab:green", ls="--", lw=1)))
     for ax, batch in zip(np.atleast_1d(axes), batches):
         rb = sorted((r for r in rows if r["batch"] == batch), key=lambda r: r["context"])
         x = [max(r["context"], 512) for r in rb]
