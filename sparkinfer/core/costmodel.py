@@ -208,9 +208,7 @@ class PathCost:
 
     @property
     def total_us(self) -> float:
-        if self.write_us:
-            return self.comm_us + self.indexer_us + self.attn_us + self.write_us
-        return self.comm_us + self.indexer_us + self.attn_us
+        return self.comm_us + self.indexer_us + self.attn_us + self.write_us  # + 0.0 without replicas: same float
 
 
 def link_us(tx_max: float, rx_max: float, txrx_max: float, p: NodeProfile) -> float:
