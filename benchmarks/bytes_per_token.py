@@ -49,8 +49,8 @@ without its replica-held tokens), so it keeps the older tokens that had to move.
 held mask leaves nothing to move runs no exchange. ``replica_vs_stock_qrep`` = stock
 qrep + a2a bytes / replica-path bytes (``inf`` when nothing moves).
 
-Operation counts per decode step and attention layer (``--ops`` CSV, fresh replay, steady, ctx >= 8 k):
-stock DCP's collectives (and the point-to-point pairs inside them), and for the selected paths
+Operation counts per decode step and attention layer (``bytes_per_token_ops.csv``; fresh replay,
+steady, ctx/k >= 8): stock DCP's collectives (and the point-to-point pairs inside them), and for the selected paths
 the exchanges that run (a layer with no remote record runs none) and the packed copies (one per
 (src, dst) pair with a non-zero payload). SmolLM2 has no IndexShare, so each trace layer is its own
 exchange group; on GLM-5.2 a Full layer's Shared layers join its group (fewer exchanges).
