@@ -16,6 +16,12 @@ The indexer is replicated when DCP > 1 (with DCP = 1 both layouts are the same) 
     so on CPU the replicated indexer is the only one that gives the global top-k.
 Then the indexer's cache spec is not DCP-sharded and the indexer runs with DCP = 1 semantics
 (global sequence lengths, no cross-rank top-k merge); the main records stay sharded.
+
+The hooks sit at call sites where upstream reads no configuration, and vLLM's own tests call those
+sites with configs that carry only what upstream needs (a ``SimpleNamespace`` without
+``parallel_config``, ``device_config``, ``cache_config`` or ``additional_config``). So every read is
+a ``getattr`` whose default is upstream's behaviour (DCP 1, not the CPU platform, no sparkinfer
+format, no sparkinfer settings), and sparkinfer's branch is taken only when all of it is there.
 """
 
 from __future__ import annotations
@@ -24,21 +30,28 @@ from sparkinfer.config import from_additional_config
 from sparkinfer.vllm.cache_dtypes import is_sparkinfer_cache_dtype
 
 
+def _dcp_size(vllm_config) -> int:
+    """DCP world size; 1 (upstream's default) for a config without a parallel_config."""
+    return getattr(getattr(vllm_config, "parallel_config", None), "decode_context_parallel_size", 1)
+
+
 def indexer_replicated(vllm_config) -> bool:
     """True when the indexer cache is replicated on every DCP rank (see the module docstring)."""
-    if vllm_config.parallel_config.decode_context_parallel_size == 1:
+    if _dcp_size(vllm_config) == 1:
         return False
     if getattr(getattr(vllm_config, "device_config", None), "device_type", None) == "cpu":
         return True
-    mode = from_additional_config(vllm_config.additional_config).mode
-    return is_sparkinfer_cache_dtype(vllm_config.cache_config.cache_dtype) and mode != "stock"
+    # A config without a cache_config or additional_config is not running a sparkinfer format.
+    if not is_sparkinfer_cache_dtype(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", None)):
+        return False
+    return from_additional_config(getattr(vllm_config, "additional_config", None)).mode != "stock"
 
 
 def indexer_dcp_world_size(vllm_config) -> int:
     """The DCP world size the indexer (its op and its metadata) runs with: 1 when replicated."""
     if indexer_replicated(vllm_config):
         return 1
-    return vllm_config.parallel_config.decode_context_parallel_size
+    return _dcp_size(vllm_config)
 
 
 def indexer_block_size(vllm_config, block_size: int) -> int:
@@ -49,7 +62,7 @@ def indexer_block_size(vllm_config, block_size: int) -> int:
     with one block per BLOCK x DCP tokens (see ``tokens_per_block_uniform``).
     """
     if indexer_replicated(vllm_config):
-        return block_size * vllm_config.parallel_config.decode_context_parallel_size
+        return block_size * _dcp_size(vllm_config)
     return block_size
 
 
@@ -88,20 +101,37 @@ def sharded_first(specs: dict) -> dict:
     return sharded | {name: s for name, s in specs.items() if not s.dcp_sharded}
 
 
+def _replicated_indexer_spec(spec) -> bool:
+    """An indexer spec that DCP does not shard (sparkinfer's layout, or a DCP-1 draft's replica)."""
+    return not getattr(spec, "dcp_sharded", True) and getattr(spec, "cache_role", None) == "indexer"
+
+
 def layer_kernel_block_size(kernel_block_size: int | None, group_block_size: int, spec) -> int | None:
     """The kernel block size of one layer of a KV cache group whose kernel block size (vLLM's
     ``prepare_kernel_block_sizes``) is ``kernel_block_size`` and whose manager block size is
-    ``group_block_size`` (its sharded specs' block size).
+    ``group_block_size`` (its sharded specs' block size). Hook of ``allocate_kv_cache`` (patch 0003).
 
     vLLM applies a group's kernel block size to every layer. A replicated indexer's page holds the
     tokens of one whole manager block, ``group_block_size x DCP`` (``indexer_block_size``), so its
     kernel block scales by the same factor: with no split of the sharded pages it is the whole
     indexer page, which block-outermost layouts (the only ones vLLM allows for mixed sharded and
-    replicated pages) cannot split anyway. Other specs keep ``kernel_block_size``.
+    replicated pages) cannot split anyway. Every other spec keeps ``kernel_block_size``, as does a
+    replicated indexer of the group's own block size (upstream's DCP-1 draft under a DCP target): in
+    upstream's groups every spec has the group's block size, so upstream never reaches the scaling.
     """
-    if kernel_block_size is None or spec.dcp_sharded or spec.block_size == group_block_size:
+    if (kernel_block_size is None or not _replicated_indexer_spec(spec)
+            or spec.block_size == group_block_size):
         return kernel_block_size
     if spec.block_size % group_block_size:
         raise ValueError(f"a replicated spec of block size {spec.block_size} does not cover whole manager "
                          f"blocks of {group_block_size} tokens")
     return kernel_block_size * (spec.block_size // group_block_size)
+
+
+def builder_kernel_block_size(vllm_config, kernel_block_size: int | None, spec) -> int | None:
+    """``layer_kernel_block_size`` for ``AttentionGroup.create_metadata_builders`` (patch 0003), whose
+    manager block size is ``cache_config.block_size``. Upstream reads no config there, so this reads
+    one only for a replicated indexer spec under sparkinfer's layout (``indexer_replicated``)."""
+    if kernel_block_size is None or not _replicated_indexer_spec(spec) or not indexer_replicated(vllm_config):
+        return kernel_block_size
+    return layer_kernel_block_size(kernel_block_size, vllm_config.cache_config.block_size, spec)
