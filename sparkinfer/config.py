@@ -15,7 +15,8 @@ pool_mb: per-rank workspace for fetched records; a step that does not fit falls 
 fabric: the transport; ``auto`` = ``cuda`` on a GPU, ``host`` on CPU.
 replica_window: positions of each request every rank keeps although it does not own them (the
 replica store, ``sparkinfer.core.replicas``); 0 = off; ``auto`` = the whole ``max_model_len`` when
-that store fits a quarter of this rank's KV cache bytes, else what does (docs/design/replicas.md).
+that store fits a fifth of the KV memory, else what a fifth holds; the store is taken out of the
+KV memory (``sparkinfer.vllm.replica_budget``, docs/design/replicas.md).
 
 Patched vLLM validates the configuration once at engine start (``EngineArgs.create_engine_config``)
 and stores ``as_dict()`` in ``VllmConfig.additional_config["sparkinfer"]``; errors are ValueErrors

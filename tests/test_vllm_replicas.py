@@ -37,14 +37,27 @@ def _remote_below(lo: int, rank: int, world: int) -> int:
     return lo - DcpLayout(world, 1).local_len(lo, rank)
 
 
+def _ledger_and_memory(worker=None):
+    from sparkinfer.vllm.selected_runtime import replica_memory, transport_ledger
+
+    return {"ledger": transport_ledger(), "memory": replica_memory()}
+
+
 def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monkeypatch):
     pytest.importorskip("vllm")
     from sparkinfer.vllm.selected_runtime import transport_ledger
 
     dcp1 = _greedy(dense, monkeypatch, 1, kv_cache_dtype="nvfp4_368")
-    tokens, ledgers = _greedy(dense, monkeypatch, 2, mode="auto", probe=transport_ledger, kv_cache_dtype="nvfp4_368",
-                              sparkinfer_replica_window=256)
+    tokens, probes = _greedy(dense, monkeypatch, 2, mode="auto", probe=_ledger_and_memory, kv_cache_dtype="nvfp4_368",
+                             sparkinfer_replica_window=256)
     assert tokens == dcp1
+    ledgers = [p["ledger"] for p in probes]
+    budget = 2**30  # VLLM_CPU_KVCACHE_SPACE=1 (GiB): the store comes out of it (patch 0008)
+    for p in probes:
+        mem = p["memory"]
+        store = 256 * 2 * 4 * 368  # window x max_num_seqs x layers x record bytes
+        assert mem["window"] == 256 and mem["store_bytes"] == store
+        assert budget - store - 2**20 < mem["kv_bytes"] <= budget - store  # within a block of what is left
     for led in ledgers:
         sel = led["selected"]
         assert (sel["steps"], sel["rows"]) == (MAX_TOKENS - 1, MAX_TOKENS - 1)  # auto took every decode step

@@ -18,6 +18,8 @@ vLLM is up) imports vllm.
 * ``step_path``         the per-step gates: stock, selected or gathered.
 * ``selected_runtime``  the backend's hooks into selected and gathered steps (one per worker).
 * ``selected_decode``   the per-step executor: union, planes, ring, exchange, attention.
+* ``replica_budget``    the replica store's bytes, reserved out of the KV memory (0008) and
+                        the window the runtime keeps.
 * ``tiny_model``        the tiny GLM-5.2-shaped checkpoint and its transformers reference.
 
 Configuration (patch 0002) lives in ``sparkinfer.config``.

@@ -18,9 +18,9 @@ take the selected path: DCP 1, mode stock, a cache dtype that is not a record fo
   heads over the fetched records, and the last one books the step in the ``PathLedger``.
 
 Replica records (``replica_window``, ``sparkinfer.core.replicas``): every rank keeps the last
-``window`` positions of each request in a per-layer ring, keyed by the request's first KV block
-(stable while the request lives; a new request under a recycled block starts at position 0,
-which starts a new run). ``choose`` advances the rule from the step's rows; the planes then treat
+``window`` positions of each request in a per-layer ring, keyed by the request's id (recorded by
+patch 0008, ``step_requests``; vLLM never gives two requests one id, and a preempted request
+restarts below its run, which starts a new one). ``choose`` advances the rule from the step's rows; the planes then treat
 the window as held everywhere, a group with nothing remote runs no exchange, and a step whose
 requests hold their whole context goes selected even under ``auto`` (it moves nothing).
 
@@ -41,10 +41,10 @@ from vllm.forward_context import get_forward_context
 
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.accounting import StockDcpShape, stock_dcp_layer
-from sparkinfer.core.replicas import ReplicaWindow, window_for_budget
+from sparkinfer.core.replicas import ReplicaWindow
+from sparkinfer.vllm import replica_budget
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
-from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype, is_record_cache_dtype
-from sparkinfer.vllm.indexer_layout import indexer_replicated
+from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
 from sparkinfer.vllm.step_path import StepPath
 
 log = logging.getLogger(__name__)
@@ -125,11 +125,8 @@ class SelectedRuntime:
     def of(cls, vllm_config) -> "SelectedRuntime | None":
         key = id(vllm_config)
         if key not in _runtimes:
-            cfg = from_additional_config(vllm_config.additional_config)
             # every rank must compute the same top-k (replicated indexer) to plan the same exchange
-            eligible = (vllm_config.parallel_config.decode_context_parallel_size > 1 and cfg.mode != "stock"
-                        and is_record_cache_dtype(vllm_config.cache_config.cache_dtype)
-                        and indexer_replicated(vllm_config))
+            eligible = replica_budget.selected_path_possible(vllm_config)
             _runtimes[key] = cls(vllm_config) if eligible else None
             _current[0] = _runtimes[key]
         return _runtimes[key]
@@ -138,22 +135,17 @@ class SelectedRuntime:
     def current() -> "SelectedRuntime | None":
         return _current[0]
 
-    def _replica_window(self) -> int:
-        """``replica_window`` resolved: ``auto`` = the whole ``max_model_len`` if a store for
-        ``max_num_seqs`` requests fits a quarter of this rank's main record cache bytes, else the
-        window that does. The store is allocated beside vLLM's KV cache, not carved out of it
-        (docs/design/replicas.md)."""
-        w = self.config.replica_window
-        if w != "auto":
-            return int(w)
-        kv_bytes = sum(layer.kv_cache.numel() * layer.kv_cache.element_size() for layer in self._dsa_layers().values())
-        slots = self.vllm_config.scheduler_config.max_num_seqs
-        fit = window_for_budget(kv_bytes // 4, slots, self.num_layers, self.fmt.record_bytes)
-        return min(self.vllm_config.model_config.max_model_len, fit)
+    def _kv_bytes(self) -> int:
+        """Bytes of every KV cache this worker allocated (all attention and indexer layers)."""
+        ctx = self.vllm_config.compilation_config.static_forward_context
+        caches = [getattr(m, "kv_cache", None) for m in ctx.values()]
+        return sum(c.numel() * c.element_size() for c in caches if isinstance(c, torch.Tensor))
 
     def _replica_rule(self) -> ReplicaWindow | None:
+        """The replica rule and store, built at the first step (the window comes from the KV bytes
+        vLLM gave this worker after patch 0008 reserved the store's share, ``replica_budget``)."""
         if self.replicas is None and self.config.replica_window != 0:
-            window = self._replica_window()
+            window = replica_budget.window(self.vllm_config, self._kv_bytes())
             if window > 0:
                 slots = self.vllm_config.scheduler_config.max_num_seqs
                 self.replicas = ReplicaWindow(window, slots)
@@ -167,7 +159,7 @@ class SelectedRuntime:
     def choose(self, query_lens: list[int], contexts: list[int], keys: list[int] | None = None) -> str:
         """The target model step's path (``StepPath``: stock, selected or gather); ``selected``
         remembers whether it is not stock, so that only those steps pay for stashing their records.
-        ``keys``: each request's first KV block id (the replica rule's request key)."""
+        ``keys``: each request's id (the replica rule's key; None: no replicas this step)."""
         rule = self._replica_rule() if keys is not None else None
         all_local = False
         self._step_replicas = None
@@ -315,3 +307,14 @@ def transport_ledger(worker=None) -> dict:
     engine never takes those paths (``LLM.collective_rpc(transport_ledger)`` asks every worker)."""
     rt = SelectedRuntime.current()
     return {} if rt is None else {path: asdict(led) for path, led in rt.ledger.items()}
+
+
+def replica_memory(worker=None) -> dict:
+    """This worker's KV cache bytes and replica store (window, bytes), for
+    ``LLM.collective_rpc(replica_memory)``; empty without a runtime."""
+    rt = SelectedRuntime.current()
+    if rt is None:
+        return {}
+    store = rt._replica_store or []
+    return {"kv_bytes": rt._kv_bytes(), "window": rt.replicas.window if rt.replicas else 0,
+            "store_bytes": sum(t.numel() for t in store)}

@@ -35,6 +35,7 @@ from sparkinfer.core.layouts import LATENT_DIM
 from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, is_record_cache_dtype, write_records
 from sparkinfer.vllm.cpu_indexer import token_layout
 from sparkinfer.vllm.selected_runtime import SelectedRuntime
+from sparkinfer.vllm.step_requests import request_ids
 from sparkinfer.vllm.paged_sparse_mla import compact_pages, paged_sparse_mla, topk_to_slots
 from sparkinfer.vllm.platforms import BACKEND_NAME
 
@@ -92,8 +93,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
             qsl = cm.query_start_loc_cpu[: cm.num_reqs + 1].to(torch.int64)
             query_lens = qsl[1:] - qsl[:-1]
             context = cm.seq_lens.cpu()[: cm.num_reqs].to(torch.int64) - query_lens
-            keys = cm.block_table_tensor[: cm.num_reqs, 0].tolist()  # replica key: the request's first block
-            path = rt.choose(query_lens.tolist(), context.tolist(), keys)
+            path = rt.choose(query_lens.tolist(), context.tolist(), request_ids(cm.num_reqs))
         return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
                               cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc,
                               self.vllm_config.parallel_config.cp_kv_cache_interleave_size, path != "stock",
