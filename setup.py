@@ -37,7 +37,7 @@ setup(
     include_package_data=True,
     install_requires=["torch>=2.4", "numpy", "triton", "rich"],
     extras_require={
-        "test": ["pytest", "hypothesis"],
+        "test": ["pytest", "hypothesis", "matplotlib"],  # matplotlib: the serve benchmark plots
         "cuda": ["cuda-python"],
         "plot": ["matplotlib"],
         "bench": ["requests"],
