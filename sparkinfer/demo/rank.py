@@ -220,11 +220,10 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                 # sizes, the share of remote union records its pools did not hold, the steps left
                 # (amortisation horizon) and the warm-pool miss share the tracker observed so far
                 steady = [tracker.steady_new_fraction(r, cfg.reuse_prior) for r in req_ids]
+                # replicas: the share of each request's context the store holds (1: every record local)
+                held_fraction = None if step_rep is None else (step_rep.held_counts / n.numpy()).tolist()
                 d = policy.decide([R] * B, n.tolist(), union=union_prev, new_fraction=new_fraction,
-                                  horizon=cfg.steps - s, steady_fraction=steady)
-                if step_rep is not None and step_rep.all_local and d.path == "stock" and cfg.mode != "stock":
-                    # every record local: the step runs no exchange and no collective, beating stock's a2a
-                    d = d._replace(path="selected", depth=cfg.depth, reason="every record local (replicas)")
+                                  horizon=cfg.steps - s, steady_fraction=steady, held_fraction=held_fraction)
             decision_agreed = _same_on_all_ranks(tuple(d), world)
             chunk = (d.depth if d.path == "selected" else cfg.depth) + 1
             base = [list(fab_plain.copied_bytes), list(fab_reuse.copied_bytes), list(sent_stock.to),
