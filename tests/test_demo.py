@@ -41,7 +41,11 @@ def test_demo_defaults_take_the_replica_path_and_move_nothing(capsys):
     assert main(["demo", "--check", "--steps", "2", "--batch", "1", "--context", "64", "--topk", "16",
                  "--format", "nvfp4_368"]) == 0
     out = capsys.readouterr().out
-    assert "PASS" in out and out.count("every record local (replicas)") == 2 and "0/22" in out
+    assert "PASS" in out and out.count("every record local (replicas)") == 2
+    s = run_demo(DemoConfig(steps=2, mode="auto", fmt="nvfp4_368", **{k: v for k, v in SMALL.items() if k != "fmt"}))
+    assert s["ok"] and all(r["path"] == "selected" for r in s["rows"])
+    # the policy picks depth 0 for a step with nothing to prefetch: 79 one-layer chunks, none exchanged
+    assert all(r["bytes"]["replica"] == 0 and r["replica_exchanges"] == (0, 79) for r in s["rows"])
 
 
 @pytest.mark.multiproc
