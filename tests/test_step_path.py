@@ -122,3 +122,14 @@ def test_all_local_steps_go_selected_even_in_auto_but_never_in_stock():
     assert _path(mode="stock").choose([R, R], [1000, 50], all_local=True).path == "stock"
     assert _path(mode="auto", dcp=1).choose([R, R], [1000, 50], all_local=True).path == "stock"
     assert _path(mode="auto", max_batch=1).choose([R, R], [1000, 50], all_local=True).path == "stock"
+
+
+@pytest.mark.parametrize("interleave", [1, 64])
+def test_auto_gather_counts_only_what_the_replica_window_does_not_hold(interleave):
+    """A small chunk of a long prompt: without replicas the whole prefix would travel (stock wins);
+    with positions 10,000.. held by the replica store only the remote ones below travel (gather)."""
+    p = _gathering("auto", gather_rows=10**7, interleave=interleave)
+    assert p.choose([64], [100_000]).path == "stock"
+    gathered, stock = _busiest_rx_brute([64], [10_000], interleave)
+    choice = p.choose([64], [100_000], fetched_below=[10_000])
+    assert choice.path == ("gather" if gathered < stock else "stock") == "gather"

@@ -71,9 +71,12 @@ class StepPath:
             log.info("sparkinfer: stock DCP decode (%s)", reason)
         return StepChoice("stock", 0, reason)
 
-    def choose(self, query_lens: Sequence[int], contexts: Sequence[int], all_local: bool = False) -> StepChoice:
+    def choose(self, query_lens: Sequence[int], contexts: Sequence[int], all_local: bool = False,
+               fetched_below: Sequence[int] | None = None) -> StepChoice:
         """``query_lens``: rows per request this step; ``contexts``: tokens before them;
-        ``all_local``: every request's context is in the replica store (the step moves nothing)."""
+        ``all_local``: every request's context is in the replica store (the step moves nothing);
+        ``fetched_below``: per request, the replica store holds positions from there to the
+        context, so a gathered step fetches only the remote ones below it (None: all of them)."""
         if len(query_lens) != len(contexts):
             raise ValueError(f"{len(query_lens)} query lengths but {len(contexts)} contexts")
         mode = self.config.mode
@@ -86,7 +89,7 @@ class StepPath:
         if not query_lens:
             return StepChoice("stock", 0, "empty step")
         if any(q != self.rows for q in query_lens):
-            return self._gather_or_stock(query_lens, contexts, all_local)
+            return self._gather_or_stock(query_lens, contexts, all_local, fetched_below)
         if len(query_lens) > self.max_batch:
             return self._stock(f"more than {self.max_batch} requests: the selected workspace (pool_mb "
                                f"{self.config.pool_mb}) does not hold them")
@@ -101,7 +104,8 @@ class StepPath:
             return self._stock(d.reason)
         return StepChoice("selected", d.depth, d.reason)
 
-    def _gather_or_stock(self, query_lens: Sequence[int], contexts: Sequence[int], all_local: bool) -> StepChoice:
+    def _gather_or_stock(self, query_lens: Sequence[int], contexts: Sequence[int], all_local: bool,
+                         fetched_below: Sequence[int] | None) -> StepChoice:
         if not self.gather_rows:
             return self._stock(f"a request without exactly {self.rows} rows (prefill, or fewer speculative tokens)")
         longest = max(c + q for c, q in zip(contexts, query_lens))
@@ -112,7 +116,9 @@ class StepPath:
             return StepChoice("gather", self.config.prefetch_depth, "mode selected, rows not uniform")
         if all_local:
             return StepChoice("gather", self.config.prefetch_depth, "every record local (replicas)")
-        gathered = gathered_layer(contexts, self.layout, self.record_bytes).rx.max()
+        # positions [fetched_below, context) are replicas: the gather moves the remote ones below
+        gathered = gathered_layer(contexts if fetched_below is None else fetched_below, self.layout,
+                                  self.record_bytes).rx.max()
         stock = stock_dcp_layer(replace(self.stock, rows=sum(query_lens))).rx.max()
         if gathered < stock:
             return StepChoice("gather", self.config.prefetch_depth,
