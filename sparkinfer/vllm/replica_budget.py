@@ -6,7 +6,8 @@ Patched ``get_kv_cache_configs`` (the engine core, before vLLM turns each worker
 into KV blocks) subtracts ``reserved_bytes`` from every worker's budget, so the store is counted
 inside the KV memory, not allocated on top of it. The worker's runtime then sizes the store with
 ``window`` from the KV bytes it was actually given, which are the same on every rank (vLLM gives
-every worker the smallest worker's block count), so every rank derives the same window.
+every worker the smallest worker's block count), so every rank derives the same window. With
+``num_gpu_blocks_override`` the operator fixed the KV size: the store then comes beside it.
 
 ``replica_window``:
   * an int W > 0: reserve exactly W positions per request;
