@@ -393,7 +393,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="random prompt ids in [LO, HI) (default GLM-5.2's %(default)s; a small model needs "
                          "its own vocabulary's)")
     ap.add_argument("--profile", default="", help="serve profile the server was started with (recorded)")
-    ap.add_argument("--sparkinfer-mode", default=None,
+    ap.add_argument("--sparkinfer-mode", default=None, choices=("auto", "stock", "selected"),
                     help="sparkinfer mode of the server, recorded when the server does not report it")
     ap.add_argument("--label", default=None, help="name of this run in plots (default: profile or model, mode)")
     ap.add_argument("--csv", default=None, help="also write the rows to this CSV file")
