@@ -94,25 +94,53 @@ def test_vllm_parser_rejects_what_it_does_not_know(vllm_parser, glm52_dir):
         vllm_parser.parse_args([*argv, "--decode-context-parallel-sizes", "4"])
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_profile_validates_against_the_tiny_model(name, tmp_path_factory):
-    """The tiny GLM-5.2-shaped checkpoint (4 heads for TP4, one MTP layer, 256 positions) with the
-    context set to what it has."""
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """The tiny GLM-5.2-shaped checkpoint: 4 heads for TP4, one MTP layer, 256 positions."""
     pytest.importorskip("transformers")
     from sparkinfer.vllm.tiny_model import build_tiny_glm
 
-    model = tmp_path_factory.getbasetemp() / "tiny_glm_tp4"
-    if not (model / "config.json").is_file():
-        build_tiny_glm(model, heads=4)
-    cfg = json.loads((model / "config.json").read_text())
+    return build_tiny_glm(tmp_path_factory.mktemp("tiny_glm_tp4"), heads=4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_profile_validates_against_the_tiny_model(name, tiny_dir):
+    """With the context set to what the tiny model has; its 262,144 tokens are refused."""
+    cfg = json.loads((tiny_dir / "config.json").read_text())
     data = serve.load_profile(name)
     serve.apply_set(data, "vllm.max_model_len=256")
     checked = serve.validate(data, cfg, environ={})
     assert checked.plan.kv_tokens >= 256 and checked.plan.profile.geometry.num_layers == cfg["num_hidden_layers"]
-    data = serve.load_profile(name)  # its 262,144-token context is more than the tiny model has
     with pytest.raises(serve.ProfileError, match="max_position_embeddings") as e:
-        serve.validate(data, cfg, environ={})
+        serve.validate(serve.load_profile(name), cfg, environ={})
     assert e.value.field == "vllm.max_model_len"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", NAMES)
+def test_vllm_builds_the_engine_config(name, tiny_dir, vllm_parser, monkeypatch):
+    """Past the parser: patched vLLM's EngineArgs.create_engine_config (model, parallel, cache,
+    speculative and sparkinfer configuration; no engine start) accepts the dry-run command for the
+    tiny model, with the CPU machine's overrides (256 positions, host fabric)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli_main(["serve", "--dry-run", "--profile", name, str(tiny_dir), "--set", "max_model_len=256",
+                         "--set", "sparkinfer.fabric=host", "--", "--dtype", "float32"]) == 0
+    args = vllm_parser.parse_args(shlex.split(out.getvalue().strip().splitlines()[-1])[2:])
+    args.model = args.model_tag  # what `vllm serve` does before it builds the engine arguments
+    cfg = EngineArgs.from_cli_args(args).create_engine_config()
+    data = serve.load_profile(name)
+    v = data["vllm"]
+    assert cfg.parallel_config.decode_context_parallel_size == v["decode_context_parallel_size"]
+    assert cfg.model_config.max_model_len == 256
+    k = v.get("speculative_config", {}).get("num_speculative_tokens")
+    assert (cfg.speculative_config.num_speculative_tokens if cfg.speculative_config else None) == k
+    assert cfg.cache_config.enable_prefix_caching is v.get("enable_prefix_caching", True)
+    want = sc.resolve({**data["sparkinfer"], "fabric": "host"}, environ={}).as_dict()
+    assert cfg.additional_config[sc.ADDITIONAL_CONFIG_KEY] == want
 
 
 def test_dockerfile_serves_a_shipped_profile():
