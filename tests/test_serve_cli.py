@@ -121,13 +121,19 @@ def _tokens_that_fit(kv_bytes: int, record: int, dcp: int, mtp: bool) -> int:
     return kv_bytes // per_block * granule
 
 
+def _replica_reserved(kv_bytes: int, dcp: int) -> int:
+    """replica_window auto under DCP > 1: the whole 262,144-token store for 16 requests x 78 layers
+    x 368/432 B is far above a fifth of the budget, so a fifth is reserved; DCP1: none."""
+    return kv_bytes // 5 if dcp > 1 else 0
+
+
 @pytest.mark.parametrize("name,record,dcp,mtp", [("glm52-tp4-dcp4-mtp3-368", 368, 4, True),
                                                  ("glm52-tp4-dcp4-mtp3-432", 432, 4, True),
                                                  ("glm52-tp4-dcp4-mtp0-368", 368, 4, False),
                                                  ("glm52-tp4-dcp1-mtp3-368", 368, 1, True)])
 def test_kv_budget_check_is_the_capacity_core(name, record, dcp, mtp, glm, capsys):
-    kv_gb = serve.load_profile(name)["kv_gb"]
-    want = _tokens_that_fit(int(kv_gb * GIB), record, dcp, mtp)
+    kv = int(serve.load_profile(name)["kv_gb"] * GIB)
+    want = _tokens_that_fit(kv - _replica_reserved(kv, dcp), record, dcp, mtp)
     checked = serve.validate(serve.load_profile(name), glm52_config(), environ={})
     assert checked.plan.kv_tokens == want
     # The boundary: max_model_len = one block more than fits fails, exactly what fits passes.
@@ -138,26 +144,31 @@ def test_kv_budget_check_is_the_capacity_core(name, record, dcp, mtp, glm, capsy
     assert rc == 2 and err.startswith("sparkinfer serve: vllm.max_model_len:") and f"{want:,}" in err
     # ... and the budget that just holds 262,144 tokens (bytes from the hand count) passes, less fails
     need = 262144 // dcp * (78 + mtp) * record + 262144 * (21 + mtp) * 132
+    if dcp > 1:
+        need = need * 5 // 4  # the replica store takes a fifth
     assert dry_run(capsys, "--profile", name, glm(), "--kv-gb", f"{(need + 64) / GIB!r}")[0] == 0
     assert dry_run(capsys, "--profile", name, glm(), "--kv-gb", f"{(need - 64) / GIB!r}")[0] == 2
+    if dcp > 1:  # without replicas the whole budget holds records
+        data = serve.load_profile(name)
+        serve.apply_set(data, "sparkinfer.replica_window=0")
+        assert serve.validate(data, glm52_config(), environ={}).plan.kv_tokens == _tokens_that_fit(kv, record, dcp, mtp)
 
 
 def test_replica_store_line(glm, capsys):
-    """An explicit window: window x max_num_seqs x 78 layers x 368 B per GPU; auto needs prefix
-    caching off like any window under DCP > 1; DCP1: off."""
-    rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm(), "--set", "sparkinfer.replica_window=1024")
-    assert rc == 0 and f"= {1024 * 16 * 78 * 368 / 2**20:,.0f} MiB per GPU" in out
+    """auto: a fifth of 10 GiB reserved, the runtime's window from the rest (a quarter of it over 16
+    requests x 78 layers x 368 B); an explicit window: its own bytes; stock mode or DCP1: none."""
+    kv = 10 * GIB
+    window = (kv - kv // 5) // 4 // (16 * 78 * 368)
     rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm())
-    assert rc == 0 and "replica store: auto" in out
-    rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp1-mtp3-368", glm())
-    assert rc == 0 and "replica store: off" in out
-    # prefix caching on (vLLM's default when unset) is refused while replicas are on, fine when off
-    for sets in (["vllm.enable_prefix_caching=true"], ["vllm.enable_prefix_caching=true", "sparkinfer.replica_window=64"]):
-        rc, _, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm(), *sum((["--set", s] for s in sets), []))
-        assert rc == 2 and err.startswith("sparkinfer serve: vllm.enable_prefix_caching:")
-    rc, _, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm(), "--set", "vllm.enable_prefix_caching=true",
-                       "--set", "sparkinfer.replica_window=0")
-    assert rc == 0
+    assert rc == 0 and f"replica store: 2.00 GiB per GPU reserved out of the KV budget, {window:,} positions" in out
+    rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm(), "--set", "sparkinfer.replica_window=1024")
+    assert rc == 0 and f"{1024 * 16 * 78 * 368 / GIB:.2f} GiB per GPU reserved" in out and "1,024 positions" in out
+    for args in (["glm52-tp4-dcp1-mtp3-368"], ["glm52-tp4-dcp4-mtp3-368", "--set", "sparkinfer.mode=stock"]):
+        rc, out, _ = dry_run(capsys, "--profile", args[0], glm(), *args[1:])
+        assert rc == 0 and "replica store: none" in out
+    # a window whose store does not fit the budget: named, with patched vLLM's own message
+    rc, _, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm(), "--set", "sparkinfer.replica_window=200000")
+    assert rc == 2 and err.startswith("sparkinfer serve: sparkinfer.replica_window:") and "does not fit" in err
 
 
 BAD = [  # (config changes, --set overrides, the field the error must name)
@@ -307,6 +318,7 @@ def test_plan_reads_the_same_profiles(capsys):
         plan_cli.add_arguments(ap)
         args = ap.parse_args(["--profile", name])
         got = capacity_plan(plan_cli.profile_from_args(args))
+        serve.apply_set(data, "sparkinfer.replica_window=0")  # plan's capacity table is without the store
         want = serve.validate(data, glm52_config(), environ={}).plan
         assert (got.kv_tokens, got.record_format, got.profile.dcp, got.profile.mtp) == \
             (want.kv_tokens, want.record_format, want.profile.dcp, want.profile.mtp)

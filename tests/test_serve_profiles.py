@@ -70,7 +70,6 @@ def test_vllm_parses_the_profile_values(parsed, glm52_dir):
     assert args.kv_cache_dtype == v["kv_cache_dtype"]
     assert (args.block_size, args.max_model_len, args.max_num_seqs) == (64, v["max_model_len"], v["max_num_seqs"])
     assert args.speculative_config == v.get("speculative_config")  # None for MTP0
-    assert args.enable_prefix_caching is v.get("enable_prefix_caching", None)  # off where replicas are on
     comp = args.compilation_config
     want_mode = v["compilation_config"].get("cudagraph_mode")
     assert (comp.cudagraph_mode.name if comp.cudagraph_mode is not None else None) == want_mode
@@ -138,7 +137,6 @@ def test_vllm_builds_the_engine_config(name, tiny_dir, vllm_parser, monkeypatch)
     assert cfg.model_config.max_model_len == 256
     k = v.get("speculative_config", {}).get("num_speculative_tokens")
     assert (cfg.speculative_config.num_speculative_tokens if cfg.speculative_config else None) == k
-    assert cfg.cache_config.enable_prefix_caching is v.get("enable_prefix_caching", True)
     want = sc.resolve({**data["sparkinfer"], "fabric": "host"}, environ={}).as_dict()
     assert cfg.additional_config[sc.ADDITIONAL_CONFIG_KEY] == want
 

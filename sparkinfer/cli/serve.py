@@ -27,7 +27,7 @@ import os
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -386,58 +386,63 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
     if max_len and isinstance(positions, int) and not scaled and not long_ok and max_len > positions:
         raise ProfileError("vllm.max_model_len", f"{max_len} > the model's {positions} positions ({where}: "
                                                  f"max_position_embeddings); vLLM refuses it")
+    window = sc.resolve(cli=data["sparkinfer"], environ={}).replica_window
+    if window not in (0, "auto") and max_len and window > max_len:
+        raise ProfileError("sparkinfer.replica_window", f"{window} positions > max_model_len {max_len}: the store "
+                                                        f"would hold positions no request reaches; use auto or <= {max_len}")
     kv_gb = data.get("kv_gb")
     if kv_gb is not None:
         geometry = model_geometry(cfg, where)
         try:
-            plan = capacity_plan(capacity_profile(data, geometry, kv_gb))
+            prof = capacity_profile(data, geometry, kv_gb)
         except ProfileError:
             raise
         except ValueError as e:  # CapacityProfile's own checks name the setting
             raise ProfileError("vllm", str(e)) from None
+        reserved, replica_line = replica_store(data, cfg, prof.kv_bytes)
+        plan = capacity_plan(replace(prof, kv_bytes=prof.kv_bytes - reserved))
         out.plan = plan
+        less = f" less the {reserved / GIB:.2f} GiB replica store" if reserved else ""
         if max_len and plan.kv_tokens < max_len:
             raise ProfileError("vllm.max_model_len",
-                               f"{max_len} tokens do not fit kv_gb {kv_gb:g} GiB per GPU: it holds {plan.kv_tokens:,} "
-                               f"({plan.bytes_per_token:,.0f} B per token per GPU, {plan.profile.indexer} indexer); "
-                               f"lower max_model_len or raise kv_gb (sparkinfer plan --profile ... --kv-gb G)")
-        out.lines.append(f"KV budget {kv_gb:g} GiB/GPU holds {plan.kv_tokens:,} tokens"
+                               f"{max_len} tokens do not fit kv_gb {kv_gb:g} GiB per GPU{less}: it holds "
+                               f"{plan.kv_tokens:,} ({plan.bytes_per_token:,.0f} B per token per GPU, "
+                               f"{plan.profile.indexer} indexer); lower max_model_len or raise kv_gb "
+                               f"(sparkinfer plan --profile ... --kv-gb G)")
+        out.lines.append(f"KV budget {kv_gb:g} GiB/GPU{less} holds {plan.kv_tokens:,} tokens"
                          + (f" >= max_model_len {max_len:,}" if max_len else ""))
-    line = check_replicas(data, cfg, max_len, max_seqs, out.plan)
-    if line:
-        out.lines.append(line)
+        if replica_line:
+            out.lines.append(replica_line)
     return out
 
 
-def check_replicas(data: dict, cfg: dict, max_len, max_seqs, plan: CapacityPlan | None) -> str | None:
-    """The replica store (``replica_window``, ``sparkinfer.core.replicas``): under DCP > 1 it needs
-    prefix caching off (the rule keys a request by its first KV block, which prefix caching shares
-    between live requests); an explicit window no longer than ``max_model_len`` (positions past it
-    are allocated but never written), and its size per GPU. ``auto`` is sized at start-up from the
-    KV memory each rank gets."""
+def replica_store(data: dict, cfg: dict, kv_bytes: int) -> tuple[int, str | None]:
+    """(bytes, description) of the replica store that patched vLLM reserves out of ``kv_bytes`` of
+    KV memory per GPU, by its own rule (``sparkinfer.vllm.replica_budget``, patch 0008)."""
     if "replica_window" not in sc.FIELD_NAMES:
-        return None
-    window = sc.resolve(cli=data["sparkinfer"], environ={}).replica_window
-    dcp = _int(data, "decode_context_parallel_size", 1)
-    if window == 0 or dcp == 1:
-        return f"replica store: off (replica_window {window}, DCP{dcp})"
-    if data["vllm"].get("enable_prefix_caching") is not False:
-        raise ProfileError("vllm.enable_prefix_caching", f"replica records (sparkinfer.replica_window {window}) key a "
-                                                         f"request by its first KV block, which prefix caching shares "
-                                                         f"between live requests (vLLM's default is on); set it false, "
-                                                         f"or sparkinfer.replica_window = 0")
-    if window == "auto":
-        return "replica store: auto (sized at start-up from the KV memory each GPU gets), prefix caching off"
-    if max_len and window > max_len:
-        raise ProfileError("sparkinfer.replica_window", f"{window} positions > max_model_len {max_len}: the store "
-                                                        f"would hold positions no request reaches; use auto or <= {max_len}")
-    if plan is None or max_seqs is None:
-        return f"replica store: window {window} (size not known without kv_gb and max_num_seqs)"
-    from sparkinfer.core.replicas import store_bytes
+        return 0, None
+    from sparkinfer.vllm import replica_budget as rb
 
-    layers = cfg["num_hidden_layers"]
-    mib = store_bytes(window, max_seqs, layers, plan.record_bytes) / 2**20
-    return f"replica store: {window:,} positions x {max_seqs} requests x {layers} layers = {mib:,.0f} MiB per GPU"
+    v = data["vllm"]
+    vcfg = SimpleNamespace(
+        parallel_config=SimpleNamespace(decode_context_parallel_size=v.get("decode_context_parallel_size", 1)),
+        device_config=SimpleNamespace(device_type="cuda"),
+        cache_config=SimpleNamespace(cache_dtype=v.get("kv_cache_dtype", "auto")),
+        additional_config={sc.ADDITIONAL_CONFIG_KEY: sc.resolve(cli=data["sparkinfer"], environ={}).as_dict()},
+        scheduler_config=SimpleNamespace(max_num_seqs=v.get("max_num_seqs")),
+        model_config=SimpleNamespace(max_model_len=v.get("max_model_len") or 0, hf_config=SimpleNamespace(**cfg)))
+    if not rb.replicas_apply(vcfg):
+        return 0, "replica store: none (replica_window 0, or no selected path: DCP1, stock mode or a stock format)"
+    if vcfg.scheduler_config.max_num_seqs is None:
+        raise ProfileError("vllm.max_num_seqs", "the replica store (one ring per request) is sized by it; set it, "
+                                                "or sparkinfer.replica_window = 0")
+    try:
+        reserved = rb.reserved_bytes(vcfg, kv_bytes)
+    except ValueError as e:
+        raise ProfileError("sparkinfer.replica_window", str(e)) from None
+    w = rb.window(vcfg, kv_bytes - reserved)
+    return reserved, (f"replica store: {reserved / GIB:.2f} GiB per GPU reserved out of the KV budget, "
+                      f"{w:,} positions x {vcfg.scheduler_config.max_num_seqs} requests")
 
 
 # ----------------------------------------------------------------------------- the subcommand
