@@ -190,6 +190,12 @@ def _ptr(t: torch.Tensor):
     return native.ptr(t) if t.numel() else None
 
 
+def _ws_ptr(ws: torch.Tensor):
+    """A workspace's base address: it may be a layer-strided view (the kernels take its layer stride
+    and row count), which ``native.ptr`` would refuse; ``_check_ws`` checked its rows are contiguous."""
+    return ctypes.c_void_p(ws.data_ptr()) if ws.numel() else None
+
+
 def _stream(device):
     return native.stream_handle(device)
 
@@ -221,11 +227,11 @@ def unpack(packed: torch.Tensor, n_layers: int, count, cap: int, slot, ws: torch
         raise ValueError(f"received region must be contiguous uint8 with >= {n_layers * cap * width} bytes")
     n_ptr, _keep = _count_arg(count, ws.device)
     if ws.device.type == "cuda":
-        st = _cuda().si_pack_unpack_cuda(_ptr(packed), n_layers, n_ptr, cap, width, _ptr(slot), _ptr(ws),
+        st = _cuda().si_pack_unpack_cuda(_ptr(packed), n_layers, n_ptr, cap, width, _ptr(slot), _ws_ptr(ws),
                                          ws.stride(0), ws.shape[1], native.ptr(_err_word(ws.device)),
                                          _stream(ws.device))
     else:
-        st = _host().si_pack_unpack_host(_ptr(packed), n_layers, n_ptr, cap, width, _ptr(slot), _ptr(ws),
+        st = _host().si_pack_unpack_host(_ptr(packed), n_layers, n_ptr, cap, width, _ptr(slot), _ws_ptr(ws),
                                          ws.stride(0), ws.shape[1])
     _status("unpack", st)
 
@@ -240,11 +246,11 @@ def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int
     n_ptr, _keep = _count_arg(count, dev)
     if dev.type == "cuda":
         st = _cuda().si_pack_direct_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
-                                         n_ptr, cap, width, _ptr(ws), ws.stride(0), ws.shape[1],
+                                         n_ptr, cap, width, _ws_ptr(ws), ws.stride(0), ws.shape[1],
                                          native.ptr(_err_word(dev)), _stream(dev))
     else:
         st = _host().si_pack_direct_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
-                                         n_ptr, cap, width, _ptr(ws), ws.stride(0), ws.shape[1])
+                                         n_ptr, cap, width, _ws_ptr(ws), ws.stride(0), ws.shape[1])
     _status("direct", st)
 
 

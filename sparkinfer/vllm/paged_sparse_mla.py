@@ -77,11 +77,13 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     """(out float32 [M, H, 512], lse float32 [M, H]) of each row over its top-k records in the paged cache.
 
     q_nope [M, H, 512] (absorbed), q_rope [M, H, 64]; kv_cache uint8 [num_blocks, block_size, record];
-    see ``sparkinfer.attention.sparse_mla_decode`` for the attention and LSE definitions.
+    see ``sparkinfer.attention.sparse_mla_decode`` for the attention and LSE definitions. The kernel
+    is ``sparkinfer.vllm.impls.kernel_backend``'s: Triton on a GPU or when forced, else torch.
     """
     from sparkinfer.attention import sparse_mla_decode
     from sparkinfer.formats import get_format
     from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
+    from sparkinfer.vllm.impls import kernel_backend
 
     fmt = get_format(canonical_cache_dtype(cache_dtype))
     if kv_cache.dim() != 3 or kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != fmt.record_bytes:
@@ -89,4 +91,5 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
                          f"got {kv_cache.dtype} {tuple(kv_cache.shape)}")
     slots = topk_to_slots(topk, token_req, block_table, kv_cache.shape[1], dcp_rank, dcp_world, interleave)
     pages, slots, _ = compact_pages(kv_cache, slots)
-    return sparse_mla_decode(q_nope, q_rope, pages.view(-1, fmt.record_bytes), fmt, slots.to(torch.int32), scale)
+    return sparse_mla_decode(q_nope, q_rope, pages.view(-1, fmt.record_bytes), fmt, slots.to(torch.int32), scale,
+                             backend=kernel_backend(kv_cache.device))

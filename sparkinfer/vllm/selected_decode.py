@@ -151,7 +151,9 @@ class SelectedDecode:
                              f"got {topk.dtype} {tuple(topk.shape)}")
         union, remap, counts = mtp_union(topk.view(B, R, K))
         layers = [layer] + self.pattern.prefetch_targets(layer, self.pattern.num_layers)
-        self._start_group(layers, union, counts, B * self.U, workspace_slots(remap, self.U), None)
+        # device sizing (the GPU path): planes of a fixed capacity covering every batch, no host read
+        capacity = self.max_batch * self.U if self.ring.exchange.sizing == "device" else B * self.U
+        self._start_group(layers, union, counts, capacity, workspace_slots(remap, self.U), None)
 
     def gather(self) -> None:
         """Plan a gathered step: every layer's whole prefix of every request, chunk by chunk."""
@@ -197,7 +199,8 @@ class SelectedDecode:
     def _fetch(self, group: dict, layers: list[int]) -> None:
         if group["moves"]:
             self.exchanges += 1
-            self._pending.append(self.ring.prefetch(group["planes"], self._shard, layers, group["sizing"]))
+            rows = self.max_batch * self.U if group["sizing"] is None and self.ring.exchange.sizing == "device" else None
+            self._pending.append(self.ring.prefetch(group["planes"], self._shard, layers, group["sizing"], rows))
         else:
             self.skipped += 1
             self.ring.reserve(layers)

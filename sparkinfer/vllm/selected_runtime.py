@@ -42,7 +42,7 @@ from vllm.forward_context import get_forward_context
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.accounting import StockDcpShape, stock_dcp_layer
 from sparkinfer.core.replicas import ReplicaWindow
-from sparkinfer.vllm import replica_budget
+from sparkinfer.vllm import impls, replica_budget
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
 from sparkinfer.vllm.step_path import StepPath
@@ -209,7 +209,8 @@ class SelectedRuntime:
 
     def _build_decoder(self, scale: float, device: torch.device):
         """The executor over the configured fabric (``auto``: ``cuda`` for caches on a GPU, copy
-        engines and IPC slabs, device-sized; ``host`` otherwise, the shared-memory stand-in)."""
+        engines and IPC slabs; ``host`` otherwise, the shared-memory stand-in); exchange sizing and
+        attention kernel from ``impls`` (device-sized and Triton on a GPU or when forced)."""
         from vllm.distributed.parallel_state import get_dcp_group
 
         from sparkinfer.comm.exchange import SelectedExchange
@@ -221,18 +222,19 @@ class SelectedRuntime:
         # a decode step's pairs move in one round (C >= B * R * K); a gathered one in as many as it needs
         layout = SlabLayout(group.world_size, self.fmt.record_bytes,
                             capacity=max(1, self.max_batch * self.rows * self.topk), max_layers=depth + 1, depth=2)
-        kind = self.config.fabric if self.config.fabric != "auto" else ("cuda" if device.type == "cuda" else "host")
+        kind = impls.fabric_kind(self.config.fabric, device)
         if kind == "cuda":
             from sparkinfer.comm.cuda_fabric import CudaFabric as fabric_cls
         else:
             from sparkinfer.comm.host_fabric import HostFabric as fabric_cls
         fabric = fabric_cls(layout, group=group.cpu_group, timeout_s=60)
-        log.info("sparkinfer: selected-record decode on the %s fabric, DCP %d, R %d, top-k %d, depth %d",
-                 fabric.kind, group.world_size, self.rows, self.topk, depth)
-        exchange = SelectedExchange(fabric, "device" if kind == "cuda" else "host")
+        sizing, backend = impls.exchange_sizing(device), impls.kernel_backend(device)
+        log.info("sparkinfer: selected-record decode on the %s fabric (%s-sized, %s attention), DCP %d, R %d, "
+                 "top-k %d, depth %d", fabric.kind, sizing, backend, group.world_size, self.rows, self.topk, depth)
+        exchange = SelectedExchange(fabric, sizing)
         return SelectedDecode(exchange, self.fmt, DcpLayout(group.world_size, self.interleave), self.pattern,
                               max_batch=self.max_batch, rows=self.rows, topk=self.topk, depth=depth, scale=scale,
-                              backend="torch" if kind == "host" else "auto", gather_rows=self.gather_rows)
+                              backend=backend, gather_rows=self.gather_rows)
 
     def attend(self, layer, q_nope: torch.Tensor, q_rope: torch.Tensor, topk_buffer: torch.Tensor, md):
         """(out [T, H, 512], lse [T, H]) of this rank's heads at ``layer`` (an MLAAttention)."""

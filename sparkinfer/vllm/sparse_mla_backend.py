@@ -17,9 +17,15 @@ they run on either device) and changes three things:
 * ``do_kv_cache_update``: record formats are encoded by ``cache_dtypes.write_records`` (the CUDA
   encoder on a GPU, the host build on CPU).
 
+Kernels come from ``sparkinfer.vllm.impls`` (Triton on a GPU or with ``SPARKINFER_FORCE_GPU_IMPLS=1``).
+CUDA graphs: the builder declares ``AttentionCGSupport.NEVER`` (``impls.CUDA_GRAPH_REASON``), so vLLM
+keeps these layers out of its graphs (PIECEWISE) and logs why once per worker.
+
 On CUDA it validates for compute capability 9.x (the H200 test machines) and 12.x (sm_120), and
-0007 puts it first in sm_12x's MLA priorities. Run on CPU only so far: the CUDA indexer reading
-the replicated 64 x DCP-token indexer pages (0003) is not written.
+0007 puts it first in sm_12x's MLA priorities. Run on CPU only so far (with the GPU implementations
+forced there too, ``tests/test_vllm_gpu_impls.py``); the indexer op over the replicated 64 x
+DCP-token pages is device-agnostic (``cpu_indexer.run_indexer``), but patch 0003 routes only the CPU
+platform to it yet (docs/design/gpu-validation.md, "Branches a GPU node takes").
 """
 
 from __future__ import annotations
@@ -28,10 +34,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from vllm.v1.attention.backend import AttentionMetadataBuilder, MultipleOf
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, MultipleOf
 from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
 
 from sparkinfer.core.layouts import LATENT_DIM
+from sparkinfer.vllm import impls
 from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, is_record_cache_dtype, write_records
 from sparkinfer.vllm.cpu_indexer import token_layout
 from sparkinfer.vllm.selected_runtime import SelectedRuntime
@@ -67,8 +74,12 @@ class SparseMetadata:
 
 
 class SparseMetadataBuilder(AttentionMetadataBuilder):
+    # Not capturable (impls.CUDA_GRAPH_REASON): vLLM then runs attention outside its graphs (PIECEWISE).
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        impls.log_graph_support(vllm_config.compilation_config.cudagraph_mode)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         return self._build(common_attn_metadata, may_select=True)

