@@ -2,12 +2,18 @@
 # One-call GPU validation of sparkinfer on a lent H200 (or any single CUDA GPU).
 #
 # What it does, in order, each stage under its own time limit and all of them under one overall
-# budget (GPU_CHECKS_BUDGET_S, default 420 s), skipping what no longer fits:
+# budget (GPU_CHECKS_BUDGET_S, default 540 s: the device tool's 600 s minus start-up), skipping what
+# no longer fits:
 #   env          GPU, driver, nvcc, python/torch/triton versions, imports; installs carried wheels
 #   build_sm90   csrc/ with nvcc for sm_90 into sparkinfer/native/lib (what the tests load)
 #   build_sm120  (background) csrc/ for sm_120 into a scratch dir: does it compile there too?
 #                plus the ptxas resource report (registers, spills) of every kernel for sm_90
-#   tests        every @pytest.mark.gpu test in tests/ (pytest -m gpu), junit XML kept
+#   tests        every @pytest.mark.gpu test in tests/ (pytest -m gpu), junit XML kept: kernels against
+#                their twins, the CUDA fabric between 4 processes on the GPU (eager and captured in a
+#                CUDA graph), the vLLM glue's indexer op and paged attention on CUDA against the CPU path
+#   graph_exchange  benchmarks/device/graph_exchange.py: the device-sized exchange between 2 processes on
+#                the GPU over CUDA IPC at GLM-5.2 decode shapes (4 requests x 3,584-record unions, F+3S,
+#                368 B), captured in a CUDA graph, replayed on 3 new plans (checked) and timed
 #   records      benchmarks/records_bench.py: record encode/decode kernels vs the copy ceiling
 #   attention    benchmarks/attention_bench.py (GLM-5.2 TP4 decode shapes)
 #   indexer      benchmarks/indexer_bench.py (T up to 262144, M 4/32)
@@ -15,15 +21,19 @@
 #   union        benchmarks/union_ratio.py --time (CUDA union kernel vs host twin)
 #   reuse        benchmarks/reuse_bench.py --device cuda (torch reuse tracker on the GPU vs numpy)
 # and prints a short results table LAST (the device tool returns the end of the output).
+# Everything is also gathered into one JSON document, $OUT/gpu_checks.json (collect_results.py);
+# with a GPU it is written to benchmarks/results/gpu/<date>-<gpu>.json of the checkout too (the
+# device tool brings back only $OUT: copy gpu_checks.json there and commit it).
 #
-# Files under $OUT (8, flat): summary.txt env.txt build.log pytest_gpu.log pytest_gpu.xml
-# bench.log records_bench.csv transport_device.csv. Needs no network.
+# Files under $OUT (10, flat): summary.txt env.txt build.log pytest_gpu.log pytest_gpu.xml
+# bench.log records_bench.csv transport_device.csv graph_exchange.json gpu_checks.json. Needs no network.
 #
 # Usage (repo root):
 #   bash benchmarks/device/run_gpu_checks.sh              # everything
 #   bash benchmarks/device/run_gpu_checks.sh --only tests,records   # env + build always run
-#   bash benchmarks/device/run_gpu_checks.sh --dry-run    # print the commands, run nothing
-# Device tool: run(command="bash benchmarks/device/run_gpu_checks.sh", timeout_s=480), no carry
+#   bash benchmarks/device/run_gpu_checks.sh --dry-run    # print the commands; run only the CPU parts
+#     (the exchange protocol of graph_exchange on the host fabric, small shapes, and the JSON collector)
+# Device tool: run(command="bash benchmarks/device/run_gpu_checks.sh", timeout_s=590), no carry
 # needed when the image has the packages (see docs/design/gpu-validation.md). Without a GPU the
 # script still runs, every benchmark takes its CPU fallback and the summary says NO GPU.
 #
@@ -56,9 +66,10 @@ done
 
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/sparkinfer_gpu_checks}
-BUDGET=${GPU_CHECKS_BUDGET_S:-420}
+BUDGET=${GPU_CHECKS_BUDGET_S:-540}
 TMPD=$(mktemp -d /tmp/gpu_checks.XXXXXX)
-OUT_FILES=(summary.txt env.txt build.log pytest_gpu.log pytest_gpu.xml bench.log records_bench.csv transport_device.csv)
+OUT_FILES=(summary.txt env.txt build.log pytest_gpu.log pytest_gpu.xml bench.log records_bench.csv transport_device.csv
+  graph_exchange.json gpu_checks.json)
 ((DRY)) || mkdir -p "$OUT"
 ((DRY)) || (cd "$OUT" && rm -f "${OUT_FILES[@]}")  # logs are appended to: start from empty ones
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -138,7 +149,7 @@ export -f env_stage
 export PY
 if ((!DRY)) && compgen -G ".whl-gpu/*.whl" >/dev/null; then export PYTHONPATH=/tmp/site:$PYTHONPATH; fi
 if ((DRY)); then
-  echo "[dry-run] OUT=$OUT budget=${BUDGET}s python=$PY (nothing below is executed)"
+  echo "[dry-run] OUT=$OUT budget=${BUDGET}s python=$PY (the commands below are only printed; the CPU parts at the end run)"
 fi
 stage env 60 "$OUT/env.txt" env_stage
 
@@ -182,6 +193,7 @@ if ((BUILD_OK == 0)); then
     [[ -f $TMPD/$name.log ]] && cat "$TMPD/$name.log" >>"$OUT/bench.log"
     return $rc
   }
+  bench graph_exchange 120 "$PY" benchmarks/device/graph_exchange.py --json "$OUT/graph_exchange.json"
   bench records 150 "$PY" benchmarks/records_bench.py --csv "$OUT/records_bench.csv"
   bench attention 120 "$PY" benchmarks/attention_bench.py
   bench indexer 150 "$PY" benchmarks/indexer_bench.py
@@ -193,9 +205,20 @@ else
 fi
 
 if ((DRY)); then
-  echo "[dry-run] then: summary table -> stdout and $OUT/summary.txt"
+  echo "[dry-run] then: summary table -> stdout and $OUT/summary.txt, JSON -> $OUT/gpu_checks.json"
+  # The parts that run without a GPU: graph_exchange's protocol on the host fabric (small shapes,
+  # eager: no capture) and the JSON collector over what that left.
+  mkdir -p "$OUT"
+  (cd "$OUT" && rm -f "${OUT_FILES[@]}")
+  DRY_RC=0
+  echo "[dry-run] running on CPU: graph_exchange --host (small shapes)"
+  "$PY" benchmarks/device/graph_exchange.py --host --batch 2 --union 48 --seq-len 256 --iters 3 \
+    --json "$OUT/graph_exchange.json" >"$TMPD/graph_exchange.log" 2>&1 || DRY_RC=1
+  tail -3 "$TMPD/graph_exchange.log"
+  echo "graph_exchange|$DRY_RC|-|host fabric, dry run" >"$TMPD/rows"
+  "$PY" benchmarks/device/collect_results.py "$OUT" "$TMPD/rows" "$TMPD" || DRY_RC=1
   rm -rf "$TMPD"
-  exit 0
+  exit $DRY_RC
 fi
 
 if [[ -n $SIDE_PID ]]; then
@@ -229,6 +252,13 @@ def tail(name, n):
 tail("attention", 14)
 tail("indexer", 8)
 tail("union", 6)
+p = os.path.join(out, "graph_exchange.json")
+if os.path.exists(p):
+    import json
+    g = json.load(open(p))
+    print(f"\n-- graph_exchange ({g['fabric']}, {g['world']} processes, B {g['batch']} x U {g['union']}, "
+          f"{g['layers']} layers, {g['width']} B): correct {g['all_correct']}, eager {g['eager_us_max']} us, "
+          f"graph replay {g['graph_us_max']} us")
 p = os.path.join(out, "transport_device.csv")
 if os.path.exists(p):
     print("\n-- transport --device (p50)")
@@ -262,6 +292,9 @@ for line in open(os.path.join(tmp, "rows")):
     print(f"{name:16} {rc:>4} {secs:>5}  {note}")
 print(f"files in {out}: {' '.join(sorted(os.listdir(out)))}")
 EOF
+COPY=()
+((HAVE_GPU)) && COPY=(--copy-to "$REPO/benchmarks/results/gpu")
+"$PY" benchmarks/device/collect_results.py "$OUT" "$TMPD/rows" "$TMPD" "${COPY[@]}"
 rm -rf "$TMPD"
 # exit 1 when any stage failed or timed out (skips for lack of time count as failures too)
 for row in "${ROWS[@]}"; do
