@@ -264,7 +264,8 @@ def test_builders_declare_no_cuda_graphs_for_the_stated_reasons():
     g = torch.Generator().manual_seed(1)
     fmt = get_format("nvfp4_368")
     cache = torch.zeros(4, 16, 368, dtype=torch.uint8)
-    fmt.write(cache.view(-1, 368), torch.arange(40), torch.randn(40, 512, generator=g), torch.randn(40, 64, generator=g))
+    fmt.write(cache.view(-1, 368), torch.arange(40), torch.randn(40, 512, generator=g),
+              torch.randn(40, 64, generator=g))
     topk = torch.randint(0, 40, (3, 8), generator=g, dtype=torch.int32)
     q = torch.randn(3, 2, 512, generator=g), torch.randn(3, 2, 64, generator=g)
     attend = lambda: paged_sparse_mla(*q, cache, "nvfp4_368", topk, torch.zeros(3, dtype=torch.int64),  # noqa: E731

@@ -120,8 +120,9 @@ def log_graph_support(cudagraph_mode) -> None:
     _graph_line_logged[0] = True
     import logging
 
-    logging.getLogger("vllm.sparkinfer").info("sparkinfer: sparse-MLA attention and the replicated indexer support no full CUDA graphs "
-             "(AttentionCGSupport.NEVER: %s); with cudagraph_mode %s vLLM runs them outside the captured "
-             "pieces (PIECEWISE), eagerly when graphs are off; FULL modes are downgraded or refused by vLLM",
-             CUDA_GRAPH_REASON, cudagraph_mode)
+    logging.getLogger("vllm.sparkinfer").info(
+        "sparkinfer: sparse-MLA attention and the replicated indexer support no full CUDA graphs "
+        "(AttentionCGSupport.NEVER: %s); with cudagraph_mode %s vLLM runs them outside the captured "
+        "pieces (PIECEWISE), eagerly when graphs are off; FULL modes are downgraded or refused by vLLM",
+        CUDA_GRAPH_REASON, cudagraph_mode)
 

@@ -199,7 +199,8 @@ class SelectedDecode:
     def _fetch(self, group: dict, layers: list[int]) -> None:
         if group["moves"]:
             self.exchanges += 1
-            rows = self.max_batch * self.U if group["sizing"] is None and self.ring.exchange.sizing == "device" else None
+            device_sized = group["sizing"] is None and self.ring.exchange.sizing == "device"
+            rows = self.max_batch * self.U if device_sized else None
             self._pending.append(self.ring.prefetch(group["planes"], self._shard, layers, group["sizing"], rows))
         else:
             self.skipped += 1
