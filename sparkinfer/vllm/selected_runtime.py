@@ -161,14 +161,14 @@ class SelectedRuntime:
         remembers whether it is not stock, so that only those steps pay for stashing their records.
         ``keys``: each request's id (the replica rule's key; None: no replicas this step)."""
         rule = self._replica_rule() if keys is not None else None
-        all_local = False
+        all_local, fetched_below = False, None
         self._step_replicas = None
         if rule is not None:
             step = rule.begin_step(keys, contexts, query_lens)
             rows = torch.from_numpy(step.write_rows())
             self._step_replicas = (step, rows if bool((rows >= 0).any()) else None)
-            all_local = step.all_local
-        path = self.path.choose(query_lens, contexts, all_local=all_local).path
+            all_local, fetched_below = step.all_local, step.lo.tolist()
+        path = self.path.choose(query_lens, contexts, all_local=all_local, fetched_below=fetched_below).path
         self.selected = path != "stock"
         self.keep_records = self.selected or self._step_replicas is not None
         return path
