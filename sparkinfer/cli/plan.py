@@ -56,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve profile (name in profiles/serve/ or .toml path) whose topology, format and kv_gb "
                         "to size; flags given beside it win")
     p.add_argument("--tp", type=int, default=None, help=f"tensor-parallel size = GPUs (default {d['tp']})")
-    p.add_argument("--dcp", type=int, default=None, help=f"decode-context-parallel size, divides tp (default {d['dcp']})")
+    p.add_argument("--dcp", type=int, default=None,
+                   help=f"decode-context-parallel size, divides tp (default {d['dcp']})")
     p.add_argument("--interleave", type=int, default=None,
                    help="DCP interleave (cp_kv_cache_interleave_size, default 1)")
     p.add_argument("--mtp", type=int, default=None,

@@ -13,10 +13,12 @@ Before anything runs, the profile is checked against MODEL's ``config.json``: at
 divisible by TP, DCP dividing TP, an IndexShare pattern as long as the layer count, CUDA graphs
 covering a full decode step (max_num_seqs x (1 + speculative tokens)), no full CUDA graphs with
 DCP > 1, MTP only with a checkpoint that has the layer, ``max_model_len`` within the model's
-positions and, with ``kv_gb``, within what the KV budget holds (``sparkinfer.core.capacity``,
-what ``sparkinfer plan`` prints). A failure names the field and exits 2.
+positions and, with ``kv_gb``, within what the KV budget holds less the replica store patched
+vLLM reserves out of it (``sparkinfer.core.capacity``, what ``sparkinfer plan`` prints;
+``sparkinfer.vllm.replica_budget``). A failure names the field and exits 2.
 
-Torch-free (``sparkinfer plan --profile`` reads profiles through this module).
+Importing this module and reading profiles are torch-free (``sparkinfer plan --profile`` does);
+the replica check loads the record formats.
 """
 
 from __future__ import annotations
@@ -388,8 +390,9 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
                                                  f"max_position_embeddings); vLLM refuses it")
     window = sc.resolve(cli=data["sparkinfer"], environ={}).replica_window
     if window not in (0, "auto") and max_len and window > max_len:
-        raise ProfileError("sparkinfer.replica_window", f"{window} positions > max_model_len {max_len}: the store "
-                                                        f"would hold positions no request reaches; use auto or <= {max_len}")
+        raise ProfileError("sparkinfer.replica_window", f"{window} positions > max_model_len {max_len}: the "
+                                                        f"store would hold positions no request reaches; use auto "
+                                                        f"or <= {max_len}")
     kv_gb = data.get("kv_gb")
     if kv_gb is not None:
         geometry = model_geometry(cfg, where)
@@ -411,16 +414,13 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
                                f"(sparkinfer plan --profile ... --kv-gb G)")
         out.lines.append(f"KV budget {kv_gb:g} GiB/GPU{less} holds {plan.kv_tokens:,} tokens"
                          + (f" >= max_model_len {max_len:,}" if max_len else ""))
-        if replica_line:
-            out.lines.append(replica_line)
+        out.lines.append(replica_line)
     return out
 
 
-def replica_store(data: dict, cfg: dict, kv_bytes: int) -> tuple[int, str | None]:
+def replica_store(data: dict, cfg: dict, kv_bytes: int) -> tuple[int, str]:
     """(bytes, description) of the replica store that patched vLLM reserves out of ``kv_bytes`` of
     KV memory per GPU, by its own rule (``sparkinfer.vllm.replica_budget``, patch 0008)."""
-    if "replica_window" not in sc.FIELD_NAMES:
-        return 0, None
     from sparkinfer.vllm import replica_budget as rb
 
     v = data["vllm"]
@@ -476,7 +476,8 @@ def resolve(args: argparse.Namespace) -> tuple[dict, list[str]]:
 def render(model: str, data: dict, extra: list[str], checked: Checked, profile: str, environ=None) -> str:
     """What ``--dry-run`` prints: a shell script (comments, exports, the command on one line)."""
     environ = os.environ if environ is None else environ
-    lines = [f"# sparkinfer serve: profile {profile}" + (f" ({data['description']})" if data.get("description") else "")]
+    about = f" ({data['description']})" if data.get("description") else ""
+    lines = [f"# sparkinfer serve: profile {profile}{about}"]
     lines += [f"# ok: {line}" for line in checked.lines]
     flags = {sc.env_var(f): sc.cli_flag(f) for f in data["sparkinfer"]}
     for var in sorted(v for v in environ if v in flags):
