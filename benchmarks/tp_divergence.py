@@ -166,7 +166,7 @@ def run(model, prompt_ids, cache_dtype, config, max_tokens, tmp):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--format", default="nvfp4_368", choices=["nvfp4_368", "nvfp4_432"])
-    parser.add_argument("--prompts", type=int, default=40, help="number of prompts (the CI test's 22 first)")
+    parser.add_argument("--prompts", type=int, default=40, help="number of prompts (the CI test's 22 first, then random lengths 10-199)")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--a", type=parse_config, default=(1, 1, "stock"), help="TP/DCP[/mode] (default 1/1)")
@@ -176,13 +176,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="write the full report here")
     args = parser.parse_args(argv)
 
-    from test_vllm_dcp_prompts import LENGTHS, first_divergence, margin, prompts
+    from test_vllm_dcp_prompts import PROMPTS, first_divergence, margin, prompts
 
     from sparkinfer.vllm.tiny_model import build_tiny_glm
 
     rng = random.Random(args.seed)
-    lengths = (LENGTHS + [rng.randrange(10, 200) for _ in range(max(0, args.prompts - len(LENGTHS)))])[:args.prompts]
-    prompt_ids = prompts(lengths, seed=args.seed)
+    extra = [rng.randrange(10, 200) for _ in range(max(0, args.prompts - len(PROMPTS)))]
+    prompt_ids = (PROMPTS + prompts(extra, seed=args.seed))[:args.prompts]  # the CI test's prompts first
+    lengths = [len(p) for p in prompt_ids]
     report = {"format": args.format, "a": "/".join(map(str, args.a)), "b": "/".join(map(str, args.b)),
               "lengths": lengths, "max_tokens": args.max_tokens, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
