@@ -15,6 +15,10 @@ step, the records delivered and stock DCP's bytes for the same rows as computed 
 MTP (3 speculative tokens, 368 records) TP2/DCP2 stock and selected equal TP1/DCP1 with MTP.
 TP4/DCP4 (a 4-head variant of the model: one head per rank) with MTP3 and 368 records, stock and
 selected, equals TP1/DCP1 with MTP, and with index_topk >= the sequence reproduces transformers.
+
+These end-to-end runs compare with TP1 on one prompt, which mixes TP's effect (reduction order, and
+with quantized records the NVFP4 roundings it can flip) with DCP's: they are not the proof that DCP
+is exact. That is tests/test_vllm_dcp_prompts.py (DCP against DCP1 at the same TP, 22 prompts).
 """
 
 import pytest
