@@ -220,6 +220,7 @@ def _impls_probe(worker=None):
     decoder = None if rt is None else rt.decoder
     return {"calls": probe_counts(), "ledger": transport_ledger(),
             "sizing": None if decoder is None else decoder.ring.exchange.sizing,
+            "exchanges": None if decoder is None else decoder.exchanges,
             "attention": None if decoder is None else decoder.backend}
 
 
@@ -245,6 +246,7 @@ def test_forced_gpu_impls_give_the_default_tokens(tiny_mtp, monkeypatch):
         assert p["calls"]["sparse_mla_decode:triton"] > 0 and p["calls"]["indexer:triton"] > 0
         assert not [key for key in p["calls"] if key.endswith(":torch")]
         assert p["ledger"]["selected"]["steps"] > 0  # verification steps took the device-sized exchange
+        assert p["exchanges"] >= 2 * p["ledger"]["selected"]["steps"]  # FSSF: 2 groups per step, each ran
     assert forced == default
 
 
