@@ -100,9 +100,9 @@ def test_engine_config_validates_at_start(tmp_path, monkeypatch):
         "num_hidden_layers": 1, "vocab_size": 128, "max_position_embeddings": 256}))
     monkeypatch.setenv("VLLM_SPARKINFER_PREFETCH_DEPTH", "2")
     cfg = EngineArgs(model=str(tmp_path), skip_tokenizer_init=True, sparkinfer_mode="selected",
-                     dtype="float32").create_engine_config()
+                     sparkinfer_replica_window=64, dtype="float32").create_engine_config()
     assert cfg.additional_config["sparkinfer"] == {"mode": "selected", "prefetch_depth": 2, "pool_mb": 512,
-                                                   "fabric": "auto"}
+                                                   "fabric": "auto", "replica_window": 64}
     with pytest.raises(ValueError, match=r"fabric \(from --sparkinfer-fabric\)"):
         EngineArgs(model=str(tmp_path), skip_tokenizer_init=True, sparkinfer_fabric="nvlink",
                    dtype="float32").create_engine_config()
