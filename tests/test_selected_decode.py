@@ -115,8 +115,30 @@ def _gathered_step(dec, rank, context, query):
     return same
 
 
-def _rank_main(rank, world):
+def _decode_step(dec, rank, caches, replicas=None):
+    """Run one decode step of ``_inputs(rank)`` through ``dec``; per layer, whether out/LSE equal
+    attention over each row's top-k read from the unsharded, fully written cache."""
     from sparkinfer.attention import sparse_mla_decode_torch
+    from sparkinfer.core.topology import IndexSharePattern
+
+    fmt, full, shard, topk, q_nope, q_rope, new_records = _inputs(rank)
+    pattern = IndexSharePattern.parse(PATTERN, len(PATTERN))
+    W = fmt.record_bytes
+    dec.begin_step(caches, shard.block_table, shard.block_size, torch.tensor(CONTEXT), replicas=replicas)
+    same = []
+    for layer in range(len(PATTERN)):
+        src = pattern.topk_source(layer)
+        if src == layer:
+            dec.full_layer(layer, topk[layer])
+        out, lse = dec.attend(layer, q_nope[layer], q_rope[layer], new_records[layer])
+        idx = torch.where(topk[src] >= 0, topk[src] + (torch.arange(B * R) // R * P)[:, None], -1)
+        ref_out, ref_lse = sparse_mla_decode_torch(q_nope[layer], q_rope[layer], full[layer].reshape(B * P, W), fmt,
+                                                   idx.to(torch.int32), SCALE)
+        same.append(bool(torch.equal(out, ref_out) and torch.equal(lse, ref_lse)))
+    return same
+
+
+def _rank_main(rank, world):
     from sparkinfer.comm.exchange import SelectedExchange
     from sparkinfer.comm.host_fabric import HostFabric
     from sparkinfer.comm.slab import SlabLayout
@@ -125,7 +147,6 @@ def _rank_main(rank, world):
 
     fmt, full, shard, topk, q_nope, q_rope, new_records = _inputs(rank)
     pattern = IndexSharePattern.parse(PATTERN, len(PATTERN))
-    context = torch.tensor(CONTEXT)
     W = fmt.record_bytes
     results = {}
     for depth, sizing in ((0, "host"), (1, "device"), (3, "host")):
@@ -135,19 +156,7 @@ def _rank_main(rank, world):
                                  rows=R, topk=K, depth=depth, scale=SCALE, backend="torch")
             # depth 1 also takes vLLM's layout: one separately allocated cache tensor per layer
             caches = [t.clone() for t in shard.cache] if depth == 1 else shard.cache
-            dec.begin_step(caches, shard.block_table, shard.block_size, context)
-            same = []
-            for layer in range(len(PATTERN)):
-                src = pattern.topk_source(layer)
-                if src == layer:
-                    dec.full_layer(layer, topk[layer])
-                out, lse = dec.attend(layer, q_nope[layer], q_rope[layer], new_records[layer])
-                flat = full[layer].reshape(B * P, W)
-                idx = torch.where(topk[src] >= 0, topk[src] + (torch.arange(B * R) // R * P)[:, None], -1)
-                ref_out, ref_lse = sparse_mla_decode_torch(q_nope[layer], q_rope[layer], flat, fmt,
-                                                           idx.to(torch.int32), SCALE)
-                same.append(bool(torch.equal(out, ref_out) and torch.equal(lse, ref_lse)))
-            results[(depth, sizing)] = same
+            results[(depth, sizing)] = _decode_step(dec, rank, caches)
             errors = []
             for call in (lambda: dec.attend(0, q_nope[0], q_rope[0], new_records[0]),  # no plan for it
                          lambda: dec.full_layer(1, topk[0]),  # a Shared layer
@@ -166,17 +175,7 @@ def _rank_main(rank, world):
             dec = SelectedDecode(SelectedExchange(fabric, "host"), fmt, DcpLayout(world, 1), pattern, max_batch=B,
                                  rows=R, topk=K, depth=1, scale=SCALE, backend="torch")
             replicas = _replicas(full, window)
-            dec.begin_step(shard.cache, shard.block_table, shard.block_size, context, replicas=replicas)
-            same = []
-            for layer in range(len(PATTERN)):
-                src = pattern.topk_source(layer)
-                if src == layer:
-                    dec.full_layer(layer, topk[layer])
-                out, lse = dec.attend(layer, q_nope[layer], q_rope[layer], new_records[layer])
-                idx = torch.where(topk[src] >= 0, topk[src] + (torch.arange(B * R) // R * P)[:, None], -1)
-                ref_out, ref_lse = sparse_mla_decode_torch(q_nope[layer], q_rope[layer], full[layer].reshape(B * P, W),
-                                                           fmt, idx.to(torch.int32), SCALE)
-                same.append(bool(torch.equal(out, ref_out) and torch.equal(lse, ref_lse)))
+            same = _decode_step(dec, rank, shard.cache, replicas)
             results[("replicas", window)] = (same, dec.step_stats().records_recv, dec.exchanges, dec.skipped,
                                              replicas.lo.tolist())
         finally:
