@@ -298,10 +298,20 @@ def test_builders_declare_no_cuda_graphs_for_the_stated_reasons():
 
 
 def test_graph_line_is_logged_once_per_process(caplog, monkeypatch):
+    import logging
+
     monkeypatch.setattr(impls, "_graph_line_logged", [False])
-    with caplog.at_level("INFO", logger="vllm.sparkinfer"):
-        impls.log_graph_support("FULL_AND_PIECEWISE")
-        impls.log_graph_support("FULL_AND_PIECEWISE")
+    # once vllm is imported its logging config stops "vllm.*" from propagating to caplog's root handler:
+    # capture on the logger itself, without propagation, so each record is seen once either way
+    logger = logging.getLogger("vllm.sparkinfer")
+    monkeypatch.setattr(logger, "propagate", False)
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level("INFO", logger="vllm.sparkinfer"):
+            impls.log_graph_support("FULL_AND_PIECEWISE")
+            impls.log_graph_support("FULL_AND_PIECEWISE")
+    finally:
+        logger.removeHandler(caplog.handler)
     lines = [r.getMessage() for r in caplog.records if r.name == "vllm.sparkinfer"]
     assert len(lines) == 1 and "AttentionCGSupport.NEVER" in lines[0] and "PIECEWISE" in lines[0]
 
