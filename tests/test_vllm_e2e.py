@@ -17,14 +17,11 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.vllm
 
 import json  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 import urllib.request  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+from vllm_server import serve  # noqa: E402
 
 from sparkinfer.vllm.tiny_model import build_tiny_glm, reference_greedy, save_tokenizer, tiny_glm_config  # noqa: E402,E501
 
@@ -143,47 +140,17 @@ def test_patched_vllm_llm_matches_reference(tiny_llama, monkeypatch):
     assert list(out[0].outputs[0].token_ids) == ref
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _openai_greedy(model_dir, prompt, max_tokens, tmp_path, *flags) -> list[int]:
     """Greedy token ids from `vllm serve MODEL *flags` (the OpenAI server, its own process group)
     for the token-id ``prompt``; the word-level tokenizer maps the returned text back to ids."""
-    port = _free_port()
     cli = Path(sys.executable).with_name("vllm")
-    log = open(tmp_path / "serve.log", "w")
-    env = dict(os.environ, **CPU_ENV, OMP_NUM_THREADS="1")
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine in a child process
-    proc = subprocess.Popen([str(cli), "serve", str(model_dir), "--dtype", "float32", "--max-model-len", "128",
-                             "--enforce-eager", "--host", "127.0.0.1", "--port", str(port), *flags],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 420
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "server did not come up in 420 s"
-            try:
-                urllib.request.urlopen(base + "/v1/models", timeout=5).read()
-                break
-            except OSError:
-                time.sleep(2)
+    args = ["--dtype", "float32", "--max-model-len", "128", "--enforce-eager", *flags]
+    with serve(cli, model_dir, args, tmp_path / "serve.log") as base:
         body = json.dumps({"model": str(model_dir), "prompt": prompt, "max_tokens": max_tokens,
                            "temperature": 0, "ignore_eos": True}).encode()
         req = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
         text = json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0]["text"]
         return [int(word[1:]) for word in text.split()]
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def test_vllm_serve_tiny_glm_tp2_selected(tiny, tmp_path, monkeypatch):
