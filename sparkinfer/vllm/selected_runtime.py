@@ -100,7 +100,8 @@ class SelectedRuntime:
         self.keep_records = False  # the step's cache writes are stashed (selected) or kept (replicas)
         self.replicas: ReplicaWindow | None = None  # built at the first step (auto needs the caches)
         self._replica_store: list[torch.Tensor] | None = None  # per layer uint8 [slots * window, W]
-        self._step_replicas = None  # (StepReplicas, write rows int64 [T] or None) of the step being built
+        # (StepReplicas, None or (store rows, token rows) int64 on the store's device) of the step being built
+        self._step_replicas = None
         self._layer_of: dict[int, int] | None = None  # kv_cache data_ptr -> model layer
     def _policy(self, hf, stock: StockDcpShape):
         """``auto``'s cost model for decode steps when a shipped profile describes this node (GPU
@@ -166,7 +167,9 @@ class SelectedRuntime:
         if rule is not None:
             step = rule.begin_step(keys, contexts, query_lens)
             rows = torch.from_numpy(step.write_rows())
-            self._step_replicas = (step, rows if bool((rows >= 0).any()) else None)
+            kept = torch.nonzero(rows >= 0).squeeze(1)  # once per step, not once per layer's write
+            dev = self._replica_store[0].device
+            self._step_replicas = (step, (rows[kept].to(dev), kept.to(dev)) if kept.numel() else None)
             all_local, fetched_below = step.all_local, step.lo.tolist()
         path = self.path.choose(query_lens, contexts, all_local=all_local, fetched_below=fetched_below).path
         self.selected = path != "stock"
@@ -186,9 +189,8 @@ class SelectedRuntime:
         if self.selected:
             self._records[kv_cache.data_ptr()] = records
         if self._step_replicas is not None and self._step_replicas[1] is not None:
-            rows = self._step_replicas[1].to(records.device)
-            keep = rows >= 0
-            self._replica_store[idx][rows[keep]] = records[: rows.shape[0]][keep]
+            rows, tokens = self._step_replicas[1]
+            self._replica_store[idx][rows] = records[tokens]
 
     def _dsa_layers(self) -> dict[int, object]:
         """Model layer index -> attention layer (its ``kv_cache`` is the layer's record cache)."""
