@@ -169,9 +169,6 @@ class ReplicaWindow:
         self._used[k] = -1
         return True
 
-    def occupancy(self) -> int:
-        return len(self._slot_of)
-
 
 def window_for_budget(budget_bytes: int, slots: int, layers: int, record_bytes: int) -> int:
     """Positions per request a store of ``budget_bytes`` per rank holds for ``slots`` requests."""
