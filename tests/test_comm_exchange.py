@@ -185,19 +185,25 @@ def _rank_main(rank, world):
     scenario("inference_mode", inference_mode)
 
     def copy_fails(f):
-        """Rank 1's copy thread fails: every rank raises promptly (not at its timeout) naming it."""
+        """Rank 1's copy thread fails: every rank raises promptly (not at its timeout) naming it, by
+        its next fabric call at the latest."""
         case = make_case(world, 368, seed=52)
         if rank == 1:
             own = f._recv_region_of
 
             def broken(owner, seq, src):
                 if owner != rank:  # only the copy thread writes into a peer's segment
+                    time.sleep(0.5)  # fail late, so the failure also surfaces at the next call
                     raise RuntimeError("injected copy failure")
                 return own(owner, seq, src)
             f._recv_region_of = broken
         t0 = time.monotonic()
+        ex = SelectedExchange(f)
         try:
-            SelectedExchange(f).exchange(case.planes, case.shard(rank), [0], _ws_for(case, [0]))
+            # Copies are asynchronous: rank 1's exchange may return before its copy thread runs
+            # the failing job (its peers' records already landed); then its next call raises.
+            for _ in range(2):
+                ex.exchange(case.planes, case.shard(rank), [0], _ws_for(case, [0]))
             return "no error"
         except FabricError as e:
             return f"{time.monotonic() - t0:.1f} {e}"
@@ -367,6 +373,7 @@ def test_fabric_built_under_inference_mode_works(outcomes):
 
 def test_failed_copy_fails_every_rank_promptly(outcomes):
     for rank, msg in _ok(outcomes, "copy_fails"):
+        assert msg != "no error", f"rank {rank} never raised"
         seconds, text = msg.split(" ", 1)
         assert float(seconds) < 10, f"rank {rank} waited {seconds} s (the timeout is 20 s): {text}"
         if rank == 1:
