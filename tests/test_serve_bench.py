@@ -147,9 +147,13 @@ def test_decode_itl_and_rates(client, tokens_per_chunk):
     for row in (one, four):
         assert itl * 1e3 <= row.itl_p50_ms <= (itl + SLACK / 2) * 1e3, row
         assert row.itl_p50_ms <= row.itl_p99_ms
-        # a stream: n - 1 tokens after the first, over (chunks - 1) gaps of itl
+        # a stream: n - 1 tokens after the first, over (chunks - 1) gaps of itl. Faster only by how
+        # late the client read the first chunk (4 ms of 80 seen on a loaded CI box); measured from the
+        # request's send, first chunk to last can never come early: the strict bound is below.
         want_stream = (n - 1) / ((chunks - 1) * itl)
-        assert want_stream * 0.5 <= row.stream_tok_s <= want_stream * 1.001, row
+        assert want_stream * 0.5 <= row.stream_tok_s <= want_stream * 1.15, row
+    sent_to_last = one.ttft_s + (n - 1) / one.stream_tok_s  # one request: medians are its own values
+    assert sent_to_last >= srv.ttft_base + srv.per_prompt_token * 32 + (chunks - 1) * itl, one
     assert one.requests == 1 and four.requests == 4 and four.concurrency == 4
     # how much four streams beat one depends on thread scheduling on a busy machine (it failed under
     # load): the aggregation itself is tested on known timings below

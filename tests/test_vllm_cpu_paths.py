@@ -6,7 +6,7 @@ import torch
 
 from sparkinfer.formats import get_format
 from sparkinfer.indexer import indexer_topk_torch
-from sparkinfer.vllm.cpu_indexer import CpuIndexerMetadata, quant_q_fp8, run_indexer, token_layout
+from sparkinfer.vllm.replicated_indexer import ReplicatedIndexerMetadata, quant_q_fp8, run_indexer, token_layout
 
 
 def test_token_layout():
@@ -45,7 +45,7 @@ def test_run_indexer_matches_reference_per_request():
     k = torch.randn(n, 128, generator=g)
     q = torch.randn(n, heads, 128, generator=g)
     w = torch.rand(n, heads, generator=g)
-    md = CpuIndexerMetadata(n, 2, token_req, pos, seq_lens, block_table, torch.tensor(slot))
+    md = ReplicatedIndexerMetadata(n, 2, token_req, pos, seq_lens, block_table, torch.tensor(slot))
     buf = torch.full((10, topk), 99, dtype=torch.int32)
     run_indexer(cache, md, q, k, w, buf, topk)
     keys = [k[:6], torch.cat([old_keys, k[6:7]])]  # each request's tokens in position order

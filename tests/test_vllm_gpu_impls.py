@@ -11,7 +11,7 @@ interpreter is slow, so a 12-token prompt (longer than top-k 8: the selection is
 tokens.
 
 Units: the policy itself (``gpu_impls``, the env var's checks, the capability gate) and the
-replicated indexer op (``cpu_indexer.run_indexer``) on the Triton path against the torch path.
+replicated indexer op (``replicated_indexer.run_indexer``) on the Triton path against the torch path.
 """
 
 import pytest
@@ -67,17 +67,57 @@ def test_capability_gate_names_the_capability(cap, ok):
 def test_which_engines_the_replicated_indexer_serves(device, dcp, dtype, mode, serves):
     from types import SimpleNamespace as NS
 
-    from sparkinfer.vllm.cpu_indexer import serves_replicated_indexer
+    from sparkinfer.vllm.replicated_indexer import serves_replicated_indexer
 
     cfg = NS(parallel_config=NS(decode_context_parallel_size=dcp), device_config=NS(device_type=device),
              cache_config=NS(cache_dtype=dtype), additional_config={"sparkinfer": {"mode": mode}})
     assert serves_replicated_indexer(cfg) is serves
 
 
+@pytest.mark.parametrize("serves", [False, True])
+def test_indexer_layers_route_by_serves_replicated_indexer(monkeypatch, serves):
+    """Patch 0003 takes the indexer's route from ``serves_replicated_indexer`` alone (not from the
+    platform): where it holds, as on a CUDA engine with a replicated indexer, the cache layer
+    returns sparkinfer's backend; where not, vLLM's."""
+    from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
+
+    from sparkinfer.vllm import replicated_indexer
+
+    monkeypatch.setattr(replicated_indexer, "serves_replicated_indexer", lambda cfg: serves)
+    with set_current_vllm_config(VllmConfig()):
+        layer = DeepseekV32IndexerCache(128, torch.uint8, f"route.{serves}.k_cache", CacheConfig())
+    backend = layer.get_attn_backend()
+    assert (backend is replicated_indexer.indexer_backend()) is serves
+    assert (backend is DeepseekV32IndexerBackend) is not serves
+
+
+def test_vllm_indexer_custom_op_runs_the_replicated_indexer():
+    """``torch.ops.vllm.sparse_attn_indexer`` (what ``forward_cuda`` calls on a GPU) given sparkinfer's
+    metadata fills the top-k buffer and writes the keys exactly as ``run_indexer`` called directly."""
+    from vllm.config import VllmConfig
+    from vllm.forward_context import set_forward_context
+
+    from sparkinfer.vllm.replicated_indexer import run_indexer
+
+    prefix = "model.layers.0.self_attn.indexer.k_cache"
+    cache, md, q, k, w = _indexer_inputs(seed=3)
+    want_cache, want = cache.clone(), torch.full((16, 8), 99, dtype=torch.int32)
+    run_indexer(want_cache, md, q, k, w, want, 8)
+    got = torch.full((16, 8), 99, dtype=torch.int32)
+    with set_forward_context({prefix: md}, VllmConfig()):
+        torch.ops.vllm.sparse_attn_indexer(
+            torch.zeros(md.num_actual_tokens, 16), prefix, cache, q, None, k, w, 128, "ue8m0", 8, 128,
+            64, 64, got, False, False, False, "")
+    assert torch.equal(got, want) and torch.equal(cache, want_cache)
+    assert bool((got[: md.num_actual_tokens, 0] >= 0).all())
+
+
 def _indexer_inputs(seed=0, block_size=16, seq_lens=(37, 5), index_heads=2):
     """A paged replicated indexer cache (strided like vLLM's block-outermost layout) and a step with a
     prefill chunk of request 0 and one decode row of request 1."""
-    from sparkinfer.vllm.cpu_indexer import CpuIndexerMetadata, quant_q_fp8, token_layout
+    from sparkinfer.vllm.replicated_indexer import ReplicatedIndexerMetadata, quant_q_fp8, token_layout
 
     g = torch.Generator().manual_seed(seed)
     blocks = 12
@@ -90,7 +130,7 @@ def _indexer_inputs(seed=0, block_size=16, seq_lens=(37, 5), index_heads=2):
     n = int(qlens.sum())
     token_req, positions = token_layout(qsl, seq, n)
     slots = table.to(torch.int64)[token_req, positions // block_size] * block_size + positions % block_size
-    md = CpuIndexerMetadata(n, 2, token_req, positions, seq, table, slots)
+    md = ReplicatedIndexerMetadata(n, 2, token_req, positions, seq, table, slots)
     # the keys of the context: written as if by earlier steps
     from sparkinfer.formats import get_format
 
@@ -112,7 +152,7 @@ def test_replicated_indexer_op_triton_equals_torch(monkeypatch):
     """``run_indexer`` with the GPU implementations forced (Triton scorer) fills the top-k buffer exactly
     as the torch path does, and writes the same keys; the dispatch counters show which scorer ran."""
     from sparkinfer.attention.dispatch import calls
-    from sparkinfer.vllm.cpu_indexer import run_indexer
+    from sparkinfer.vllm.replicated_indexer import run_indexer
 
     out = {}
     for forced in ("0", "1"):
@@ -164,7 +204,7 @@ def test_decode_exchange_writes_a_row_limited_ring_view():
 def test_replicated_indexer_op_on_cuda_equals_cpu(monkeypatch):
     """The same op on CUDA tensors as vLLM hands them (block table and slots on the GPU, the host-built
     token layout on the CPU, the cache a strided view): Triton scorer, the CPU run's top-k exactly."""
-    from sparkinfer.vllm.cpu_indexer import CpuIndexerMetadata, run_indexer
+    from sparkinfer.vllm.replicated_indexer import ReplicatedIndexerMetadata, run_indexer
 
     monkeypatch.setenv(impls.FORCE_ENV, "0")
     cache, md, q, k, w = _indexer_inputs()
@@ -174,7 +214,7 @@ def test_replicated_indexer_op_on_cuda_equals_cpu(monkeypatch):
     backing = torch.zeros(cache.shape[0], cache.shape[1], 200, dtype=torch.uint8, device=dev)
     gcache = backing[:, :, :132]
     gcache.copy_(cache)
-    gmd = CpuIndexerMetadata(md.num_actual_tokens, md.num_reqs, md.token_req, md.positions, md.seq_lens,
+    gmd = ReplicatedIndexerMetadata(md.num_actual_tokens, md.num_reqs, md.token_req, md.positions, md.seq_lens,
                              md.block_table.to(dev), md.slot_mapping.to(dev))
     got = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
     run_indexer(gcache, gmd, q.to(dev), k.to(dev), w.to(dev), got, 8)
@@ -271,7 +311,7 @@ def test_builders_declare_no_cuda_graphs_for_the_stated_reasons():
 
     from sparkinfer.comm.ring import prefix_union
     from sparkinfer.formats import get_format
-    from sparkinfer.vllm.cpu_indexer import indexer_backend, run_indexer
+    from sparkinfer.vllm.replicated_indexer import indexer_backend, run_indexer
     from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla
     from sparkinfer.vllm.sparse_mla_backend import SparseMetadataBuilder
 

@@ -67,10 +67,10 @@ class Run:
 def _record_rows(mp, run: Run):
     """While ``mp`` lasts, record the rows per request of every sparse-attention and indexer call
     into ``run`` (the engine runs in-process)."""
-    from sparkinfer.vllm import cpu_indexer
+    from sparkinfer.vllm import replicated_indexer
     from sparkinfer.vllm.sparse_mla_backend import SparkinferSparseMLAImpl
 
-    forward_mqa, run_indexer = SparkinferSparseMLAImpl.forward_mqa, cpu_indexer.run_indexer
+    forward_mqa, run_indexer = SparkinferSparseMLAImpl.forward_mqa, replicated_indexer.run_indexer
 
     def rows(md, n):
         return tuple(torch.bincount(md.token_req[:n], minlength=md.num_reqs).tolist())
@@ -85,7 +85,7 @@ def _record_rows(mp, run: Run):
         return run_indexer(kv_cache, md, *args)
 
     mp.setattr(SparkinferSparseMLAImpl, "forward_mqa", record_attn)
-    mp.setattr(cpu_indexer, "run_indexer", record_indexer)
+    mp.setattr(replicated_indexer, "run_indexer", record_indexer)
 
 
 def _metric_values(llm) -> dict:

@@ -13,7 +13,7 @@ vLLM is up) imports vllm.
 * ``platforms``         what the CPU and CUDA platforms need to know: backend name and path, the
                         DSA block size, the sm_12x MLA priorities (0005, 0007).
 * ``sparse_mla_backend``  the sparkinfer sparse-MLA backend (0005 on CPU, 0007 on sm_12x).
-* ``cpu_indexer``       the GLM-DSA indexer on CPU: metadata, q quantization, top-k (0003).
+* ``replicated_indexer``       the GLM-DSA indexer on CPU: metadata, q quantization, top-k (0003).
 * ``cpu_dcp``           DCP on the CPU platform: slot mapping and LSE combine twins (0006).
 * ``step_path``         the per-step gates: stock, selected or gathered.
 * ``selected_runtime``  the backend's hooks into selected and gathered steps (one per worker).

@@ -24,7 +24,7 @@ keeps these layers out of its graphs (PIECEWISE) and logs why once per worker.
 On CUDA it validates for compute capability 9.x (the H200 test machines) and 12.x (sm_120), and
 0007 puts it first in sm_12x's MLA priorities. Run on CPU only so far (with the GPU implementations
 forced there too, ``tests/test_vllm_gpu_impls.py``); the indexer op over the replicated 64 x
-DCP-token pages is device-agnostic (``cpu_indexer.run_indexer``), but patch 0003 routes only the CPU
+DCP-token pages is device-agnostic (``replicated_indexer.run_indexer``), but patch 0003 routes only the CPU
 platform to it yet (docs/design/gpu-validation.md, "Branches a GPU node takes").
 """
 
@@ -40,7 +40,7 @@ from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
 from sparkinfer.core.layouts import LATENT_DIM
 from sparkinfer.vllm import impls
 from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, is_record_cache_dtype, write_records
-from sparkinfer.vllm.cpu_indexer import token_layout
+from sparkinfer.vllm.replicated_indexer import token_layout
 from sparkinfer.vllm.selected_runtime import SelectedRuntime
 from sparkinfer.vllm.step_requests import request_ids
 from sparkinfer.vllm.paged_sparse_mla import compact_pages, paged_sparse_mla, topk_to_slots

@@ -183,7 +183,7 @@ def indexer_as_vllm(fp8: bool = True):
     from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm
 
     from sparkinfer.formats import get_format
-    from sparkinfer.vllm.cpu_indexer import quant_q_fp8
+    from sparkinfer.vllm.replicated_indexer import quant_q_fp8
 
     def forward(self, hidden_states, q_resid, position_embeddings, attention_mask, position_ids=None,
                 past_key_values=None):

