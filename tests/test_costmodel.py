@@ -129,8 +129,34 @@ def test_indexer_and_attention_terms(rtx):
     sharded = cm.predict(cm.StepSpec(context=262144, indexer="sharded"), rtx, "stock", 0)
     assert sharded.indexer_us == pytest.approx(b.indexer_us / 4)
     assert sharded.comm_us > b.comm_us  # the candidate all-gather
-    with pytest.raises(ValueError, match="replicated"):
-        cm.predict(cm.StepSpec(indexer="sharded"), rtx, "selected", 1)
+    # sharded scoring gives every rank the merged top-k, so the selected path can follow it too:
+    # the same all-gather per Full layer on both paths
+    for path, depth in (("stock", 0), ("selected", 1)):
+        rep, shd = (cm.predict(cm.StepSpec(context=262144, indexer=i), rtx, path, depth)
+                    for i in ("replicated", "sharded"))
+        merge = cm.merge_us(acc.sharded_topk_merge(1, GLM52.topk, 4), rtx)
+        assert shd.comm_us - rep.comm_us == pytest.approx(21 * merge) and merge > rtx.collective_us
+
+
+@pytest.mark.parametrize("batch, rows", [(1, 1), (1, 4), (8, 4), (32, 1)])
+def test_choose_indexer_picks_the_cheaper_predicted_step(rtx, batch, rows):
+    """``choose_indexer`` (a per-Full-layer rule) against whole-step predictions of both scorings,
+    on both paths, over contexts from 0 to 1M: it picks sharded exactly where that step is cheaper."""
+    n_full = 21 + (1 if rows > 1 else 0)
+    flips = 0
+    for ctx in [0, 1, 1000, 8000, 16000, 24000, 32000, 65536, 131072, 262144, 1 << 20]:
+        pick = cm.choose_indexer(rtx, batch * rows * ctx, batch * rows, 4)
+        for path, depth in (("stock", 0), ("selected", 2)):
+            steps = {i: cm.predict(cm.StepSpec(batch=batch, rows=rows, context=ctx, indexer=i,
+                                               union_ratio=min(1.75, rows)), rtx, path, depth)
+                     for i in ("replicated", "sharded")}
+            saving = steps["replicated"].total_us - steps["sharded"].total_us
+            assert saving == pytest.approx(n_full * cm.scoring_saving_us(rtx, batch * rows * ctx, batch * rows, 4),
+                                           abs=1e-6)
+            assert pick == ("sharded" if saving > 1e-9 else "replicated"), (ctx, path)
+        flips += pick == "sharded"
+    assert 0 < flips < 11  # short contexts score whole, long ones in shards
+    assert cm.choose_indexer(rtx, 1e12, 1, 1) == "replicated"  # DCP 1: nothing to shard
 
 
 def test_published_residuals_within_5pct(rtx):

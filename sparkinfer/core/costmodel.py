@@ -30,10 +30,14 @@ Per attention layer, with ``x`` the layer's link time for its bytes:
   more bytes; once the link is the bottleneck depth no longer helps, which
   matches the published observation that deeper rings only cost memory.
 * **indexer**: scoring per Full layer costs ``index_ns_per_token`` per scored
-  token per query row. A replicated indexer scores the whole context on every
-  rank; upstream's sharded indexer scores ``1/D`` of it and adds a candidate
-  all-gather. Both paths of sparkinfer use the replicated indexer, so it cancels
-  out of the policy's comparison; it is priced to compare against published runs.
+  token per query row. ``replicated`` scoring: every rank scores the whole
+  context alone (no collective). ``sharded`` scoring: every rank scores the
+  ``1/D`` of the context it owns and the ranks all-gather their top-k candidates
+  (upstream's sharded indexer does this over its sharded keys; sparkinfer does it
+  over its replicated keys, with the same merged top-k on every rank, so either
+  path can follow). The scoring is its own per-step choice, the same for both
+  paths, so it cancels out of the stock/selected comparison: ``choose_indexer``
+  takes the cheaper (``scoring_saving_us``).
 * **attention**: ``attn_us_per_ktok`` per layer per 1024 selected tokens per row,
   the same for both paths (stock DCP attends the same top-k, split over ranks).
 * **replica records** (``StepSpec.held_fraction``, ``core/replicas.py``): the share of the remote
@@ -160,7 +164,8 @@ class StepSpec:
     backend       stock DCP's combine: ag_rs | a2a
     q_replicated  stock DCP computes every head's query on every rank instead of gathering it
                   (vLLM 0.32's default for GLM-MoE-DSA, with a2a)
-    indexer       replicated | sharded (sharded: upstream's stock path only)
+    indexer       scoring: replicated (every rank scores the whole context) | sharded (a 1/D
+                  share each, plus the candidate all-gather; ``choose_indexer``)
     """
 
     batch: int = 1
@@ -314,31 +319,52 @@ def predict(step: StepSpec, p: NodeProfile, path: str, depth: int = 1,
     b = step_bytes(step, geom)
     d = step.dcp
     write = 0.0 if step.held_fraction is None else replica_write_us(rows_total, b["record_bytes"], n_layers, p)
+    # the candidate all-gather of sharded scoring, once per Full layer, on either path
+    merge = acc.sharded_topk_merge(rows_total, geom.topk, d) if step.indexer == "sharded" else acc.empty(d)
+    comm = n_full * merge_us(merge, p)
+    rx, total = float(merge.rx.max()) * n_full, float(merge.total) * n_full
     if path == "stock":
         if depth:
             raise ValueError("stock DCP has no prefetch depth (pass depth=0)")
         lb = b["stock"]
-        per_layer = lb.ops * p.collective_us + lb_link_us(lb, p)
-        comm = n_layers * per_layer
-        rx, total = float(lb.rx.max()) * n_layers, float(lb.total) * n_layers
-        if step.indexer == "sharded":
-            merge = acc.sharded_topk_merge(rows_total, geom.topk, d)
-            comm += n_full * (merge.ops * p.collective_us + lb_link_us(merge, p))
-            rx += float(merge.rx.max()) * n_full
-            total += float(merge.total) * n_full
+        comm += n_layers * (lb.ops * p.collective_us + lb_link_us(lb, p))
+        rx, total = rx + float(lb.rx.max()) * n_layers, total + float(lb.total) * n_layers
         return PathCost("stock", 0, comm, index, attn, rx, total, write)
     if path != "selected":
         raise ValueError(f"path must be 'stock' or 'selected', got {path!r}")
-    if step.indexer != "replicated":
-        raise ValueError("selected records need the replicated indexer (identical top-k on every rank)")
     if all_local(step):  # no exchange: no pack, copy, barrier or link time
-        return PathCost("selected", depth, 0.0, index, attn, 0.0, 0.0, write)
+        return PathCost("selected", depth, comm, index, attn, rx, total, write)
     m = b["reuse"]
     x, rx1, tot1 = matrix_link_us(m, p)
     x += p.link_latency_us if tot1 else 0.0
     fixed = p.exchange_us + (d * (d - 1) * p.copy_us if tot1 else 0.0)
-    comm = selected_comm_us(x, fixed, layer_compute_us(p, rows_total, n_layers), group_counts(groups), depth)
-    return PathCost("selected", depth, comm, index, attn, rx1 * n_layers, tot1 * n_layers, write)
+    comm += selected_comm_us(x, fixed, layer_compute_us(p, rows_total, n_layers), group_counts(groups), depth)
+    return PathCost("selected", depth, comm, index, attn, rx + rx1 * n_layers, total + tot1 * n_layers, write)
+
+
+def merge_us(merge: acc.LinkBytes, p: NodeProfile) -> float:
+    """One candidate all-gather of sharded scoring (0 for an empty LinkBytes: replicated scoring)."""
+    return merge.ops * p.collective_us + lb_link_us(merge, p)
+
+
+def scoring_saving_us(p: NodeProfile, rows_context: float, rows_total: int, dcp: int,
+                      geom: ModelGeometry = GLM52) -> float:
+    """Per Full layer, what sharded scoring saves over replicated scoring (us; > 0: sharded pays).
+
+    rows_context  sum over the step's query rows of the tokens each row scores (its causal prefix)
+    rows_total    query rows of the step (the candidate all-gather carries k per row)
+    Scoring a ``1/dcp`` share saves ``(1 - 1/dcp)`` of the scoring time and costs one all-gather.
+    """
+    if dcp == 1 or rows_total == 0:
+        return 0.0
+    saved = rows_context * (1.0 - 1.0 / dcp) * p.index_ns_per_token * 1e-3
+    return saved - merge_us(acc.sharded_topk_merge(rows_total, geom.topk, dcp), p)
+
+
+def choose_indexer(p: NodeProfile, rows_context: float, rows_total: int, dcp: int,
+                   geom: ModelGeometry = GLM52) -> str:
+    """``sharded`` where it is strictly cheaper (``scoring_saving_us`` > 0), else ``replicated``."""
+    return "sharded" if scoring_saving_us(p, rows_context, rows_total, dcp, geom) > 0 else "replicated"
 
 
 def group_counts(groups: list[int]) -> tuple:
