@@ -12,18 +12,20 @@ Lines (per request context ``c``, every request of the batch at ``c``):
   the policy's oracle) and ``sharded`` (vLLM's own default: every rank scores 1/4 of the context,
   plus a top-k candidate merge per Full layer; its cache holds 1/4 of the indexer keys).
 * **DCP4 selected + reuse**: the selected path at its best prefetch depth (0..3), forced, with the
-  reuse pool's steady miss share ``new`` (below).
+  reuse pool's steady miss share ``new`` (below) and the step's indexer scoring (next line).
 * **DCP4 replicas (auto)**: a replica store of ``--replica-share`` of the KV budget per rank
   (counted inside it, so the line ends at a lower max context), window ``W`` positions per request
   (``core/replicas.window_for_budget`` over 79 layers x 368 B x batch). A step with ``c + 4 <= W``
   holds every record (no exchange); beyond, the share of the remote union that moves at window
   fraction ``w = W / c`` is the trace measurement of ``bytes_per_token.py`` (below). The policy
   (``StepPolicy.decide`` with ``held_fraction``) picks stock or selected per step; the line is the
-  chosen path's time, which includes the replica writes on both paths.
-* **proposal, not implemented** (dashed): the same, but a step that goes stock scores a quarter of
-  the context per rank from the replicated keys and merges candidates as vLLM's sharded indexer
-  does (its cost model term), the cheaper full step (indexer included) chosen: what closing the
-  gap to vLLM's sharded-indexer stock would give.
+  chosen path's time, which includes the replica writes on both paths. Its indexer scoring is the
+  engine's ``indexer_scoring = auto``: per step ``costmodel.choose_indexer`` (over the batch's
+  rows x context, DCP 4) picks ``replicated`` (every rank scores the whole context from its
+  replicated keys) or ``sharded`` (each rank scores its quarter, then a top-k candidate
+  all-gather per Full layer: the same merged top-k on every rank), and that scoring applies to
+  whichever path the policy took. Scoring costs both paths the same, so it leaves the path choice
+  as it is. Column ``indexer_scoring`` is the choice.
 
 Assumed parameters (printed in the header):
 * profile ``rtx_pro_6000_x4`` (fitted base, exchange, indexer and attention terms; measured link);
@@ -48,8 +50,8 @@ Assumed parameters (printed in the header):
   368 B per layer at HBM rate, printed below).
 
 Writes ``replica_costmodel.csv`` and ``replica_costmodel.png`` (``--out``) and prints the targets:
-within 5% of DCP1 wherever the context fits the replica window (and DCP1), never below DCP4 stock
-elsewhere (up to DCP4-with-replicas' max context).
+within 5% of DCP1 wherever the context fits the replica window (and DCP1), never below either
+DCP4 stock line beyond it (up to DCP4-with-replicas' max context), with the worst ratio.
 """
 
 from __future__ import annotations
@@ -122,22 +124,20 @@ def rows_for(p, batch, contexts, curve, kv, share) -> list[dict]:
         s = spec(batch, c)
         st = cm.predict(s, p, "stock", 0)
         shd = cm.predict(spec(batch, c, indexer="sharded"), p, "stock", 0)
-        reuse = min((cm.predict(replace(s, new_fraction=new), p, "selected", d) for d in range(DEPTHS)),
-                    key=lambda pc: pc.total_us)
+        # the engine's indexer_scoring = auto; it costs stock and selected alike, so the policy's
+        # path choice (which leaves scoring out) stands and the chosen path is priced with it
+        scoring = cm.choose_indexer(p, batch * ROWS * c, batch * ROWS, s.dcp)
+        reuse = min((cm.predict(replace(s, new_fraction=new, indexer=scoring), p, "selected", d)
+                     for d in range(DEPTHS)), key=lambda pc: pc.total_us)
         local = c + ROWS <= cap.window
         w = max(0, cap.window - ROWS) / c if c else 1.0  # held committed share; < 1 when not all local
         held = 1.0 if local else max(0.0, 1.0 - share_at(curve, w) / new)
         u = cm.selected_tokens(s)
         d = pol.decide([ROWS] * batch, [c] * batch, [u] * batch, [new] * batch, held_fraction=[held] * batch)
         rs = replace(s, new_fraction=new, held_fraction=held)
-        rep = cm.predict(rs, p, d.path, d.depth)
+        rep = cm.predict(replace(rs, indexer=scoring), p, d.path, d.depth)
         b = base_us(p, batch)
         dcp1 = b + st.indexer_us + st.attn_us
-        # proposal (not implemented): stock steps score a quarter of the context per rank from the
-        # replicated keys and merge candidates, as vLLM's sharded indexer does; the cheaper full step wins
-        shd_rep = cm.predict(replace(rs, indexer="sharded"), p, "stock", 0)
-        best_sel = min(cm.predict(rs, p, "selected", k).total_us for k in range(DEPTHS))
-        proposal = min(shd_rep.total_us, best_sel)
         out.append({
             "batch": batch, "context": c, "kv_gib": kv / GIB, "replica_share": share, "window": cap.window,
             "window_fraction": min(1.0, cap.window / c) if c else 1.0, "all_local": local, "held_fraction": held,
@@ -150,9 +150,7 @@ def rows_for(p, batch, contexts, curve, kv, share) -> list[dict]:
             "dcp4_selected_reuse_tok_s": tok_s(batch, b + reuse.total_us) if c <= cap.dcp_max_context
             else float("nan"),
             "dcp4_replicas_tok_s": tok_s(batch, b + rep.total_us) if c <= cap.replica_max_context else float("nan"),
-            "dcp4_replicas_sharded_fallback_tok_s": tok_s(batch, b + proposal) if c <= cap.replica_max_context
-            else float("nan"),
-            "replica_path": f"{d.path} d={d.depth}", "replica_write_us": rep.write_us,
+            "replica_path": f"{d.path} d={d.depth}", "indexer_scoring": scoring, "replica_write_us": rep.write_us,
             "replica_rx_MB_per_step": rep.rx_bytes_per_rank / 1e6, "stock_rx_MB_per_step": st.rx_bytes_per_rank / 1e6,
         })
     return out
@@ -170,20 +168,35 @@ def check_targets(rows: list[dict]) -> list[str]:
             lines.append(f"batch {batch}: contexts that fit the window (<= {max(r['context'] for r in fit):,}): "
                          f"replicas / DCP1 >= {ratio:.5f} (at {worst['context']:,}) -> "
                          f"{'met' if ratio >= 0.95 else 'NOT met'} (target >= 0.95)")
-        for line, col, name in (
-                ("dcp4_replicas_tok_s", "dcp4_stock_tok_s", "DCP4 stock (replicated indexer)"),
-                ("dcp4_replicas_tok_s", "dcp4_stock_sharded_tok_s", "DCP4 stock (vLLM default, sharded indexer)"),
-                ("dcp4_replicas_sharded_fallback_tok_s", "dcp4_stock_sharded_tok_s",
-                 "DCP4 stock (vLLM default, sharded indexer), proposal: sharded scoring on stock steps")):
-            both = [r for r in rb if r[line] == r[line] and r[col] == r[col]]
-            if not both:
+        for col, name in (("dcp4_stock_tok_s", "DCP4 stock (replicated indexer)"),
+                          ("dcp4_stock_sharded_tok_s", "DCP4 stock (vLLM default, sharded indexer)")):
+            beyond = [r for r in rb if not r["all_local"] and r["dcp4_replicas_tok_s"] == r["dcp4_replicas_tok_s"]
+                      and r[col] == r[col]]
+            if not beyond:
                 continue
-            worst = min(both, key=lambda r: r[line] / r[col])
-            ratio = worst[line] / worst[col]
-            lines.append(f"batch {batch}: replicas / {name} >= {ratio:.6f} (at {worst['context']:,}, "
-                         f"{worst['replica_path']}) up to {max(r['context'] for r in both):,} -> "
-                         f"{'met' if ratio >= 1 else 'below by %.2g%%' % ((1 - ratio) * 100)}")
+            worst = min(beyond, key=lambda r: r["dcp4_replicas_tok_s"] / r[col])
+            ratio = worst["dcp4_replicas_tok_s"] / worst[col]
+            below = [r["context"] for r in beyond if r["dcp4_replicas_tok_s"] < r[col]]
+            # the replica write is the one cost the stock lines (no store) do not pay
+            step_us = batch * cm.tokens_per_step(ROWS) / worst["dcp4_replicas_tok_s"] * 1e6
+            no_write = tok_s(batch, step_us - worst["replica_write_us"]) / worst[col]
+            verdict = "met" if not below else (
+                f"below at {len(below)} of {len(beyond)} contexts ({min(below):,} to {max(below):,}) by up to "
+                f"{(1 - ratio) * 100:.2g}%; without the replica write {no_write:.6f}")
+            lines.append(f"batch {batch}: beyond the window ({beyond[0]['context']:,} to {beyond[-1]['context']:,}): "
+                         f"replicas / {name} >= {ratio:.6f} (at {worst['context']:,}, {worst['replica_path']}, "
+                         f"{worst['indexer_scoring']} scoring) -> {verdict}")
     return lines
+
+
+def sharded_scoring_from(p: cm.NodeProfile, rows_total: int, dcp: int) -> int:
+    """The shortest context at which ``choose_indexer`` takes sharded scoring (its saving grows
+    linearly with the context, so a bisection finds it)."""
+    lo, hi = 0, 1 << 30
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if cm.choose_indexer(p, rows_total * mid, rows_total, dcp) == "sharded" else (mid, hi)
+    return hi
 
 
 def plot(rows: list[dict], path: str) -> bool:
@@ -196,10 +209,9 @@ def plot(rows: list[dict], path: str) -> bool:
              ("dcp4_stock_tok_s", "DCP4 stock qrep+a2a (replicated indexer)", dict(color="tab:gray")),
              ("dcp4_stock_sharded_tok_s", "DCP4 stock qrep+a2a (vLLM default, sharded indexer)",
               dict(color="tab:gray", ls="--")),
-             ("dcp4_selected_reuse_tok_s", "DCP4 selected + reuse (forced)", dict(color="tab:blue", ls=":")),
-             ("dcp4_replicas_tok_s", "DCP4 replicas + reuse (auto)", dict(color="tab:green", lw=2)),
-             ("dcp4_replicas_sharded_fallback_tok_s", "same, stock steps with sharded scoring (proposal)",
-              dict(color="tab:green", ls="--", lw=1)))
+             ("dcp4_selected_reuse_tok_s", "DCP4 selected + reuse (forced; scoring per step)",
+              dict(color="tab:blue", ls=":")),
+             ("dcp4_replicas_tok_s", "DCP4 replicas + reuse (auto; scoring per step)", dict(color="tab:green", lw=2)))
     for ax, batch in zip(np.atleast_1d(axes), batches):
         rb = sorted((r for r in rows if r["batch"] == batch), key=lambda r: r["context"])
         x = [max(r["context"], 512) for r in rb]
@@ -270,16 +282,18 @@ def main(argv=None) -> int:
         print(f"\nbatch {batch}: window {cap.window:,} positions per request, every record local up to context "
               f"{cap.local_context:,}; max context per request: DCP1 {cap.dcp1_max_context:,}, DCP4 "
               f"{cap.dcp_max_context:,}, DCP4 with replicas {cap.replica_max_context:,}; store "
-              f"{cap.store_bytes / GIB:.2f} GiB per rank ({cap.store_bytes_per_request / 2**20:,.0f} MiB per request)")
+              f"{cap.store_bytes / GIB:.2f} GiB per rank ({cap.store_bytes_per_request / 2**20:,.0f} MiB per request); "
+              f"sharded indexer scoring from context {sharded_scoring_from(p, batch * ROWS, 4):,}")
         rows += rows_for(p, batch, sorted(set(contexts) | extra), curve, kv, args.replica_share)
     print(f"\n{'batch':>5}{'context':>10}{'DCP1':>8}{'stock':>8}{'stock sh':>9}{'sel+re':>8}{'replica':>8}"
-          f"{'path':>14}{'held':>6}   (tok/s)")
+          f"{'path':>14}{'scoring':>11}{'held':>6}   (tok/s)")
     for r in rows:
         if r["context"] in (0, 4096, 16384, 65536, 131072, 262144, 524288, 1048576) or r["context"] in (
                 r["window"] - ROWS, r["window"] - ROWS + 1):
             print(f"{r['batch']:>5}{r['context']:>10,}{r['dcp1_tok_s']:>8.1f}{r['dcp4_stock_tok_s']:>8.1f}"
                   f"{r['dcp4_stock_sharded_tok_s']:>9.1f}{r['dcp4_selected_reuse_tok_s']:>8.1f}"
-                  f"{r['dcp4_replicas_tok_s']:>8.1f}{r['replica_path']:>14}{r['held_fraction']:>6.2f}")
+                  f"{r['dcp4_replicas_tok_s']:>8.1f}{r['replica_path']:>14}{r['indexer_scoring']:>11}"
+                  f"{r['held_fraction']:>6.2f}")
     print("\ntargets:")
     for line in check_targets(rows):
         print(" ", line)
