@@ -7,6 +7,7 @@ Fields (CLI flag / environment variable; CLI wins over the environment, both ove
   pool_mb         --sparkinfer-pool-mb         VLLM_SPARKINFER_POOL_MB         int in [1, 65536]
   fabric          --sparkinfer-fabric          VLLM_SPARKINFER_FABRIC          auto | host | cuda
   replica_window  --sparkinfer-replica-window  VLLM_SPARKINFER_REPLICA_WINDOW  auto | int in [0, 2^24]
+  indexer_scoring --sparkinfer-indexer-scoring VLLM_SPARKINFER_INDEXER_SCORING auto | replicated | sharded
 
 mode: ``stock`` always runs vLLM's DCP decode (partial outputs + LSE merge); ``selected`` moves
 the selected records (sparkinfer.comm) when a step is eligible; ``auto`` decides per step.
@@ -17,6 +18,11 @@ replica_window: positions of each request every rank keeps although it does not 
 replica store, ``sparkinfer.core.replicas``); 0 = off; ``auto`` = the whole ``max_model_len`` when
 that store fits a fifth of the KV memory, else what a fifth holds; the store is taken out of the
 KV memory (``sparkinfer.vllm.replica_budget``, docs/design/replicas.md).
+indexer_scoring: how the replicated indexer scores a step under DCP > 1: ``replicated`` = every
+rank scores the whole context alone; ``sharded`` = every rank scores the positions it owns and
+the ranks all-gather their top-k candidates (the same merged top-k on every rank); ``auto`` =
+per step, the cheaper by the node profile's cost model (``costmodel.choose_indexer``), replicated
+where no profile is known (CPU). ``sparkinfer.vllm.indexer_scoring``.
 
 Patched vLLM validates the configuration once at engine start (``EngineArgs.create_engine_config``)
 and stores ``as_dict()`` in ``VllmConfig.additional_config["sparkinfer"]``; errors are ValueErrors
@@ -31,6 +37,7 @@ from dataclasses import asdict, dataclass, fields
 
 MODES = ("auto", "stock", "selected")
 FABRICS = ("auto", "host", "cuda")
+SCORINGS = ("auto", "replicated", "sharded")
 MAX_PREFETCH_DEPTH = 8  # deeper rings only cost memory (measured gains stop at depth 1-3)
 MAX_POOL_MB = 65536
 MAX_REPLICA_WINDOW = 2**24
@@ -49,12 +56,14 @@ class SparkinferConfig:
     pool_mb: int = 512
     fabric: str = "auto"
     replica_window: object = "auto"  # "auto" or an int
+    indexer_scoring: str = "auto"
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 FIELD_NAMES = tuple(f.name for f in fields(SparkinferConfig))
+CHOICES = {"mode": MODES, "fabric": FABRICS, "indexer_scoring": SCORINGS}
 
 
 def env_var(field: str) -> str:
@@ -68,8 +77,8 @@ def cli_flag(field: str) -> str:
 def _parse(field: str, raw: object, source: str):
     """One field's value from a string (env, CLI) or a Python value; ValueError names field and source."""
     where = f"{field} (from {source})"
-    if field in ("mode", "fabric"):
-        choices = MODES if field == "mode" else FABRICS
+    if field in CHOICES:
+        choices = CHOICES[field]
         value = str(raw).strip().lower()
         if value not in choices:
             raise ValueError(f"sparkinfer {where}: expected one of {', '.join(choices)}, got {raw!r}")
@@ -133,6 +142,7 @@ def add_cli_args(parser) -> None:
         "pool_mb": "per-rank workspace for fetched records, MiB",
         "fabric": f"record transport: {' | '.join(FABRICS)}",
         "replica_window": "positions per request every rank keeps locally (auto | 0 = off | tokens)",
+        "indexer_scoring": f"who scores the indexer's context under DCP: {' | '.join(SCORINGS)}",
     }
     for f in FIELD_NAMES:
         group.add_argument(cli_flag(f), dest=f"sparkinfer_{f}", default=None,

@@ -19,7 +19,9 @@ jobs loaded it): TP2 with every record format (368, 432, 656) in mode ``selected
 fetched over the host fabric, no LSE merge), 368 also in ``stock`` (vLLM's DCP decode: partial
 outputs + LSE merge), the unquantized cache in ``stock`` (``selected`` needs a record format);
 TP4/DCP4 vs TP4/DCP1 for 368 in ``selected`` with the 4-head variant of the model. Replicas are
-off (window 0) so every step exchanges.
+off (window 0) so every step exchanges. The indexer scores replicated (every rank the whole
+context) except in the TP2 368 ``stock+sharded`` run and the TP4 run, where every rank scores the
+positions it owns and the ranks merge candidates (``indexer_scoring = sharded``).
 """
 
 import random
@@ -173,23 +175,38 @@ def test_prompt_set_straddles_pages_and_chunks():
     assert len({tuple(p) for p in PROMPTS}) == len(LENGTHS)
 
 
+def _scored_steps(worker=None):
+    from sparkinfer.vllm.indexer_scoring import scored_steps
+
+    return dict(scored_steps)
+
+
 @pytest.mark.parametrize("cache_dtype, modes", [
-    ("nvfp4_368", ("selected", "stock")),
+    ("nvfp4_368", ("selected", "stock", "stock+sharded")),
     ("nvfp4_432", ("selected",)),
     ("fp8_ds_mla", ("selected",)),
     ("auto", ("stock",)),
 ])
 def test_tp2_dcp2_equals_tp2_dcp1(tiny, cache_dtype, modes, monkeypatch):
+    """``+sharded``: the indexer scored sharded (``indexer_scoring``) on every step, which the
+    workers' counters show: each rank scores its half of the positions and all-gathers candidates."""
     pytest.importorskip("vllm")
     ref = generate(tiny, monkeypatch, PROMPTS, tp=2, dcp=1, kv_cache_dtype=cache_dtype, logprobs=2)
     assert all(len(t) == MAX_TOKENS for t, _ in ref)
-    for mode in modes:
-        got = generate(tiny, monkeypatch, PROMPTS, tp=2, dcp=2, mode=mode, kv_cache_dtype=cache_dtype)
-        _check(tiny, monkeypatch, ref, got, f"TP2/DCP2 {cache_dtype} {mode}", 2, 2, mode, kv_cache_dtype=cache_dtype)
+    for variant in modes:
+        mode, _, scoring = variant.partition("+")
+        kw = dict(kv_cache_dtype=cache_dtype, sparkinfer_indexer_scoring=scoring or "replicated")
+        got, scored = generate(tiny, monkeypatch, PROMPTS, tp=2, dcp=2, mode=mode, after=(_scored_steps, ()), **kw)
+        for counts in scored:  # every indexer call of the run scored the chosen way
+            assert set(counts) == {scoring or "replicated"} and counts[scoring or "replicated"] > 0, counts
+        _check(tiny, monkeypatch, ref, got, f"TP2/DCP2 {cache_dtype} {variant}", 2, 2, mode, **kw)
 
 
 def test_tp4_dcp4_equals_tp4_dcp1(tiny4, monkeypatch):
+    """Selected records with the indexer scored sharded over four ranks."""
     pytest.importorskip("vllm")
     ref = generate(tiny4, monkeypatch, PROMPTS, tp=4, dcp=1, kv_cache_dtype="nvfp4_368", logprobs=2)
-    got = generate(tiny4, monkeypatch, PROMPTS, tp=4, dcp=4, mode="selected", kv_cache_dtype="nvfp4_368")
-    _check(tiny4, monkeypatch, ref, got, "TP4/DCP4 nvfp4_368 selected", 4, 4, "selected", kv_cache_dtype="nvfp4_368")
+    kw = dict(kv_cache_dtype="nvfp4_368", sparkinfer_indexer_scoring="sharded")
+    got, scored = generate(tiny4, monkeypatch, PROMPTS, tp=4, dcp=4, mode="selected", after=(_scored_steps, ()), **kw)
+    assert all(set(c) == {"sharded"} for c in scored), scored
+    _check(tiny4, monkeypatch, ref, got, "TP4/DCP4 nvfp4_368 selected, sharded scoring", 4, 4, "selected", **kw)

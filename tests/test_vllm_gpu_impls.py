@@ -79,6 +79,7 @@ def test_indexer_layers_route_by_serves_replicated_indexer(monkeypatch, serves):
     """Patch 0003 takes the indexer's route from ``serves_replicated_indexer`` alone (not from the
     platform): where it holds, as on a CUDA engine with a replicated indexer, the cache layer
     returns sparkinfer's backend; where not, vLLM's."""
+    pytest.importorskip("vllm")
     from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
@@ -96,6 +97,7 @@ def test_indexer_layers_route_by_serves_replicated_indexer(monkeypatch, serves):
 def test_vllm_indexer_custom_op_runs_the_replicated_indexer():
     """``torch.ops.vllm.sparse_attn_indexer`` (what ``forward_cuda`` calls on a GPU) given sparkinfer's
     metadata fills the top-k buffer and writes the keys exactly as ``run_indexer`` called directly."""
+    pytest.importorskip("vllm")
     from vllm.config import VllmConfig
     from vllm.forward_context import set_forward_context
 
@@ -170,6 +172,36 @@ def test_replicated_indexer_op_triton_equals_torch(monkeypatch):
     assert bool((buf[:6] >= 0).all())  # the chunk's rows (positions 31..36) each pick 8 tokens
     assert sorted(buf[6, :5].tolist()) == [0, 1, 2, 3, 4] and buf[6, 5:].tolist() == [-1] * 3  # 5 tokens
     assert bool((buf[7:] == 99).all())  # rows beyond the step untouched
+
+
+@pytest.mark.parametrize("forced", ["0", "1"])
+@pytest.mark.parametrize("world, interleave", [(2, 1), (4, 1), (4, 2), (3, 1)])
+def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, forced, world, interleave):
+    """Every rank scores only the positions it owns and merges all ranks' candidates: the top-k
+    buffer equals the replicated one exactly, on every rank, with the torch scorer and with the
+    Triton one. The all-gather is simulated by every rank's packed candidates in rank order."""
+    from sparkinfer.core.topology import DcpLayout
+    from sparkinfer.vllm.indexer_scoring import ShardedScoring
+    from sparkinfer.vllm.replicated_indexer import run_indexer, shard_step_candidates
+
+    monkeypatch.setenv(impls.FORCE_ENV, forced)
+    backend = "triton" if forced == "1" else "torch"
+    cache, md, q, k, w = _indexer_inputs(seed=5)
+    want = torch.full((16, 8), 99, dtype=torch.int32)
+    run_indexer(cache, md, q, k, w, want, 8)  # also writes this step's keys
+    layout = DcpLayout(world, interleave)
+    packed = []
+    for rank in range(world):
+        scores, ids = shard_step_candidates(cache, md, q, w, 8, ShardedScoring(rank, layout, None), backend)
+        packed.append(torch.cat([scores.view(torch.int32), ids], dim=1))
+    owned_rows = [(t[t >= 0] if t.numel() else t) for t in (p[:, 8:] for p in packed)]
+    assert all(bool((layout.owner_and_local(t.long())[0] == r).all()) for r, t in enumerate(owned_rows))
+    for rank in range(world):
+        got = torch.full((16, 8), 99, dtype=torch.int32)
+        md.sharded = ShardedScoring(rank, layout, lambda t: torch.cat(packed))
+        run_indexer(cache, md, q, k, w, got, 8)
+        assert torch.equal(got, want), rank
+    md.sharded = None
 
 
 def test_decode_exchange_writes_a_row_limited_ring_view():

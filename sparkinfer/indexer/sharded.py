@@ -15,20 +15,23 @@ import torch
 from .topk import select_topk
 
 
-def shard_candidates(q, w, local_records, local_token_ids, pos, k: int, *, backend: str = "auto"):
+def shard_candidates(q, w, local_records, local_token_ids, pos, k: int, *, token_slots=None,
+                     backend: str = "auto"):
     """One rank's candidates: local_records uint8 [L, 132] hold the keys of global tokens
-    local_token_ids int64 [L]; q, w, pos as in ``indexer_topk``.
+    local_token_ids int64 [L] (with ``token_slots`` int64 [L]: rows token_slots of local_records,
+    a page pool, hold them); q, w, pos as in ``indexer_topk``.
 
     Returns (scores float32 [M, k], ids int32 [M, k] global token ids), best first,
     -inf / -1 where the rank has fewer than k tokens in a row's causal prefix.
     """
     from . import indexer_scores
 
-    if local_token_ids.shape != (local_records.shape[0],):
-        raise ValueError(f"local_token_ids must be [L={local_records.shape[0]}], got {tuple(local_token_ids.shape)}")
+    n_local = local_records.shape[0] if token_slots is None else token_slots.shape[0]
+    if local_token_ids.shape != (n_local,):
+        raise ValueError(f"local_token_ids must be [L={n_local}], got {tuple(local_token_ids.shape)}")
     if pos is None or pos.shape != (q.shape[0],):
         raise ValueError(f"pos must be int64 [M={q.shape[0]}]")
-    scores = indexer_scores(q, w, local_records, None, None, backend=backend)
+    scores = indexer_scores(q, w, local_records, None, token_slots, backend=backend)
     scores = scores.masked_fill(local_token_ids[None, :] > pos[:, None], float("-inf"))
     ids, best = select_topk(scores, k, local_token_ids, with_scores=True)
     return best, ids

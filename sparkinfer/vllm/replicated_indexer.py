@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scored_steps
+
 E4M3_MAX = 448.0
 
 
@@ -39,6 +41,7 @@ class ReplicatedIndexerMetadata:
     seq_lens: torch.Tensor  # int64 [R]
     block_table: torch.Tensor  # int32 [R, B]
     slot_mapping: torch.Tensor  # int64 [T]
+    sharded: ShardedScoring | None = None  # this step's share when it is scored sharded (indexer_scoring)
 
 
 def token_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
@@ -82,7 +85,7 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     On CUDA only sm_90 and sm_120 are accepted (``impls.check_capability``).
     """
     from sparkinfer.formats import get_format
-    from sparkinfer.indexer import indexer_topk
+    from sparkinfer.indexer import indexer_topk, merge_candidates
     from sparkinfer.vllm.impls import check_capability, kernel_backend
     from sparkinfer.vllm.paged_sparse_mla import compact_pages
 
@@ -99,23 +102,65 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     fmt.write(pages, slots, k[:n].float())
     if blocks is not None:
         kv_cache[blocks] = pages
-    block_size = kv_cache.shape[1]
     topk_indices_buffer[:n] = -1
-    token_req = md.token_req.cpu()  # the per-request loop is planned on the host (metadata is host-built)
+    sharded = md.sharded
+    scored_steps["sharded" if sharded else "replicated"] += 1
+    if sharded is None:
+        for rows, pos, t, pages, slots in _request_keys(kv_cache, md, None):
+            ids = indexer_topk(q_fp8[rows].float(), weights[rows].float(), pages.view(-1, fmt.record_bytes),
+                               pos, min(index_topk, t.numel()), token_slots=slots, backend=backend)
+            topk_indices_buffer[rows, : ids.shape[1]] = ids.to(topk_indices_buffer.dtype)
+        return topk_indices_buffer
+    scores, ids = shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend)
+    # one all-gather of every rank's (score bits, position) pairs: int32 [P * n, 2k]
+    got = sharded.all_gather(torch.cat([scores.view(torch.int32), ids], dim=1))
+    got = got.view(sharded.layout.world_size, n, 2 * index_topk)
+    merged = merge_candidates(got[..., :index_topk].contiguous().view(torch.float32),
+                              got[..., index_topk:].contiguous(), index_topk)
+    topk_indices_buffer[:n, :index_topk] = merged.to(topk_indices_buffer.dtype)
+    return topk_indices_buffer
+
+
+def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: torch.Tensor,
+                          weights: torch.Tensor, index_topk: int, sharded: ShardedScoring, backend: str):
+    """This rank's candidates for every row of the step, over the positions it owns:
+    (scores float32 [T, k], positions int32 [T, k]), -inf / -1 past a row's owned causal prefix."""
+    from sparkinfer.indexer import shard_candidates
+
+    n = md.num_actual_tokens
+    dev = kv_cache.device
+    scores = torch.full((n, index_topk), float("-inf"), device=dev)
+    ids = torch.full((n, index_topk), -1, dtype=torch.int32, device=dev)
+    for rows, pos, t, pages, slots in _request_keys(kv_cache, md, sharded):
+        if t.numel() == 0:  # this rank owns none of the request's positions yet
+            continue
+        s, i = shard_candidates(q_fp8[rows].float(), weights[rows].float(), pages.view(-1, kv_cache.shape[-1]),
+                                t, pos, index_topk, token_slots=slots, backend=backend)
+        scores[rows], ids[rows] = s, i
+    return scores, ids
+
+
+def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: ShardedScoring | None):
+    """Per request of the step, on the cache's device: (its rows, their causal positions, the
+    positions scored int64 [L] (its whole prefix, or this rank's share of it), contiguous pages
+    holding their keys, their slots in those pages). The per-request loop is planned on the host
+    (metadata is host-built)."""
+    from sparkinfer.vllm.paged_sparse_mla import compact_pages
+
+    dev = kv_cache.device
+    block_size = kv_cache.shape[1]
+    token_req = md.token_req.cpu()
     for r in range(md.num_reqs):
         rows = (token_req == r).nonzero().flatten()
         if rows.numel() == 0:
             continue
-        seq_len = int(md.seq_lens[r])
-        t = torch.arange(seq_len, device=dev)
+        t = torch.arange(int(md.seq_lens[r]))
+        if sharded is not None:
+            t = sharded.owned(t)
+        t = t.to(dev)
         slots = md.block_table[r].to(device=dev, dtype=torch.int64)[t // block_size] * block_size + t % block_size
         pages, slots, _ = compact_pages(kv_cache, slots)
-        rows_dev = rows.to(dev)
-        ids = indexer_topk(q_fp8[rows_dev].float(), weights[rows_dev].float(), pages.view(-1, fmt.record_bytes),
-                           md.positions[rows].to(dev), min(index_topk, seq_len), token_slots=slots,
-                           backend=backend)
-        topk_indices_buffer[rows_dev, : ids.shape[1]] = ids.to(topk_indices_buffer.dtype)
-    return topk_indices_buffer
+        yield rows.to(dev), md.positions[rows].to(dev), t, pages, slots
 
 
 def serves_replicated_indexer(vllm_config) -> bool:
@@ -141,6 +186,7 @@ def indexer_backend():
 
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+            self.scoring = IndexerScoring(vllm_config)
 
         def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
             cm = common_attn_metadata
@@ -154,7 +200,7 @@ def indexer_backend():
             tr, pos = token_req.to(table.device), positions.to(table.device)
             slots = table[tr, pos // block_size] * block_size + pos % block_size
             return ReplicatedIndexerMetadata(cm.num_actual_tokens, cm.num_reqs, token_req, positions, seq_lens,
-                                      cm.block_table_tensor, slots)
+                                             cm.block_table_tensor, slots, self.scoring.for_step(positions))
 
     class SparkinferIndexerBackend(DeepseekV32IndexerBackend):
         @staticmethod

@@ -1,0 +1,98 @@
+"""Who scores the replicated indexer's context, decided per step (setting ``indexer_scoring``).
+
+With the indexer replicated (``indexer_layout``), every rank holds every token's key, so a step can
+be scored two ways, with the same top-k on every rank either way:
+
+* ``replicated``: every rank scores its requests' whole causal prefix alone; no collective.
+* ``sharded``: every rank scores the positions it owns (DCP placement, so the work splits evenly)
+  and keeps its top-k candidates; one all-gather over the DCP group per indexer layer brings
+  every rank's ``[T, k]`` (score, position) pairs, merged by the top-k's own tie rule
+  (``sparkinfer.indexer.merge_candidates``). A position's score does not depend on which other
+  positions are scored, so the merge is the replicated top-k exactly.
+
+``auto`` takes, per step, the cheaper by the node profile (``costmodel.choose_indexer``: scoring
+``1 - 1/DCP`` of the context saved against one all-gather; on the RTX PRO 6000 node sharded pays
+above ~22.5K tokens of context at batch 1 with MTP3), and ``replicated`` where no profile is known
+(the CPU). Every rank decides from the step's positions, which are the same on every rank, so all
+ranks enter the all-gather together.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from sparkinfer.core.topology import DcpLayout
+
+log = logging.getLogger(__name__)
+# steps scored per way in this process, per indexer layer call (what a test reads)
+scored_steps: Counter = Counter()
+
+
+@dataclass(frozen=True)
+class ShardedScoring:
+    """This rank's share of a sharded step: the positions ``layout`` gives ``rank``."""
+
+    rank: int
+    layout: DcpLayout
+    all_gather: Callable[[torch.Tensor], torch.Tensor]  # [n, ...] -> [P * n, ...], in rank order
+
+    def owned(self, positions: torch.Tensor) -> torch.Tensor:
+        """The entries of int64 ``positions`` that this rank scores."""
+        owner, _ = self.layout.owner_and_local(positions)
+        return positions[owner == self.rank]
+
+
+class IndexerScoring:
+    """One per indexer metadata builder: ``for_step`` gives the step's ``ShardedScoring`` or None."""
+
+    def __init__(self, vllm_config):
+        from sparkinfer.config import from_additional_config
+        from sparkinfer.vllm.indexer_layout import indexer_replicated
+
+        par = vllm_config.parallel_config
+        self.dcp = par.decode_context_parallel_size
+        setting = from_additional_config(vllm_config.additional_config).indexer_scoring
+        if not indexer_replicated(vllm_config):  # DCP 1, or upstream's sharded keys: nothing to choose
+            setting = "replicated"
+        self.profile = self.geom = None
+        if setting == "auto":
+            self.profile, self.geom = self._profile(vllm_config)
+            if self.profile is None:
+                log.info("sparkinfer indexer_scoring=auto: no node profile for this device, scoring "
+                         "replicated (set indexer_scoring=sharded to split it)")
+                setting = "replicated"
+        self.setting = setting
+        self._sharded = None
+        if setting != "replicated":
+            from vllm.distributed.parallel_state import get_dcp_group
+
+            group = get_dcp_group()
+            self._sharded = ShardedScoring(group.rank_in_group, DcpLayout(self.dcp, par.cp_kv_cache_interleave_size),
+                                           lambda t: group.all_gather(t, dim=0))
+
+    def _profile(self, vllm_config):
+        if not torch.cuda.is_available():
+            return None, None
+        from sparkinfer.core.costmodel import find_profile
+        from sparkinfer.core.geometry import ModelGeometry
+
+        profile = find_profile(torch.cuda.get_device_name(), self.dcp)
+        return profile, (ModelGeometry.from_hf_config(vllm_config.model_config.hf_text_config)
+                         if profile is not None else None)
+
+    def for_step(self, positions: torch.Tensor) -> ShardedScoring | None:
+        """positions int64 [T] (CPU): each query row's causal position; the row scores pos + 1 tokens."""
+        if self._sharded is None or positions.numel() == 0:
+            return None
+        if self.setting == "sharded":
+            return self._sharded
+        from sparkinfer.core.costmodel import choose_indexer
+
+        rows_context = float(positions.sum()) + positions.numel()
+        pick = choose_indexer(self.profile, rows_context, positions.numel(), self.dcp, self.geom)
+        return self._sharded if pick == "sharded" else None
