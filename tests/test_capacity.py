@@ -156,7 +156,8 @@ def test_replica_capacity(batch, share, fmt, mtp):
     prof = profile(record_format=fmt, mtp=mtp, kv_bytes=64 << 20)  # small enough to simulate
     budget = int(share * prof.kv_bytes)
     r = replica_capacity(prof, batch, budget)
-    per_pos = batch * GLM52.cached_layers(mtp > 0) * {"nvfp4_368": 368, "656": 656, "432": 432}[fmt]
+    # the engine's store: every target layer, not the MTP layer (sparkinfer/vllm/replica_budget.py)
+    per_pos = batch * GLM52.num_layers * {"nvfp4_368": 368, "656": 656, "432": 432}[fmt]
     assert r.window * per_pos <= budget < (r.window + 1) * per_pos and r.store_bytes == r.window * per_pos
     rows = 1 + mtp
     # the rule: a request prefilled to c, then one decode step of `rows`, holds everything iff c <= local

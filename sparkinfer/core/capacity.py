@@ -170,7 +170,9 @@ def replica_capacity(profile: CapacityProfile, batch: int, store_budget: int) ->
     if isinstance(store_budget, bool) or not isinstance(store_budget, int) or not 0 <= store_budget <= profile.kv_bytes:
         raise ValueError(f"store_budget must be an int in [0, kv_bytes={profile.kv_bytes}], got {store_budget!r}")
     fmt = layout(profile.record_format)
-    layers = profile.geometry.cached_layers(profile.mtp > 0)
+    # the engine's store holds the target layers only (the MTP layer's records are not planned),
+    # as sparkinfer/vllm/replica_budget.py sizes it
+    layers = profile.geometry.num_layers
     window = window_for_budget(store_budget, batch, layers, fmt.record_bytes)
     used = store_bytes(window, batch, layers, fmt.record_bytes)
     rows = 1 + profile.mtp
