@@ -1,7 +1,7 @@
 """Host time of one policy decision (budget: well under 10 us for a batch of 8), and of the
 Python reference ReuseTracker per layer for scale.
 
-    python benchmarks/policy_bench.py [--profile rtx_pro_6000_x4] [--batch 8]
+    python benchmarks/policy_bench.py [--hw rtx_pro_6000_x4] [--batch 8]
 
 Prints the median and p99 of per-call wall time over many repetitions
 (``time.perf_counter_ns``, one call per sample, after a warm-up).
@@ -47,11 +47,11 @@ def _time_calls(fn, n: int) -> np.ndarray:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="rtx_pro_6000_x4")
+    ap.add_argument("--hw", default="rtx_pro_6000_x4", help="hardware cost profile (name or JSON path)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--n", type=int, default=20000)
     args = ap.parse_args(argv)
-    p = cm.load_profile(args.profile)
+    p = cm.load_profile(args.hw)
     pol = StepPolicy(p, env={})
     b = args.batch
     rows, ctx = [4] * b, [65536 + 977 * i for i in range(b)]

@@ -23,7 +23,7 @@ SMALL = dict(batch=1, context=64, topk=16, fmt="fp8_ds_mla")
 @pytest.mark.multiproc
 def test_demo_cli_check_passes_and_policy_picks_stock_on_the_rtx_profile(capsys):
     assert main(["demo", "--check", "--steps", "2", "--batch", "1", "--context", "64", "--topk", "16",
-                 "--format", "nvfp4_368", "--mode", "auto", "--profile", "rtx_pro_6000_x4",
+                 "--format", "nvfp4_368", "--mode", "auto", "--hw", "rtx_pro_6000_x4",
                  "--replica-window", "0"]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "top-k identical on all ranks: True" in out and "problems: 0" in out

@@ -16,7 +16,8 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=3, help="consecutive decode steps of the same requests")
     p.add_argument("--mode", choices=("auto", "stock", "selected"), default=None,
                    help="policy mode (default: the profile's, overridden by VLLM_SPARKINFER_MODE)")
-    p.add_argument("--profile", default="rtx_pro_6000_x4", help="node profile (name or JSON path) the policy models")
+    p.add_argument("--hw", default="rtx_pro_6000_x4",
+                   help="hardware cost profile (name in sparkinfer/profiles or JSON path) the policy models")
     p.add_argument("--pool-rows", type=int, default=0,
                    help="reuse pool rows per rank (0: enough for the whole run; small values force eviction)")
     p.add_argument("--restart-step", type=int, default=-1,
@@ -47,7 +48,7 @@ def run(args) -> int:
 
     cfg = DemoConfig(fmt=canonical_name(args.format), batch=args.batch, context=args.context, topk=args.topk,
                      heads=args.heads, depth=args.depth, interleave=args.interleave, seed=args.seed,
-                     steps=args.steps, drift=args.drift, mode=args.mode, profile=args.profile,
+                     steps=args.steps, drift=args.drift, mode=args.mode, profile=args.hw,
                      pool_rows=args.pool_rows, restart_step=args.restart_step,
                      reuse_prior=args.reuse_prior, replica_window=args.replica_window)
     summary = run_demo(cfg)

@@ -105,7 +105,7 @@ def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
                       f"entries from the {cfg.world} pools); request {x['new']} took its batch slot and KV blocks")
     if all(r["path"] == "stock" for r in summary["rows"]):
         con.print("every step went stock: the reuse pools only keep records of steps that moved them "
-                  "(--mode selected or another --profile shows the reuse path filling workspaces from them)")
+                  "(--mode selected or another --hw shows the reuse path filling workspaces from them)")
     tt = Table(title="time per stage (slowest rank, all steps)")
     tt.add_column("stage")
     tt.add_column("seconds", justify="right")
