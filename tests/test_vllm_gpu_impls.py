@@ -174,34 +174,39 @@ def test_replicated_indexer_op_triton_equals_torch(monkeypatch):
     assert bool((buf[7:] == 99).all())  # rows beyond the step untouched
 
 
-@pytest.mark.parametrize("forced", ["0", "1"])
+@pytest.mark.parametrize("device, forced", [("cpu", "0"), ("cpu", "1"), pytest.param("cuda", "0", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("world, interleave", [(2, 1), (4, 1), (4, 2), (3, 1)])
-def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, forced, world, interleave):
+def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, world, interleave):
     """Every rank scores only the positions it owns and merges all ranks' candidates: the top-k
     buffer equals the replicated one exactly, on every rank, with the torch scorer and with the
-    Triton one. The all-gather is simulated by every rank's packed candidates in rank order."""
+    Triton one (interpreted on CPU, compiled on a GPU: a position's fp32 score must not depend on
+    which other positions share its tile). The all-gather is simulated by every rank's packed
+    candidates in rank order."""
     from sparkinfer.core.topology import DcpLayout
+    from sparkinfer.vllm.impls import kernel_backend
     from sparkinfer.vllm.indexer_scoring import ShardedScoring
-    from sparkinfer.vllm.replicated_indexer import run_indexer, shard_step_candidates
+    from sparkinfer.vllm.replicated_indexer import ReplicatedIndexerMetadata, run_indexer, shard_step_candidates
 
     monkeypatch.setenv(impls.FORCE_ENV, forced)
-    backend = "triton" if forced == "1" else "torch"
-    cache, md, q, k, w = _indexer_inputs(seed=5)
-    want = torch.full((16, 8), 99, dtype=torch.int32)
+    dev = torch.device(device)
+    backend = kernel_backend(dev)
+    cache, md, q, k, w = (t.to(dev) if isinstance(t, torch.Tensor) else t for t in _indexer_inputs(seed=5))
+    md = ReplicatedIndexerMetadata(md.num_actual_tokens, md.num_reqs, md.token_req, md.positions, md.seq_lens,
+                                   md.block_table.to(dev), md.slot_mapping.to(dev))
+    want = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
     run_indexer(cache, md, q, k, w, want, 8)  # also writes this step's keys
     layout = DcpLayout(world, interleave)
     packed = []
     for rank in range(world):
         scores, ids = shard_step_candidates(cache, md, q, w, 8, ShardedScoring(rank, layout, None), backend)
         packed.append(torch.cat([scores.view(torch.int32), ids], dim=1))
-    owned_rows = [(t[t >= 0] if t.numel() else t) for t in (p[:, 8:] for p in packed)]
+    owned_rows = [t[t >= 0].cpu() for t in (p[:, 8:] for p in packed)]
     assert all(bool((layout.owner_and_local(t.long())[0] == r).all()) for r, t in enumerate(owned_rows))
     for rank in range(world):
-        got = torch.full((16, 8), 99, dtype=torch.int32)
+        got = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
         md.sharded = ShardedScoring(rank, layout, lambda t: torch.cat(packed))
         run_indexer(cache, md, q, k, w, got, 8)
         assert torch.equal(got, want), rank
-    md.sharded = None
 
 
 def test_decode_exchange_writes_a_row_limited_ring_view():
