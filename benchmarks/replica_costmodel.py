@@ -15,9 +15,10 @@ Lines (per request context ``c``, every request of the batch at ``c``):
   reuse pool's steady miss share ``new`` (below) and the step's indexer scoring (next line).
 * **DCP4 replicas (auto)**: a replica store of ``--replica-share`` of the KV budget per rank
   (counted inside it, so the line ends at a lower max context), window ``W`` positions per request
-  (``core/replicas.window_for_budget`` over 79 layers x 368 B x batch). A step with ``c + 4 <= W``
-  holds every record (no exchange); beyond, the share of the remote union that moves at window
-  fraction ``w = W / c`` is the trace measurement of ``bytes_per_token.py`` (below). The policy
+  (``core/replicas.window_for_budget`` over the 78 target layers x 368 B x batch: the MTP layer's
+  records are not held). A step with ``c + 4 <= W`` holds every record (no exchange); beyond, the
+  share of the remote union that moves at window fraction ``w = W / c`` is the trace measurement
+  of ``bytes_per_token.py`` (below). The policy
   (``StepPolicy.decide`` with ``held_fraction``) picks stock or selected per step; the line is the
   chosen path's time, which includes the replica writes on both paths. Its indexer scoring is the
   engine's ``indexer_scoring = auto``: per step ``costmodel.choose_indexer`` (over the batch's
