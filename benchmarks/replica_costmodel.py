@@ -249,12 +249,12 @@ def main(argv=None) -> int:
     p = cm.load_profile(args.profile)
     kv = int(args.kv_gb * GIB)
     curve = moving_share_curve(args.bytes_csv, args.replay)
-    layers = GLM52.cached_layers(True)
+    layers = GLM52.num_layers  # the store holds the target layers (the MTP layer's records are not replicated)
     print(f"profile {p.name}: base {p.base_us:.0f} us + {p.base_row_us:.0f} us/row, exchange {p.exchange_us:.1f} us, "
           f"copy {p.copy_us} us, collective {p.collective_us} us, link {p.bw_dir_GBps}/{p.bw_bidir_GBps} GB/s, "
           f"HBM {p.hbm_GBps} GB/s, indexer {p.index_ns_per_token} ns/token, attention {p.attn_us_per_ktok} us/ktok")
     print(f"TP4, MTP3 (acceptance {cm.MTP_ACCEPT} per draft, chain: {cm.tokens_per_step(ROWS):.3f} tokens/step), "
-          f"union {cm.UNION_RATIO_MTP3} k, k {GLM52.topk}, {RECORD}-byte records, {layers} cached layers, "
+          f"union {cm.UNION_RATIO_MTP3} k, k {GLM52.topk}, {RECORD}-byte records, {layers} replicated layers, "
           "prefetch 0..3")
     print(f"KV budget {args.kv_gb:g} GiB per GPU; replica store {args.replica_share:.0%} of it "
           f"({args.replica_share * args.kv_gb:g} GiB per rank, inside the budget)")

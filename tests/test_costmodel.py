@@ -214,7 +214,7 @@ def test_fully_held_step_is_attention_plus_replica_write(profile):
                   backend="a2a" if qrep else "ag_rs", q_replicated=qrep)
         held = cm.StepSpec(held_fraction=1.0, **kw)
         plain = cm.StepSpec(**kw)
-        layers = GLM52.num_layers + (rows > 1)
+        layers = GLM52.num_layers  # the store holds the target layers, not the MTP layer
         rec = {"nvfp4_368": 368, "fp8_ds_mla": 656}[fmt]
         write = batch * rows * layers * rec / (profile.hbm_GBps * 1e3)
         st = cm.predict(held, profile, "stock", 0)

@@ -318,7 +318,8 @@ def predict(step: StepSpec, p: NodeProfile, path: str, depth: int = 1,
     index = n_full * rows_total * scored * p.index_ns_per_token * 1e-3
     b = step_bytes(step, geom)
     d = step.dcp
-    write = 0.0 if step.held_fraction is None else replica_write_us(rows_total, b["record_bytes"], n_layers, p)
+    # the store takes the target layers' records (the MTP layer's are not replicated)
+    write = 0.0 if step.held_fraction is None else replica_write_us(rows_total, b["record_bytes"], geom.num_layers, p)
     # the candidate all-gather of sharded scoring, once per Full layer, on either path
     merge = acc.sharded_topk_merge(rows_total, geom.topk, d) if step.indexer == "sharded" else acc.empty(d)
     comm = n_full * merge_us(merge, p)

@@ -154,7 +154,7 @@ class StepPolicy:
         sel = cm.exposed_us(x, fixed, c, n_full, terms)
         if not (replicas or all_local):
             return stock, sel
-        write = cm.replica_write_us(rows, self.record_bytes, n_layers, p)
+        write = cm.replica_write_us(rows, self.record_bytes, self.geom.num_layers, p)  # target layers only
         if all_local:
             return stock + write, [write] * len(terms)
         return stock + write, [s + write for s in sel]
@@ -283,7 +283,7 @@ class StepPolicy:
         mtp = total_rows > b
         # the arithmetic of ``costs(..., all_local=local, replicas=True)``, through the compiled form
         n_layers, exposed = self._fast[mtp]
-        write = cm.replica_write_us(total_rows, self.record_bytes, n_layers, self.profile)
+        write = cm.replica_write_us(total_rows, self.record_bytes, self.geom.num_layers, self.profile)
         stock = n_layers * (self._stock_fixed + total_rows * self._stock_per_row) + write
         c = (self._base_us + self._base_row_us * (total_rows - 1)) / n_layers
         sels = (write,) * len(self._depths) if local else tuple(s + write for s in self._exposed(moved, c, exposed))
