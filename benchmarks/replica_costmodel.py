@@ -235,7 +235,7 @@ def plot(rows: list[dict], path: str) -> bool:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="predicted decode tok/s with replica records (cost model)")
-    ap.add_argument("--profile", default="rtx_pro_6000_x4")
+    ap.add_argument("--hw", default="rtx_pro_6000_x4", help="hardware cost profile (name or JSON path)")
     ap.add_argument("--kv-gb", type=float, default=10.0, help="KV budget per GPU, GiB (default 10)")
     ap.add_argument("--replica-share", type=float, default=0.2,
                     help="share of the KV budget given to the replica store (default 0.2, the auto share)")
@@ -246,7 +246,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not 0.0 <= args.replica_share < 1.0:
         raise SystemExit("--replica-share must be in [0, 1)")
-    p = cm.load_profile(args.profile)
+    p = cm.load_profile(args.hw)
     kv = int(args.kv_gb * GIB)
     curve = moving_share_curve(args.bytes_csv, args.replay)
     layers = GLM52.num_layers  # the store holds the target layers (the MTP layer's records are not replicated)
