@@ -274,3 +274,12 @@ def test_bytes_per_token_replica_replay():
     assert (half["copies"][0], none["copies"][0]) == (2 * 12, 2 * 12)
     # later steps: the pool kept 36..63; the 4 positions that just left the ring move once (3 destinations)
     assert half["bytes"][1:].tolist() == [2 * 4 * 3 * 368] * (len(half["bytes"]) - 1)
+
+
+@pytest.mark.parametrize("batch, rows", [(1, 1), (1, 4), (8, 4), (16, 4), (3, 2)])
+def test_sharded_scoring_from_is_the_edge_of_choose_indexer(rtx, batch, rows):
+    c = cm.sharded_scoring_from(rtx, batch, rows, 4)
+    rows_ctx = lambda ctx: batch * sum(ctx + i + 1 for i in range(rows))
+    assert cm.choose_indexer(rtx, rows_ctx(c), batch * rows, 4) == "sharded"
+    assert c == 0 or cm.choose_indexer(rtx, rows_ctx(c - 1), batch * rows, 4) == "replicated"
+    assert cm.sharded_scoring_from(rtx, batch, rows, 1) is None

@@ -430,3 +430,19 @@ def test_replica_decide_equals_reference(profile):
         pols[0].decide([4], [100], held_fraction=[1.5])
     with pytest.raises(ValueError, match="one entry per request"):
         pols[0].decide([4, 4], [100, 100], held_fraction=[1.0])
+
+
+def test_plan_scoring_section():
+    """``sparkinfer plan --hw``: the context from which ``indexer_scoring = auto`` shards, per batch, as
+    ``costmodel.sharded_scoring_from`` gives it; no table where the choice does not exist."""
+    import argparse
+    from sparkinfer.cli import plan
+    ap = argparse.ArgumentParser()
+    plan.add_arguments(ap)
+    titled = {s.title: s for s in plan.sections(ap.parse_args(["--hw", "rtx_pro_6000_x4", "--concurrency", "16"]))}
+    sec = next(s for t, s in titled.items() if t.startswith("indexer_scoring = auto"))
+    p = cm.load_profile("rtx_pro_6000_x4")
+    assert sec.rows == [(str(b), f"{cm.sharded_scoring_from(p, b, 4, 4):,}") for b in (1, 8, 16)]
+    for argv in (["--hw", "rtx_pro_6000_x4", "--indexer", "sharded"], ["--hw", "rtx_pro_6000_x4", "--dcp", "1"], []):
+        args = ap.parse_args(argv)
+        assert plan.scoring_section(args, plan.capacity_plan(plan.profile_from_args(args))) is None, argv

@@ -201,6 +201,22 @@ def policy_section(args: argparse.Namespace, plan) -> Optional[Section]:
 add_section(policy_section, add_policy_arguments)
 
 
+def scoring_section(args: argparse.Namespace, plan: CapacityPlan) -> Optional[Section]:
+    """Per batch (1, 8, --concurrency): the context from which ``indexer_scoring = auto`` scores a
+    step sharded (each GPU its own positions plus one candidate all-gather per indexer layer,
+    ``costmodel.sharded_scoring_from``); None without ``--hw`` or at DCP1."""
+    if getattr(args, "hw", None) is None or plan.profile.dcp == 1 or plan.profile.indexer != "replicated":
+        return None  # the choice needs every key on every GPU
+    prof = cm.load_profile(args.hw)
+    rows = [(str(b), f"{cm.sharded_scoring_from(prof, b, 1 + args.mtp, plan.profile.dcp):,}")
+            for b in sorted({1, 8, args.concurrency})]
+    return Section(f"indexer_scoring = auto on {prof.name}, MTP{args.mtp}",
+                   ("batch", f"a 1/{plan.profile.dcp} share per GPU from context"), rows)
+
+
+add_section(scoring_section)
+
+
 def add_replica_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replica-share", type=float, default=0.2,
                    help="share of the KV budget per GPU given to the replica store in the replica table "

@@ -368,6 +368,27 @@ def choose_indexer(p: NodeProfile, rows_context: float, rows_total: int, dcp: in
     return "sharded" if scoring_saving_us(p, rows_context, rows_total, dcp, geom) > 0 else "replicated"
 
 
+def sharded_scoring_from(p: NodeProfile, batch: int, rows: int, dcp: int, geom: ModelGeometry = GLM52) -> int | None:
+    """The least context at which ``choose_indexer`` scores a step of ``batch`` requests of ``rows``
+    query rows each (row i of a request at context c scores c + i + 1 tokens) sharded; None at
+    DCP 1. The saving is linear in the context, so this solves it, then steps to the exact edge."""
+    if dcp == 1:
+        return None
+    total = batch * rows
+    offset = batch * rows * (rows + 1) / 2  # the rows' own positions past the context
+
+    def pays(c: int) -> bool:
+        return choose_indexer(p, total * c + offset, total, dcp, geom) == "sharded"
+
+    per_token = total * (1.0 - 1.0 / dcp) * p.index_ns_per_token * 1e-3
+    c = max(0, int((merge_us(acc.sharded_topk_merge(total, geom.topk, dcp), p) / per_token) - offset / total))
+    while c > 0 and pays(c - 1):
+        c -= 1
+    while not pays(c):
+        c += 1
+    return c
+
+
 def group_counts(groups: list[int]) -> tuple:
     """((shared layers n, how many Full layers have n), ...) sorted by n."""
     counts = {}
