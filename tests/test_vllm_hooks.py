@@ -102,7 +102,8 @@ def test_engine_config_validates_at_start(tmp_path, monkeypatch):
     cfg = EngineArgs(model=str(tmp_path), skip_tokenizer_init=True, sparkinfer_mode="selected",
                      sparkinfer_replica_window=64, dtype="float32").create_engine_config()
     assert cfg.additional_config["sparkinfer"] == {"mode": "selected", "prefetch_depth": 2, "pool_mb": 512,
-                                                   "fabric": "auto", "replica_window": 64}
+                                                   "fabric": "auto", "replica_window": 64,
+                                                   "indexer_scoring": "auto"}
     with pytest.raises(ValueError, match=r"fabric \(from --sparkinfer-fabric\)"):
         EngineArgs(model=str(tmp_path), skip_tokenizer_init=True, sparkinfer_fabric="nvlink",
                    dtype="float32").create_engine_config()

@@ -2,7 +2,9 @@
 
 One server for the whole module: the tiny GLM-5.2-shaped model at TP2/DCP2 with 368-byte records in
 sparkinfer mode ``selected`` with a replica window of 8 (so decode steps both read replicas and
-fetch what lies outside the window), 24-token prefill chunks and a KV cache of a few blocks
+fetch what lies outside the window), the indexer scored sharded (each rank its own positions, one
+candidate all-gather per indexer layer: a collective that must survive preemption and aborts
+in lock-step), 24-token prefill chunks and a KV cache of a few blocks
 (``--num-gpu-blocks-override``, honoured by vLLM's KV-cache sizing on the CPU platform too), so
 that the burst below cannot all fit and the scheduler preempts (and later recomputes) requests.
 
@@ -142,9 +144,9 @@ def _metric(text: str, name: str, **labels) -> float:
 
 
 def _start_server(model_dir, log_path):
-    from test_vllm_e2e import _free_port
+    from vllm_server import free_port
 
-    port = _free_port()
+    port = free_port()
     cli = Path(sys.executable).with_name("vllm")
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")  # the log is read while the server runs
@@ -158,7 +160,8 @@ def _start_server(model_dir, log_path):
          "--num-gpu-blocks-override", str(BLOCKS), "--enable-log-requests",  # logs each abort
          "--shutdown-timeout", "10",  # SIGTERM drains instead of killing the engine mid-step
          "--compilation-config", json.dumps({"custom_ops": ["-rotary_embedding"]}),  # CPU rope bug for MLA q
-         "--sparkinfer-mode", "selected", "--sparkinfer-replica-window", "8", "--sparkinfer-pool-mb", "4"],
+         "--sparkinfer-mode", "selected", "--sparkinfer-replica-window", "8", "--sparkinfer-pool-mb", "4",
+         "--sparkinfer-indexer-scoring", "sharded"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return proc, log, f"http://127.0.0.1:{port}"
 
