@@ -127,7 +127,8 @@ def rows_for(p, batch, contexts, curve, kv, share) -> list[dict]:
         shd = cm.predict(spec(batch, c, indexer="sharded"), p, "stock", 0)
         # the engine's indexer_scoring = auto; it costs stock and selected alike, so the policy's
         # path choice (which leaves scoring out) stands and the chosen path is priced with it
-        scoring = cm.choose_indexer(p, batch * ROWS * c, batch * ROWS, s.dcp)
+        # as the engine decides (indexer_scoring.py): row i of a request at context c scores c + i + 1 tokens
+        scoring = cm.choose_indexer(p, batch * (ROWS * c + ROWS * (ROWS + 1) / 2), batch * ROWS, s.dcp)
         reuse = min((cm.predict(replace(s, new_fraction=new, indexer=scoring), p, "selected", d)
                      for d in range(DEPTHS)), key=lambda pc: pc.total_us)
         local = c + ROWS <= cap.window
@@ -188,16 +189,6 @@ def check_targets(rows: list[dict]) -> list[str]:
                          f"replicas / {name} >= {ratio:.6f} (at {worst['context']:,}, {worst['replica_path']}, "
                          f"{worst['indexer_scoring']} scoring) -> {verdict}")
     return lines
-
-
-def sharded_scoring_from(p: cm.NodeProfile, rows_total: int, dcp: int) -> int:
-    """The shortest context at which ``choose_indexer`` takes sharded scoring (its saving grows
-    linearly with the context, so a bisection finds it)."""
-    lo, hi = 0, 1 << 30
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if cm.choose_indexer(p, rows_total * mid, rows_total, dcp) == "sharded" else (mid, hi)
-    return hi
 
 
 def plot(rows: list[dict], path: str) -> bool:
@@ -284,7 +275,7 @@ def main(argv=None) -> int:
               f"{cap.local_context:,}; max context per request: DCP1 {cap.dcp1_max_context:,}, DCP4 "
               f"{cap.dcp_max_context:,}, DCP4 with replicas {cap.replica_max_context:,}; store "
               f"{cap.store_bytes / GIB:.2f} GiB per rank ({cap.store_bytes_per_request / 2**20:,.0f} MiB per request); "
-              f"sharded indexer scoring from context {sharded_scoring_from(p, batch * ROWS, 4):,}")
+              f"sharded indexer scoring from context {cm.sharded_scoring_from(p, batch, ROWS, 4):,}")
         rows += rows_for(p, batch, sorted(set(contexts) | extra), curve, kv, args.replica_share)
     print(f"\n{'batch':>5}{'context':>10}{'DCP1':>8}{'stock':>8}{'stock sh':>9}{'sel+re':>8}{'replica':>8}"
           f"{'path':>14}{'scoring':>11}{'held':>6}   (tok/s)")
