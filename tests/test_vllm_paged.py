@@ -169,3 +169,22 @@ def test_block_outermost_layer_view_reads_and_writes_like_a_contiguous_cache(cac
     write_records(cache_dtype, lat, rp, cache, slots)
     assert torch.equal(view, cache) and torch.equal(raw[:, [0, 2]], others)  # other layers untouched
     assert compact_pages(cache, slots)[0] is cache  # contiguous: used as is
+
+
+@pytest.mark.parametrize("width, layers, layer", [(132, 3, 1), (368, 2, 0), (132, 1, 0)])
+def test_row_view_reads_a_strided_layer_in_place(width, layers, layer):
+    """``row_view``: every slot's row of the overlapping view is that slot's record of the layer, the
+    view shares the cache's storage (no copy), and a stride that is not a multiple of 4 is refused."""
+    from sparkinfer.vllm.paged_sparse_mla import row_view
+
+    g = torch.Generator().manual_seed(width)
+    raw = torch.randint(0, 255, (5, layers, 16, width), generator=g, dtype=torch.uint8)  # [B, L, bs, rec]
+    view = raw[:, layer]
+    slots = torch.randperm(5 * 16, generator=g)[:40]
+    rows, at = row_view(view, slots)
+    want = view.reshape(-1, width)[slots]  # reshape copies the strided view: the reference
+    assert torch.equal(rows[at], want)
+    assert rows.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr()
+    assert (rows.data_ptr() == view.data_ptr()) and (layers == 1) == view.is_contiguous()
+    odd = torch.zeros(5, 2, 16, 133, dtype=torch.uint8)[:, 0, :, :132]  # 133-byte pitch: unaligned rows
+    assert row_view(odd, slots) is None

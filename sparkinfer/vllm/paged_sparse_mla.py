@@ -71,6 +71,29 @@ def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):
     return kv_cache[blocks], local, blocks
 
 
+def row_view(kv_cache: torch.Tensor, slots: torch.Tensor):
+    """``kv_cache [num_blocks, block_size, record]`` as rows a reader addresses by index, without a
+    copy -> (rows uint8 [R, record], row int64 of each of ``slots`` in it, -1 kept).
+
+    A contiguous cache is its own flat view. A strided one (the block-outermost layouts, see
+    ``compact_pages``) becomes an overlapping view of its storage whose rows start every 4 bytes
+    (what the indexer kernel's aligned loads need): slot ``b * block_size + i`` is the row at byte
+    ``b * stride(0) + i * stride(1)``, divided by 4. Read-only: rows overlap. None when a stride is
+    not a multiple of 4 (then ``compact_pages`` copies).
+    """
+    if kv_cache.is_contiguous():
+        return kv_cache.view(-1, kv_cache.shape[-1]), slots.to(torch.int64)
+    nb, bs, width = kv_cache.shape
+    s0, s1 = kv_cache.stride(0), kv_cache.stride(1)
+    if kv_cache.stride(2) != 1 or s0 % 4 or s1 % 4 or kv_cache.storage_offset() % 4:
+        return None
+    slots = slots.to(torch.int64)
+    n_rows = ((nb - 1) * s0 + (bs - 1) * s1) // 4 + 1  # the last row starts at the last record
+    rows = kv_cache.as_strided((n_rows, width), (4, 1))
+    at = (slots // bs) * (s0 // 4) + (slots % bs) * (s1 // 4)
+    return rows, torch.where(slots >= 0, at, -1)
+
+
 def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str,
                      topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, scale: float,
                      dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1):
@@ -90,6 +113,11 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
         raise ValueError(f"kv_cache must be uint8 [num_blocks, block_size, {fmt.record_bytes}] for {fmt.name}, "
                          f"got {kv_cache.dtype} {tuple(kv_cache.shape)}")
     slots = topk_to_slots(topk, token_req, block_table, kv_cache.shape[1], dcp_rank, dcp_world, interleave)
-    pages, slots, _ = compact_pages(kv_cache, slots)
-    return sparse_mla_decode(q_nope, q_rope, pages.view(-1, fmt.record_bytes), fmt, slots.to(torch.int32), scale,
-                             backend=kernel_backend(kv_cache.device))
+    # Read the strided pages in place: copying the pages a top-k touches moves up to the whole shard
+    # per layer, many times the k records attention reads. int64 rows: the view spans the cache.
+    view = row_view(kv_cache, slots)
+    if view is None:
+        pages, local, _ = compact_pages(kv_cache, slots)
+        view = pages.view(-1, fmt.record_bytes), local.to(torch.int32)
+    records, rows = view
+    return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=kernel_backend(kv_cache.device))

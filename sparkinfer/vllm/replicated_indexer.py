@@ -106,9 +106,9 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     sharded = md.sharded
     scored_steps["sharded" if sharded else "replicated"] += 1
     if sharded is None:
-        for rows, pos, t, pages, slots in _request_keys(kv_cache, md, None):
-            ids = indexer_topk(q_fp8[rows].float(), weights[rows].float(), pages.view(-1, fmt.record_bytes),
-                               pos, min(index_topk, t.numel()), token_slots=slots, backend=backend)
+        for rows, pos, t, keys, slots in _request_keys(kv_cache, md, None):
+            ids = indexer_topk(q_fp8[rows].float(), weights[rows].float(), keys, pos, min(index_topk, t.numel()),
+                               token_slots=slots, backend=backend)
             topk_indices_buffer[rows, : ids.shape[1]] = ids.to(topk_indices_buffer.dtype)
         return topk_indices_buffer
     scores, ids = shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend)
@@ -131,21 +131,22 @@ def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata,
     dev = kv_cache.device
     scores = torch.full((n, index_topk), float("-inf"), device=dev)
     ids = torch.full((n, index_topk), -1, dtype=torch.int32, device=dev)
-    for rows, pos, t, pages, slots in _request_keys(kv_cache, md, sharded):
+    for rows, pos, t, keys, slots in _request_keys(kv_cache, md, sharded):
         if t.numel() == 0:  # this rank owns none of the request's positions yet
             continue
-        s, i = shard_candidates(q_fp8[rows].float(), weights[rows].float(), pages.view(-1, kv_cache.shape[-1]),
-                                t, pos, index_topk, token_slots=slots, backend=backend)
+        s, i = shard_candidates(q_fp8[rows].float(), weights[rows].float(), keys, t, pos, index_topk,
+                                token_slots=slots, backend=backend)
         scores[rows], ids[rows] = s, i
     return scores, ids
 
 
 def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: ShardedScoring | None):
     """Per request of the step, on the cache's device: (its rows, their causal positions, the
-    positions scored int64 [L] (its whole prefix, or this rank's share of it), contiguous pages
-    holding their keys, their slots in those pages). The per-request loop is planned on the host
-    (metadata is host-built)."""
-    from sparkinfer.vllm.paged_sparse_mla import compact_pages
+    positions scored int64 [L] (its whole prefix, or this rank's share of it), cache rows holding
+    their keys, their rows in those). The keys are read in place (``row_view``): a copy of the pages
+    would read and write the whole prefix's keys again, more than a sharded scorer reads. The
+    per-request loop is planned on the host (metadata is host-built)."""
+    from sparkinfer.vllm.paged_sparse_mla import compact_pages, row_view
 
     dev = kv_cache.device
     block_size = kv_cache.shape[1]
@@ -159,8 +160,11 @@ def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded
             t = sharded.owned(t)
         t = t.to(dev)
         slots = md.block_table[r].to(device=dev, dtype=torch.int64)[t // block_size] * block_size + t % block_size
-        pages, slots, _ = compact_pages(kv_cache, slots)
-        yield rows.to(dev), md.positions[rows].to(dev), t, pages, slots
+        view = row_view(kv_cache, slots)
+        if view is None:
+            pages, slots, _ = compact_pages(kv_cache, slots)
+            view = pages.view(-1, kv_cache.shape[-1]), slots
+        yield (rows.to(dev), md.positions[rows].to(dev), t, *view)
 
 
 def serves_replicated_indexer(vllm_config) -> bool:
