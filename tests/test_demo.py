@@ -27,6 +27,7 @@ def test_demo_cli_check_passes_and_policy_picks_stock_on_the_rtx_profile(capsys)
                  "--replica-window", "0"]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "top-k identical on all ranks: True" in out and "problems: 0" in out
+    assert "sharded scoring gives the same top-k: True" in out  # every rank its own positions, merged
     # the modelled RTX node prefers stock at this size; the same decision on every rank, every step
     assert out.count("policy: stock (depth 0)") == 2 and out.count("same on all ranks: True") == 2
     assert "MISMATCH" not in out and "qrep+a2a B" in out
@@ -149,7 +150,7 @@ def _fake_results(world=4):
             "accounted": {p: m.tolist() for p in ("stock", "selected", "reuse", "replica")}, "union_ratio": 1.5,
             "replica_exchanges": (1, 0), "replica_held": 10,
             "overlap": None, "hit_rate": 0.0, "accepted": [1], "pool_rows": 0, "err_selected": 1e-7,
-            "err_stock": 1e-7, "workspace_exact": True, "spec_dropped": 0,
+            "err_stock": 1e-7, "workspace_exact": True, "spec_dropped": 0, "sharded_equal": True,
             "copies": {"selected": (12, 12), "reuse": (9, 9)}, "restart": None}
     return [{"rank": r, "steps": [dict(step)], "times": {}, "tol": 1e-4, "tol_stock": 2e-2, "topk_identical": True,
              "pools_empty": True} for r in range(world)]
@@ -172,7 +173,8 @@ def test_summary_flags_a_byte_mismatch_on_one_pair_even_when_totals_agree():
                                              ("err_stock", 5e-2, "stock max error"),
                                              ("err_selected", 2e-4, "selected max error"),
                                              ("copies", {"selected": (12, 12), "reuse": (9, 8)}, "copies"),
-                                             ("spec_dropped", 3, "rejected draft")])
+                                             ("spec_dropped", 3, "rejected draft"),
+                                             ("sharded_equal", False, "sharded scoring")])
 def test_summary_flags_each_failure(field, value, msg):
     res = _fake_results()
     res[3]["steps"][0] = dict(res[3]["steps"][0], **{field: value})

@@ -5,7 +5,8 @@ Per step (every rank, identical decisions from identical data):
   write the step's records (rows n .. n + mtp; rejected drafts get junk, overwritten next step)
   into the unsharded cache and this rank's shard -> policy decision (path, prefetch depth) ->
   per Full layer F (and the Shared layers that reuse its top-k):
-    indexer top-k on the replicated keys -> per-request MTP union ->
+    indexer top-k on the replicated keys (and again by sharded scoring: each rank its own
+    positions, one candidate all-gather; it must give the same top-k) -> per-request MTP union ->
     reuse tracker ``held`` (AND over the group's layers: one destination map) ->
     planes without and with ``held`` ->
     plain selected exchange (synchronous; bytes and workspace checked) ->
@@ -48,7 +49,7 @@ from sparkinfer.core.replicas import ReplicaWindow
 from sparkinfer.core.reuse import ReuseTracker
 from sparkinfer.core.topology import GLM52_PATTERN, DcpLayout
 from sparkinfer.formats import get_format
-from sparkinfer.indexer import indexer_topk
+from sparkinfer.indexer import all_gather_merge, indexer_topk, shard_candidates
 from sparkinfer.plan import build_planes, mtp_union, workspace_slots
 
 from .config import DemoConfig
@@ -120,6 +121,20 @@ def _same_on_all_ranks(obj, world: int) -> bool:
     got: list = [None] * world
     dist.all_gather_object(got, obj)
     return all(g == got[0] for g in got)
+
+
+def _sharded_topk(q, w, keys, pos, k: int, dcp: DcpLayout, rank: int, world: int) -> torch.Tensor:
+    """The request's top-k as sharded scoring computes it: this rank scores the positions it owns
+    of ``keys`` uint8 [P, 132], and one all-gather of every rank's candidates merges them."""
+    t = torch.arange(keys.shape[0])
+    owned = t[torch.as_tensor(dcp.owner_and_local(t)[0]) == rank]
+    scores, ids = shard_candidates(q, w, keys[owned], owned, pos, k, backend="torch")
+
+    def all_gather(x):
+        out = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(out, x)
+        return torch.cat(out)
+    return all_gather_merge(scores, ids, k, all_gather)
 
 
 def _gather_rows(rows: list[list[int]], world: int) -> np.ndarray:
@@ -235,6 +250,7 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
             err_sel = err_stock = 0.0
             ws_ok = True
             remote = hits = 0
+            sharded_equal = True
             union_sum = overlap_num = overlap_den = 0
             new_num, new_den, union_b = np.zeros(B), np.zeros(B), np.zeros(B)
             kept, unions, topk_of, refs, rep_out = {}, {}, {}, {}, {}
@@ -246,6 +262,11 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                                         for b in range(B)])  # int32 [B, R, K]
                 topks.append(topk)
                 topk_of[f] = topk
+                with tm("sharded scoring"):  # indexer_scoring = sharded: each rank its own positions
+                    sharded_equal &= all(torch.equal(_sharded_topk(inp.iq[s, fi, b * R:(b + 1) * R],
+                                                                   inp.iw[fi, b * R:(b + 1) * R], index[fi, b],
+                                                                   row_pos[b * R:(b + 1) * R], K, dcp, rank, world),
+                                                     topk[b]) for b in range(B))
                 with tm("union + reuse + planes"):
                     union, remap, counts = mtp_union(topk)
                     un, cn = union.numpy(), counts.numpy()
@@ -378,6 +399,7 @@ def run_rank(rank: int, world: int, cfg: DemoConfig, inputs_path: str) -> dict:
                 "accepted": inp.accept[s].tolist(), "committed": lens[s + 1].tolist(),
                 "pool_rows": int(tracker.occupancy()[rank]), "spec_dropped": spec_dropped, "restart": restart,
                 "err_selected": err_sel, "err_stock": err_stock, "workspace_exact": bool(ws_ok),
+                "sharded_equal": bool(sharded_equal),
             })
         for req in req_ids:
             tracker.drop_request(req)  # every request ends: its entries must all go

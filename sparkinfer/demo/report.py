@@ -53,6 +53,8 @@ def summarize(cfg: DemoConfig, results: list[dict]) -> dict:
             why.append(f"the reuse pools held {dropped} records at rejected draft positions")
         if not row["decision_agreed"]:
             why.append("ranks reached different policy decisions")
+        if not all(x["sharded_equal"] for x in ss):
+            why.append("sharded scoring's merged top-k differs from the replicated top-k")
         problems += [f"step {si}: {w}" for w in why]
     if not all(r["topk_identical"] for r in results):
         problems.append("top-k differs between ranks")
@@ -60,7 +62,8 @@ def summarize(cfg: DemoConfig, results: list[dict]) -> dict:
         problems.append("reuse pools not empty after every request ended")
     times = {k: max(r["times"].get(k, 0.0) for r in results) for k in results[0]["times"]}
     return {"rows": rows, "times": times, "tol": tol, "tol_stock": tol_stock, "problems": problems, "ok": not problems,
-            "topk_identical": all(r["topk_identical"] for r in results)}
+            "topk_identical": all(r["topk_identical"] for r in results),
+            "sharded_equal": all(st["sharded_equal"] for r in results for st in r["steps"])}
 
 
 def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
@@ -127,7 +130,8 @@ def show(cfg: DemoConfig, summary: dict, wall_s: float) -> None:
     verdict = "PASS" if summary["ok"] else "FAIL"
     con.print(f"{verdict}: tolerance {summary['tol']:g} selected, {summary['tol_stock']:g} stock (bf16 partials), "
               f"relative to 1 + max|ref|; top-k identical on all ranks: "
-              f"{summary['topk_identical']}; workspaces bit-exact vs the unsharded cache: "
+              f"{summary['topk_identical']}; sharded scoring gives the same top-k: {summary['sharded_equal']}; "
+              f"workspaces bit-exact vs the unsharded cache: "
               f"{all(r['workspace_exact'] for r in summary['rows'])}; problems: {len(summary['problems'])}")
     for p in summary["problems"][:20]:
         con.print(f"  {p}")

@@ -46,3 +46,15 @@ def merge_candidates(scores: torch.Tensor, ids: torch.Tensor, k: int) -> torch.T
     flat_ids = ids.permute(1, 0, 2).reshape(m, p * kk).to(torch.int64)
     flat_scores = flat_scores.masked_fill(flat_ids < 0, float("-inf"))  # padding never wins
     return select_topk(flat_scores, k, flat_ids.clamp(min=0))
+
+
+def all_gather_merge(scores: torch.Tensor, ids: torch.Tensor, k: int, all_gather) -> torch.Tensor:
+    """The global top-k int32 [M, k] from this rank's candidates (``shard_candidates``'s float32
+    [M, k'] scores, int32 [M, k'] ids) and every other rank's: one all-gather of int32 [M, 2k'] (the
+    score bits beside the ids). ``all_gather``: int32 [M, 2k'] -> [P * M, 2k'] in rank order."""
+    m, kk = scores.shape
+    got = all_gather(torch.cat([scores.view(torch.int32), ids.to(torch.int32)], dim=1))
+    if got.shape[0] % max(m, 1) or got.shape[1:] != (2 * kk,):
+        raise ValueError(f"all_gather must return [P * {m}, {2 * kk}], got {tuple(got.shape)}")
+    got = got.view(-1, m, 2 * kk)
+    return merge_candidates(got[..., :kk].contiguous().view(torch.float32), got[..., kk:].contiguous(), k)

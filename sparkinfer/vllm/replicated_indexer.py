@@ -85,7 +85,7 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     On CUDA only sm_90 and sm_120 are accepted (``impls.check_capability``).
     """
     from sparkinfer.formats import get_format
-    from sparkinfer.indexer import indexer_topk, merge_candidates
+    from sparkinfer.indexer import all_gather_merge, indexer_topk
     from sparkinfer.vllm.impls import check_capability, kernel_backend
     from sparkinfer.vllm.paged_sparse_mla import compact_pages
 
@@ -112,11 +112,7 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
             topk_indices_buffer[rows, : ids.shape[1]] = ids.to(topk_indices_buffer.dtype)
         return topk_indices_buffer
     scores, ids = shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend)
-    # one all-gather of every rank's (score bits, position) pairs: int32 [P * n, 2k]
-    got = sharded.all_gather(torch.cat([scores.view(torch.int32), ids], dim=1))
-    got = got.view(sharded.layout.world_size, n, 2 * index_topk)
-    merged = merge_candidates(got[..., :index_topk].contiguous().view(torch.float32),
-                              got[..., index_topk:].contiguous(), index_topk)
+    merged = all_gather_merge(scores, ids, index_topk, sharded.all_gather)
     topk_indices_buffer[:n, :index_topk] = merged.to(topk_indices_buffer.dtype)
     return topk_indices_buffer
 
