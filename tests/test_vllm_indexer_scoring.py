@@ -43,7 +43,7 @@ def test_settings(dcp_group):
     assert IndexerScoring(_config("replicated")).for_step(pos) is None
     share = IndexerScoring(_config("sharded", interleave=2)).for_step(pos)
     assert share.rank == 2 and (share.layout.world_size, share.layout.interleave) == (4, 2)
-    owned = share.owned(torch.arange(40))
+    owned = share.owned(40)
     assert owned.tolist() == [t for t in range(40) if (t // 2) % 4 == 2]
     assert share.all_gather(torch.ones(3, 2)).shape == (12, 2)
     # nothing to shard: DCP 1, or the indexer not replicated (vLLM's own format on CUDA)

@@ -126,8 +126,7 @@ def _same_on_all_ranks(obj, world: int) -> bool:
 def _sharded_topk(q, w, keys, pos, k: int, dcp: DcpLayout, rank: int, world: int) -> torch.Tensor:
     """The request's top-k as sharded scoring computes it: this rank scores the positions it owns
     of ``keys`` uint8 [P, 132], and one all-gather of every rank's candidates merges them."""
-    t = torch.arange(keys.shape[0])
-    owned = t[torch.as_tensor(dcp.owner_and_local(t)[0]) == rank]
+    owned = dcp.token_of(rank, torch.arange(dcp.local_len(keys.shape[0], rank)))
     scores, ids = shard_candidates(q, w, keys[owned], owned, pos, k, backend="torch")
 
     def all_gather(x):

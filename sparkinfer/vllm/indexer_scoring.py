@@ -41,10 +41,9 @@ class ShardedScoring:
     layout: DcpLayout
     all_gather: Callable[[torch.Tensor], torch.Tensor]  # [n, ...] -> [P * n, ...], in rank order
 
-    def owned(self, positions: torch.Tensor) -> torch.Tensor:
-        """The entries of int64 ``positions`` that this rank scores."""
-        owner, _ = self.layout.owner_and_local(positions)
-        return positions[owner == self.rank]
+    def owned(self, seq_len: int) -> torch.Tensor:
+        """int64, ascending: the positions of ``0 .. seq_len-1`` that this rank scores."""
+        return self.layout.token_of(self.rank, torch.arange(self.layout.local_len(seq_len, self.rank)))
 
 
 class IndexerScoring:

@@ -71,9 +71,10 @@ def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):
     return kv_cache[blocks], local, blocks
 
 
-def row_view(kv_cache: torch.Tensor, slots: torch.Tensor):
+def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
     """``kv_cache [num_blocks, block_size, record]`` as rows a reader addresses by index, without a
-    copy -> (rows uint8 [R, record], row int64 of each of ``slots`` in it, -1 kept).
+    copy -> (rows uint8 [R, record], row int64 of each of ``slots`` in it, -1 kept; None for
+    ``slots`` None: the rows depend only on the shape and strides, so caches alike share them).
 
     A contiguous cache is its own flat view. A strided one (the block-outermost layouts, see
     ``compact_pages``) becomes an overlapping view of its storage whose rows start every 4 bytes
@@ -82,14 +83,16 @@ def row_view(kv_cache: torch.Tensor, slots: torch.Tensor):
     not a multiple of 4 (then ``compact_pages`` copies).
     """
     if kv_cache.is_contiguous():
-        return kv_cache.view(-1, kv_cache.shape[-1]), slots.to(torch.int64)
+        return kv_cache.view(-1, kv_cache.shape[-1]), None if slots is None else slots.to(torch.int64)
     nb, bs, width = kv_cache.shape
     s0, s1 = kv_cache.stride(0), kv_cache.stride(1)
     if kv_cache.stride(2) != 1 or s0 % 4 or s1 % 4 or kv_cache.storage_offset() % 4:
         return None
-    slots = slots.to(torch.int64)
     n_rows = ((nb - 1) * s0 + (bs - 1) * s1) // 4 + 1  # the last row starts at the last record
     rows = kv_cache.as_strided((n_rows, width), (4, 1))
+    if slots is None:
+        return rows, None
+    slots = slots.to(torch.int64)
     at = (slots // bs) * (s0 // 4) + (slots % bs) * (s1 // 4)
     return rows, torch.where(slots >= 0, at, -1)
 

@@ -23,7 +23,7 @@ sum_h w_h * relu(q_h . key)), as logical positions in ``topk_indices_buffer [T, 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,6 +42,9 @@ class ReplicatedIndexerMetadata:
     block_table: torch.Tensor  # int32 [R, B]
     slot_mapping: torch.Tensor  # int64 [T]
     sharded: ShardedScoring | None = None  # this step's share when it is scored sharded (indexer_scoring)
+    # per-request rows, positions and cache rows, planned once per step and cache layout: the
+    # step's indexer layers share them (``_request_keys``)
+    key_plans: dict = field(default_factory=dict, repr=False)
 
 
 def token_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
@@ -141,26 +144,35 @@ def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded
     positions scored int64 [L] (its whole prefix, or this rank's share of it), cache rows holding
     their keys, their rows in those). The keys are read in place (``row_view``): a copy of the pages
     would read and write the whole prefix's keys again, more than a sharded scorer reads. The
-    per-request loop is planned on the host (metadata is host-built)."""
+    plan is made on the host (metadata is host-built) once per step: every indexer layer's cache
+    has the same shape and strides, so only the view of this layer's storage is new."""
     from sparkinfer.vllm.paged_sparse_mla import compact_pages, row_view
 
     dev = kv_cache.device
-    block_size = kv_cache.shape[1]
-    token_req = md.token_req.cpu()
-    for r in range(md.num_reqs):
-        rows = (token_req == r).nonzero().flatten()
-        if rows.numel() == 0:
-            continue
-        t = torch.arange(int(md.seq_lens[r]))
-        if sharded is not None:
-            t = sharded.owned(t)
-        t = t.to(dev)
-        slots = md.block_table[r].to(device=dev, dtype=torch.int64)[t // block_size] * block_size + t % block_size
-        view = row_view(kv_cache, slots)
-        if view is None:
-            pages, slots, _ = compact_pages(kv_cache, slots)
-            view = pages.view(-1, kv_cache.shape[-1]), slots
-        yield (rows.to(dev), md.positions[rows].to(dev), t, *view)
+    key = (dev, tuple(kv_cache.shape), kv_cache.stride(), kv_cache.storage_offset() % 4,
+           None if sharded is None else (sharded.rank, sharded.layout))
+    plan = md.key_plans.get(key)
+    if plan is None:
+        block_size = kv_cache.shape[1]
+        token_req = md.token_req.cpu()
+        plan = []
+        for r in range(md.num_reqs):
+            rows = (token_req == r).nonzero().flatten()
+            if rows.numel() == 0:
+                continue
+            seq_len = int(md.seq_lens[r])
+            t = (torch.arange(seq_len) if sharded is None else sharded.owned(seq_len)).to(dev)
+            slots = md.block_table[r].to(device=dev, dtype=torch.int64)[t // block_size] * block_size + t % block_size
+            in_place = row_view(kv_cache, slots)
+            plan.append((rows.to(dev), md.positions[rows].to(dev), t, slots, None if in_place is None else in_place[1]))
+        md.key_plans[key] = plan
+    view = row_view(kv_cache, None)
+    for rows, pos, t, slots, at in plan:
+        if at is not None:
+            yield rows, pos, t, view[0], at
+        else:
+            pages, local, _ = compact_pages(kv_cache, slots)
+            yield rows, pos, t, pages.view(-1, kv_cache.shape[-1]), local
 
 
 def serves_replicated_indexer(vllm_config) -> bool:
