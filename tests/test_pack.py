@@ -1,9 +1,14 @@
 """Pack / unpack / direct record moves: the host twin (csrc/host/pack_host.cpp, same header as the
 CUDA kernels) against the torch reference, byte for byte; and the CUDA kernels against both."""
 
+import ctypes
+import time
+
 import pytest
 import torch
 
+from sparkinfer import native
+from sparkinfer.comm import flags as F
 from sparkinfer.comm import pack as P
 
 WIDTHS = [368, 432, 656, 132, 37, 1]
@@ -172,3 +177,149 @@ def test_cuda_kernels_match_host_twin(width):
            cap, out_d)
     with pytest.raises(ValueError, match="out of range"):
         P.check_cuda_errors(dev)
+
+
+# --- fixed grids, the error word and the arrival signal (issue #16/#17 semantics) -------------------
+
+
+def test_grid_is_bounded_by_the_sm_count_not_the_capacity():
+    # a few CTAs per SM, whatever the capacity: 10^5 records x 4 layers used to be 10^5 CTAs
+    assert P.grid_ctas(100_000, 4, sms=188) == P.grid_ctas(10**7, 4, sms=188) == 8 * 188
+    assert P.grid_ctas(100_000, 4, sms=132) == 8 * 132
+    assert P.grid_ctas(10, 4, sms=188) == 10  # a small capacity launches only what it can use (4 warps/CTA)
+    assert P.grid_ctas(1, 1, sms=188) == 1
+
+
+def _word():
+    return torch.zeros(1, dtype=torch.int32)
+
+
+def _case(width=368, cap=8, n=6):
+    shard = make_shard(width, seed=3)
+    layers = torch.tensor([1, 2], dtype=torch.int32)
+    req, local = random_rows(shard, cap, seed=4)
+    slot = torch.randperm(cap + 3, generator=torch.Generator().manual_seed(5))[:cap].to(torch.int32)
+    return shard, layers, req, local, slot, torch.tensor(n, dtype=torch.int32), cap
+
+
+def test_errors_go_to_the_word_first_error_wins_and_later_moves_skip():
+    shard, layers, req, local, slot, count, cap = _case()
+    err = _word()
+    out = torch.zeros(2 * cap * 368, dtype=torch.uint8)
+    bad = local.clone()
+    bad[1] = shard.block_table.shape[1] * shard.block_size
+    P.pack(shard, layers, req, bad, count, cap, out, err=err)  # recorded, not raised
+    first = int(err)
+    assert F.decode_error(first) == {"status": F.ERR_RANGE, "check": F.CHECK_RECORD, "op": F.OP_PACK, "peer": None}
+    assert "source record" in F.describe_error(first)
+    ref = P.pack_reference(shard, layers, req, local, 6)
+    got = out[: 2 * 6 * 368].view(2, 6, 368)
+    assert torch.equal(got[:, 0], ref[:, 0]) and torch.equal(got[:, 2:], ref[:, 2:]) and not got[:, 1].any()
+    # a second, different error does not overwrite the root cause; and every move now skips
+    ws = torch.zeros(2, cap + 3, 368, dtype=torch.uint8)
+    P.unpack(out, 2, torch.tensor(cap + 1, dtype=torch.int32), cap, slot, ws, err=err)
+    P.direct(shard, layers, req, local, slot, count, cap, ws, err=err)
+    assert int(err) == first and not ws.any()
+    err.zero_()
+    P.unpack(out, 2, torch.tensor(cap + 1, dtype=torch.int32), cap, slot, ws, err=err)
+    assert F.decode_error(int(err))["check"] == F.CHECK_COUNT and F.decode_error(int(err))["op"] == F.OP_UNPACK
+    err.zero_()
+    P.direct(shard, layers, req, local, torch.full((cap,), cap + 3, dtype=torch.int32), count, cap, ws, err=err)
+    assert F.decode_error(int(err))["check"] == F.CHECK_SLOT
+
+
+def _twins():
+    lib = native.host_lib()
+    vp, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+    native.declare(lib, {"si_comm_signal_twin": [vp, vp, vp],
+                         "si_comm_wait_twin": [vp, i32, i64, vp, i64, i32, i64, vp]})
+    return lib
+
+
+def test_pack_signals_arrival_after_its_records_unless_the_word_is_set():
+    shard, layers, req, local, _, count, cap = _case()
+    flag, seq = torch.zeros(1, dtype=torch.int64), torch.tensor([7], dtype=torch.int64)
+    out = torch.zeros(2 * cap * 368, dtype=torch.uint8)
+    err = _word()
+    P.pack(shard, layers, req, local, count, cap, out, err=err, arrive=(flag.data_ptr(), seq.data_ptr()))
+    assert int(flag) == 7 and int(err) == 0
+    assert torch.equal(out[: 2 * 6 * 368].view(2, 6, 368), P.pack_reference(shard, layers, req, local, 6))
+    seq[0] = 8  # next exchange, but its pack fails: no arrival, so the peer can never consume it
+    bad = req.clone()
+    bad[0] = 99
+    P.pack(shard, layers, bad, local, count, cap, out, err=err, arrive=(flag.data_ptr(), seq.data_ptr()))
+    assert int(flag) == 7 and F.decode_error(int(err))["check"] == F.CHECK_RECORD
+    with pytest.raises(ValueError, match="aligned"):
+        P.pack(shard, layers, req, local, count, cap, out, arrive=(flag.data_ptr() + 4, seq.data_ptr()))
+
+
+def test_timed_out_wait_sets_the_word_and_the_unpack_consumes_nothing():
+    lib = _twins()
+    stride = 8
+    flags = torch.zeros(3 * stride, dtype=torch.int64)
+    seq = torch.tensor([5], dtype=torch.int64)
+    err = _word()
+    flags[0], flags[stride] = 5, 4  # peer 1 (k = 0) arrived, peer 2 (k = 1) is one exchange behind
+    t = time.monotonic()
+    assert lib.si_comm_wait_twin(flags.data_ptr(), 2, stride, seq.data_ptr(), 0, 1, 50_000_000, err.data_ptr()) == 0
+    assert time.monotonic() - t >= 0.05
+    assert F.decode_error(int(err)) == {"status": F.ERR_TIMEOUT, "check": F.CHECK_WAIT, "op": F.OP_WAIT, "peer": 2}
+    assert "peer 2 never signalled" in F.describe_error(int(err))
+    # the region's bytes are stale: the unpack that follows the wait leaves the workspace alone
+    region = torch.randint(0, 256, (2 * 4 * 368,), dtype=torch.uint8)
+    ws = torch.zeros(2, 4, 368, dtype=torch.uint8)
+    P.unpack(region, 2, torch.tensor(4, dtype=torch.int32), 4, torch.arange(4, dtype=torch.int32), ws, err=err)
+    assert not ws.any() and F.decode_error(int(err))["peer"] == 2
+    # later waits of the step return at once instead of spinning for the same dead peer again
+    t = time.monotonic()
+    lib.si_comm_wait_twin(flags.data_ptr(), 2, stride, seq.data_ptr(), 0, 1, 5_000_000_000, err.data_ptr())
+    assert time.monotonic() - t < 1.0
+    # and a checked signal does not publish data that depended on the failed step
+    out_flag = torch.zeros(1, dtype=torch.int64)
+    lib.si_comm_signal_twin(out_flag.data_ptr(), seq.data_ptr(), err.data_ptr())
+    assert int(out_flag) == 0
+    err.zero_()
+    flags[stride] = 5
+    lib.si_comm_wait_twin(flags.data_ptr(), 2, stride, seq.data_ptr(), 0, 1, 5_000_000_000, err.data_ptr())
+    lib.si_comm_signal_twin(out_flag.data_ptr(), seq.data_ptr(), err.data_ptr())
+    assert int(err) == 0 and int(out_flag) == 5
+    P.unpack(region, 2, torch.tensor(4, dtype=torch.int32), 4, torch.arange(4, dtype=torch.int32), ws, err=err)
+    assert torch.equal(ws, region.view(2, 4, 368))
+
+
+@pytest.mark.gpu
+def test_cuda_error_words_and_arrival_match_the_host_twin():
+    dev = torch.device("cuda")
+    shard, layers, req, local, slot, count, cap = _case()
+    dshard = P.Shard(shard.cache.to(dev), shard.block_table.to(dev), shard.block_size)
+    bad = local.clone()
+    bad[1] = shard.block_table.shape[1] * shard.block_size
+    for name, args in (("record", (req, bad, count)), ("count", (req, local, torch.tensor(cap + 1, dtype=torch.int32)))):
+        herr, derr = _word(), torch.zeros(1, dtype=torch.int32, device=dev)
+        hflag, hseq = torch.zeros(1, dtype=torch.int64), torch.tensor([3], dtype=torch.int64)
+        dflag, dseq = hflag.to(dev), hseq.to(dev)
+        hout = torch.zeros(2 * cap * 368, dtype=torch.uint8)
+        dout = hout.to(dev)
+        P.pack(shard, layers, *args, cap, hout, err=herr, arrive=(hflag.data_ptr(), hseq.data_ptr()))
+        P.pack(dshard, layers.to(dev), *(a.to(dev) for a in args), cap, dout, err=derr,
+               arrive=(dflag.data_ptr(), dseq.data_ptr()))
+        torch.cuda.synchronize()
+        assert int(derr) == int(herr) != 0, name
+        assert int(dflag) == int(hflag) == 0 and torch.equal(dout.cpu(), hout), name
+    # clean run: the flag carries seq, the bytes match; the device counter is left at zero for the next launch
+    for _ in range(2):
+        derr, dflag, dseq = (torch.zeros(1, dtype=t, device=dev) for t in (torch.int32, torch.int64, torch.int64))
+        dseq += 9
+        dout = torch.zeros(2 * cap * 368, dtype=torch.uint8, device=dev)
+        P.pack(dshard, layers.to(dev), req.to(dev), local.to(dev), count.to(dev), cap, dout, err=derr,
+               arrive=(dflag.data_ptr(), dseq.data_ptr()))
+        torch.cuda.synchronize()
+        assert int(derr) == 0 and int(dflag) == 9
+        assert torch.equal(dout.cpu()[: 2 * 6 * 368].view(2, 6, 368), P.pack_reference(shard, layers, req, local, 6))
+    # a set (pinned host) word: the unpack on the device consumes nothing, like the twin
+    perr = torch.tensor([F.error_word(F.ERR_TIMEOUT, F.CHECK_WAIT, F.OP_WAIT, 1)], dtype=torch.int32).pin_memory()
+    ws = torch.zeros(2, cap + 3, 368, dtype=torch.uint8, device=dev)
+    P.unpack(dout, 2, count.to(dev), cap, slot.to(dev), ws, err=perr)
+    torch.cuda.synchronize()
+    assert not ws.any() and F.decode_error(int(perr))["peer"] == 1
+    assert P.grid_ctas(10**5, 4) == 8 * torch.cuda.get_device_properties(dev).multi_processor_count

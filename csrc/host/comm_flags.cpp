@@ -46,3 +46,39 @@ int32_t si_comm_flag_wait(const int64_t* flags, const int32_t* idx, int32_t n, i
 }
 
 }  // extern "C"
+
+// ---- Host twins of the CUDA fabric's flag kernels (csrc/cuda/comm_flags.cu) --------------------
+// Same semantics, for the tests: a release store of *seq unless the error word is set; a wait that
+// returns at once when the word is set, and on timeout sets it (first error wins, common.h layout)
+// to SI_ERR_TIMEOUT / SI_CHECK_WAIT / SI_OP_WAIT naming peer + k. timeout_ns instead of cycles.
+extern "C" {
+
+int32_t si_comm_signal_twin(int64_t* flag, const int64_t* seq, const int32_t* err) {
+  if (si_error_clear_host(err)) __atomic_store_n(flag, *seq, __ATOMIC_RELEASE);
+  return SI_OK;
+}
+
+int32_t si_comm_wait_twin(const int64_t* flags, int32_t n, int64_t stride, const int64_t* seq, int64_t lag,
+                          int32_t peer, int64_t timeout_ns, int32_t* err) {
+  if (n <= 0) return SI_OK;
+  if (n > 1024 || !err) return SI_ERR_ARG;
+  if (!si_error_clear_host(err)) return SI_OK;
+  const int64_t target = *seq - lag;
+  timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int32_t k = 0; k < n; ++k) {
+    while (__atomic_load_n(flags + (int64_t)k * stride, __ATOMIC_ACQUIRE) < target) {
+      timespec t;
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      if ((t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec) > timeout_ns) {
+        si_error_set_host(err, si_error_word(SI_ERR_TIMEOUT, SI_CHECK_WAIT, SI_OP_WAIT, peer + k));
+        return SI_OK;
+      }
+      timespec s{0, 1000};
+      nanosleep(&s, nullptr);
+    }
+  }
+  return SI_OK;
+}
+
+}  // extern "C"

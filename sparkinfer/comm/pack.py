@@ -15,11 +15,25 @@ Tensor shapes (byte layouts in ``csrc/include/sparkinfer/pack.h``):
 * workspace uint8 ``[J, ws_rows, width]``; may be a layer-strided view, rows must be contiguous.
 
 ``count`` is an int32 scalar tensor on the data's device (an entry of the count plane) or a host
-int (the eager chunked path), and ``cap`` its upper bound (the grid size). The kernels and their
-host twins read the count from memory, so the Python side never reads it back: a captured graph
-replays with new plans, and an exchange with device-side sizing makes no host read at all. A
-count above ``cap`` or any index out of range raises (host) or sets the error word that
-:func:`check_cuda_errors` turns into an exception (CUDA); records are never silently dropped.
+int (the eager chunked path), and ``cap`` its upper bound. The kernels and their host twins read
+the count from memory, so the Python side never reads it back: a captured graph replays with new
+plans, and an exchange with device-side sizing makes no host read at all. The CUDA grid is fixed
+by the SM count (a few CTAs per SM striding over the records, :func:`grid_ctas`), not by ``cap``.
+
+Errors. A count above ``cap`` or any index out of range goes to an error word (int32, layout in
+``csrc/include/sparkinfer/common.h`` and :mod:`sparkinfer.comm.flags`; first error wins). Pass
+``err`` (an int32 tensor: the fabric's word, on the data's device or pinned host memory for CUDA
+data) and errors are only recorded there, on the CPU as on the GPU, for the caller to read a step
+later; every move skips when the word is already set, so an unpack never consumes bytes whose
+arrival wait timed out. Without ``err`` the host path raises at once and the CUDA path uses one
+word per device that :func:`check_cuda_errors` turns into an exception. Records are never
+silently dropped.
+
+Arrival. ``pack(..., arrive=(flag, seq))`` (a pack straight into a peer's region) makes the pack
+kernel itself publish the region: after every record landed its last CTA fences system-wide and
+release-stores the int64 at address ``seq`` into the int64 at address ``flag`` (the peer's arrival
+flag), unless the error word is set. The CTA counter it needs is one device word per flag, kept
+here (allocated on the first eager call of a flag, before any graph capture).
 """
 
 from __future__ import annotations
@@ -31,6 +45,8 @@ from functools import lru_cache
 import torch
 
 from sparkinfer import native
+
+from . import flags as F
 
 _i32, _i64, _vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 _CACHE_ARGS = [_vp, _i64, _i64, _i32, _vp, _i64, _i32, _i32, _i32]  # pack.h si_pack_cache fields
@@ -122,7 +138,10 @@ def _check_ws(ws: torch.Tensor, n_layers: int, width: int) -> None:
         raise ValueError("workspace rows must be contiguous")
 
 
-def _status(op: str, status: int) -> None:
+def _status(op: str, status: int, word=None) -> None:
+    """Raise for a call's status; range errors only when no error word records them."""
+    if status == 3 and word is not None:
+        return
     if status == 1:
         raise ValueError(f"{op}: invalid size argument")
     if status == 2:
@@ -130,15 +149,19 @@ def _status(op: str, status: int) -> None:
     if status == 3:
         raise ValueError(f"{op}: the record count is outside [0, capacity] or a record index (request, local "
                          "ordinal, layer or slot) is out of range")
+    if status:
+        raise RuntimeError(f"{op}: status {status}")
 
 
 @lru_cache(maxsize=None)
 def _host():
-    return native.declare(native.host_lib(), {
-        "si_pack_pack_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp],
-        "si_pack_unpack_host": [_vp, _i32, _vp, _i64, _i64, _vp, _vp, _i64, _i64],
-        "si_pack_direct_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64],
+    lib = native.declare(native.host_lib(), {
+        "si_pack_pack_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _vp, _vp, _vp],
+        "si_pack_unpack_host": [_vp, _i32, _vp, _i64, _i64, _vp, _vp, _i64, _i64, _vp],
+        "si_pack_direct_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64, _vp],
     })
+    lib.si_pack_grid_host.argtypes, lib.si_pack_grid_host.restype = [_i64, _i32, _i32], _i64
+    return lib
 
 
 @lru_cache(maxsize=None)
@@ -146,11 +169,21 @@ def _cuda():
     lib = native.cuda_lib()
     if lib is None:
         raise RuntimeError("CUDA tensors given but the CUDA library is unavailable (no nvcc build or no device)")
-    return native.declare(lib, {
-        "si_pack_pack_cuda": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _vp, _vp],
+    native.declare(lib, {
+        "si_pack_pack_cuda": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _vp, _vp, _vp, _vp, _vp],
         "si_pack_unpack_cuda": [_vp, _i32, _vp, _i64, _i64, _vp, _vp, _i64, _i64, _vp, _vp],
         "si_pack_direct_cuda": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64, _vp, _vp],
     })
+    lib.si_pack_grid_cuda.argtypes, lib.si_pack_grid_cuda.restype = [_i64, _i32], _i64
+    return lib
+
+
+def grid_ctas(cap: int, n_layers: int, sms: int | None = None) -> int:
+    """CTAs of one move launch: for a device with ``sms`` SMs (host formula), or the current CUDA
+    device's launch (``sms`` None). Bounded by a few per SM whatever ``cap``."""
+    if sms is None:
+        return int(_cuda().si_pack_grid_cuda(cap, n_layers))
+    return int(_host().si_pack_grid_host(cap, n_layers, sms))
 
 
 _cuda_err: dict = {}
@@ -162,13 +195,49 @@ def _err_word(device) -> torch.Tensor:
     return _cuda_err[device]
 
 
+_counters: dict = {}  # device -> (uint32-as-int32 [256] CTA counters, {flag address: index})
+
+
+def _done_counter(device, flag: int) -> int:
+    """Address of the zeroed CTA counter of arrival flag ``flag`` on ``device`` (CUDA)."""
+    words, index = _counters.setdefault(device, (torch.zeros(256, dtype=torch.int32, device=device), {}))
+    if flag not in index:
+        if len(index) == words.numel():
+            raise RuntimeError(f"more than {words.numel()} arrival flags signalled by pack kernels on {device}")
+        index[flag] = len(index)
+    return words.data_ptr() + 4 * index[flag]
+
+
+def _err_arg(err, device):
+    """Address of the caller's error word (None: none given)."""
+    if err is None:
+        return None
+    ok_place = err.device == device or (device.type == "cuda" and err.device.type == "cpu" and err.is_pinned())
+    if err.dtype != torch.int32 or err.numel() < 1 or not ok_place:
+        raise ValueError(f"err must be an int32 tensor on {device} (or pinned host memory for CUDA data), got "
+                         f"{err.dtype} {tuple(err.shape)} on {err.device}")
+    return ctypes.c_void_p(err.data_ptr())
+
+
+def _arrive_args(arrive, device) -> list:
+    """[flag, seq(, done counter)] addresses of a pack's arrival signal, or Nones."""
+    if arrive is None:
+        return [None, None] + ([None] if device.type == "cuda" else [])
+    flag, seq = (int(a) for a in arrive)
+    if not flag or not seq or flag % 8 or seq % 8:
+        raise ValueError(f"arrive needs 8-byte aligned (flag, seq) int64 addresses, got ({flag:#x}, {seq:#x})")
+    extra = [ctypes.c_void_p(_done_counter(device, flag))] if device.type == "cuda" else []
+    return [ctypes.c_void_p(flag), ctypes.c_void_p(seq)] + extra
+
+
 def check_cuda_errors(device) -> None:
-    """Raise if a pack kernel on ``device`` saw a bad index or count since the last check (syncs)."""
+    """Raise if a move on ``device`` without its own ``err`` saw a bad index or count since the last
+    check (syncs; a test and eager-path helper: the engine reads its fabric's word a step later)."""
     err = _err_word(torch.device(device))
     code = int(err.item())
     if code:
         err.zero_()
-        _status("pack kernel", code)
+        raise ValueError(f"pack kernel: {F.describe_error(code)}")
 
 
 def _count_arg(count, device):
@@ -200,58 +269,64 @@ def _stream(device):
     return native.stream_handle(device)
 
 
-def pack(shard: Shard, layers: torch.Tensor, req, local, count, cap: int,
-         out: torch.Tensor) -> None:
-    """``out[:J*n*width]`` viewed as [J, n, width] <- the shard's records (request, local) of ``layers``."""
+def pack(shard: Shard, layers: torch.Tensor, req, local, count, cap: int, out: torch.Tensor, *,
+         err: torch.Tensor | None = None, arrive: tuple[int, int] | None = None) -> None:
+    """``out[:J*n*width]`` viewed as [J, n, width] <- the shard's records (request, local) of ``layers``;
+    ``err`` and ``arrive``: module docstring."""
     dev, width, J = shard.device, shard.width, layers.shape[0]
     for name, t in (("layers", layers), ("req", req), ("local", local)):
         _check_index(name, t, J if name == "layers" else cap, dev)
     if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() < J * cap * width:
         raise ValueError(f"packed region must be contiguous uint8 with >= {J * cap * width} bytes")
     n_ptr, _keep = _count_arg(count, dev)
+    word, sig = _err_arg(err, dev), _arrive_args(arrive, dev)
     if dev.type == "cuda":
         st = _cuda().si_pack_pack_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), n_ptr, cap,
-                                       width, _ptr(out), native.ptr(_err_word(dev)), _stream(dev))
+                                       width, _ptr(out), word or native.ptr(_err_word(dev)), *sig, _stream(dev))
     else:
         st = _host().si_pack_pack_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), n_ptr, cap,
-                                       width, _ptr(out))
-    _status("pack", st)
+                                       width, _ptr(out), word, *sig)
+    _status("pack", st, word)
 
 
-def unpack(packed: torch.Tensor, n_layers: int, count, cap: int, slot, ws: torch.Tensor) -> None:
-    """``ws[j, slot[i]] <- packed[j, i]`` for the first ``count`` records of a received region."""
+def unpack(packed: torch.Tensor, n_layers: int, count, cap: int, slot, ws: torch.Tensor, *,
+           err: torch.Tensor | None = None) -> None:
+    """``ws[j, slot[i]] <- packed[j, i]`` for the first ``count`` records of a received region;
+    nothing when ``err`` is set (the region's arrival wait failed: its bytes are stale)."""
     width = ws.shape[2]
     _check_ws(ws, n_layers, width)
     _check_index("slot", slot, cap, ws.device)
     if packed.dtype != torch.uint8 or not packed.is_contiguous() or packed.numel() < n_layers * cap * width:
         raise ValueError(f"received region must be contiguous uint8 with >= {n_layers * cap * width} bytes")
     n_ptr, _keep = _count_arg(count, ws.device)
+    word = _err_arg(err, ws.device)
     if ws.device.type == "cuda":
         st = _cuda().si_pack_unpack_cuda(_ptr(packed), n_layers, n_ptr, cap, width, _ptr(slot), _ws_ptr(ws),
-                                         ws.stride(0), ws.shape[1], native.ptr(_err_word(ws.device)),
+                                         ws.stride(0), ws.shape[1], word or native.ptr(_err_word(ws.device)),
                                          _stream(ws.device))
     else:
         st = _host().si_pack_unpack_host(_ptr(packed), n_layers, n_ptr, cap, width, _ptr(slot), _ws_ptr(ws),
-                                         ws.stride(0), ws.shape[1])
-    _status("unpack", st)
+                                         ws.stride(0), ws.shape[1], word)
+    _status("unpack", st, word)
 
 
-def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int,
-           ws: torch.Tensor) -> None:
+def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int, ws: torch.Tensor, *,
+           err: torch.Tensor | None = None) -> None:
     """``ws[j, slot[i]] <- shard record (req[i], local[i]) of layers[j]``: own records, no slab."""
     dev, width, J = shard.device, shard.width, layers.shape[0]
     _check_ws(ws, J, width)
     for name, t in (("layers", layers), ("req", req), ("local", local), ("slot", slot)):
         _check_index(name, t, J if name == "layers" else cap, dev)
     n_ptr, _keep = _count_arg(count, dev)
+    word = _err_arg(err, dev)
     if dev.type == "cuda":
         st = _cuda().si_pack_direct_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
                                          n_ptr, cap, width, _ws_ptr(ws), ws.stride(0), ws.shape[1],
-                                         native.ptr(_err_word(dev)), _stream(dev))
+                                         word or native.ptr(_err_word(dev)), _stream(dev))
     else:
         st = _host().si_pack_direct_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
-                                         n_ptr, cap, width, _ws_ptr(ws), ws.stride(0), ws.shape[1])
-    _status("direct", st)
+                                         n_ptr, cap, width, _ws_ptr(ws), ws.stride(0), ws.shape[1], word)
+    _status("direct", st, word)
 
 
 # --- torch reference (what the tests compare the native moves against) ---------------------------

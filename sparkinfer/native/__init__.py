@@ -21,7 +21,7 @@ import threading
 _lock = threading.Lock()
 
 # si_status in csrc/include/sparkinfer/common.h
-STATUS_TEXT = {1: "invalid argument", 2: "CUDA launch failed", 3: "index out of range"}
+STATUS_TEXT = {1: "invalid argument", 2: "CUDA launch failed", 3: "index out of range", 4: "flag wait timed out"}
 
 
 @functools.lru_cache(maxsize=None)

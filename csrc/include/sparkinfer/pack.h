@@ -15,15 +15,30 @@
 //   packed     uint8 [n_layers][n][width]  one contiguous region per destination
 //   workspace  uint8 [n_layers][ws_rows][width], layer j at ws + j * ws_layer_stride
 //
-// Three moves share one per-record copy:
+// Three moves share one per-record copy (si_pack_move_one):
 //   pack   cache[layers[j]][row(req[i], local[i])] -> packed[j][i]
 //   unpack packed[j][i]                            -> workspace[j][slot[i]]
 //   direct cache[layers[j]][row(req[i], local[i])] -> workspace[j][slot[i]]   (own records)
-// Every index is bounds-checked; a bad one leaves the record untouched and is
-// reported (SI_ERR_RANGE) instead of reading or writing out of bounds.
+// The record count n is read from memory (`count`, an entry of the count plane) and clamped to
+// `cap`. Work item t < n_layers * n is record (j, i) = (t / n, t % n): the kernels stride a fixed
+// grid over t (si_pack_grid CTAs, sized by the SM count, not by cap), the host twins loop over it.
+// Every index is bounds-checked; a bad one leaves the record untouched and is reported in the
+// error word (layout in common.h) instead of reading or writing out of bounds.
+//
+// Arrival signal (pack only, optional): after every record of the launch has landed, store *seq
+// into the int64 `flag` (a peer's arrival flag) with release semantics at system scope. The
+// kernel's CTAs each fence system-wide after their stores and count themselves on a device-local
+// counter (`done`, zero before the launch, left zero after it); the last one fences again and
+// release-stores the flag, so the flag can never be seen before the data. The flag is written
+// only when the error word is still clear: a peer never sees an arrival for a failed pack.
 #pragma once
 
 #include "sparkinfer/common.h"
+
+// Launch shape of the move kernels (the host twins walk the same work items in order).
+constexpr int32_t SI_PACK_LANES = 32;        // threads per record (one warp)
+constexpr int32_t SI_PACK_WARPS = 4;         // records in flight per CTA
+constexpr int32_t SI_PACK_CTAS_PER_SM = 8;   // 32 resident warps per SM: fits sm_90 and sm_120
 
 struct si_pack_cache {
   const uint64_t* layer_base;  // [n_layers] address of each layer's block 0 (device memory for kernels)
@@ -97,4 +112,80 @@ SI_HD void si_pack_copy_part(uint8_t* dst, const uint8_t* src, int64_t width, in
   } else {
     for (int64_t k = lane; k < n; k += lanes) dst[k] = src[k];
   }
+}
+
+// ---- one record of a move, and the work split ---------------------------------------------------
+
+struct si_pack_move {
+  int32_t op;               // SI_OP_PACK / SI_OP_UNPACK / SI_OP_DIRECT
+  si_pack_cache c;          // source cache (pack, direct)
+  const int32_t* layers;    // [n_layers] (pack, direct)
+  const int32_t* req;       // [cap] (pack, direct)
+  const int32_t* local;     // [cap] (pack, direct)
+  const int32_t* slot;      // [cap] (unpack, direct)
+  const uint8_t* packed_in; // [n_layers][n][width] (unpack)
+  uint8_t* packed_out;      // [n_layers][n][width] (pack)
+  si_pack_ws w;             // destination workspace (unpack, direct)
+  int32_t n_layers;
+  int64_t width;
+};
+
+// Bytes [lane units, step lanes) of record (j, i) of a launch moving n records per layer.
+// Returns 0, or the si_check of the index that was out of range (nothing written then).
+SI_HD int32_t si_pack_move_one(const si_pack_move& m, int32_t j, int64_t i, int64_t n, int64_t lane,
+                               int64_t lanes) {
+  const int64_t packed_off = ((int64_t)j * n + i) * m.width;
+  const uint8_t* src = m.op == SI_OP_UNPACK
+                           ? m.packed_in + packed_off
+                           : si_pack_cache_src(m.c, m.layers, j, m.req[i], m.local[i], m.width);
+  if (!src) return SI_CHECK_RECORD;
+  uint8_t* dst = m.op == SI_OP_PACK ? m.packed_out + packed_off : si_pack_ws_dst(m.w, j, m.slot[i], m.width);
+  if (!dst) return SI_CHECK_SLOT;
+  si_pack_copy_part(dst, src, m.width, lane, lanes);
+  return 0;
+}
+
+// CTAs of a move launch: one per `per_cta` work items of the capacity (cap * n_layers), at most
+// `per_sm` per SM. The kernels stride over the items of the count read on the device, so a launch
+// costs the same for 10 records or 10^5, and one configuration serves every step (CUDA graphs).
+SI_HD int64_t si_pack_grid(int64_t cap, int32_t n_layers, int32_t per_cta, int32_t sms, int32_t per_sm) {
+  const int64_t need = (cap * n_layers + per_cta - 1) / per_cta;
+  const int64_t most = (int64_t)(sms > 0 ? sms : 1) * per_sm;
+  return need < most ? need : most;
+}
+
+// The moves as the extern "C" entry points receive them (same argument order in both builds).
+#define SI_PACK_CACHE_PARAMS                                                                              \
+  const uint64_t *layer_base, int64_t n_blocks, int64_t block_stride, int32_t cache_layers, const int32_t *bt, \
+      int64_t bt_stride, int32_t bt_rows, int32_t bt_cols, int32_t block_size
+#define SI_PACK_CACHE_ARGS \
+  si_pack_cache { layer_base, n_blocks, block_stride, cache_layers, bt, bt_stride, bt_rows, bt_cols, block_size }
+
+SI_HD si_pack_move si_pack_move_pack(const si_pack_cache& c, const int32_t* layers, int32_t n_layers,
+                                     const int32_t* req, const int32_t* local, int64_t width, uint8_t* packed) {
+  si_pack_move m{};
+  m.op = SI_OP_PACK, m.c = c, m.layers = layers, m.req = req, m.local = local, m.packed_out = packed;
+  m.n_layers = n_layers, m.width = width;
+  return m;
+}
+
+SI_HD si_pack_move si_pack_move_unpack(const uint8_t* packed, int32_t n_layers, int64_t width, const int32_t* slot,
+                                       const si_pack_ws& w) {
+  si_pack_move m{};
+  m.op = SI_OP_UNPACK, m.packed_in = packed, m.slot = slot, m.w = w, m.n_layers = n_layers, m.width = width;
+  return m;
+}
+
+SI_HD si_pack_move si_pack_move_direct(const si_pack_cache& c, const int32_t* layers, int32_t n_layers,
+                                       const int32_t* req, const int32_t* local, const int32_t* slot, int64_t width,
+                                       const si_pack_ws& w) {
+  si_pack_move m = si_pack_move_pack(c, layers, n_layers, req, local, width, nullptr);
+  m.op = SI_OP_DIRECT, m.slot = slot, m.w = w;
+  return m;
+}
+
+// Argument check shared by the entry points: SI_OK or SI_ERR_ARG.
+SI_HD int32_t si_pack_check_args(const si_pack_move& m, int64_t cap, const int32_t* count) {
+  const bool cache_ok = m.op == SI_OP_UNPACK || m.c.block_size > 0;
+  return (cap < 0 || m.width <= 0 || m.n_layers < 0 || !count || !cache_ok) ? SI_ERR_ARG : SI_OK;
 }
