@@ -161,3 +161,23 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
         return outs[0], lses[0]
     return merge_lse(outs, lses)
 
+
+
+def compile_specs() -> list[dict]:
+    """The launch configurations ``sparse_mla_decode_triton`` uses, for compiling without a GPU
+    (benchmarks/kernel_report.py; contract in OWNERSHIP.md): one per record format, default
+    ``dot_precision``."""
+    ptrs = {"qn_ptr": "*bf16", "qr_ptr": "*bf16", "rec_ptr": "*u8", "idx_ptr": "*i32", "out_ptr": "*fp32",
+            "lse_ptr": "*fp32"}
+    fn = _sparse_mla_decode_kernel
+    specs = []
+    short = {NVFP4_368.name: "nvfp4_368", NVFP4_432.name: "nvfp4_432", FP8_DS_MLA.name: "fp8_ds_mla"}
+    for layout_name, fmt in _FMT_ID.items():
+        name = short[layout_name]
+        constexprs = {"FMT": fmt, "BLOCK_H": BLOCK_H, "BLOCK_K": BLOCK_K, "DOT_PRECISION": "ieee"}
+        sig = {n: ptrs.get(n) or ("fp32" if n in ("scale", "outer_scale") else "i32")
+               for n in fn.arg_names if n not in constexprs}
+        sig.update({n: "constexpr" for n in constexprs})
+        specs.append({"name": f"sparse_mla_decode[{name}]", "fn": fn, "signature": sig, "constexprs": constexprs,
+                      "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+    return specs

@@ -73,4 +73,20 @@ def indexer_scores_triton(q, w, records, pos=None, token_slots=None) -> torch.Te
     return out
 
 
+def compile_specs() -> list[dict]:
+    """The launch configurations ``indexer_scores_triton`` uses, for compiling without a GPU
+    (benchmarks/kernel_report.py; contract in OWNERSHIP.md): paged keys with positions (the engine's
+    call) and a dense key array. num_stages is Triton's default (the wrapper passes none)."""
+    fn = _indexer_scores_kernel
+    specs = []
+    for name, paged in (("paged", True), ("dense", False)):
+        ptrs = {"rec_ptr": "*u8", "slot_ptr": "*i64" if paged else "*fp32", "pos_ptr": "*i64" if paged else "*fp32"}
+        constexprs = {"HAS_SLOTS": paged, "HAS_POS": paged, "BLOCK_T": BLOCK_T}
+        sig = {n: (ptrs.get(n, "*fp32") if n.endswith("_ptr") else "i32") for n in fn.arg_names if n not in constexprs}
+        sig.update({n: "constexpr" for n in constexprs})
+        specs.append({"name": f"indexer_scores[{name}]", "fn": fn, "signature": sig, "constexprs": constexprs,
+                      "num_warps": NUM_WARPS, "num_stages": 3})
+    return specs
+
+
 assert INDEX_DIM == 128 and INDEXER_FP8.field("scale").offset == 128, "the kernel hard-codes the 132-byte layout"

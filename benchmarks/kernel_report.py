@@ -1,0 +1,409 @@
+"""Kernel report: registers, spills, shared memory and tensor-core use of every GPU kernel, for
+sm_120 and sm_90, without a GPU; and a roofline figure per kernel at GLM-5.2 shapes.
+
+    python benchmarks/kernel_report.py                 # rich tables (compile + roofline)
+    python benchmarks/kernel_report.py --json -        # the same as one JSON document on stdout
+    python benchmarks/kernel_report.py --json out.json --archs 120 --only csrc
+
+Compiled kernels:
+
+* Triton: every entry of ``compile_specs()`` of ``sparkinfer.attention.triton_decode`` and
+  ``sparkinfer.indexer.triton_scores`` (the wrappers' launch configurations; contract in
+  OWNERSHIP.md), compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``;
+  its PTX then goes through the same ptxas Triton uses (``-v``) for registers and spills; shared
+  memory is Triton's (dynamic) allocation.
+* csrc/: every ``csrc/cuda/*.cu`` through ``nvcc -Xptxas -v -cubin`` with the build's flags
+  (sparkinfer/native/build.py), one row per ``__global__`` kernel (static shared memory).
+
+"MMA" is read from the SASS (``cuobjdump -sass``: HMMA / HGMMA / QMMA / IMMA / OMMA ...), with the
+PTX instruction (``mma.sync`` / ``wgmma``) named when the PTX is at hand.
+
+Roofline (``roofline()``): for each kernel at the shapes the engine runs at the main profile
+(GLM-5.2, TP4/DCP4, 16 requests, MTP3 -> 4 query rows per request, top-2048, 3,584-record unions,
+a Full layer and its three Shared layers per exchange, 368-byte records), from first principles:
+bytes moved, FLOPs, and the time those take at each GPU's memory bandwidth and at its tensor-core
+and CUDA-core peaks; the floor is the largest of the bytes time and the compute time at the
+precision the kernel uses. ``expect`` says what a GPU run must show. benchmarks/device/kernel_timing.py
+times the same shapes on a GPU and divides by these floors.
+
+Without nvcc/ptxas (or without Triton's NVIDIA backend) the compile rows say why they are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARCHS = (120, 90)
+TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.indexer.triton_scores")
+
+# ---- hardware -------------------------------------------------------------------------------------
+# Peaks in bytes/s and FLOP/s (an FMA is 2 FLOPs), dense (no sparsity).
+# RTX PRO 6000 Blackwell: 1.79 TB/s GDDR7 and 188 SMs (/work/shared/spec/glm52-and-hardware.md),
+# fp32 125 TFLOP/s (datasheet); tensor cores DERIVED from the datasheet's 4,000 FP4 AI TOPS, which
+# count 2:4 sparsity: 2,000 dense FP4 -> 1,000 FP8 -> 500 BF16 (to be confirmed by a GPU run).
+# H200: 4.8 TB/s HBM3e, 989 BF16 / 1,979 FP8 / 67 fp32 TFLOP/s (datasheet); measured on the lent
+# H200s (/work/.library/device/KINDS.md): ~4.3 TB/s D2D copy, 788 TFLOP/s bf16 GEMM 8192^3.
+HW = {
+    "rtx_pro_6000": {"bw": 1.79e12, "bf16": 500e12, "fp8": 1000e12, "fp32": 125e12, "sms": 188, "p2p": 55e9},
+    "h200": {"bw": 4.8e12, "bf16": 989e12, "fp8": 1979e12, "fp32": 67e12, "sms": 132, "p2p": None},
+}
+LAUNCH_US = 3.0  # a kernel launch + an almost empty grid, order of magnitude: the floor of tiny kernels
+
+# ---- GLM-5.2 shapes at the main profile ---------------------------------------------------------------
+B, R, K, U, D, J = 16, 4, 2048, 3584, 4, 4  # requests, rows/request, top-k, union/request, DCP, layers/exchange
+HEADS, HEADS_PER_RANK = 64, 16
+LATENT, ROPE = 512, 64
+INDEX_HEADS, INDEX_DIM, INDEX_RECORD = 32, 128, 132
+RECORD = {"nvfp4_368": 368, "nvfp4_432": 432, "fp8_ds_mla": 656}
+
+
+def _times(nbytes: float, flops: float, compute: str, p2p_bytes: float = 0.0) -> dict:
+    """Times in us on each GPU: bytes at bandwidth, flops at the tensor-core (bf16/fp8) and fp32
+    peaks, and the floor at the precision ``compute`` the kernel runs in ("bf16", "fp8", "fp32",
+    or "none" for pure moves)."""
+    out = {}
+    for gpu, h in HW.items():
+        t = {"mem_us": nbytes / h["bw"] * 1e6}
+        if flops:
+            t["tc_bf16_us"] = flops / h["bf16"] * 1e6
+            t["tc_fp8_us"] = flops / h["fp8"] * 1e6
+            t["fp32_us"] = flops / h["fp32"] * 1e6
+        if p2p_bytes and h["p2p"]:
+            t["p2p_us"] = p2p_bytes / h["p2p"] * 1e6
+        bound = [t["mem_us"], LAUNCH_US] + ([flops / h[compute] * 1e6] if flops and compute != "none" else [])
+        t["floor_us"] = max(bound)
+        t["bound"] = ("launch" if t["floor_us"] == LAUNCH_US else "memory" if t["floor_us"] == t["mem_us"]
+                      else f"compute ({compute})")
+        out[gpu] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in t.items()}
+    return out
+
+
+def _row(kernel: str, shape: str, params: dict, nbytes: float, flops: float, compute: str, expect: str,
+         p2p_bytes: float = 0.0, target: str | None = None, covers: list | None = None) -> dict:
+    """One roofline row; ``covers``: the compiled kernels (report names) it is the figure of."""
+    row = {"kernel": kernel, "covers": covers or [kernel], "shape": shape, "params": params, "bytes": int(nbytes),
+           "flops": int(flops), "compute": compute, "times": _times(nbytes, flops, compute, p2p_bytes),
+           "expect": expect}
+    if target:  # the precision the kernel should run in once on tensor cores (floor then)
+        row["target_floor"] = _times(nbytes, flops, target)
+        row["target"] = target
+    return row
+
+
+def _mla(fmt: str, m: int, h: int, k: int, shape: str) -> dict:
+    """Sparse-MLA decode: each row gathers its k records, QK over 576 dims, PV over 512 (absorbed)."""
+    nbytes = m * k * RECORD[fmt] + m * k * 4 + m * h * (LATENT + ROPE) * 2 + m * h * (LATENT + 1) * 4
+    flops = 2 * m * h * k * (LATENT + ROPE + LATENT)
+    expect = ("on tensor cores (bf16 tiles, fp32 accumulator): within 2x of the target floor on H200 "
+              "and faster than the upstream sm_12x split-K Triton kernel's 28.7 us per call; the fp32 "
+              "CUDA-core kernel cannot beat its fp32 time")
+    return _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "record": RECORD[fmt]},
+                nbytes, flops, "fp32", expect, target="bf16")
+
+
+def _indexer(m: int, t: int, shape: str, materialized: bool = True) -> dict:
+    """Indexer scores: per row and token, 32 head dots of 128 (fp8 keys), relu, weight, sum."""
+    keys = t * (INDEX_RECORD + 8)  # key record + its int64 slot
+    scores = m * t * 4 if materialized else m * K * 8
+    flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
+    expect = ("today fp32 CUDA cores (elementwise product + sum): near the fp32 time; on fp8 tensor cores "
+              "the decode shapes become memory-bound: within 2x of the fp8 target floor")
+    return _row("indexer_scores", shape, {"M": m, "T": t, "heads": INDEX_HEADS, "dim": INDEX_DIM},
+                keys + scores + m * INDEX_HEADS * (INDEX_DIM + 1) * 4, flops, "fp32", expect, target="fp8",
+                covers=["indexer_scores[paged]", "indexer_scores[dense]"])
+
+
+def _move(kernel: str, n: int, shape: str, peer: bool = False) -> dict:
+    """pack / unpack / direct: n records x J layers read once and written once, plus int32 indices."""
+    rec = n * J * RECORD["nvfp4_368"]
+    idx = n * 4 * (2 if kernel != "unpack" else 1)
+    expect = ("launch-bound: the same time (within ~1 us) as a launch at count 0 with the same capacity: "
+              "the grid is a few CTAs per SM, not capacity/4 x layers" if n <= 64 else
+              "memory-bound: at least 50% of the HBM floor (L2-resident on H200 at this size: can beat it)"
+              + ("; into a peer over PCIe the link bounds it (p2p_us)" if peer else ""))
+    return _row(kernel, shape, {"records": n, "layers": J, "width": RECORD["nvfp4_368"], "capacity": B * U},
+                2 * rec + idx, 0, "none", expect, p2p_bytes=rec if peer else 0.0, covers=["pack.cu:move_kernel"])
+
+
+def roofline() -> list[dict]:
+    """The roofline rows (module docstring)."""
+    rows = []
+    for fmt in RECORD:
+        rows.append(_mla(fmt, B * R, HEADS_PER_RANK, K, "selected: 16 req x 4 rows, 16 heads/rank, top-2048"))
+    rows.append(_mla("nvfp4_368", B * R, HEADS, K // D, "stock DCP4: 16 req x 4 rows, 64 heads, 512 local (compacted)"))
+    rows.append(_mla("nvfp4_368", R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
+    rows.append(_indexer(R, 131072, "decode: one request, 4 rows, 128K context"))
+    rows.append(_indexer(R, B * 65536, "decode step: 16 req x 4 rows at 64K each (one batched launch)"))
+    rows.append(_indexer(2048, 131072, "prefill chunk 2048 at 128K, scores materialized [M, T]"))
+    rows.append(_indexer(2048, 131072, "prefill chunk 2048 at 128K, tiled with running top-k", materialized=False))
+    per_pair = B * U // D
+    rows.append(_move("pack", per_pair, f"one destination: {per_pair} records (B*U/D), F+3S, into the peer", peer=True))
+    rows.append(_move("pack", 10, "10 records, capacity B*U"))
+    rows.append(_move("unpack", per_pair, f"one source region: {per_pair} records, F+3S"))
+    rows.append(_move("direct", per_pair, f"own records: {per_pair}, F+3S"))
+    n_topk = B * R * K
+    rows.append(_row("union", "16 req x 4 rows x 2048 ids", {"B": B, "R": R, "K": K},
+                     n_topk * 4 * 3 + B * 4 * R * K * 2 * 4, 0, "none",
+                     "latency-bound (one CTA per request, 16 of the SMs busy): a few us, well under a layer",
+                     covers=["union.cu:union_kernel"]))
+    chunk = 8192
+    rows.append(_row("records_encode[nvfp4_368]", f"prefill chunk {chunk} tokens", {"tokens": chunk},
+                     chunk * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
+                     "memory- or instruction-bound (IEEE division per value): 50-100% of the HBM floor",
+                     covers=["records.cu:encode_kernel"]))
+    n_gather = B * R * K
+    rows.append(_row("records_decode[nvfp4_368]", "gather-decode 16 req x 4 rows x 2048 records to fp32",
+                     {"records": n_gather}, n_gather * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
+                     "memory-bound (a code lookup and one or two multiplies per value): near the HBM floor",
+                     covers=["records.cu:decode_kernel"]))
+    for name in ("signal_kernel", "wait_kernel", "bump_kernel"):
+        rows.append(_row(f"comm_flags[{name}]", "one flag", {"bytes": 8}, 8, 0, "none",
+                         "latency: a launch plus one PCIe write (~0.4 us); a wait returns within ~1 us of its flag",
+                         covers=[f"comm_flags.cu:{name}"]))
+    return rows
+
+
+# ---- compiling ------------------------------------------------------------------------------------
+
+_MMA_SASS = re.compile(r"\b([A-Z]*MMA)(?:\.[A-Z0-9_.]+)?\b")
+_MMA_PTX = re.compile(r"\b(mma\.sync|wgmma\.mma_async|tcgen05\.mma)\b")
+
+
+def _tool(name: str) -> str | None:
+    path = shutil.which(name)
+    if path:
+        return path
+    cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    cand = os.path.join(cuda, "bin", name)
+    return cand if os.path.exists(cand) else None
+
+
+def _sass_mma(cubin: str) -> dict:
+    """{function name (mangled): sorted MMA opcodes} from cuobjdump -sass of a cubin."""
+    tool = _tool("cuobjdump")
+    if tool is None:
+        return {}
+    text = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+    out, fn = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            fn = m.group(1)
+            out[fn] = set()
+        elif fn is not None:
+            out[fn].update(op for op in _MMA_SASS.findall(line))
+    return {f: sorted(ops) for f, ops in out.items()}
+
+
+def _parse_ptxas(text: str) -> dict:
+    """{mangled entry: {registers, spill_stores, spill_loads, stack_bytes, static_smem}} of ptxas -v."""
+    out, props, entry = {}, {}, None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            entry = m.group(1)
+            out.setdefault(entry, {})
+            continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            props_for = m.group(1)
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and "props_for" in locals():
+            props[props_for] = {"stack_bytes": int(m.group(1)), "spill_stores": int(m.group(2)),
+                                "spill_loads": int(m.group(3))}
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and entry is not None:
+            smem = re.search(r"(\d+) bytes smem", line)
+            out[entry].update({"registers": int(m.group(1)), "static_smem": int(smem.group(1)) if smem else 0})
+    for name, rec in out.items():
+        rec.update(props.get(name, {"stack_bytes": 0, "spill_stores": 0, "spill_loads": 0}))
+    return out
+
+
+def _demangle(names: list[str]) -> dict:
+    tool = _tool("cu++filt") or shutil.which("c++filt")
+    if tool is None or not names:
+        return {n: n for n in names}
+    res = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
+    short = {}
+    for n, d in zip(names, res):
+        d = d.replace("(anonymous namespace)::", "")
+        short[n] = d.split("(")[0].split("::")[-1] if d else n
+    return short
+
+
+def _row_of(kernel, source, arch, info, mma_ops, ptx_mma=None, shared=None):
+    spill = info.get("spill_stores", 0) + info.get("spill_loads", 0)
+    return {"kernel": kernel, "source": source, "arch": arch, "registers": info.get("registers"),
+            "spill_bytes": spill, "spill_stores": info.get("spill_stores", 0),
+            "spill_loads": info.get("spill_loads", 0), "stack_bytes": info.get("stack_bytes", 0),
+            "shared_bytes": info.get("static_smem", 0) if shared is None else shared,
+            "mma": bool(mma_ops or ptx_mma), "mma_ops": sorted(set(mma_ops) | set(ptx_mma or []))}
+
+
+def _compile_cu(path: str, arch: int, tmp: str) -> list[dict]:
+    sys.path.insert(0, REPO)
+    from sparkinfer.native import build
+
+    nvcc = build.nvcc_path()
+    cubin = os.path.join(tmp, f"{os.path.basename(path)}.{arch}.cubin")
+    cmd = [nvcc, *[f for f in build.NVCC_FLAGS if f not in ("-shared", "-Xcompiler", "-fPIC")],
+           *build.gencode_flags(str(arch)), "-I", os.path.join(build.CSRC_DIR, "include"),
+           "-Xptxas", "-v", "-cubin", "-o", cubin, path]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"nvcc failed for {path} sm_{arch}:\n{run.stderr[-2000:]}")
+    info = _parse_ptxas(run.stderr + run.stdout)
+    sass = _sass_mma(cubin)
+    names = _demangle(sorted(info))
+    src = os.path.relpath(path, REPO)
+    return [_row_of(f"{os.path.basename(path)}:{names[m]}", src, arch, info[m], sass.get(m, []))
+            for m in sorted(info, key=lambda m: names[m])]
+
+
+def compile_csrc(archs=ARCHS) -> list[dict]:
+    """One row per __global__ kernel of csrc/cuda/*.cu per arch (nvcc -Xptxas -v)."""
+    sys.path.insert(0, REPO)
+    from sparkinfer.native import build
+
+    if build.nvcc_path() is None:
+        raise RuntimeError("nvcc not found (set NVCC or PATH)")
+    srcs = sorted(glob.glob(os.path.join(build.CSRC_DIR, "cuda", "*.cu")))
+    with tempfile.TemporaryDirectory(prefix="si-kreport-") as tmp, cf.ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(_compile_cu, s, a, tmp) for a in archs for s in srcs]
+        return [r for j in jobs for r in j.result()]
+
+
+def _ptxas_triton(ptx: str, arch: int, tmp: str, name: str) -> dict:
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+
+    path = os.path.join(tmp, re.sub(r"\W+", "_", name) + f".{arch}.ptx")
+    with open(path, "w") as f:
+        f.write(ptx)
+    cubin = path[:-4] + ".cubin"
+    run = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={sm_arch_from_capability(arch)}", path,
+                          "-o", cubin], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"ptxas failed for {name} sm_{arch}:\n{run.stderr[-2000:]}")
+    info = _parse_ptxas(run.stderr + run.stdout)
+    (entry, rec), = info.items()
+    return {**rec, "sass_mma": _sass_mma(cubin).get(entry, [])}
+
+
+def _compile_spec(mod: str, index: int, arch: int) -> dict:
+    """Compile compile_specs()[index] of ``mod`` for ``arch`` (in a worker process)."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    spec = importlib.import_module(mod).compile_specs()[index]
+    k = triton.compile(ASTSource(spec["fn"], spec["signature"], constexprs=spec["constexprs"]),
+                       target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"]})
+    ptx = k.asm["ptx"]
+    with tempfile.TemporaryDirectory(prefix="si-kreport-") as tmp:
+        info = _ptxas_triton(ptx, arch, tmp, spec["name"])
+    return _row_of(spec["name"], mod, arch, info, info["sass_mma"], ptx_mma=sorted(set(_MMA_PTX.findall(ptx))),
+                   shared=k.metadata.shared)
+
+
+def compile_triton(archs=ARCHS) -> list[dict]:
+    """One row per compile_specs() entry per arch (Triton compile, then ptxas -v on its PTX), compiled
+    in parallel worker processes (Triton's front end holds the GIL)."""
+    if os.environ.get("TRITON_INTERPRET"):
+        raise RuntimeError("TRITON_INTERPRET is set: @triton.jit functions are interpreted, run without it")
+    import importlib
+    import multiprocessing as mp
+
+    sys.path.insert(0, REPO)
+    jobs = [(mod, i, arch) for mod in TRITON_MODULES for i in range(len(importlib.import_module(mod).compile_specs()))
+            for arch in archs]
+    workers = max(1, min(len(jobs), os.cpu_count() or 1, 8))
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        return list(pool.map(_compile_spec, *zip(*jobs)))
+
+
+# ---- output ----------------------------------------------------------------------------------------
+
+def report(archs=ARCHS, only: str | None = None) -> dict:
+    doc = {"archs": list(archs), "kernels": [], "errors": {}, "hardware": HW, "launch_us": LAUNCH_US,
+           "roofline": roofline()}
+    for name, fn in (("triton", compile_triton), ("csrc", compile_csrc)):
+        if only and only != name:
+            continue
+        try:
+            doc["kernels"] += fn(archs)
+        except Exception as e:  # a missing toolchain is reported, not fatal: the roofline stands alone
+            doc["errors"][name] = f"{type(e).__name__}: {e}"
+    return doc
+
+
+def _print(doc: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = Console(width=200)
+    t = Table(title="GPU kernels compiled without a GPU (ptxas -v; MMA from SASS/PTX)")
+    for c in ("kernel", "arch", "regs", "spill B", "stack B", "shared B", "MMA"):
+        t.add_column(c, justify="left" if c in ("kernel", "MMA") else "right")
+    for r in doc["kernels"]:
+        spill = str(r["spill_bytes"]) if not r["spill_bytes"] else f"[red]{r['spill_bytes']}[/red]"
+        t.add_row(escape(r["kernel"]), f"sm_{r['arch']}", str(r["registers"]), spill, str(r["stack_bytes"]),
+                  str(r["shared_bytes"]), ",".join(r["mma_ops"]) or "no")
+    con.print(t)
+    for name, err in doc["errors"].items():
+        con.print(f"[yellow]{name} kernels not compiled: {err}[/yellow]")
+    t = Table(title="Roofline at GLM-5.2 shapes (us): bytes at bandwidth, FLOPs at the peaks; floor = max "
+                    "with the kernel's precision (target: on tensor cores)")
+    for c in ("kernel", "shape", "MB", "GFLOP", "PRO6000 mem", "PRO6000 TC", "PRO6000 floor", "H200 mem",
+              "H200 TC", "H200 floor", "target floor H200"):
+        t.add_column(c, justify="left" if c in ("kernel", "shape") else "right")
+    for r in doc["roofline"]:
+        a, h = r["times"]["rtx_pro_6000"], r["times"]["h200"]
+        tc = f"tc_{r.get('target', 'bf16')}_us"
+        tgt = r.get("target_floor", {}).get("h200", {}).get("floor_us")
+        t.add_row(escape(r["kernel"]), r["shape"], f"{r['bytes'] / 1e6:.2f}", f"{r['flops'] / 1e9:.2f}",
+                  f"{a['mem_us']:.2f}", f"{a[tc]:.2f}" if tc in a else "-", f"{a['floor_us']:.2f} {a['bound']}",
+                  f"{h['mem_us']:.2f}", f"{h[tc]:.2f}" if tc in h else "-", f"{h['floor_us']:.2f} {h['bound']}",
+                  "-" if tgt is None else f"{tgt:.2f}")
+    con.print(t)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--archs", default=",".join(map(str, ARCHS)), help="comma-separated, default 120,90")
+    ap.add_argument("--only", choices=("triton", "csrc", "none"), default=None,
+                    help="compile only one family (none: the roofline alone)")
+    ap.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON (- for stdout)")
+    a = ap.parse_args(argv)
+    archs = tuple(int(x) for x in a.archs.split(",") if x.strip())
+    doc = report(archs, a.only)
+    if a.json == "-":
+        print(json.dumps(doc, indent=1))
+    else:
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        _print(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)  # must precede importing triton: compile real GPU code
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (silences its warning)
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""benchmarks/kernel_report.py: every GPU kernel compiled for sm_120 and sm_90 without a GPU, with its
+registers, spills, shared memory and MMA use, and a roofline figure per kernel.
+
+The compile runs once per module, in a subprocess (conftest sets TRITON_INTERPRET=1 here, which
+replaces @triton.jit functions by interpreted ones). Skipped without nvcc (csrc) or without
+Triton's NVIDIA backend (Triton kernels)."""
+
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+spec = importlib.util.spec_from_file_location("kernel_report", ROOT / "benchmarks/kernel_report.py")
+kr = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kr)
+
+ARCHS = (120, 90)
+FIELDS = {"kernel": str, "source": str, "arch": int, "registers": int, "spill_bytes": int, "spill_stores": int,
+          "spill_loads": int, "stack_bytes": int, "shared_bytes": int, "mma": bool, "mma_ops": list}
+
+
+def csrc_kernels() -> set[str]:
+    """Report names of the __global__ functions, read from the sources (not from the compiler)."""
+    names = set()
+    for path in sorted((ROOT / "csrc/cuda").glob("*.cu")):
+        for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(", path.read_text()):
+            names.add(f"{path.name}:{m.group(1)}")
+    return names
+
+
+def triton_kernels() -> set[str]:
+    return {s["name"] for mod in kr.TRITON_MODULES for s in importlib.import_module(mod).compile_specs()}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc (CUDA toolkit)")
+    out = tmp_path_factory.mktemp("kreport") / "report.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks/kernel_report.py"), "--json", str(out)],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert "csrc" not in doc["errors"], doc["errors"]
+    return doc
+
+
+def test_csrc_kernels_do_not_spill_on_either_arch(report):
+    expected = csrc_kernels()
+    assert {"pack.cu:move_kernel", "comm_flags.cu:wait_kernel"} <= expected
+    for arch in ARCHS:
+        rows = {r["kernel"]: r for r in report["kernels"] if r["arch"] == arch and r["source"].startswith("csrc/")}
+        assert set(rows) == expected, f"sm_{arch}"
+        for name, r in rows.items():
+            assert r["spill_bytes"] == 0 and r["stack_bytes"] == 0, f"{name} sm_{arch} spills: {r}"
+            assert 0 < r["registers"] <= 255
+
+
+def test_report_lists_every_kernel_with_its_fields(report):
+    if "triton" in report["errors"]:
+        pytest.skip(f"Triton kernels not compiled: {report['errors']['triton']}")
+    expected = triton_kernels() | csrc_kernels()
+    for arch in ARCHS:
+        assert {r["kernel"] for r in report["kernels"] if r["arch"] == arch} == expected, f"sm_{arch}"
+    for r in report["kernels"]:
+        for field, typ in FIELDS.items():
+            assert isinstance(r[field], typ), (r["kernel"], field, r[field])
+        assert r["mma"] == bool(r["mma_ops"])
+    mla = [r for r in report["kernels"] if r["kernel"].startswith("sparse_mla_decode")]
+    assert mla and all(r["shared_bytes"] > 0 for r in mla)  # its tiles live in shared memory
+
+
+def test_every_compiled_kernel_has_a_roofline_figure(report):
+    covered = {c for row in report["roofline"] for c in row["covers"]}
+    bases = {c.split("[")[0] for c in covered}
+    for r in report["kernels"]:
+        assert r["kernel"] in covered or r["kernel"].split("[")[0] in bases, r["kernel"]
+
+
+def test_roofline_arithmetic():
+    rows = kr.roofline()
+    mla = next(r for r in rows if r["kernel"] == "sparse_mla_decode[nvfp4_368]" and r["params"]["H"] == 16
+               and r["params"]["M"] == 64)
+    # 64 rows x 16 heads x 2048 records x (QK over 576 + PV over 512) x 2 FLOPs per FMA
+    assert mla["flops"] == 4_563_402_752
+    # records 64*2048*368 + indices 64*2048*4 + q 64*16*576*2 (bf16) + out/lse 64*16*513*4 (fp32)
+    assert mla["bytes"] == 48_234_496 + 524_288 + 1_179_648 + 2_101_248
+    h200, pro = mla["times"]["h200"], mla["times"]["rtx_pro_6000"]
+    assert h200["mem_us"] == pytest.approx(mla["bytes"] / 4.8e12 * 1e6, abs=1e-3)
+    assert pro["mem_us"] == pytest.approx(mla["bytes"] / 1.79e12 * 1e6, abs=1e-3)
+    assert h200["floor_us"] == pytest.approx(max(h200["mem_us"], h200["fp32_us"]))  # today: fp32 CUDA cores
+    assert mla["target_floor"]["h200"]["floor_us"] == pytest.approx(max(h200["mem_us"], h200["tc_bf16_us"]))
+    pack = next(r for r in rows if r["kernel"] == "pack" and r["params"]["records"] > 64)
+    assert pack["params"]["records"] == 16 * 3584 // 4 and pack["flops"] == 0
+    assert pack["bytes"] == 2 * 14336 * 4 * 368 + 14336 * 8 and pack["times"]["rtx_pro_6000"]["p2p_us"] > 0
+    for r in rows:
+        for t in r["times"].values():
+            assert t["floor_us"] >= max(t["mem_us"], kr.LAUNCH_US)
+        assert r["expect"]
