@@ -107,3 +107,24 @@ def test_roofline_arithmetic():
         for t in r["times"].values():
             assert t["floor_us"] >= max(t["mem_us"], kr.LAUNCH_US)
         assert r["expect"]
+
+
+def test_device_script_dry_run_runs_the_cpu_parts(tmp_path):
+    """run_gpu_checks.sh --dry-run: the kernel timings (every roofline row) and the decode step at tiny
+    shapes on the CPU, the exchange on the host fabric, and one gpu_checks.json gathering them."""
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run(["bash", str(ROOT / "benchmarks/device/run_gpu_checks.sh"), "--dry-run"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    doc = json.loads((tmp_path / "gpu_checks.json").read_text())
+    assert {s["stage"]: s["rc"] for s in doc["stages"]} == {"graph_exchange": "0", "kernels": "0", "graph_step": "0"}
+    rows = doc["kernel_timing"]["rows"]
+    assert [(r["kernel"], r["shape"]) for r in rows] == [(r["kernel"], r["shape"]) for r in kr.roofline()]
+    assert not [r for r in rows if "error" in r]
+    timed = [r for r in rows if "measured_us" in r]
+    assert {r["kernel"] for r in timed} >= {"pack", "unpack", "direct", "union", "indexer_scores",
+                                            "sparse_mla_decode[nvfp4_368]"}
+    assert all(r["measured_us"] > 0 and r["frac_of_floor"] > 0 for r in timed)
+    assert doc["graph_decode_step"]["all_equal"] is True and doc["graph_exchange"] is not None
+    assert sorted(os.listdir(tmp_path)) == ["gpu_checks.json"]  # the dry run leaves only the document

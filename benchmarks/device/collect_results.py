@@ -1,9 +1,10 @@
 """Gather one run of run_gpu_checks.sh into one JSON document.
 
-Reads what the stages left under OUT (stage rows, env.txt, pytest_gpu.xml, records_bench.csv,
-transport_device.csv, graph_exchange.json, and the text output of the attention / indexer / union /
-reuse benchmarks) and writes OUT/gpu_checks.json; with ``--copy-to DIR`` also DIR/<date>-<gpu>.json
-(benchmarks/results/gpu/ in the repo: the session that ran the device check commits it).
+Reads what the stages left under OUT (stage rows, env.txt, pytest_gpu.xml) and in BENCH_LOG_DIR
+(records_bench.csv, transport_device.csv, graph_exchange.json, graph_decode_step.json,
+kernel_timing.json, and the text output of the attention / indexer / union / reuse benchmarks) and
+writes OUT/gpu_checks.json; with ``--copy-to DIR`` also DIR/<date>-<gpu>.json (benchmarks/results/gpu/
+in the repo: the session that ran the device check commits it).
 
     python benchmarks/device/collect_results.py OUT ROWS_FILE BENCH_LOG_DIR [--copy-to DIR]
 """
@@ -63,13 +64,12 @@ def collect(out: str, rows_file: str, bench_dir: str) -> dict:
         "stages": _rows(rows_file),
         "env": env,
         "gpu_tests": _junit(os.path.join(out, "pytest_gpu.xml")),
-        "records": _csv(os.path.join(out, "records_bench.csv")),
-        "transport_device": _csv(os.path.join(out, "transport_device.csv")),
-        "graph_exchange": None,
+        "records": _csv(os.path.join(bench_dir, "records_bench.csv")),
+        "transport_device": _csv(os.path.join(bench_dir, "transport_device.csv")),
     }
-    p = os.path.join(out, "graph_exchange.json")
-    if os.path.exists(p):
-        doc["graph_exchange"] = json.load(open(p))
+    for name in ("graph_exchange", "graph_decode_step", "kernel_timing"):
+        p = os.path.join(bench_dir, f"{name}.json")
+        doc[name] = json.load(open(p)) if os.path.exists(p) else None
     for name in ("attention", "indexer", "union", "reuse"):  # these print tables: kept as their lines
         doc[name] = _text(os.path.join(bench_dir, f"{name}.log"))
     return doc

@@ -14,6 +14,11 @@
 #   graph_exchange  benchmarks/device/graph_exchange.py: the device-sized exchange between 2 processes on
 #                the GPU over CUDA IPC at GLM-5.2 decode shapes (4 requests x 3,584-record unions, F+3S,
 #                368 B), captured in a CUDA graph, replayed on 3 new plans (checked) and timed
+#   graph_step   benchmarks/device/graph_decode_step.py: a decode step's attention path (indexer top-k
+#                + 4 sparse-MLA layers, 16 requests x 4 rows) captured in one CUDA graph, replayed on 3 new
+#                inputs and checked bit for bit against eager runs; eager vs replay step time
+#   kernels      benchmarks/device/kernel_timing.py: every kernel at the kernel report's GLM-5.2 roofline
+#                shapes (benchmarks/kernel_report.py), measured time / floor per kernel
 #   records      benchmarks/records_bench.py: record encode/decode kernels vs the copy ceiling
 #   attention    benchmarks/attention_bench.py (GLM-5.2 TP4 decode shapes)
 #   indexer      benchmarks/indexer_bench.py (T up to 262144, M 4/32)
@@ -25,14 +30,16 @@
 # with a GPU it is written to benchmarks/results/gpu/<date>-<gpu>.json of the checkout too (the
 # device tool brings back only $OUT: copy gpu_checks.json there and commit it).
 #
-# Files under $OUT (10, flat): summary.txt env.txt build.log pytest_gpu.log pytest_gpu.xml
-# bench.log records_bench.csv transport_device.csv graph_exchange.json gpu_checks.json. Needs no network.
+# Files under $OUT (7, flat: the device tool brings back at most 8): summary.txt env.txt build.log
+# pytest_gpu.log pytest_gpu.xml bench.log gpu_checks.json. The benchmarks' CSV/JSON results go to a
+# scratch folder and into gpu_checks.json (collect_results.py). Needs no network.
 #
 # Usage (repo root):
 #   bash benchmarks/device/run_gpu_checks.sh              # everything
 #   bash benchmarks/device/run_gpu_checks.sh --only tests,records   # env + build always run
 #   bash benchmarks/device/run_gpu_checks.sh --dry-run    # print the commands; run only the CPU parts
-#     (the exchange protocol of graph_exchange on the host fabric, small shapes, and the JSON collector)
+#     (the exchange protocol of graph_exchange on the host fabric, small shapes; kernel_timing and
+#     graph_decode_step --smoke: tiny shapes on the CPU; and the JSON collector over what they left)
 # Device tool: run(command="bash benchmarks/device/run_gpu_checks.sh", timeout_s=590), no carry
 # needed when the image has the packages (see docs/design/gpu-validation.md). Without a GPU the
 # script still runs, every benchmark takes its CPU fallback and the summary says NO GPU.
@@ -68,8 +75,7 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/sparkinfer_gpu_checks}
 BUDGET=${GPU_CHECKS_BUDGET_S:-540}
 TMPD=$(mktemp -d /tmp/gpu_checks.XXXXXX)
-OUT_FILES=(summary.txt env.txt build.log pytest_gpu.log pytest_gpu.xml bench.log records_bench.csv transport_device.csv
-  graph_exchange.json gpu_checks.json)
+OUT_FILES=(summary.txt env.txt build.log pytest_gpu.log pytest_gpu.xml bench.log gpu_checks.json)
 ((DRY)) || mkdir -p "$OUT"
 ((DRY)) || (cd "$OUT" && rm -f "${OUT_FILES[@]}")  # logs are appended to: start from empty ones
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -193,11 +199,13 @@ if ((BUILD_OK == 0)); then
     [[ -f $TMPD/$name.log ]] && cat "$TMPD/$name.log" >>"$OUT/bench.log"
     return $rc
   }
-  bench graph_exchange 120 "$PY" benchmarks/device/graph_exchange.py --json "$OUT/graph_exchange.json"
-  bench records 150 "$PY" benchmarks/records_bench.py --csv "$OUT/records_bench.csv"
+  bench graph_exchange 120 "$PY" benchmarks/device/graph_exchange.py --json "$TMPD/graph_exchange.json"
+  bench graph_step 120 "$PY" benchmarks/device/graph_decode_step.py --json "$TMPD/graph_decode_step.json"
+  bench kernels 150 "$PY" benchmarks/device/kernel_timing.py --json "$TMPD/kernel_timing.json"
+  bench records 150 "$PY" benchmarks/records_bench.py --csv "$TMPD/records_bench.csv"
   bench attention 120 "$PY" benchmarks/attention_bench.py
   bench indexer 150 "$PY" benchmarks/indexer_bench.py
-  bench transport 90 "$PY" benchmarks/transport_bench.py --device --csv "$OUT/transport_device.csv"
+  bench transport 90 "$PY" benchmarks/transport_bench.py --device --csv "$TMPD/transport_device.csv"
   bench union 120 "$PY" benchmarks/union_ratio.py --time
   bench reuse 90 "$PY" benchmarks/reuse_bench.py --device cuda --batches 1,8,32
 else
@@ -207,15 +215,26 @@ fi
 if ((DRY)); then
   echo "[dry-run] then: summary table -> stdout and $OUT/summary.txt, JSON -> $OUT/gpu_checks.json"
   # The parts that run without a GPU: graph_exchange's protocol on the host fabric (small shapes,
-  # eager: no capture) and the JSON collector over what that left.
+  # eager: no capture), kernel_timing and graph_decode_step at tiny shapes on the CPU (--smoke), and
+  # the JSON collector over what they left.
   mkdir -p "$OUT"
   (cd "$OUT" && rm -f "${OUT_FILES[@]}")
   DRY_RC=0
-  echo "[dry-run] running on CPU: graph_exchange --host (small shapes)"
-  "$PY" benchmarks/device/graph_exchange.py --host --batch 2 --union 48 --seq-len 256 --iters 3 \
-    --json "$OUT/graph_exchange.json" >"$TMPD/graph_exchange.log" 2>&1 || DRY_RC=1
-  tail -3 "$TMPD/graph_exchange.log"
-  echo "graph_exchange|$DRY_RC|-|host fabric, dry run" >"$TMPD/rows"
+  : >"$TMPD/rows"
+  dry() {  # dry NAME NOTE CMD...: run a CPU part, log to $TMPD/NAME.log, add its row
+    local name=$1 note=$2 rc=0; shift 2
+    echo "[dry-run] running on CPU: $name ($note)"
+    "$@" >"$TMPD/$name.log" 2>&1 || rc=1
+    tail -2 "$TMPD/$name.log"
+    echo "$name|$rc|-|$note, dry run" >>"$TMPD/rows"
+    ((rc == 0)) || DRY_RC=1
+  }
+  dry graph_exchange "host fabric, small shapes" "$PY" benchmarks/device/graph_exchange.py --host --batch 2 \
+    --union 48 --seq-len 256 --iters 3 --json "$TMPD/graph_exchange.json"
+  dry kernels "tiny shapes, Triton interpreter and host twins" "$PY" benchmarks/device/kernel_timing.py --smoke \
+    --json "$TMPD/kernel_timing.json"
+  dry graph_step "tiny shapes, eager only" "$PY" benchmarks/device/graph_decode_step.py --smoke \
+    --json "$TMPD/graph_decode_step.json"
   "$PY" benchmarks/device/collect_results.py "$OUT" "$TMPD/rows" "$TMPD" || DRY_RC=1
   rm -rf "$TMPD"
   exit $DRY_RC
@@ -252,21 +271,35 @@ def tail(name, n):
 tail("attention", 14)
 tail("indexer", 8)
 tail("union", 6)
-p = os.path.join(out, "graph_exchange.json")
+import json
+p = os.path.join(tmp, "graph_exchange.json")
 if os.path.exists(p):
-    import json
     g = json.load(open(p))
     print(f"\n-- graph_exchange ({g['fabric']}, {g['world']} processes, B {g['batch']} x U {g['union']}, "
           f"{g['layers']} layers, {g['width']} B): correct {g['all_correct']}, eager {g['eager_us_max']} us, "
           f"graph replay {g['graph_us_max']} us")
-p = os.path.join(out, "transport_device.csv")
+p = os.path.join(tmp, "graph_decode_step.json")
+if os.path.exists(p):
+    g = json.load(open(p))
+    print(f"\n-- graph_step ({g['requests']} req x {g['rows']} rows, {g['layers']} layers): captured {g['captured']}, "
+          f"replays equal {g['all_equal']}, eager {g.get('eager_us')} us, replay {g.get('replay_us')} us"
+          + (f"; {g['error'][:200]}" if g.get("error") else ""))
+p = os.path.join(tmp, "kernel_timing.json")
+if os.path.exists(p):
+    print("\n-- kernels (median us vs the roofline floor of benchmarks/kernel_report.py)")
+    for r in json.load(open(p))["rows"]:
+        got = (f"{r['measured_us']:10.2f} us floor {r['floor_us']:9.2f} {r['frac_of_floor']:6.1%}"
+               + (f" target {r['target_floor_us']:8.2f} {r['frac_of_target']:6.1%}" if "frac_of_target" in r else "")
+               if "measured_us" in r else (r.get("error") or r.get("note", ""))[:90])
+        print(f"{r['kernel'][:28]:28} {r['shape'][:40]:40} {got}")
+p = os.path.join(tmp, "transport_device.csv")
 if os.path.exists(p):
     print("\n-- transport --device (p50)")
     for r in csv.DictReader(open(p)):
         extra = f" {float(r['roofline_frac']):6.1%} of copy" if r.get("roofline_frac") else ""
         print(f"{r['op']:13} width {r.get('width') or '-':>4} records {r.get('records') or '-':>5} "
               f"bytes {int(r['bytes']):>10} {float(r['p50_us']):9.1f} us {float(r['gbps_p50']):8.1f} GB/s{extra}")
-p = os.path.join(out, "records_bench.csv")
+p = os.path.join(tmp, "records_bench.csv")
 if os.path.exists(p):
     print("\n-- records_bench (median; GB/s = exact bytes / time)")
     for r in csv.DictReader(open(p)):
