@@ -69,8 +69,9 @@ RECORD = {"nvfp4_368": 368, "nvfp4_432": 432, "fp8_ds_mla": 656}
 
 def _times(nbytes: float, flops: float, compute: str, p2p_bytes: float = 0.0) -> dict:
     """Times in us on each GPU: bytes at bandwidth, flops at the tensor-core (bf16/fp8) and fp32
-    peaks, and the floor at the precision ``compute`` the kernel runs in ("bf16", "fp8", "fp32",
-    or "none" for pure moves)."""
+    peaks, ``p2p_bytes`` over the PCIe peer link (the node only), and the floor: the largest of
+    those at the precision ``compute`` the kernel runs in ("bf16", "fp8", "fp32", or "none" for
+    pure moves) and a launch."""
     out = {}
     for gpu, h in HW.items():
         t = {"mem_us": nbytes / h["bw"] * 1e6}
@@ -80,10 +81,11 @@ def _times(nbytes: float, flops: float, compute: str, p2p_bytes: float = 0.0) ->
             t["fp32_us"] = flops / h["fp32"] * 1e6
         if p2p_bytes and h["p2p"]:
             t["p2p_us"] = p2p_bytes / h["p2p"] * 1e6
-        bound = [t["mem_us"], LAUNCH_US] + ([flops / h[compute] * 1e6] if flops and compute != "none" else [])
-        t["floor_us"] = max(bound)
-        t["bound"] = ("launch" if t["floor_us"] == LAUNCH_US else "memory" if t["floor_us"] == t["mem_us"]
-                      else f"compute ({compute})")
+        bound = {"memory": t["mem_us"], "launch": LAUNCH_US, "p2p": t.get("p2p_us", 0.0)}
+        if flops and compute != "none":
+            bound[f"compute ({compute})"] = flops / h[compute] * 1e6
+        t["bound"] = max(bound, key=bound.get)
+        t["floor_us"] = bound[t["bound"]]
         out[gpu] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in t.items()}
     return out
 
@@ -100,14 +102,16 @@ def _row(kernel: str, shape: str, params: dict, nbytes: float, flops: float, com
     return row
 
 
-def _mla(fmt: str, m: int, h: int, k: int, shape: str) -> dict:
-    """Sparse-MLA decode: each row gathers its k records, QK over 576 dims, PV over 512 (absorbed)."""
-    nbytes = m * k * RECORD[fmt] + m * k * 4 + m * h * (LATENT + ROPE) * 2 + m * h * (LATENT + 1) * 4
+def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None) -> dict:
+    """Sparse-MLA decode: each row gathers its k records (``gathered`` records in all when the rows
+    of a request read their union once), QK over 576 dims, PV over 512 (absorbed)."""
+    gathered = m * k if gathered is None else gathered
+    nbytes = gathered * RECORD[fmt] + m * k * 4 + m * h * (LATENT + ROPE) * 2 + m * h * (LATENT + 1) * 4
     flops = 2 * m * h * k * (LATENT + ROPE + LATENT)
     expect = ("on tensor cores (bf16 tiles, fp32 accumulator): within 2x of the target floor on H200 "
               "and faster than the upstream sm_12x split-K Triton kernel's 28.7 us per call; the fp32 "
               "CUDA-core kernel cannot beat its fp32 time")
-    return _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "record": RECORD[fmt]},
+    return _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "record": RECORD[fmt], "gathered": gathered},
                 nbytes, flops, "fp32", expect, target="bf16")
 
 
@@ -140,6 +144,8 @@ def roofline() -> list[dict]:
     rows = []
     for fmt in RECORD:
         rows.append(_mla(fmt, B * R, HEADS_PER_RANK, K, "selected: 16 req x 4 rows, 16 heads/rank, top-2048"))
+    rows.append(_mla("nvfp4_368", B * R, HEADS_PER_RANK, K, "selected, each request's 4 rows over their union "
+                     "read once (B*U records)", gathered=B * U))
     rows.append(_mla("nvfp4_368", B * R, HEADS, K // D, "stock DCP4: 16 req x 4 rows, 64 heads, 512 local (compacted)"))
     rows.append(_mla("nvfp4_368", R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
     rows.append(_indexer(R, 131072, "decode: one request, 4 rows, 128K context"))

@@ -61,7 +61,12 @@ def _mla_case(row, dev, smoke):
     q_nope = torch.randn(m, h, 512, generator=g).to(dev, torch.bfloat16)
     q_rope = torch.randn(m, h, 64, generator=g).to(dev, torch.bfloat16)
     records = torch.randint(0, 256, (pool, p["record"]), generator=g, dtype=torch.uint8).to(dev)
-    idx = torch.randint(0, pool, (m, k), generator=g, dtype=torch.int32).to(dev)
+    idx = torch.randint(0, pool, (m, k), generator=g, dtype=torch.int32)
+    if not smoke and p["gathered"] < m * k:  # each request's 4 rows draw from one union of U records
+        per = p["gathered"] // (m // 4)
+        unions = torch.stack([torch.randperm(pool, generator=g)[:per] for _ in range(m // 4)])
+        idx = unions.repeat_interleave(4, 0).gather(1, torch.randint(0, per, (m, k), generator=g)).to(torch.int32)
+    idx = idx.to(dev)
     return lambda: sparse_mla_decode(q_nope, q_rope, records, fmt, idx, 0.04, backend="triton",
                                      check_indices=False)
 
