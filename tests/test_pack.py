@@ -306,16 +306,17 @@ def test_cuda_error_words_and_arrival_match_the_host_twin():
         torch.cuda.synchronize()
         assert int(derr) == int(herr) != 0, name
         assert int(dflag) == int(hflag) == 0 and torch.equal(dout.cpu(), hout), name
-    # clean run: the flag carries seq, the bytes match; the device counter is left at zero for the next launch
-    for _ in range(2):
-        derr, dflag, dseq = (torch.zeros(1, dtype=t, device=dev) for t in (torch.int32, torch.int64, torch.int64))
-        dseq += 9
-        dout = torch.zeros(2 * cap * 368, dtype=torch.uint8, device=dev)
+    # clean runs into the same flag: it carries each launch's seq (the last CTA's counter was reset to
+    # zero, so the next launch signals again), and the bytes match
+    derr, dflag, dseq = (torch.zeros(1, dtype=t, device=dev) for t in (torch.int32, torch.int64, torch.int64))
+    dout = torch.zeros(2 * cap * 368, dtype=torch.uint8, device=dev)
+    for seq in (9, 10, 11):
+        dseq.fill_(seq)
         P.pack(dshard, layers.to(dev), req.to(dev), local.to(dev), count.to(dev), cap, dout, err=derr,
                arrive=(dflag.data_ptr(), dseq.data_ptr()))
         torch.cuda.synchronize()
-        assert int(derr) == 0 and int(dflag) == 9
-        assert torch.equal(dout.cpu()[: 2 * 6 * 368].view(2, 6, 368), P.pack_reference(shard, layers, req, local, 6))
+        assert int(derr) == 0 and int(dflag) == seq
+    assert torch.equal(dout.cpu()[: 2 * 6 * 368].view(2, 6, 368), P.pack_reference(shard, layers, req, local, 6))
     # a set (pinned host) word: the unpack on the device consumes nothing, like the twin
     perr = torch.tensor([F.error_word(F.ERR_TIMEOUT, F.CHECK_WAIT, F.OP_WAIT, 1)], dtype=torch.int32).pin_memory()
     ws = torch.zeros(2, cap + 3, 368, dtype=torch.uint8, device=dev)
