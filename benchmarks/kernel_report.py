@@ -43,6 +43,8 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)  # sparkinfer from this checkout (build flags, compile_specs)
 ARCHS = (120, 90)
 TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.indexer.triton_scores")
 
@@ -260,7 +262,6 @@ def _row_of(kernel, source, arch, info, mma_ops, ptx_mma=None, shared=None):
 
 
 def _compile_cu(path: str, arch: int, tmp: str) -> list[dict]:
-    sys.path.insert(0, REPO)
     from sparkinfer.native import build
 
     nvcc = build.nvcc_path()
@@ -281,7 +282,6 @@ def _compile_cu(path: str, arch: int, tmp: str) -> list[dict]:
 
 def compile_csrc(archs=ARCHS) -> list[dict]:
     """One row per __global__ kernel of csrc/cuda/*.cu per arch (nvcc -Xptxas -v)."""
-    sys.path.insert(0, REPO)
     from sparkinfer.native import build
 
     if build.nvcc_path() is None:
@@ -335,7 +335,6 @@ def compile_triton(archs=ARCHS) -> list[dict]:
     import importlib
     import multiprocessing as mp
 
-    sys.path.insert(0, REPO)
     jobs = [(mod, i, arch) for mod in TRITON_MODULES for i in range(len(importlib.import_module(mod).compile_specs()))
             for arch in archs]
     workers = max(1, min(len(jobs), os.cpu_count() or 1, 8))
