@@ -5,7 +5,7 @@ list: entries ``row_start[m] .. row_start[m] + row_len[m] - 1`` of ``token_slots
 ``token_ids`` (the ids selection reports and the tie rule orders; default the index j in the list).
 Each pass scores list positions [j0, j0 + tile) of every row in one launch, as int64 selection keys
 (``topk.pack_keys``), into columns k.. of a work buffer whose first k columns hold the running
-top-k keys; ``torch.topk`` over the buffer keeps the k best. The keys are distinct per row (the id
+top-k keys; ``torch.topk`` over the buffer keeps the k best (unsorted: one sort at the end). The keys are distinct per row (the id
 is in them; only INT64_MIN, "nothing", repeats), so the top-k of (top-k so far, tile) is the top-k
 of everything scored so far: after the last pass it equals ``select_topk`` over the whole [M, T]
 score matrix, ids and order, bit for bit.
@@ -25,7 +25,7 @@ import torch
 
 from .topk import _NONE, pack_keys, unpack_keys
 
-TILE_BYTES = 64 << 20  # the work buffer's scored columns: M * tile * 8 bytes (Triton path)
+TILE_BYTES = 256 << 20  # budget of a pass's scored columns: M * tile * 8 B (Triton), M * tile * 8 * (3 Hi + 4) B (torch)
 _ALIGN = 64  # tiles are a whole number of the kernel's BLOCK_T (triton_scores.BLOCK_T)
 _INTS = (torch.int32, torch.int64)
 
@@ -89,13 +89,14 @@ def pick_tile(m: int, max_len: int, bytes_per_col: int, tile_bytes: int) -> int:
 
 def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len: int, token_slots=None,
                       token_ids=None, backend: str = "auto", with_scores: bool = False,
-                      tile_bytes: int = TILE_BYTES, check_values: bool = True):
+                      tile_bytes: int | None = None, check_values: bool = True):
     """Top-k of every row of a step in one batched call -> ids int32 [M, k] (with_scores: and their
     float32 scores [M, k]), best first (score descending, then token id ascending), -1 / -inf
     padded where a row has fewer than k positions with token id <= pos[m].
 
     q float32/bf16 [M, Hi, 128], w [M, Hi], records uint8 [R, 132], pos int64 [M]; row_start,
-    row_len, token_slots, token_ids, max_len as in ``RowLists`` (all tensors on one device). On a
+    row_len, token_slots, token_ids, max_len as in ``RowLists`` (all tensors on one device);
+    tile_bytes (default TILE_BYTES) bounds a pass's columns and changes no result. On a
     GPU nothing here reads the device unless check_values (the default; a serving step passes
     False after validating its plan once).
     """
@@ -112,7 +113,8 @@ def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len
     _check_rows(m, records, pos, row_start, row_len, token_slots, token_ids, max_len, check_values)
     backend = pick_backend(backend, q.is_cuda, "indexer")
     hi = q.shape[1]
-    tile = pick_tile(m, max_len, 8 if backend == "triton" else 8 * (3 * hi + 4), tile_bytes)
+    tile = pick_tile(m, max_len, 8 if backend == "triton" else 8 * (3 * hi + 4),
+                     TILE_BYTES if tile_bytes is None else tile_bytes)
     work = torch.full((m, k + tile), _NONE, dtype=torch.int64, device=q.device)
     top = torch.full((m, k), _NONE, dtype=torch.int64, device=q.device)
     at = torch.empty((m, k), dtype=torch.int64, device=q.device)
@@ -124,9 +126,10 @@ def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len
             score_keys_pass(q, w, records, pos, row_start, row_len, token_slots, token_ids, work, j0, k, tile)
         else:
             _torch_keys_pass(q, w, records, pos, groups, token_slots, token_ids, work, j0, k, tile)
-        torch.topk(work, k, dim=1, largest=True, sorted=True, out=(top, at))
+        torch.topk(work, k, dim=1, largest=True, sorted=False, out=(top, at))
         work[:, :k].copy_(top)
-    return unpack_keys(top, with_scores)
+    # rank order once at the end: the keys are distinct (but INT64_MIN), so the order is unique
+    return unpack_keys(torch.sort(top, dim=1, descending=True).values, with_scores)
 
 
 def _check_rows(m, records, pos, row_start, row_len, token_slots, token_ids, max_len, check_values):

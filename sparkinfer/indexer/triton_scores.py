@@ -146,8 +146,9 @@ def score_keys_pass(q, w, records, pos, row_start, row_len, token_slots, token_i
         raise ValueError(f"tile must be a multiple of {BLOCK_T}, got {tile}")
     if q.shape[0] == 0:
         return
-    _launch(q, w, records, out, (q.shape[0], tile // BLOCK_T), slots=token_slots, ids=token_ids, pos=pos,
-            start=row_start, length=row_len, n_tokens=0, j0=j0, col0=col0, keys=True)
+    flat = lambda t: None if t is None else t.contiguous()  # the kernel indexes them densely
+    _launch(q, w, records, out, (q.shape[0], tile // BLOCK_T), slots=flat(token_slots), ids=flat(token_ids),
+            pos=flat(pos), start=flat(row_start), length=flat(row_len), n_tokens=0, j0=j0, col0=col0, keys=True)
 
 
 def compile_specs() -> list[dict]:
