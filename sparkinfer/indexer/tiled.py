@@ -27,6 +27,7 @@ from .topk import _NONE, pack_keys, unpack_keys
 
 TILE_BYTES = 256 << 20  # budget of a pass's scored columns: M * tile * 8 B (Triton), M * tile * 8 * (3 Hi + 4) B (torch)
 _ALIGN = 64  # tiles are a whole number of the kernel's BLOCK_T (triton_scores.BLOCK_T)
+_MAX_TILE = 65535 * 64  # a pass is one launch: at most 65,535 programs on grid axis 1
 _INTS = (torch.int32, torch.int64)
 
 
@@ -81,9 +82,9 @@ def one_list(m: int, n: int, device) -> dict:
 
 
 def pick_tile(m: int, max_len: int, bytes_per_col: int, tile_bytes: int) -> int:
-    """Positions per pass: as many as tile_bytes allows for M rows, a multiple of 64, at least 64,
-    no more than max_len needs."""
-    cols = max(_ALIGN, tile_bytes // max(1, bytes_per_col * m) // _ALIGN * _ALIGN)
+    """Positions per pass: as many as tile_bytes allows for M rows (at most 65,535 x 64), a multiple
+    of 64, at least 64, no more than max_len needs."""
+    cols = max(_ALIGN, min(_MAX_TILE, tile_bytes // max(1, bytes_per_col * m)) // _ALIGN * _ALIGN)
     return min(cols, -(-max(max_len, 1) // _ALIGN) * _ALIGN)
 
 

@@ -40,6 +40,7 @@ BLOCK_T = 64
 NUM_WARPS = 4
 NUM_STAGES = 1
 BLOCK_D = 16
+MAX_GRID_Y = 65535
 HEAD_BLOCKS = (16, 32, 64)  # BLOCK_H: the heads padded to an MMA M tile (GLM-5.2: 32)
 _PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32"}
 
@@ -126,10 +127,11 @@ def indexer_scores_triton(q, w, records, pos=None, token_slots=None) -> torch.Te
     out = torch.empty((m, n_tokens), dtype=torch.float32, device=q.device)
     if m == 0 or n_tokens == 0:
         return out
-    _launch(q, w, records, out, (m, triton.cdiv(n_tokens, BLOCK_T)),
-            slots=None if token_slots is None else token_slots.contiguous(), ids=None,
-            pos=None if pos is None else pos.contiguous(), start=None, length=None, n_tokens=n_tokens,
-            j0=0, col0=0, keys=False)
+    slots = None if token_slots is None else token_slots.contiguous()
+    pos = None if pos is None else pos.contiguous()
+    for j0 in range(0, n_tokens, MAX_GRID_Y * BLOCK_T):  # grid axis 1 holds at most 65,535 programs
+        _launch(q, w, records, out, (m, min(MAX_GRID_Y, triton.cdiv(n_tokens - j0, BLOCK_T))), slots=slots,
+                ids=None, pos=pos, start=None, length=None, n_tokens=n_tokens, j0=j0, col0=0, keys=False)
     return out
 
 
@@ -142,8 +144,8 @@ def score_keys_pass(q, w, records, pos, row_start, row_len, token_slots, token_i
     row_len int32/int64 [M], token_slots int64 [S] or None, token_ids int [S] or None (all on one
     device, validated by the caller); tile a multiple of BLOCK_T. One launch for all rows.
     """
-    if tile % BLOCK_T:
-        raise ValueError(f"tile must be a multiple of {BLOCK_T}, got {tile}")
+    if tile % BLOCK_T or tile > MAX_GRID_Y * BLOCK_T:
+        raise ValueError(f"tile must be a multiple of {BLOCK_T} up to {MAX_GRID_Y * BLOCK_T}, got {tile}")
     if q.shape[0] == 0:
         return
     flat = lambda t: None if t is None else t.contiguous()  # the kernel indexes them densely
