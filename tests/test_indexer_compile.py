@@ -1,7 +1,8 @@
 """Compile the indexer scorer for the real GPUs without one: no spills, shared memory within bounds, MMA.
 
 Every launch configuration the wrappers use (``triton_scores.compile_specs()``: the score matrix and
-the tiled top-k's key pass, for fp32 and bf16 q, at GLM-5.2's 32 index heads) is compiled with
+the tiled top-k's key pass without and with token ids, for fp32 and bf16 q, at GLM-5.2's 32 index
+heads) is compiled with
 ``triton.compile`` for sm_120 (RTX PRO 6000: at most 99 KB of shared memory per block) and sm_90.
 The cubin Triton produced, the code a GPU would run, is read back with the toolkit's
 ``cuobjdump --dump-resource-usage``: a spill needs a local-memory stack frame, so STACK and LOCAL
@@ -66,7 +67,7 @@ def test_every_spec_compiled_for_both_targets(compiled):
     from sparkinfer.indexer.triton_scores import compile_specs
 
     names = {s["name"] for s in compile_specs()}
-    assert names == {"indexer_scores[q_fp32]", "indexer_scores[q_bf16]", "indexer_keys[q_fp32]", "indexer_keys[q_bf16]"}
+    assert names == {f"{k}[q_{d}]" for k in ("indexer_scores", "indexer_keys", "indexer_keys_ids") for d in ("fp32", "bf16")}
     assert set(compiled) == {f"{n}-{a}" for n in names for a in (120, 90)}
 
 

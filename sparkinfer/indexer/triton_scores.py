@@ -154,25 +154,27 @@ def score_keys_pass(q, w, records, pos, row_start, row_len, token_slots, token_i
 
 
 def compile_specs() -> list[dict]:
-    """The launch configurations ``indexer_scores_triton`` and ``score_keys_pass`` use, for GLM-5.2's
-    32 index heads (BLOCK_H 32), as OWNERSHIP.md's contract: name, fn, signature, constexprs,
-    num_warps, num_stages. Pointer types are those of the engine's call (fp32 w, int64 slots and
-    positions, int32 token ids and row lengths)."""
+    """The launch configurations ``indexer_scores_triton`` and ``score_keys_pass`` use in the engine,
+    for GLM-5.2's 32 index heads (BLOCK_H 32), as OWNERSHIP.md's contract: name, fn, signature,
+    constexprs, num_warps, num_stages. The score matrix through token slots with a causal mask; the
+    key pass of the tiled top-k with per-row lists, without token ids (replicated scoring) and with
+    them (sharded scoring); each for fp32 and bf16 q. Pointer types are those of the batched call
+    (fp32 w, int64 slots / positions / list starts, int32 token ids / list lengths from plan_rows)."""
     specs = []
-    for keys in (False, True):
+    for name, keys, ids in (("indexer_scores", False, False), ("indexer_keys", True, False),
+                            ("indexer_keys_ids", True, True)):
         for q_dtype, precision in (("fp32", "tf32x3"), ("bf16", "tf32")):
-            constexprs = {"HAS_SLOTS": True, "HAS_IDS": keys, "HAS_POS": True, "ROWS": keys, "KEYS": keys,
+            constexprs = {"HAS_SLOTS": True, "HAS_IDS": ids, "HAS_POS": True, "ROWS": keys, "KEYS": keys,
                           "BLOCK_H": 32, "BLOCK_T": BLOCK_T, "BLOCK_D": BLOCK_D, "PRECISION": precision}
             ptrs = {"q_ptr": f"*{q_dtype}", "w_ptr": "*fp32", "rec_ptr": "*u8", "slot_ptr": "*i64",
-                    "id_ptr": "*i32" if keys else "*fp32", "pos_ptr": "*i64",
+                    "id_ptr": "*i32" if ids else "*fp32", "pos_ptr": "*i64",
                     "start_ptr": "*i64" if keys else "*fp32", "len_ptr": "*i32" if keys else "*fp32",
                     "out_ptr": "*i64" if keys else "*fp32"}
             sig = {n: ptrs[n] if n in ptrs else "i32" for n in _indexer_scores_kernel.arg_names
                    if n not in constexprs}
             sig.update({n: "constexpr" for n in constexprs})
-            specs.append({"name": f"indexer_{'keys' if keys else 'scores'}[q_{q_dtype}]",
-                          "fn": _indexer_scores_kernel, "signature": sig, "constexprs": constexprs,
-                          "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+            specs.append({"name": f"{name}[q_{q_dtype}]", "fn": _indexer_scores_kernel, "signature": sig,
+                          "constexprs": constexprs, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
     return specs
 
 
