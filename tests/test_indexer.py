@@ -371,3 +371,19 @@ def test_gpu_tiled_topk_equals_untiled_and_offsets_past_int32():
     slots = torch.zeros(t, dtype=torch.int64, device=dev)
     big = indexer_scores(q[:m], w[:m], records, None, slots)
     assert torch.equal(big[:, -1], scores[:m, 0]) and torch.equal(big[:, 12345], scores[:m, 0])
+
+
+def test_prefill_memory_bench_peak_is_flat_in_the_context():
+    """benchmarks/indexer_bench.py --prefill-memory on CPU (torch path, 64-position passes): the
+    measured peak is the same at a context 4x longer, and holds at least the work buffer."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("indexer_bench",
+                                                  Path(__file__).parent.parent / "benchmarks/indexer_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.prefill_memory([640, 2560], chunk=8, heads=2, k=16, device=torch.device("cpu"), tile_bytes=1)
+    assert [r["passes"] for r in rows] == [10, 40] and all(r["tile"] == 64 for r in rows)
+    assert rows[0]["peak_bytes"] == rows[1]["peak_bytes"] >= 8 * (16 + 64) * 8
+    assert all(r["selected_rows_full"] == 8 for r in rows)
