@@ -63,7 +63,8 @@ def cpu_peak_bytes(fn):
 
 def prefill_memory(contexts, chunk, heads, k, device, tile_bytes=None):
     """Per context: the tiled top-k of one prefill chunk (rows = the context's last ``chunk``
-    positions, q in bf16 as the engine's fp8 codes are exact in it) -> a dict of the measurements."""
+    positions, q in bf16 as the engine's fp8 codes are exact in it) -> a dict of the measurements.
+    ``untiled_formula_bytes`` is not measured: M x T x 12, the old path's fp32 scores plus int64 keys."""
     rows = []
     backend = "triton" if device.type == "cuda" else "torch"  # the interpreter's numpy is not torch's memory
     q, w, rec, pos = make_inputs(chunk, heads, 64, device)  # warm-up: first-call allocations stay out
@@ -94,7 +95,7 @@ def prefill_memory(contexts, chunk, heads, k, device, tile_bytes=None):
         rows.append({"context": t, "chunk": chunk, "heads": heads, "k": k, "device": device.type,
                      "backend": backend, "tile": tile, "passes": -(-t // tile), "peak_bytes": int(peak),
                      "seconds": round(seconds, 3), "selected_rows_full": int((ids[:, -1] >= 0).sum()),
-                     "untiled_matrix_bytes": chunk * t * (4 + 8), "measured": how})
+                     "untiled_formula_bytes": chunk * t * (4 + 8), "measured": how})
     return rows
 
 
