@@ -11,18 +11,28 @@ which can only be near-ties (see tests/test_indexer.py).
 Without a GPU it says so and times only the torch reference at a reduced shape.
 
     python benchmarks/indexer_bench.py [--tokens 8192 65536 262144] [--rows 4 32]
+
+--prefill-memory: one prefill chunk (the last --chunk positions of each context, their rows
+scored against the whole context) through the tiled top-k (``indexer_topk_rows``), printing per
+context the peak bytes that scoring and selection allocate beyond the inputs (``peak_bytes``) and
+the time. On CUDA (Triton) the peak is torch.cuda.max_memory_allocated over the call minus what was
+allocated before it; on CPU (the torch path: the interpreter is far too slow for these shapes)
+it is the highest running sum of the allocations and frees that torch's profiler records
+(profile_memory) during the call. The peak must not grow with the context.
+
+    python benchmarks/indexer_bench.py --prefill-memory --contexts 16384 65536 --chunk 2048 --json
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import time
 
 import torch
 
 from sparkinfer.formats import get_format
-from sparkinfer.indexer import indexer_scores, indexer_topk_torch, select_topk
+from sparkinfer.indexer import indexer_scores, indexer_topk_rows, indexer_topk_torch, select_topk, tiled
 
 
 def make_inputs(m, hi, t, device, seed=0):
@@ -34,13 +44,83 @@ def make_inputs(m, hi, t, device, seed=0):
     return q, w, records, pos
 
 
+def cpu_peak_bytes(fn):
+    """(fn's result, the peak of the running sum of CPU allocations minus frees during fn), from the
+    memory events torch's profiler records."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    now = peak = 0
+    for e in events:
+        if e.device_type() == torch._C._autograd.DeviceType.CPU:
+            now += e.nbytes()
+            peak = max(peak, now)
+    return out, peak
+
+
+def prefill_memory(contexts, chunk, heads, k, device, tile_bytes=None):
+    """Per context: the tiled top-k of one prefill chunk (rows = the context's last ``chunk``
+    positions, q in bf16 as the engine's fp8 codes are exact in it) -> a dict of the measurements.
+    ``untiled_formula_bytes`` is not measured: M x T x 12, the old path's fp32 scores plus int64 keys."""
+    rows = []
+    backend = "triton" if device.type == "cuda" else "torch"  # the interpreter's numpy is not torch's memory
+    q, w, rec, pos = make_inputs(chunk, heads, 64, device)  # warm-up: first-call allocations stay out
+    indexer_topk_rows(q, w, rec, pos, k, **tiled.one_list(chunk, 64, device), backend=backend, check_values=False)
+    for t in contexts:
+        q, w, rec, pos = make_inputs(chunk, heads, t, device, seed=t)
+        lists = tiled.one_list(chunk, t, device)
+        call = lambda: indexer_topk_rows(q, w, rec, pos, k, **lists, backend=backend, check_values=False,
+                                         tile_bytes=tile_bytes)
+        if device.type == "cuda":
+            call()  # compile this context's launches outside the measurement
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            ids = call()
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            peak = torch.cuda.max_memory_allocated() - base
+            how = "torch.cuda.max_memory_allocated - memory_allocated before (Triton)"
+        else:
+            t0 = time.perf_counter()
+            ids, peak = cpu_peak_bytes(call)
+            seconds = time.perf_counter() - t0
+            how = "torch.profiler memory events, peak running sum (torch path, profiler on)"
+        tile = tiled.pick_tile(chunk, t, 8 if backend == "triton" else 8 * (3 * heads + 4),
+                               tiled.TILE_BYTES if tile_bytes is None else tile_bytes)
+        rows.append({"context": t, "chunk": chunk, "heads": heads, "k": k, "device": device.type,
+                     "backend": backend, "tile": tile, "passes": -(-t // tile), "peak_bytes": int(peak),
+                     "seconds": round(seconds, 3), "selected_rows_full": int((ids[:, -1] >= 0).sum()),
+                     "untiled_formula_bytes": chunk * t * (4 + 8), "measured": how})
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 65536, 262144])
     ap.add_argument("--rows", type=int, nargs="+", default=[4, 32])
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--k", type=int, default=2048)
+    ap.add_argument("--prefill-memory", action="store_true", help="peak memory of one prefill chunk per context")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[16384, 65536])
+    ap.add_argument("--chunk", type=int, default=2048)
+    ap.add_argument("--json", action="store_true", help="print the --prefill-memory rows as JSON")
     args = ap.parse_args()
+
+    if args.prefill_memory:
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        rows = prefill_memory(args.contexts, args.chunk, args.heads, args.k, dev)
+        if args.json:
+            print(json.dumps(rows, indent=1))
+        else:
+            for r in rows:
+                print(f"context {r['context']:>8} chunk {r['chunk']} tile {r['tile']} passes {r['passes']}: "
+                      f"peak {r['peak_bytes'] / 2**20:.1f} MiB in {r['seconds']:.2f} s ({r['backend']}, {r['device']})")
+        return 0
 
     if not torch.cuda.is_available():
         m, t, k = 4, 4096, 512

@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from sparkinfer.formats import get_format
 from sparkinfer.core.topology import IndexSharePattern
 from sparkinfer.indexer import (ReplicatedIndexerCache, indexer_scores, indexer_scores_torch, indexer_topk,
-                                indexer_topk_torch, merge_candidates, select_topk, shard_candidates)
+                                indexer_topk_rows, indexer_topk_torch, merge_candidates, plan_rows, select_topk,
+                                shard_candidates)
+from sparkinfer.indexer import tiled
 
 IDX = get_format("indexer_fp8")
 
@@ -217,6 +219,130 @@ def test_bad_input_raises(backend):
         call(token_slots=torch.tensor([0, 1, 99]), pos=torch.zeros(4, dtype=torch.int64))
 
 
+# --- tiled scoring with a running top-k merge (tiled.py) ---------------------------------------------
+# tile_bytes=1 gives the smallest tile, 64 positions a pass: T = 300 is five passes with a partial
+# last tile, k = 40 < 64 < 100 < T exercises a running top-k shorter and longer than a tile.
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("k", [40, 100])
+def test_tiled_topk_equals_untiled_across_tiles(backend, k):
+    """Random floats (no exactness to lean on): the tiled merge returns exactly select_topk over the
+    whole [M, T] score matrix of the same scorer, ids, order and scores."""
+    q, w, records, pos = random_case(m=5, t=300, seed=7)
+    pos[1] = 70  # a prefix that ends one position past the first tile
+    scores = indexer_scores(q, w, records, pos, backend=backend)
+    want_ids, want_best = select_topk(scores, k, with_scores=True)
+    for tile_bytes in (1, 5 * 8 * 128, None):  # 64 / 128 positions a pass (Triton), one pass
+        ids, best = indexer_topk_rows(q, w, records, pos, k, **tiled.one_list(5, 300, "cpu"), backend=backend,
+                                      with_scores=True, tile_bytes=tile_bytes)
+        assert torch.equal(ids, want_ids) and torch.equal(best, want_best), tile_bytes
+
+
+def test_tiled_topk_ties_and_short_rows_equal_the_reference():
+    """Exact inputs full of ties (duplicated keys across tile boundaries): tiled Triton, tiled torch,
+    the float64 stable-sort reference and the brute-force tie rule agree; rows whose prefix holds
+    fewer than k tokens are -1 padded at the end."""
+    q, w, records, pos, _ = exact_case(m=4, t=260, seed=2)
+    keys = IDX.decode(records)
+    keys[64:128] = keys[0:64]  # a whole tile equal to the first one: every score tied across a boundary
+    keys[200:210] = keys[60:70]
+    records = IDX.encode(keys)
+    pos = torch.tensor([259, 130, 20, 63])
+    k = 90
+    ref = indexer_topk_torch(q, w, records, pos, k)
+    assert torch.equal(ref, brute_topk(indexer_scores_torch(q, w, records, pos), k))
+    for backend in ("triton", "torch"):
+        got = indexer_topk_rows(q, w, records, pos, k, **tiled.one_list(4, 260, "cpu"), backend=backend,
+                                tile_bytes=1)
+        assert torch.equal(got, ref), backend
+    assert (ref[2, 21:] == -1).all() and (ref[2, :21] >= 0).all() and (ref[3, 64:] == -1).all()
+
+
+def _step(seed=11):
+    """Three requests of a step in one paged pool: (requests for plan_rows, q, w, pool, pos, per
+    request (rows, slots)). Lengths 200, 70 and 1; rows 4 (MTP-like), 3 and 1."""
+    g = torch.Generator().manual_seed(seed)
+    lens, nrows = (200, 70, 1), (4, 3, 1)
+    pool = torch.zeros(400, 132, dtype=torch.uint8)
+    free = torch.randperm(400, generator=g)
+    m = sum(nrows)
+    q, w = torch.randn(m, 4, 128, generator=g), torch.randn(m, 4, generator=g)
+    pos = torch.empty(m, dtype=torch.int64)
+    reqs, at, row = [], 0, 0
+    for n, r in zip(lens, nrows):
+        slots = free[at:at + n].long()
+        pool[slots] = IDX.encode(torch.randn(n, 128, generator=g))
+        rows = torch.arange(row, row + r)
+        pos[rows] = n - r + torch.arange(r)  # the request's last r positions, as a step's query rows
+        reqs.append((rows, slots))
+        at, row = at + n, row + r
+    pos[4] = 10  # a row whose prefix is shorter than k
+    return q, w, pool, pos, reqs
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_batched_rows_equal_per_request_calls(backend):
+    """One batched call over every request of a step (what replicated_indexer's loop over requests
+    does in one go) equals the per-request indexer_topk calls, and, with token ids (a rank's owned
+    positions), the per-request shard_candidates."""
+    q, w, pool, pos, reqs = _step()
+    k = 24
+    plan = plan_rows([(rows, slots, None) for rows, slots in reqs], q.shape[0])
+    assert plan.max_len == 200 and plan.token_ids is None
+    got = indexer_topk_rows(q, w, pool, pos, k, **plan.kwargs(), backend=backend, tile_bytes=1)
+    for rows, slots in reqs:
+        want = indexer_topk(q[rows], w[rows], pool, pos[rows], k, slots, backend=backend)
+        assert torch.equal(got[rows], want)
+    # sharded: each request scores the positions t with t % 3 == 1 (ids are those positions)
+    owned = [(rows, slots[1::3], torch.arange(slots.numel())[1::3]) for rows, slots in reqs]
+    plan = plan_rows(owned, q.shape[0] + 1)  # one row more: in no request, all -1
+    q1, w1, pos1 = torch.cat([q, q[:1]]), torch.cat([w, w[:1]]), torch.cat([pos, pos[:1]])
+    ids, best = indexer_topk_rows(q1, w1, pool, pos1, k, **plan.kwargs(), backend=backend, with_scores=True,
+                                  tile_bytes=1)
+    assert (ids[-1] == -1).all() and torch.isinf(best[-1]).all()
+    for rows, slots, tid in owned:
+        s, i = shard_candidates(q[rows], w[rows], pool, tid, pos[rows], k, token_slots=slots, backend=backend)
+        assert torch.equal(ids[rows], i) and torch.equal(best[rows], s)
+
+
+def test_sharded_merge_equals_replicated_with_small_tiles(monkeypatch):
+    """The sharded-scoring merge still gives the replicated top-k when both score in 64-position passes."""
+    monkeypatch.setattr(tiled, "TILE_BYTES", 1)
+    q, w, records, pos = random_case(t=330, seed=8)
+    k = 70
+    replicated = indexer_topk(q, w, records, pos, k, backend="triton")
+    assert torch.equal(replicated, select_topk(indexer_scores(q, w, records, pos, backend="triton"), k))
+    tokens = torch.arange(330)
+    for world, interleave in ((4, 1), (3, 64)):
+        cands = [shard_candidates(q, w, records[mine], mine, pos, k, backend="triton")
+                 for mine in (tokens[(tokens // interleave) % world == r] for r in range(world))]
+        merged = merge_candidates(torch.stack([c[0] for c in cands]), torch.stack([c[1] for c in cands]), k)
+        assert torch.equal(merged, replicated), (world, interleave)
+
+
+def test_tile_is_bounded_by_the_budget_not_the_context():
+    assert tiled.pick_tile(2048, 65536, 8, 256 << 20) == tiled.pick_tile(2048, 1 << 20, 8, 256 << 20) == 16384
+    assert tiled.pick_tile(4, 300, 8, 256 << 20) == 320  # a short context: one pass
+    assert tiled.pick_tile(8192, 1 << 20, 8, 1) == 64
+
+
+def test_batched_rows_bad_input_raises():
+    q, w, pool, pos, reqs = _step()
+    plan = plan_rows([(rows, slots, None) for rows, slots in reqs], q.shape[0])
+    call = lambda **kw: indexer_topk_rows(**{**dict(q=q, w=w, records=pool, pos=pos, k=4, **plan.kwargs()), **kw})
+    with pytest.raises(ValueError, match="max_len"):
+        call(max_len=100)
+    with pytest.raises(ValueError, match="row lists must lie"):
+        call(row_start=plan.row_start + 300)
+    with pytest.raises(ValueError, match="row_len must be"):
+        call(row_len=plan.row_len[:2])
+    with pytest.raises(ValueError, match="token_ids must be"):
+        call(token_ids=torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="k must be"):
+        call(k=0)
+
+
 @pytest.mark.gpu
 def test_gpu_scores_match_reference():
     q, w, records, pos = random_case(m=8, hi=32, t=20000, seed=12)
@@ -229,3 +355,35 @@ def test_gpu_scores_match_reference():
     qe, we, re, pe, _ = exact_case(m=8, hi=32, t=5000)
     ids = indexer_topk(qe.to(dev), we.to(dev), re.to(dev), pe.to(dev), 2048).cpu()
     assert torch.equal(ids, indexer_topk_torch(qe, we, re, pe, 2048))
+
+
+@pytest.mark.gpu
+def test_gpu_tiled_topk_equals_untiled_and_offsets_past_int32():
+    """Compiled Triton: the tiled merge equals select_topk over the full scores at GLM-5.2's shape,
+    and an [M, T] score matrix of more than 2**31 elements is addressed correctly (int64 offsets)."""
+    dev = torch.device("cuda")
+    q, w, records, pos = (t.to(dev) for t in random_case(m=8, hi=32, t=40000, seed=13))
+    scores = indexer_scores(q, w, records, pos)
+    for tile_bytes in (1, None):
+        got = indexer_topk_rows(q, w, records, pos, 2048, **tiled.one_list(8, 40000, dev), tile_bytes=tile_bytes)
+        assert torch.equal(got, select_topk(scores, 2048))
+    m, t = 2, (1 << 30) + 64  # 2**31 + 128 scores: the last row's offsets pass 2**31
+    slots = torch.zeros(t, dtype=torch.int64, device=dev)
+    big = indexer_scores(q[:m], w[:m], records, None, slots)
+    assert torch.equal(big[:, -1], scores[:m, 0]) and torch.equal(big[:, 12345], scores[:m, 0])
+
+
+def test_prefill_memory_bench_peak_is_flat_in_the_context():
+    """benchmarks/indexer_bench.py --prefill-memory on CPU (torch path, 64-position passes): the
+    measured peak is the same at a context 4x longer, and holds at least the work buffer."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("indexer_bench",
+                                                  Path(__file__).parent.parent / "benchmarks/indexer_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.prefill_memory([640, 2560], chunk=8, heads=2, k=16, device=torch.device("cpu"), tile_bytes=1)
+    assert [r["passes"] for r in rows] == [10, 40] and all(r["tile"] == 64 for r in rows)
+    assert rows[0]["peak_bytes"] == rows[1]["peak_bytes"] >= 8 * (16 + 64) * 8
+    assert all(r["selected_rows_full"] == 8 for r in rows)

@@ -10,6 +10,11 @@ then token id ascending (the tie rule).
 backend: "triton" (the kernel + torch.topk; on CPU it needs TRITON_INTERPRET=1
 set before import), "torch" (float64 reference), "auto" (Triton on a GPU or
 under the interpreter, else the reference, logged once).
+
+Selection runs tiled in bounded memory (``tiled.py``); a step's requests go in one batched call:
+
+    plan = plan_rows([(rows_r, slots_r, ids_r), ...], M).to(device)   # host, once per step
+    ids = indexer_topk_rows(q, w, records, pos, k, **plan.kwargs(), check_values=False)
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from sparkinfer.attention.dispatch import pick_backend
 from .cache import ReplicatedIndexerCache
 from .reference import indexer_scores_torch, indexer_topk_torch
 from .sharded import all_gather_merge, merge_candidates, shard_candidates
+from .tiled import RowLists, indexer_topk_rows, one_list, plan_rows
 from .topk import select_topk
 from .validate import check_index_inputs
 
@@ -35,14 +41,16 @@ def indexer_scores(q, w, records, pos=None, token_slots=None, *, backend: str = 
 
 def indexer_topk(q, w, records, pos, k: int, token_slots=None, *, backend: str = "auto",
                  check_values: bool = True):
-    """int32 [M, k] top-k token ids over the causal prefix; see the module docstring."""
+    """int32 [M, k] top-k token ids over the causal prefix; see the module docstring. One request:
+    ``indexer_topk_rows`` with every row's list the T tokens (bounded memory at any T)."""
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     if pos is None:
         raise ValueError("pos is required: row m may only select tokens 0..pos[m]")
-    return select_topk(indexer_scores(q, w, records, pos, token_slots, backend=backend,
-                                      check_values=check_values), k)
+    n_tokens = check_index_inputs(q, w, records, pos, token_slots, check_values)
+    return indexer_topk_rows(q, w, records, pos, k, **one_list(q.shape[0], n_tokens, q.device),
+                             token_slots=token_slots, backend=backend, check_values=False)
 
 
-__all__ = ["indexer_topk", "indexer_scores", "indexer_topk_torch", "indexer_scores_torch", "select_topk",
-           "ReplicatedIndexerCache", "shard_candidates", "merge_candidates", "all_gather_merge"]
+__all__ = ["indexer_topk", "indexer_topk_rows", "plan_rows", "RowLists", "indexer_scores", "indexer_topk_torch",
+           "indexer_scores_torch", "select_topk", "ReplicatedIndexerCache", "shard_candidates", "merge_candidates", "all_gather_merge"]

@@ -24,16 +24,16 @@ def shard_candidates(q, w, local_records, local_token_ids, pos, k: int, *, token
     Returns (scores float32 [M, k], ids int32 [M, k] global token ids), best first,
     -inf / -1 where the rank has fewer than k tokens in a row's causal prefix.
     """
-    from . import indexer_scores
+    from .tiled import indexer_topk_rows, one_list
 
     n_local = local_records.shape[0] if token_slots is None else token_slots.shape[0]
     if local_token_ids.shape != (n_local,):
         raise ValueError(f"local_token_ids must be [L={n_local}], got {tuple(local_token_ids.shape)}")
     if pos is None or pos.shape != (q.shape[0],):
         raise ValueError(f"pos must be int64 [M={q.shape[0]}]")
-    scores = indexer_scores(q, w, local_records, None, token_slots, backend=backend)
-    scores = scores.masked_fill(local_token_ids[None, :] > pos[:, None], float("-inf"))
-    ids, best = select_topk(scores, k, local_token_ids, with_scores=True)
+    ids, best = indexer_topk_rows(q, w, local_records, pos, k, **one_list(q.shape[0], n_local, q.device),
+                                  token_slots=token_slots, token_ids=local_token_ids, backend=backend,
+                                  with_scores=True)
     return best, ids
 
 

@@ -22,6 +22,27 @@ _NONE = torch.iinfo(torch.int64).min
 _LOW = (1 << 32) - 1
 
 
+def pack_keys(scores: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """int64 selection keys (the module docstring's order) of scores float32 [M, N] and token_ids int
+    [N] or [M, N] in [0, 2**31); INT64_MIN where a score is -inf. The Triton scorer packs the same
+    keys in its epilogue (``triton_scores``: KEYS)."""
+    bits = (scores + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+    keys = (ordered << 32) | (_LOW - token_ids.to(torch.int64))
+    return keys.masked_fill(scores == float("-inf"), _NONE)
+
+
+def unpack_keys(top: torch.Tensor, with_scores: bool):
+    """The selected int64 keys [M, k] -> ids int32 [M, k] (-1 at INT64_MIN), and with_scores their
+    float32 scores (-inf at the padding)."""
+    ids = torch.where(top == _NONE, torch.full_like(top, -1), _LOW - (top & _LOW)).to(torch.int32)
+    if not with_scores:
+        return ids
+    ordered = (top >> 32).to(torch.int32)
+    picked = torch.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).view(torch.float32)
+    return ids, picked.masked_fill(ids < 0, float("-inf"))
+
+
 def select_topk(scores: torch.Tensor, k: int, token_ids: torch.Tensor | None = None, *, with_scores: bool = False):
     """scores float32 [M, N] (no NaN), token_ids int [N] or [M, N] in [0, 2**31) (default 0..N-1) -> int32 [M, k].
 
@@ -39,19 +60,9 @@ def select_topk(scores: torch.Tensor, k: int, token_ids: torch.Tensor | None = N
         token_ids = torch.arange(n, device=scores.device)
     if token_ids.shape not in ((n,), (m, n)):
         raise ValueError(f"token_ids must be [N={n}] or [M, N]={(m, n)}, got {tuple(token_ids.shape)}")
-    bits = (scores + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
-    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
-    keys = (ordered << 32) | (_LOW - token_ids.to(torch.int64))
-    keys = keys.masked_fill(scores == float("-inf"), _NONE)
+    keys = pack_keys(scores, token_ids)
     take = min(k, n)
     top = torch.topk(keys, take, dim=1, largest=True, sorted=True).values if take > 0 else keys[:, :0]
-    ids = torch.where(top == _NONE, torch.full_like(top, -1), _LOW - (top & _LOW))
     if take < k:
-        ids = torch.cat([ids, ids.new_full((m, k - take), -1)], dim=1)
         top = torch.cat([top, top.new_full((m, k - take), _NONE)], dim=1)
-    ids = ids.to(torch.int32)
-    if not with_scores:
-        return ids
-    ordered = (top >> 32).to(torch.int32)
-    picked = torch.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).view(torch.float32)
-    return ids, picked.masked_fill(ids < 0, float("-inf"))
+    return unpack_keys(top, with_scores)

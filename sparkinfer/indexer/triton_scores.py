@@ -1,17 +1,30 @@
-"""Triton indexer scoring over 132-byte indexer_fp8 records.
+"""Triton indexer scoring over 132-byte indexer_fp8 records, on tensor cores.
 
-Grid: ceil(T / BLOCK_T) programs. Program b loads the key bytes of tokens
-[b*BLOCK_T, (b+1)*BLOCK_T) once (through token_slots when the cache is paged),
-dequantizes them in registers (E4M3 code * fp32 power-of-two scale, bit-exact
-with the torch codec), then for every query row m and index head h adds
-w[m, h] * relu(q[m, h] . key_t) into an fp32 accumulator. Output: float32
-scores [M, T], -inf for t > pos[m].
+One program scores one query row m against BLOCK_T consecutive positions of its list:
 
-The dot product is an elementwise product and a fixed-shape ``tl.sum`` over
-the 128 dims, so a token's score does not depend on which tile, shard or
-batch it is computed in: the same token gives the same fp32 score on every
-rank, which the sharded-versus-replicated check relies on. Top-k selection is
-done afterwards with ``select_topk`` (torch.topk over packed int64 keys).
+    S[h, t] = q[m, h, :] . key_t          tl.dot [BLOCK_H, 128] x [128, BLOCK_T] (MMA)
+    score_t = sum_h w[m, h] * relu(S[h, t])   a fixed-shape tl.sum over the BLOCK_H heads
+
+The index heads are the MMA's M dimension (GLM-5.2: 32 heads x 128 dims; fewer heads are
+zero-padded to BLOCK_H >= 16, and a zero head adds an exact 0), so any number of query rows,
+one included, runs on tensor cores. Keys are dequantized in registers (E4M3 code * fp32
+power-of-two scale, bit-exact with the codec); a key has a 4-bit significand, so it is exact in
+tf32. The dot's precision follows q's dtype: bf16 q (and fp8 codes carried in bf16) is exact in
+tf32 too, so one tf32 MMA forms exact products (``"tf32"``); fp32 q takes Triton's 3-pass split
+(``"tf32x3"``, q kept to about 22 bits). Accumulation is fp32 in the MMA.
+
+An output element depends only on its own row of q and its own key, by the same instruction
+sequence in every program, so a position's score does not depend on which tile, shard or batch
+scores it: every rank gets the same fp32 score, which the sharded-versus-replicated merge and the
+tiled top-k (``tiled.py``) rely on.
+
+Two outputs (constexpr KEYS):
+* scores: float32 [M, T] for ``indexer_scores_triton`` (-inf where t > pos[m]);
+* keys: one pass of the tiled top-k. Row m's positions j in [j0, j0 + TILE) of its list
+  (``row_start[m] + j`` in token_slots / token_ids, j < row_len[m]) become int64 selection keys
+  (``topk.pack_keys``: ordered score bits << 32 | 2**32 - 1 - token id; INT64_MIN where j is past
+  the row's list or its token id > pos[m]) at ``out[m, col0 + j - j0]``.
+Offsets that are a product of sizes (row * stride, slot * record stride, list start + j) are int64.
 """
 
 from __future__ import annotations
@@ -25,67 +38,143 @@ from sparkinfer.core.layouts import INDEX_DIM, INDEXER_FP8
 
 BLOCK_T = 64
 NUM_WARPS = 4
+NUM_STAGES = 1
+BLOCK_D = 16
+MAX_GRID_Y = 65535
+HEAD_BLOCKS = (16, 32, 64)  # BLOCK_H: the heads padded to an MMA M tile (GLM-5.2: 32)
+_PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32"}
 
 
 @triton.jit
 def _indexer_scores_kernel(
-    q_ptr, w_ptr, rec_ptr, slot_ptr, pos_ptr, out_ptr,
-    M, HI, T, rec_stride, s_q_m, s_q_h, s_w_m, s_w_h, s_out_m,
-    HAS_SLOTS: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_T: tl.constexpr,
+    q_ptr, w_ptr, rec_ptr, slot_ptr, id_ptr, pos_ptr, start_ptr, len_ptr, out_ptr,
+    HI, T, j0, col0, rec_stride, s_q_m, s_q_h, s_w_m, s_w_h, s_out_m,
+    HAS_SLOTS: tl.constexpr, HAS_IDS: tl.constexpr, HAS_POS: tl.constexpr, ROWS: tl.constexpr,
+    KEYS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tmask = t < T
-    d = tl.arange(0, 128)
-    if HAS_SLOTS:
-        slot = tl.load(slot_ptr + t, mask=tmask, other=0).to(tl.int64)
+    m = tl.program_id(0).to(tl.int64)
+    local = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    j = j0 + local  # position in the row's list
+    if ROWS:
+        start = tl.load(start_ptr + m).to(tl.int64)
+        n = tl.load(len_ptr + m)
     else:
-        slot = t.to(tl.int64)
+        start = 0
+        n = T
+    tmask = j < n
+    at = start + j.to(tl.int64)
+    if HAS_SLOTS:
+        slot = tl.load(slot_ptr + at, mask=tmask, other=0).to(tl.int64)
+    else:
+        slot = at
     row_ptr = rec_ptr + slot * rec_stride
-    codes = tl.load(row_ptr[:, None] + d[None, :], mask=tmask[:, None], other=0)
-    key = e4m3_to_f32(codes) * load_f32(row_ptr + 128, tmask)[:, None]
-    for m in range(M):
-        acc = tl.zeros([BLOCK_T], tl.float32)
-        for h in range(HI):
-            qv = tl.load(q_ptr + m * s_q_m + h * s_q_h + d).to(tl.float32)
-            wv = tl.load(w_ptr + m * s_w_m + h * s_w_h).to(tl.float32)
-            acc += wv * tl.maximum(tl.sum(key * qv[None, :], axis=1), 0.0)
-        if HAS_POS:
-            acc = tl.where(t <= tl.load(pos_ptr + m), acc, float("-inf"))
-        tl.store(out_ptr + m * s_out_m + t, acc, mask=tmask)
+    scale = load_f32(row_ptr + 128, tmask)
+    h = tl.arange(0, BLOCK_H)
+    hmask = h < HI
+    q_row = q_ptr + m * s_q_m + h[:, None] * s_q_h
+    s = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
+    for d0 in range(0, 128, BLOCK_D):  # the GEMM's K loop: a slice of the 128 dims at a time
+        d = d0 + tl.arange(0, BLOCK_D)
+        codes = tl.load(row_ptr[None, :] + d[:, None], mask=tmask[None, :], other=0)  # [BLOCK_D, BLOCK_T]
+        qv = tl.load(q_row + d[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+        s = tl.dot(qv, e4m3_to_f32(codes) * scale[None, :], s, input_precision=PRECISION)
+    wv = tl.load(w_ptr + m * s_w_m + h * s_w_h, mask=hmask, other=0.0).to(tl.float32)
+    score = tl.sum(wv[:, None] * tl.maximum(s, 0.0), axis=0)
+    if HAS_IDS:
+        tid = tl.load(id_ptr + at, mask=tmask, other=0).to(tl.int64)
+    else:
+        tid = j.to(tl.int64)
+    valid = tmask
+    if HAS_POS:
+        valid = valid & (tid <= tl.load(pos_ptr + m).to(tl.int64))
+    if KEYS:
+        bits = (score + 0.0).to(tl.int32, bitcast=True)  # + 0.0 folds -0.0 into +0.0
+        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+        key = (ordered << 32) | (4294967295 - tid)
+        key = tl.where(valid, key, -9223372036854775808)
+        tl.store(out_ptr + m * s_out_m + col0 + local, key)
+    else:
+        tl.store(out_ptr + m * s_out_m + j, tl.where(valid, score, float("-inf")), mask=tmask)
+
+
+def block_h(hi: int) -> int:
+    """The MMA M tile for hi index heads."""
+    for b in HEAD_BLOCKS:
+        if hi <= b:
+            return b
+    raise ValueError(f"at most {HEAD_BLOCKS[-1]} index heads are supported, got {hi}")
+
+
+def _launch(q, w, records, out, grid, *, slots, ids, pos, start, length, n_tokens, j0, col0, keys):
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    dummy = out  # never read where its HAS_* / ROWS flag is False
+    _indexer_scores_kernel[grid](
+        q, w, records, dummy if slots is None else slots, dummy if ids is None else ids,
+        dummy if pos is None else pos, dummy if start is None else start, dummy if length is None else length,
+        out, q.shape[1], n_tokens, j0, col0, records.stride(0), q.stride(0), q.stride(1), w.stride(0),
+        w.stride(1), out.stride(0),
+        HAS_SLOTS=slots is not None, HAS_IDS=ids is not None, HAS_POS=pos is not None, ROWS=start is not None,
+        KEYS=keys, BLOCK_H=block_h(q.shape[1]), BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=_PRECISION[q.dtype],
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
 
 
 def indexer_scores_triton(q, w, records, pos=None, token_slots=None) -> torch.Tensor:
     """float32 scores [M, T] for validated inputs (see validate.py); -inf for t > pos[m]."""
-    m, hi = q.shape[:2]
+    m = q.shape[0]
     n_tokens = records.shape[0] if token_slots is None else token_slots.shape[0]
     out = torch.empty((m, n_tokens), dtype=torch.float32, device=q.device)
     if m == 0 or n_tokens == 0:
         return out
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    dummy = out  # never read: HAS_SLOTS / HAS_POS are False
-    _indexer_scores_kernel[(triton.cdiv(n_tokens, BLOCK_T),)](
-        q, w, records,
-        token_slots.contiguous() if token_slots is not None else dummy,
-        pos.contiguous() if pos is not None else dummy,
-        out, m, hi, n_tokens, records.stride(0), q.stride(0), q.stride(1), w.stride(0), w.stride(1), out.stride(0),
-        HAS_SLOTS=token_slots is not None, HAS_POS=pos is not None, BLOCK_T=BLOCK_T, num_warps=NUM_WARPS,
-    )
+    slots = None if token_slots is None else token_slots.contiguous()
+    pos = None if pos is None else pos.contiguous()
+    for j0 in range(0, n_tokens, MAX_GRID_Y * BLOCK_T):  # grid axis 1 holds at most 65,535 programs
+        _launch(q, w, records, out, (m, min(MAX_GRID_Y, triton.cdiv(n_tokens - j0, BLOCK_T))), slots=slots,
+                ids=None, pos=pos, start=None, length=None, n_tokens=n_tokens, j0=j0, col0=0, keys=False)
     return out
 
 
+def score_keys_pass(q, w, records, pos, row_start, row_len, token_slots, token_ids, out, j0: int, col0: int,
+                    tile: int) -> None:
+    """One pass of the tiled top-k: int64 keys of list positions [j0, j0 + tile) of every row into
+    ``out[:, col0 : col0 + tile]`` (out int64 [M, >= col0 + tile], unit column stride).
+
+    q [M, Hi, 128], w [M, Hi], records uint8 [R, 132], pos int64 [M], row_start int64 [M],
+    row_len int32/int64 [M], token_slots int64 [S] or None, token_ids int [S] or None (all on one
+    device, validated by the caller); tile a multiple of BLOCK_T. One launch for all rows.
+    """
+    if tile % BLOCK_T or tile > MAX_GRID_Y * BLOCK_T:
+        raise ValueError(f"tile must be a multiple of {BLOCK_T} up to {MAX_GRID_Y * BLOCK_T}, got {tile}")
+    if q.shape[0] == 0:
+        return
+    flat = lambda t: None if t is None else t.contiguous()  # the kernel indexes them densely
+    _launch(q, w, records, out, (q.shape[0], tile // BLOCK_T), slots=flat(token_slots), ids=flat(token_ids),
+            pos=flat(pos), start=flat(row_start), length=flat(row_len), n_tokens=0, j0=j0, col0=col0, keys=True)
+
+
 def compile_specs() -> list[dict]:
-    """The launch configurations ``indexer_scores_triton`` uses, for compiling without a GPU
-    (benchmarks/kernel_report.py; contract in OWNERSHIP.md): paged keys with positions (the engine's
-    call) and a dense key array. num_stages is Triton's default (the wrapper passes none)."""
-    fn = _indexer_scores_kernel
+    """The launch configurations ``indexer_scores_triton`` and ``score_keys_pass`` use in the engine,
+    for GLM-5.2's 32 index heads (BLOCK_H 32), as OWNERSHIP.md's contract: name, fn, signature,
+    constexprs, num_warps, num_stages. The score matrix through token slots with a causal mask; the
+    key pass of the tiled top-k with per-row lists, without token ids (replicated scoring) and with
+    them (sharded scoring); each for fp32 and bf16 q. Pointer types are those of the batched call
+    (fp32 w, int64 slots / positions / list starts, int32 token ids / list lengths from plan_rows)."""
     specs = []
-    for name, paged in (("paged", True), ("dense", False)):
-        ptrs = {"rec_ptr": "*u8", "slot_ptr": "*i64" if paged else "*fp32", "pos_ptr": "*i64" if paged else "*fp32"}
-        constexprs = {"HAS_SLOTS": paged, "HAS_POS": paged, "BLOCK_T": BLOCK_T}
-        sig = {n: (ptrs.get(n, "*fp32") if n.endswith("_ptr") else "i32") for n in fn.arg_names if n not in constexprs}
-        sig.update({n: "constexpr" for n in constexprs})
-        specs.append({"name": f"indexer_scores[{name}]", "fn": fn, "signature": sig, "constexprs": constexprs,
-                      "num_warps": NUM_WARPS, "num_stages": 3})
+    for name, keys, ids in (("indexer_scores", False, False), ("indexer_keys", True, False),
+                            ("indexer_keys_ids", True, True)):
+        for q_dtype, precision in (("fp32", "tf32x3"), ("bf16", "tf32")):
+            constexprs = {"HAS_SLOTS": True, "HAS_IDS": ids, "HAS_POS": True, "ROWS": keys, "KEYS": keys,
+                          "BLOCK_H": 32, "BLOCK_T": BLOCK_T, "BLOCK_D": BLOCK_D, "PRECISION": precision}
+            ptrs = {"q_ptr": f"*{q_dtype}", "w_ptr": "*fp32", "rec_ptr": "*u8", "slot_ptr": "*i64",
+                    "id_ptr": "*i32" if ids else "*fp32", "pos_ptr": "*i64",
+                    "start_ptr": "*i64" if keys else "*fp32", "len_ptr": "*i32" if keys else "*fp32",
+                    "out_ptr": "*i64" if keys else "*fp32"}
+            sig = {n: ptrs[n] if n in ptrs else "i32" for n in _indexer_scores_kernel.arg_names
+                   if n not in constexprs}
+            sig.update({n: "constexpr" for n in constexprs})
+            specs.append({"name": f"{name}[q_{q_dtype}]", "fn": _indexer_scores_kernel, "signature": sig,
+                          "constexprs": constexprs, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
     return specs
 
 
