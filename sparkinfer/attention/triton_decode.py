@@ -57,11 +57,12 @@ PRECISIONS = ("bf16x2", "bf16")
 # Launch configuration (tests/test_attention_compile.py compiles every one for sm_120 and sm_90
 # and checks ptxas: no spills, mma present, shared memory <= 99 KB, the sm_120 per-block limit).
 # 16 heads fill the M = 16 of an mma.sync tile; 32 keys per tile give the QK dot N = 32 and the
-# PV dot K = 32. num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline
+# PV dot K = 32. 8 warps: with 4, the NVFP4 kernels sit at 255 registers (the 432 one with fp32
+# queries spills 120 B on sm_120); with 8 they need 128 (bf16 queries) / 200 (fp32). num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline
 # them and extra stages would only cost shared memory.
 BLOCK_H = 16
 BLOCK_K = 32
-NUM_WARPS = 4
+NUM_WARPS = 8
 NUM_STAGES = 1
 COMPACT_BLOCK = 1024
 COMPACT_WARPS = 4
@@ -313,7 +314,8 @@ def _merge_splits_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, H, S,
         ws = tl.sum(tl.where(ss == s, w, 0.0), axis=0)
         acc += ws * tl.load(po_ptr + s * s_po_s + m * s_po_m + h * s_po_h + d)
     tl.store(out_ptr + m * s_out_m + h * s_out_h + d, acc)
-    tl.store(lse_ptr + m * s_lse_m + h, anchor + tl.log(total))
+    seen = total > 0
+    tl.store(lse_ptr + m * s_lse_m + h, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")))
 
 
 _SM_COUNT: dict[int, int] = {}
