@@ -8,9 +8,10 @@ Three kernels, all launched without a host read:
 2. ``_sparse_mla_decode_kernel`` (grid M x ceil(H / BLOCK_H) x S): program (m, hb, s) loads the
    row's count from the device, takes the s-th of S equal slices of the compacted indices (whole
    tiles of BLOCK_K, so the trip count is count-driven and no tile straddles two programs),
-   gathers those records and decodes them into four bf16 tiles [BLOCK_K, 128] (the "chunks").
-   The decoded values are exact in bf16: an E2M1 value times its E4M3 group scale has at most 5
-   significant bits, an E4M3 value 4, a bf16 rope value is bf16. The remaining scales are per key
+   gathers those records and decodes them into bf16 tiles: the latent in chunks (NVFP4: two of
+   [BLOCK_K, 256]; 656: four of [BLOCK_K, 128]) and the rope [BLOCK_K, 64]. The decoded values
+   are exact in bf16: an E2M1 value times its E4M3 group scale has at most 6 significant bits,
+   an E4M3 value 4, a bf16 rope value is bf16. The remaining scales are per key
    (368: the fp32 outer scale s_t, the fp32 rope scale r; 656: one fp32 scale per 128-wide
    chunk) or per cache (432: S), so they multiply the fp32 scores and probabilities per key
    column instead of the tiles:
@@ -27,9 +28,6 @@ Three kernels, all launched without a host read:
        m' = max(m, max_j s_j);  l' = l 2^(m - m') + sum_j 2^(s_j - m')
 
    out = acc / l, lse = (m + log2 l) ln 2, or 0 and -inf for a split that saw no valid index.
-   Chunk c of the NVFP4 formats is byte half b = c // 2 (bytes [128b, 128b+128)), nibble
-   c % 2: latent columns 256b + 2i + c % 2 for i < 128 (the query is loaded and the output stored
-   with that column map); chunk c of 656 is columns [128c, 128c+128).
 3. ``_merge_splits_kernel`` (grid M x H, only when S > 1): the exact LSE merge of the S partials
    (out fp32 [S, M, H, 512], lse fp32 [S, M, H]), the formula of ``merge_lse``.
 
@@ -46,9 +44,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432, ROPE_DIM, RecordLayout
+from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432, RecordLayout
 
-from .triton_codes import e2m1_to_f32, e4m3_to_f32, load_f32
+from .triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32, load_f32
 
 _FMT_ID = {NVFP4_368.name: 0, NVFP4_432.name: 1, FP8_DS_MLA.name: 2}
 _FMT_SHORT = {NVFP4_368.name: "nvfp4_368", NVFP4_432.name: "nvfp4_432", FP8_DS_MLA.name: "fp8_ds_mla"}
@@ -67,11 +65,12 @@ NUM_STAGES = 1
 COMPACT_BLOCK = 1024
 COMPACT_WARPS = 4
 MERGE_WARPS = 4
-# At most this many splits (the merge kernel's block); sized for 2 programs per SM on 188 SMs.
+# At most this many splits (the merge kernel's block).
 MAX_SPLITS = 64
-# A split must gather at least this many keys: its partial (16 heads x 512 fp32 = 32 KB written
-# and read back by the merge) then stays well below the records it reads (~12 KB per 32 keys).
-MIN_KEYS_PER_SPLIT = 128
+# A split covers at least this many listed keys: its partial (16 heads x 513 fp32 = 33 KB, written
+# and read back by the merge) then stays below the records it gathers (256 x 368 B = 94 KB when
+# all are valid; a quarter of that on the stock DCP4 path, where the partials dominate).
+MIN_KEYS_PER_SPLIT = 256
 
 
 @triton.jit
@@ -101,7 +100,7 @@ def _e4m3_byte(words, SHIFT: tl.constexpr):
 def _nvfp4_chunk(row_ptr, vm, B: tl.constexpr):
     """Latent columns [256B, 256B+256) of NVFP4 records -> bf16 [BK, 256]: E2M1 value x E4M3 group scale.
 
-    Word w of the chunk holds elements 8w..8w+7 (low nibble first), all in group 2B*8 + w // 2.
+    Word w of the chunk holds its elements 8w..8w+7 (low nibble first), all in group 16B + w // 2.
     """
     words = _words(row_ptr, vm, 128 * B, 32)
     w = tl.arange(0, 32)
@@ -126,8 +125,8 @@ def _e4m3_tile(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
 def _bf16_rope(row_ptr, vm, BYTE0: tl.constexpr):
     """64 bf16 rope values of each record from BYTE0 -> bf16 [BK, 64]."""
     words = _words(row_ptr, vm, BYTE0, 32)
-    lo = (words << 16).to(tl.float32, bitcast=True).to(tl.bfloat16)
-    hi = (words & 0xFFFF0000).to(tl.float32, bitcast=True).to(tl.bfloat16)
+    lo = bf16_to_f32(words & 0xFFFF).to(tl.bfloat16)
+    hi = bf16_to_f32(words >> 16).to(tl.bfloat16)
     return tl.reshape(tl.join(lo, hi), [words.shape[0], 64])
 
 
@@ -329,13 +328,18 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[index]
 
 
+def num_splits_for(m: int, h: int, k: int, sms: int) -> int:
+    """Splits of each row's keys: about one program per SM (one wave), each split covering at least
+    MIN_KEYS_PER_SPLIT of the K listed keys, at most MAX_SPLITS."""
+    want = -(-sms // max(1, m * triton.cdiv(h, BLOCK_H)))
+    return max(1, min(want, k // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+
+
 def default_num_splits(m: int, h: int, k: int, device: torch.device) -> int:
-    """Splits of each row's keys: about two programs per SM, each gathering >= MIN_KEYS_PER_SPLIT
-    keys of the K listed (1 off-GPU: the interpreter is serial)."""
+    """``num_splits_for`` on this device's SM count (1 off-GPU: the interpreter is serial)."""
     if device.type != "cuda":
         return 1
-    want = -(-2 * _sm_count(device) // max(1, m * triton.cdiv(h, BLOCK_H)))
-    return max(1, min(want, k // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    return num_splits_for(m, h, k, _sm_count(device))
 
 
 @dataclass
