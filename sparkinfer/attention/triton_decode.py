@@ -55,12 +55,13 @@ PRECISIONS = ("bf16x2", "bf16")
 # Launch configuration (tests/test_attention_compile.py compiles every one for sm_120 and sm_90
 # and checks ptxas: no spills, mma present, shared memory <= 99 KB, the sm_120 per-block limit).
 # 16 heads fill the M = 16 of an mma.sync tile; 32 keys per tile give the QK dot N = 32 and the
-# PV dot K = 32. 8 warps: with 4, the NVFP4 kernels sit at 255 registers (the 432 one with fp32
-# queries spills 120 B on sm_120); with 8 they need 128 (bf16 queries) / 200 (fp32). num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline
+# PV dot K = 32. Warps per format: with 4, the NVFP4 kernels sit at 255 registers (the 432 one
+# with fp32 queries spills 120 B on sm_120), with 8 they need 128 (bf16 queries) / 200 (fp32);
+# the 656 kernel needs 184 / 255 with 4, while with 8 ptxas holds it to 128 and spills. num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline
 # them and extra stages would only cost shared memory.
 BLOCK_H = 16
 BLOCK_K = 32
-NUM_WARPS = 8
+NUM_WARPS = {NVFP4_368.name: 8, NVFP4_432.name: 8, FP8_DS_MLA.name: 4}
 NUM_STAGES = 1
 COMPACT_BLOCK = 1024
 COMPACT_WARPS = 4
@@ -427,7 +428,8 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
         h, splits, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
         q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), workspace.indices.stride(0),
         po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda"), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda"), num_warps=NUM_WARPS[lay.name],
+        num_stages=NUM_STAGES,
     )
     if splits > 1:
         _merge_splits_kernel[(m, h)](
@@ -467,7 +469,7 @@ def compile_specs() -> list[dict]:
             sig.update(qn_ptr=q_type, qr_ptr=q_type, **{n: "constexpr" for n in c})
             q = "" if q_dtype == torch.bfloat16 else ",q_fp32"
             specs.append(dict(name=f"sparse_mla_decode[{_FMT_SHORT[lay.name]}{q}]", fn=_sparse_mla_decode_kernel,
-                              signature=sig, constexprs=c, num_warps=NUM_WARPS, num_stages=NUM_STAGES))
+                              signature=sig, constexprs=c, num_warps=NUM_WARPS[lay.name], num_stages=NUM_STAGES))
     for idx_type in ("*i32", "*i64"):
         sig = {"idx_ptr": idx_type, "s_idx_m": "i32", "s_idx_k": "i32", "K": "i32", "cidx_ptr": "*i32",
                "s_cidx_m": "i32", "cnt_ptr": "*i32", "BLOCK": "constexpr"}
