@@ -282,6 +282,9 @@ def test_bad_input_raises(backend):
         call(dot_precision="fast")
     with pytest.raises(ValueError, match="num_splits"):
         call(num_splits=0)
+    if backend == "triton":
+        with pytest.raises(ValueError, match="num_splits must be in"):
+            call(num_splits=65)
     with pytest.raises(ValueError, match="backend must be"):
         call(backend="cuda")
 

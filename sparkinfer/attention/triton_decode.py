@@ -49,7 +49,6 @@ from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432
 from .triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32, load_f32
 
 _FMT_ID = {NVFP4_368.name: 0, NVFP4_432.name: 1, FP8_DS_MLA.name: 2}
-_FMT_SHORT = {NVFP4_368.name: "nvfp4_368", NVFP4_432.name: "nvfp4_432", FP8_DS_MLA.name: "fp8_ds_mla"}
 PRECISIONS = ("bf16x2", "bf16")
 
 # Launch configuration (tests/test_attention_compile.py compiles every one for sm_120 and sm_90
@@ -57,8 +56,9 @@ PRECISIONS = ("bf16x2", "bf16")
 # 16 heads fill the M = 16 of an mma.sync tile; 32 keys per tile give the QK dot N = 32 and the
 # PV dot K = 32. Warps per format: with 4, the NVFP4 kernels sit at 255 registers (the 432 one
 # with fp32 queries spills 120 B on sm_120), with 8 they need 128 (bf16 queries) / 200 (fp32);
-# the 656 kernel needs 184 / 255 with 4, while with 8 ptxas holds it to 128 and spills. num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline
-# them and extra stages would only cost shared memory.
+# the 656 kernel needs 184 / 255 with 4, while with 8 ptxas holds it to 128 and spills.
+# num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline them and extra
+# stages would only cost shared memory.
 BLOCK_H = 16
 BLOCK_K = 32
 NUM_WARPS = {NVFP4_368.name: 8, NVFP4_432.name: 8, FP8_DS_MLA.name: 4}
@@ -133,7 +133,8 @@ def _bf16_rope(row_ptr, vm, BYTE0: tl.constexpr):
 
 @triton.jit
 def _load_q(ptr, cols, hmask, SPLIT: tl.constexpr):
-    """Query columns [BH, n] -> (hi, lo) bf16; lo = 0 unless SPLIT (an fp32 query)."""
+    """Query columns [BH, n] -> (hi, lo) bf16 with q = hi + lo when SPLIT (fp32 / fp16 queries); without
+    SPLIT (bf16 queries, exact in hi) lo is hi and unused."""
     q = tl.load(ptr + cols[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
     hi = q.to(tl.bfloat16)
     if SPLIT:
@@ -358,6 +359,8 @@ class DecodeWorkspace:
 
     @classmethod
     def allocate(cls, m: int, h: int, k: int, num_splits: int, device) -> "DecodeWorkspace":
+        if not 1 <= num_splits <= MAX_SPLITS:
+            raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}] (the merge kernel's block), got {num_splits}")
         f32 = dict(dtype=torch.float32, device=device)
         many = num_splits > 1
         return cls(torch.empty((m, k), dtype=torch.int32, device=device),
@@ -374,6 +377,8 @@ class DecodeWorkspace:
         want = {"indices": ((m, k), torch.int32), "counts": ((m,), torch.int32)}
         if self.partial_out is not None:
             s = self.partial_out.shape[0]
+            if not 2 <= s <= MAX_SPLITS:
+                raise ValueError(f"workspace has {s} splits; at most {MAX_SPLITS} (the merge kernel's block)")
             want.update(partial_out=((s, m, h, LATENT_DIM), torch.float32),
                         partial_lse=((s, m, h), torch.float32))
         for name, (shape, dtype) in want.items():
@@ -468,7 +473,7 @@ def compile_specs() -> list[dict]:
             sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
             sig.update(qn_ptr=q_type, qr_ptr=q_type, **{n: "constexpr" for n in c})
             q = "" if q_dtype == torch.bfloat16 else ",q_fp32"
-            specs.append(dict(name=f"sparse_mla_decode[{_FMT_SHORT[lay.name]}{q}]", fn=_sparse_mla_decode_kernel,
+            specs.append(dict(name=f"sparse_mla_decode[{lay.short}{q}]", fn=_sparse_mla_decode_kernel,
                               signature=sig, constexprs=c, num_warps=NUM_WARPS[lay.name], num_stages=NUM_STAGES))
     for idx_type in ("*i32", "*i64"):
         sig = {"idx_ptr": idx_type, "s_idx_m": "i32", "s_idx_k": "i32", "K": "i32", "cidx_ptr": "*i32",
