@@ -54,8 +54,3 @@ def load_f32(byte_ptr, mask):
     """Load fp32 values stored little-endian at 4-byte aligned byte addresses."""
     return tl.load(byte_ptr.to(tl.pointer_type(tl.float32)), mask=mask, other=0.0)
 
-
-@triton.jit
-def load_bf16(byte_ptr, mask):
-    """Load bf16 values stored at 2-byte aligned byte addresses, as fp32."""
-    return bf16_to_f32(tl.load(byte_ptr.to(tl.pointer_type(tl.uint16)), mask=mask, other=0))

@@ -1,24 +1,44 @@
-"""Triton sparse MLA decode reading 368 / 432 / 656 byte records directly.
+"""Triton sparse MLA decode on tensor cores, reading 368 / 432 / 656 byte records directly.
 
-Grid: (M rows, ceil(H / BLOCK_H) head blocks, S splits). Program (m, hb, s)
-walks the indices k in [s * k_per_split, (s+1) * k_per_split) of row m in
-tiles of BLOCK_K, gathers those records, decodes them in registers to a
-latent tile [BLOCK_K, 512] and a rope tile [BLOCK_K, 64] (bit-exact with the
-torch codecs: E2M1 nibble * E4M3 group scale * outer scale; E4M3 rope * fp32
-rope scale; bf16 rope; E4M3 * fp32 tile scale), and keeps an online softmax:
+Three kernels, all launched without a host read:
 
-    m' = max(m, max_j s_j);  l' = l * e^(m - m') + sum_j e^(s_j - m')
-    acc' = acc * e^(m - m') + sum_j e^(s_j - m') latent_j
+1. ``_compact_kernel`` (grid M): copies each row's valid indices (>= 0), in order, to the front
+   of a workspace row and stores their count. On the stock DCP path about 3/4 of a rank's top-k
+   is -1 (tokens of other ranks), so the attention kernel then walks only this rank's records.
+2. ``_sparse_mla_decode_kernel`` (grid M x ceil(H / BLOCK_H) x S): program (m, hb, s) loads the
+   row's count from the device, takes the s-th of S equal slices of the compacted indices (whole
+   tiles of BLOCK_K, so the trip count is count-driven and no tile straddles two programs),
+   gathers those records and decodes them into bf16 tiles: the latent in chunks (NVFP4: two of
+   [BLOCK_K, 256]; 656: four of [BLOCK_K, 128]) and the rope [BLOCK_K, 64]. The decoded values
+   are exact in bf16: an E2M1 value times its E4M3 group scale has at most 6 significant bits,
+   an E4M3 value 4, a bf16 rope value is bf16. The remaining scales are per key
+   (368: the fp32 outer scale s_t, the fp32 rope scale r; 656: one fp32 scale per 128-wide
+   chunk) or per cache (432: S), so they multiply the fp32 scores and probabilities per key
+   column instead of the tiles:
 
-At the end out = acc / l and lse = m + log l (natural log), or 0 and -inf
-when the split saw no valid index. With S > 1 the S partials
-(out float32 [S, M, H, 512], lse float32 [S, M, H]) are combined by
-``merge_lse`` exactly like stock DCP combines per-rank partials, so one kernel
-serves both a rank's local shard (return the partial + LSE) and a gathered
-workspace (split for parallelism, merge locally).
+       s_j = scale * (sum_c a_cj * q_c . t_cj + b_j * q_rope . rope_j)
+       acc_c += (p_j * a_cj) t_cj          (a_cj = s_t, S or the tile scale; b_j = r or 1)
+
+   QK and PV are ``tl.dot`` on bf16 operands with an fp32 accumulator (mma.sync on sm_80..sm_120,
+   sm_90 too since 16 heads are below a wgmma tile). With ``dot_precision="bf16x2"`` (default)
+   fp32 queries and the fp32 probabilities are split into hi + lo bf16 halves (x = hi + lo to
+   ~16 mantissa bits) and each product is two dots; "bf16" rounds them once (8 bits). The online
+   softmax and the LSE are fp32 in base 2 and returned in natural log:
+
+       m' = max(m, max_j s_j);  l' = l 2^(m - m') + sum_j 2^(s_j - m')
+
+   out = acc / l, lse = (m + log2 l) ln 2, or 0 and -inf for a split that saw no valid index.
+3. ``_merge_splits_kernel`` (grid M x H, only when S > 1): the exact LSE merge of the S partials
+   (out fp32 [S, M, H, 512], lse fp32 [S, M, H]), the formula of ``merge_lse``.
+
+Workspace (``DecodeWorkspace``): compacted indices int32 [M, K], counts int32 [M], partials
+out fp32 [S, M, H, 512] and lse fp32 [S, M, H] (S > 1 only). A caller that owns one (and the
+outputs) runs the whole decode without allocating.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -26,158 +46,442 @@ import triton.language as tl
 
 from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432, RecordLayout
 
-from .merge import merge_lse
-from .triton_codes import e2m1_to_f32, e4m3_to_f32, load_bf16, load_f32
+from .triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32, load_f32
 
 _FMT_ID = {NVFP4_368.name: 0, NVFP4_432.name: 1, FP8_DS_MLA.name: 2}
+PRECISIONS = ("bf16x2", "bf16")
 
-# Launch configuration. sm_120 gives a block at most 99 KB of shared memory; the
-# fp32 dot operands need ~72 KB with 16 heads x 16 keys per tile and no software
-# pipelining (the loads are data-dependent gathers, so extra stages only cost
-# shared memory). tests/test_attention_compile.py compiles for sm_120 and checks.
+# Launch configuration (tests/test_attention_compile.py compiles every one for sm_120 and sm_90
+# and checks ptxas: no spills, mma present, shared memory <= 99 KB, the sm_120 per-block limit).
+# 16 heads fill the M = 16 of an mma.sync tile; 32 keys per tile give the QK dot N = 32 and the
+# PV dot K = 32. Warps per format: with 4, the NVFP4 kernels sit at 255 registers (the 432 one
+# with fp32 queries spills 120 B on sm_120), with 8 they need 128 (bf16 queries) / 200 (fp32);
+# the 656 kernel needs 184 / 255 with 4, while with 8 ptxas holds it to 128 and spills.
+# num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline them and extra
+# stages would only cost shared memory.
 BLOCK_H = 16
-BLOCK_K = 16
+BLOCK_K = 32
+NUM_WARPS = {NVFP4_368.name: 8, NVFP4_432.name: 8, FP8_DS_MLA.name: 4}
 NUM_STAGES = 1
-NUM_WARPS = 4
+COMPACT_BLOCK = 1024
+COMPACT_WARPS = 4
+MERGE_WARPS = 4
+# At most this many splits (the merge kernel's block).
+MAX_SPLITS = 64
+# A split covers at least this many listed keys: its partial (16 heads x 513 fp32 = 33 KB, written
+# and read back by the merge) then stays below the records it gathers (256 x 368 B = 94 KB when
+# all are valid; a quarter of that on the stock DCP4 path, where the partials dominate).
+MIN_KEYS_PER_SPLIT = 256
 
 
 @triton.jit
-def _decode_tile(row_ptr, valid, FMT: tl.constexpr, OUTER_SCALE):
-    """row_ptr [BK] byte pointers to records -> (latent fp32 [BK, 512], rope fp32 [BK, 64]); 0 where not valid."""
-    d = tl.arange(0, 512)
-    r = tl.arange(0, 64)
-    vm = valid[:, None]
-    if FMT == 2:
-        # fp8_ds_mla: [0,512) E4M3 latent, [512,528) 4 fp32 tile scales, [528,656) bf16 rope.
-        codes = tl.load(row_ptr[:, None] + d[None, :], mask=vm, other=0)
-        tile_scale = load_f32(row_ptr[:, None] + 512 + (d[None, :] // 128) * 4, vm)
-        latent = e4m3_to_f32(codes) * tile_scale
-        rope = load_bf16(row_ptr[:, None] + 528 + r[None, :] * 2, vm)
+def _words(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
+    """N little-endian uint32 words of each record from byte BYTE0 (records are 4-byte aligned) -> [BK, N]."""
+    w = tl.arange(0, N)
+    return tl.load((row_ptr[:, None] + BYTE0 + 4 * w[None, :]).to(tl.pointer_type(tl.uint32)), mask=vm, other=0)
+
+
+@triton.jit
+def _join4(a, b, c, d):
+    """[BK, n] x 4 -> [BK, 4n] with column 4w + j = the j-th argument's column w."""
+    return tl.reshape(tl.join(tl.join(a, c), tl.join(b, d)), [a.shape[0], 4 * a.shape[1]])
+
+
+@triton.jit
+def _e2m1_scaled(words, SHIFT: tl.constexpr, group):
+    return (e2m1_to_f32((words >> SHIFT) & 15) * group).to(tl.bfloat16)
+
+
+@triton.jit
+def _e4m3_byte(words, SHIFT: tl.constexpr):
+    return e4m3_to_f32((words >> SHIFT) & 255).to(tl.bfloat16)
+
+
+@triton.jit
+def _nvfp4_chunk(row_ptr, vm, B: tl.constexpr):
+    """Latent columns [256B, 256B+256) of NVFP4 records -> bf16 [BK, 256]: E2M1 value x E4M3 group scale.
+
+    Word w of the chunk holds its elements 8w..8w+7 (low nibble first), all in group 16B + w // 2.
+    """
+    words = _words(row_ptr, vm, 128 * B, 32)
+    w = tl.arange(0, 32)
+    gword = tl.load((row_ptr[:, None] + 256 + 16 * B + 4 * (w[None, :] // 8)).to(tl.pointer_type(tl.uint32)),
+                    mask=vm, other=0)
+    group = e4m3_to_f32((gword >> (8 * ((w[None, :] // 2) % 4))) & 255)
+    even = _join4(_e2m1_scaled(words, 0, group), _e2m1_scaled(words, 8, group),
+                  _e2m1_scaled(words, 16, group), _e2m1_scaled(words, 24, group))
+    odd = _join4(_e2m1_scaled(words, 4, group), _e2m1_scaled(words, 12, group),
+                 _e2m1_scaled(words, 20, group), _e2m1_scaled(words, 28, group))
+    return tl.reshape(tl.join(even, odd), [words.shape[0], 256])
+
+
+@triton.jit
+def _e4m3_tile(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
+    """4N E4M3 bytes of each record from BYTE0 -> bf16 [BK, 4N] (exact)."""
+    words = _words(row_ptr, vm, BYTE0, N)
+    return _join4(_e4m3_byte(words, 0), _e4m3_byte(words, 8), _e4m3_byte(words, 16), _e4m3_byte(words, 24))
+
+
+@triton.jit
+def _bf16_rope(row_ptr, vm, BYTE0: tl.constexpr):
+    """64 bf16 rope values of each record from BYTE0 -> bf16 [BK, 64]."""
+    words = _words(row_ptr, vm, BYTE0, 32)
+    lo = bf16_to_f32(words & 0xFFFF).to(tl.bfloat16)
+    hi = bf16_to_f32(words >> 16).to(tl.bfloat16)
+    return tl.reshape(tl.join(lo, hi), [words.shape[0], 64])
+
+
+@triton.jit
+def _load_q(ptr, cols, hmask, SPLIT: tl.constexpr):
+    """Query columns [BH, n] -> (hi, lo) bf16 with q = hi + lo when SPLIT (fp32 / fp16 queries); without
+    SPLIT (bf16 queries, exact in hi) lo is hi and unused."""
+    q = tl.load(ptr + cols[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+    hi = q.to(tl.bfloat16)
+    if SPLIT:
+        lo = (q - hi.to(tl.float32)).to(tl.bfloat16)
     else:
-        # NVFP4: [0,256) E2M1 pairs (element 2i low nibble), [256,288) E4M3 group scales (16 each).
-        packed = tl.load(row_ptr[:, None] + d[None, :] // 2, mask=vm, other=0).to(tl.uint32)
-        nibble = (packed >> ((d[None, :] % 2) * 4)) & 15
-        group = e4m3_to_f32(tl.load(row_ptr[:, None] + 256 + d[None, :] // 16, mask=vm, other=0))
-        if FMT == 0:
-            outer = load_f32(row_ptr + 292, valid)
-            latent = (e2m1_to_f32(nibble) * group) * outer[:, None]
-            rope_scale = load_f32(row_ptr + 288, valid)
-            rope = e4m3_to_f32(tl.load(row_ptr[:, None] + 304 + r[None, :], mask=vm, other=0)) * rope_scale[:, None]
-        else:
-            latent = (e2m1_to_f32(nibble) * group) * OUTER_SCALE
-            rope = load_bf16(row_ptr[:, None] + 304 + r[None, :] * 2, vm)
-    return latent, rope
+        lo = hi
+    return hi, lo
+
+
+@triton.jit
+def _dot(a, b, acc, F32_DOT: tl.constexpr):
+    """acc + a @ b on bf16 operands, fp32 accumulation.
+
+    F32_DOT (set under TRITON_INTERPRET=1 only): Triton 3.9's interpreter multiplies bf16 operands
+    as their raw uint16 bit patterns, so there the exact bf16 values are widened to fp32 first
+    (the same products: a bf16 x bf16 product is exact in fp32, as on the tensor cores).
+    """
+    if F32_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _qk(q_hi, q_lo, tile, acc, SPLIT: tl.constexpr, F32_DOT: tl.constexpr):
+    """acc + q . tile^T with q = hi (+ lo): [BH, n] x [BK, n] -> fp32 [BH, BK]."""
+    t = tl.trans(tile)
+    acc = _dot(q_hi, t, acc, F32_DOT)
+    if SPLIT:
+        acc = _dot(q_lo, t, acc, F32_DOT)
+    return acc
+
+
+@triton.jit
+def _pv(p, tile, acc, SPLIT: tl.constexpr, F32_DOT: tl.constexpr):
+    """acc + p @ tile with fp32 p [BH, BK] rounded to bf16 (SPLIT: hi + lo, two dots)."""
+    hi = p.to(tl.bfloat16)
+    acc = _dot(hi, tile, acc, F32_DOT)
+    if SPLIT:
+        acc = _dot((p - hi.to(tl.float32)).to(tl.bfloat16), tile, acc, F32_DOT)
+    return acc
+
+
+@triton.jit
+def _store_chunk(out_ptr, acc, inv_l, cols, hmask):
+    tl.store(out_ptr + cols[None, :], acc * inv_l[:, None], mask=hmask[:, None])
 
 
 @triton.jit
 def _sparse_mla_decode_kernel(
-    qn_ptr, qr_ptr, rec_ptr, idx_ptr, out_ptr, lse_ptr,
-    H, K, k_per_split, rec_stride, scale, outer_scale,
+    qn_ptr, qr_ptr, rec_ptr, idx_ptr, cnt_ptr, out_ptr, lse_ptr,
+    H, num_splits, rec_stride, qk_scale, outer_scale,
     s_qn_m, s_qn_h, s_qr_m, s_qr_h, s_idx_m,
     s_out_s, s_out_m, s_out_h, s_lse_s, s_lse_m,
-    FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
 ):
     m = tl.program_id(0)
     hb = tl.program_id(1)
     split = tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
-    d = tl.arange(0, 512)
     r = tl.arange(0, 64)
-    qn = tl.load(qn_ptr + m * s_qn_m + heads[:, None] * s_qn_h + d[None, :], mask=hmask[:, None], other=0.0)
-    qr = tl.load(qr_ptr + m * s_qr_m + heads[:, None] * s_qr_h + r[None, :], mask=hmask[:, None], other=0.0)
-    qn = qn.to(tl.float32)
-    qr = qr.to(tl.float32)
+    NVFP4: tl.constexpr = FMT != 2
+    # Latent chunks: NVFP4 2 x 256 columns (one E4M3 group scale per 16), 656 4 x 128 (one tile scale each).
+    CW: tl.constexpr = 256 if NVFP4 else 128
+    cw = tl.arange(0, CW)
+    qn_row = qn_ptr + m * s_qn_m + heads[:, None] * s_qn_h
+    q0h, q0l = _load_q(qn_row, cw, hmask, Q_SPLIT)
+    q1h, q1l = _load_q(qn_row, CW + cw, hmask, Q_SPLIT)
+    if not NVFP4:
+        q2h, q2l = _load_q(qn_row, 256 + cw, hmask, Q_SPLIT)
+        q3h, q3l = _load_q(qn_row, 384 + cw, hmask, Q_SPLIT)
+    qrh, qrl = _load_q(qr_ptr + m * s_qr_m + heads[:, None] * s_qr_h, r, hmask, Q_SPLIT)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, 512], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, CW], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, CW], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, CW], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, CW], tl.float32)
+    count = tl.load(cnt_ptr + m)
+    k_per_split = tl.cdiv(tl.cdiv(count, num_splits), BLOCK_K) * BLOCK_K
     k_lo = split * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    k_hi = tl.minimum(k_lo + k_per_split, count)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        idx = tl.load(idx_ptr + m * s_idx_m + ks, mask=ks < k_hi, other=-1)
-        valid = idx >= 0
-        row_ptr = rec_ptr + tl.where(valid, idx, 0).to(tl.int64) * rec_stride
-        latent, rope = _decode_tile(row_ptr, valid, FMT, outer_scale)
-        s = tl.dot(qn, tl.trans(latent), input_precision=DOT_PRECISION)
-        s += tl.dot(qr, tl.trans(rope), input_precision=DOT_PRECISION)
-        s = tl.where(valid[None, :], s * scale, float("-inf"))
+        valid = ks < k_hi
+        idx = tl.load(idx_ptr + m * s_idx_m + ks, mask=valid, other=0)
+        row_ptr = rec_ptr + idx.to(tl.int64) * rec_stride
+        vm = valid[:, None]
+        zero_s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
+        if NVFP4:
+            t0 = _nvfp4_chunk(row_ptr, vm, 0)
+            t1 = _nvfp4_chunk(row_ptr, vm, 1)
+            s_lat = _qk(q1h, q1l, t1, _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT), Q_SPLIT, F32_DOT)
+            if FMT == 0:
+                a = load_f32(row_ptr + 292, valid)  # per-token outer scale s_t
+                b = load_f32(row_ptr + 288, valid)  # rope scale r
+                s = a[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, vm, 304, 16), zero_s, Q_SPLIT, F32_DOT)
+            else:
+                a = tl.full([BLOCK_K], 1.0, tl.float32) * outer_scale
+                s = a[None, :] * s_lat + _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 304), zero_s, Q_SPLIT, F32_DOT)
+        else:
+            t0, a0 = _e4m3_tile(row_ptr, vm, 0, 32), load_f32(row_ptr + 512, valid)
+            t1, a1 = _e4m3_tile(row_ptr, vm, 128, 32), load_f32(row_ptr + 516, valid)
+            t2, a2 = _e4m3_tile(row_ptr, vm, 256, 32), load_f32(row_ptr + 520, valid)
+            t3, a3 = _e4m3_tile(row_ptr, vm, 384, 32), load_f32(row_ptr + 524, valid)
+            s = _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 528), zero_s, Q_SPLIT, F32_DOT)
+            s += a0[None, :] * _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT)
+            s += a1[None, :] * _qk(q1h, q1l, t1, zero_s, Q_SPLIT, F32_DOT)
+            s += a2[None, :] * _qk(q2h, q2l, t2, zero_s, Q_SPLIT, F32_DOT)
+            s += a3[None, :] * _qk(q3h, q3l, t3, zero_s, Q_SPLIT, F32_DOT)
+        # Base-2 scores: qk_scale = scale * log2(e).
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # A finite anchor keeps rows that have seen no valid key at exactly 0 (no -inf - -inf).
+        # A finite anchor keeps heads that have seen no valid key at exactly 0 (no -inf - -inf).
         anchor = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - anchor)
-        p = tl.exp(s - anchor[:, None])
+        alpha = tl.exp2(m_i - anchor)
+        p = tl.exp2(s - anchor[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p, latent, input_precision=DOT_PRECISION)
+        if NVFP4:
+            pa = p * a[None, :]
+            acc0 = _pv(pa, t0, acc0 * alpha[:, None], P_SPLIT, F32_DOT)
+            acc1 = _pv(pa, t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
+        else:
+            acc0 = _pv(p * a0[None, :], t0, acc0 * alpha[:, None], P_SPLIT, F32_DOT)
+            acc1 = _pv(p * a1[None, :], t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
+            acc2 = _pv(p * a2[None, :], t2, acc2 * alpha[:, None], P_SPLIT, F32_DOT)
+            acc3 = _pv(p * a3[None, :], t3, acc3 * alpha[:, None], P_SPLIT, F32_DOT)
         m_i = m_new
 
     seen = l_i > 0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-    tl.store(out_ptr + split * s_out_s + m * s_out_m + heads[:, None] * s_out_h + d[None, :], out,
-             mask=hmask[:, None])
+    inv_l = 1.0 / tl.where(seen, l_i, 1.0)
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    out_row = out_ptr + split * s_out_s + m * s_out_m + heads[:, None] * s_out_h
+    _store_chunk(out_row, acc0, inv_l, cw, hmask)
+    _store_chunk(out_row, acc1, inv_l, CW + cw, hmask)
+    if not NVFP4:
+        _store_chunk(out_row, acc2, inv_l, 256 + cw, hmask)
+        _store_chunk(out_row, acc3, inv_l, 384 + cw, hmask)
     tl.store(lse_ptr + split * s_lse_s + m * s_lse_m + heads, lse, mask=hmask)
 
 
-def default_num_splits(m: int, head_blocks: int, k: int, block_k: int, device: torch.device) -> int:
-    """Enough splits over K to give every SM about two programs (1 off-GPU: the interpreter is serial)."""
+@triton.jit
+def _compact_kernel(idx_ptr, s_idx_m, s_idx_k, K, cidx_ptr, s_cidx_m, cnt_ptr, BLOCK: tl.constexpr):
+    """Row m of indices [M, K] (int32/int64, -1 = skip) -> its valid entries in order, int32, at the
+    front of cidx[m] (entries past the count are left as they were), and their count in cnt[m]."""
+    m = tl.program_id(0)
+    base = tl.zeros([], tl.int32)
+    for k0 in range(0, K, BLOCK):
+        ks = k0 + tl.arange(0, BLOCK)
+        idx = tl.load(idx_ptr + m * s_idx_m + ks * s_idx_k, mask=ks < K, other=-1)
+        valid = idx >= 0
+        flag = valid.to(tl.int32)
+        pos = base + tl.cumsum(flag, axis=0) - 1
+        tl.store(cidx_ptr + m * s_cidx_m + pos, idx.to(tl.int32), mask=valid)
+        base += tl.sum(flag, axis=0)
+    tl.store(cnt_ptr + m, base)
+
+
+@triton.jit
+def _merge_splits_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, H, S,
+                         s_po_s, s_po_m, s_po_h, s_pl_s, s_pl_m, s_out_m, s_out_h, s_lse_m,
+                         BLOCK_S: tl.constexpr):
+    """merge_lse of S partials for one (m, h): lse = ln sum_s e^lse_s, out = sum_s e^(lse_s - lse) out_s."""
+    m = tl.program_id(0)
+    h = tl.program_id(1)
+    ss = tl.arange(0, BLOCK_S)
+    lses = tl.load(pl_ptr + ss * s_pl_s + m * s_pl_m + h, mask=ss < S, other=float("-inf"))
+    mx = tl.max(lses, axis=0)
+    anchor = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp(lses - anchor)
+    total = tl.sum(w, axis=0)
+    w = w / tl.where(total > 0, total, 1.0)
+    d = tl.arange(0, 512)
+    acc = tl.zeros([512], tl.float32)
+    for s in range(0, S):
+        ws = tl.sum(tl.where(ss == s, w, 0.0), axis=0)
+        acc += ws * tl.load(po_ptr + s * s_po_s + m * s_po_m + h * s_po_h + d)
+    tl.store(out_ptr + m * s_out_m + h * s_out_h + d, acc)
+    seen = total > 0
+    tl.store(lse_ptr + m * s_lse_m + h, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")))
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    """Multiprocessors of a CUDA device, queried once per device index."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def num_splits_for(m: int, h: int, k: int, sms: int) -> int:
+    """Splits of each row's keys: about one program per SM (one wave), each split covering at least
+    MIN_KEYS_PER_SPLIT of the K listed keys, at most MAX_SPLITS."""
+    want = -(-sms // max(1, m * triton.cdiv(h, BLOCK_H)))
+    return max(1, min(want, k // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+
+
+def default_num_splits(m: int, h: int, k: int, device: torch.device) -> int:
+    """``num_splits_for`` on this device's SM count (1 off-GPU: the interpreter is serial)."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-2 * sms // max(1, m * head_blocks))
-    return max(1, min(want, -(-k // block_k)))
+    return num_splits_for(m, h, k, _sm_count(device))
+
+
+@dataclass
+class DecodeWorkspace:
+    """Device buffers of one decode shape (M rows, H heads, K indices per row, S splits).
+
+    indices int32 [M, K] (compacted), counts int32 [M], partial_out fp32 [S, M, H, 512] and
+    partial_lse fp32 [S, M, H] (None when S == 1: the kernel writes the outputs directly).
+    """
+
+    indices: torch.Tensor
+    counts: torch.Tensor
+    partial_out: torch.Tensor | None
+    partial_lse: torch.Tensor | None
+
+    @classmethod
+    def allocate(cls, m: int, h: int, k: int, num_splits: int, device) -> "DecodeWorkspace":
+        if not 1 <= num_splits <= MAX_SPLITS:
+            raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}] (the merge kernel's block), got {num_splits}")
+        f32 = dict(dtype=torch.float32, device=device)
+        many = num_splits > 1
+        return cls(torch.empty((m, k), dtype=torch.int32, device=device),
+                   torch.empty((m,), dtype=torch.int32, device=device),
+                   torch.empty((num_splits, m, h, LATENT_DIM), **f32) if many else None,
+                   torch.empty((num_splits, m, h), **f32) if many else None)
+
+    @property
+    def num_splits(self) -> int:
+        return 1 if self.partial_out is None else self.partial_out.shape[0]
+
+    def check(self, m: int, h: int, k: int, device) -> None:
+        """Raise ValueError unless these buffers serve M rows, H heads and K indices on ``device``."""
+        want = {"indices": ((m, k), torch.int32), "counts": ((m,), torch.int32)}
+        if self.partial_out is not None:
+            s = self.partial_out.shape[0]
+            if not 2 <= s <= MAX_SPLITS:
+                raise ValueError(f"workspace has {s} splits; at most {MAX_SPLITS} (the merge kernel's block)")
+            want.update(partial_out=((s, m, h, LATENT_DIM), torch.float32),
+                        partial_lse=((s, m, h), torch.float32))
+        for name, (shape, dtype) in want.items():
+            t = getattr(self, name)
+            if t is None or tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() \
+                    or t.device != device:
+                got = None if t is None else (tuple(t.shape), t.dtype, str(t.device))
+                raise ValueError(f"workspace.{name} must be a contiguous {dtype} {shape} tensor on {device}, "
+                                 f"got {got}; build it with DecodeWorkspace.allocate(M, H, K, S, device)")
+
+
+def _check_output(name: str, t, shape, device) -> torch.Tensor:
+    if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != device or t.stride(-1) != 1:
+        raise ValueError(f"{name} must be float32 {shape} on {device} with a contiguous last dim, got "
+                         f"{t.dtype} {tuple(t.shape)} on {t.device}")
+    return t
 
 
 def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices, scale, *,
                              outer_scale: float = 1.0, num_splits: int | None = None,
-                             dot_precision: str = "ieee"):
-    """Launch the kernel on already-validated inputs; see ``sparse_mla_decode`` for the contract.
+                             dot_precision: str = "bf16x2", out=None, lse=None,
+                             workspace: DecodeWorkspace | None = None):
+    """Launch the kernels on already-validated inputs; see ``sparse_mla_decode`` for the contract.
 
-    outer_scale is the per-cache constant S of the 432 format (ignored by the others).
+    outer_scale is the per-cache constant S of the 432 format (ignored by the others). out
+    (float32 [M, H, 512]), lse (float32 [M, H]) and workspace (whose S wins over num_splits) are
+    optional preallocated buffers.
     """
     m, h = q_nope.shape[:2]
     k = indices.shape[1]
-    head_blocks = triton.cdiv(h, BLOCK_H)
-    splits = num_splits or default_num_splits(m, head_blocks, k, BLOCK_K, q_nope.device)
-    # Splits cover whole tiles so a tile never straddles two programs.
-    k_per_split = triton.cdiv(triton.cdiv(max(k, 1), splits), BLOCK_K) * BLOCK_K
-    splits = max(1, triton.cdiv(k, k_per_split))
+    dev = q_nope.device
+    if workspace is None:
+        splits = num_splits or default_num_splits(m, h, k, dev)
+        workspace = DecodeWorkspace.allocate(m, h, k, splits, dev)
+    else:
+        workspace.check(m, h, k, dev)
+    splits = workspace.num_splits
+    out = torch.empty((m, h, LATENT_DIM), dtype=torch.float32, device=dev) if out is None \
+        else _check_output("out", out, (m, h, LATENT_DIM), dev)
+    lse = torch.empty((m, h), dtype=torch.float32, device=dev) if lse is None \
+        else _check_output("lse", lse, (m, h), dev)
+    if m == 0 or h == 0:
+        return out, lse
     q_nope = q_nope if q_nope.stride(-1) == 1 else q_nope.contiguous()
     q_rope = q_rope if q_rope.stride(-1) == 1 else q_rope.contiguous()
-    indices = indices.contiguous()
-    outs = torch.empty((splits, m, h, LATENT_DIM), dtype=torch.float32, device=q_nope.device)
-    lses = torch.empty((splits, m, h), dtype=torch.float32, device=q_nope.device)
-    if m > 0 and h > 0:
-        _sparse_mla_decode_kernel[(m, head_blocks, splits)](
-            q_nope, q_rope, records, indices, outs, lses,
-            h, k, k_per_split, records.stride(0), float(scale), float(outer_scale),
-            q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), indices.stride(0),
-            outs.stride(0), outs.stride(1), outs.stride(2), lses.stride(0), lses.stride(1),
-            FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K, DOT_PRECISION=dot_precision,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-        )
-    if splits == 1:
-        return outs[0], lses[0]
-    return merge_lse(outs, lses)
+    _compact_kernel[(m,)](indices, indices.stride(0), indices.stride(1), k, workspace.indices,
+                          workspace.indices.stride(0), workspace.counts, BLOCK=COMPACT_BLOCK,
+                          num_warps=COMPACT_WARPS)
+    po, pl = (workspace.partial_out, workspace.partial_lse) if splits > 1 else (out.unsqueeze(0), lse.unsqueeze(0))
+    _sparse_mla_decode_kernel[(m, triton.cdiv(h, BLOCK_H), splits)](
+        q_nope, q_rope, records, workspace.indices, workspace.counts, po, pl,
+        h, splits, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
+        q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), workspace.indices.stride(0),
+        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
+        **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda"), num_warps=NUM_WARPS[lay.name],
+        num_stages=NUM_STAGES,
+    )
+    if splits > 1:
+        _merge_splits_kernel[(m, h)](
+            po, pl, out, lse, h, splits, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
+            out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=MAX_SPLITS,
+            num_warps=MERGE_WARPS)
+    return out, lse
 
+
+def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: str, interpreted: bool = False) -> dict:
+    """The decode kernel's constexprs for a format, query dtype and precision (interpreted: under
+    TRITON_INTERPRET=1, see ``_dot``)."""
+    if dot_precision not in PRECISIONS:
+        raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
+    split = dot_precision == "bf16x2"
+    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K,
+                Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted)
+
+
+_DECODE_SIG = {
+    "qn_ptr": "*bf16", "qr_ptr": "*bf16", "rec_ptr": "*u8", "idx_ptr": "*i32", "cnt_ptr": "*i32",
+    "out_ptr": "*fp32", "lse_ptr": "*fp32", "qk_scale": "fp32", "outer_scale": "fp32",
+}
 
 
 def compile_specs() -> list[dict]:
-    """The launch configurations ``sparse_mla_decode_triton`` uses, for compiling without a GPU
-    (benchmarks/kernel_report.py; contract in OWNERSHIP.md): one per record format, default
-    ``dot_precision``."""
-    ptrs = {"qn_ptr": "*bf16", "qr_ptr": "*bf16", "rec_ptr": "*u8", "idx_ptr": "*i32", "out_ptr": "*fp32",
-            "lse_ptr": "*fp32"}
-    fn = _sparse_mla_decode_kernel
+    """Every launch configuration the wrapper uses, for compiling without a GPU (OWNERSHIP.md).
+
+    The decode kernel per record format with bf16 queries (the engine's dtype) and fp32 queries
+    (the CPU twin's and the tests'), at the default precision; the compaction and merge kernels.
+    """
     specs = []
-    short = {NVFP4_368.name: "nvfp4_368", NVFP4_432.name: "nvfp4_432", FP8_DS_MLA.name: "fp8_ds_mla"}
-    for layout_name, fmt in _FMT_ID.items():
-        name = short[layout_name]
-        constexprs = {"FMT": fmt, "BLOCK_H": BLOCK_H, "BLOCK_K": BLOCK_K, "DOT_PRECISION": "ieee"}
-        sig = {n: ptrs.get(n) or ("fp32" if n in ("scale", "outer_scale") else "i32")
-               for n in fn.arg_names if n not in constexprs}
-        sig.update({n: "constexpr" for n in constexprs})
-        specs.append({"name": f"sparse_mla_decode[{name}]", "fn": fn, "signature": sig, "constexprs": constexprs,
-                      "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+    for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
+        for q_dtype, q_type in ((torch.bfloat16, "*bf16"), (torch.float32, "*fp32")):
+            c = launch_constexprs(lay, q_dtype, "bf16x2")
+            sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
+            sig.update(qn_ptr=q_type, qr_ptr=q_type, **{n: "constexpr" for n in c})
+            q = "" if q_dtype == torch.bfloat16 else ",q_fp32"
+            specs.append(dict(name=f"sparse_mla_decode[{lay.short}{q}]", fn=_sparse_mla_decode_kernel,
+                              signature=sig, constexprs=c, num_warps=NUM_WARPS[lay.name], num_stages=NUM_STAGES))
+    for idx_type in ("*i32", "*i64"):
+        sig = {"idx_ptr": idx_type, "s_idx_m": "i32", "s_idx_k": "i32", "K": "i32", "cidx_ptr": "*i32",
+               "s_cidx_m": "i32", "cnt_ptr": "*i32", "BLOCK": "constexpr"}
+        specs.append(dict(name=f"sparse_mla_compact[{idx_type[1:]}]", fn=_compact_kernel, signature=sig,
+                          constexprs={"BLOCK": COMPACT_BLOCK}, num_warps=COMPACT_WARPS, num_stages=1))
+    sig = {n: ("*fp32" if n.endswith("_ptr") else "i32") for n in _merge_splits_kernel.arg_names}
+    sig["BLOCK_S"] = "constexpr"
+    specs.append(dict(name="sparse_mla_merge_splits", fn=_merge_splits_kernel, signature=sig,
+                      constexprs={"BLOCK_S": MAX_SPLITS}, num_warps=MERGE_WARPS, num_stages=1))
     return specs
