@@ -7,7 +7,7 @@ merge) for sm_120 (RTX PRO 6000) and sm_90 (H200), run ``ptxas -v`` on the PTX a
 - no register spills (spill stores and loads are 0 bytes);
 - the decode kernel multiplies on tensor cores (``mma.sync`` / ``wgmma`` in the PTX);
 - shared memory within a block's limit (sm_120: 99 KB, binding; sm_90: 227 KB).
-The indexer scoring kernel is compiled for sm_120 too (shared memory). ptxas is the one Triton
+The indexer's kernels have their own compile test (``tests/test_indexer_compile.py``). ptxas is the one Triton
 itself uses for that arch (its bundled ``ptxas-blackwell`` unless TRITON_PTXAS_BLACKWELL_PATH is
 set), else ``ptxas`` on PATH; without one the tests skip. Compilation runs in a subprocess because
 conftest sets TRITON_INTERPRET=1 here, which replaces @triton.jit functions by interpreted ones.
@@ -34,7 +34,6 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from sparkinfer.attention import triton_decode as td
-from sparkinfer.indexer import triton_scores as ts
 
 ptxas = json.loads(sys.argv[1])
 
@@ -61,12 +60,6 @@ def compile_(name, fn, sig, constexprs, warps, stages, arch):
 
 jobs = [(s["name"], s["fn"], s["signature"], s["constexprs"], s["num_warps"], s["num_stages"], arch)
         for s in td.compile_specs() for arch in (120, 90)]
-idx_ptrs = {"rec_ptr": "*u8", "slot_ptr": "*i64", "pos_ptr": "*i64"}
-c = {"HAS_SLOTS": True, "HAS_POS": True, "BLOCK_T": ts.BLOCK_T}
-sig = {n: idx_ptrs.get(n, "*fp32") if n.endswith("_ptr") else "i32" for n in ts._indexer_scores_kernel.arg_names
-       if n not in c}
-sig.update({n: "constexpr" for n in c})
-jobs.append(("indexer_scores", ts._indexer_scores_kernel, sig, c, ts.NUM_WARPS, 1, 120))
 with ThreadPoolExecutor(2) as pool:
     print(json.dumps(dict(pool.map(lambda j: compile_(*j), jobs))))
 """
@@ -110,7 +103,3 @@ def test_mla_kernels_fit_without_spills(compiled, name, arch):
     if name.startswith("sparse_mla_decode["):
         assert info["mma"] > 0, f"{name} sm_{arch}: no tensor-core MMA in the PTX"
 
-
-def test_indexer_kernel_fits_shared_memory(compiled):
-    info = compiled["indexer_scores@120"]
-    assert info["shared"] <= MAX_SHARED[120], f"indexer sm_120: {info['shared']} B shared memory"
