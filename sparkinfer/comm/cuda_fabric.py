@@ -187,8 +187,8 @@ class CudaFabric(Fabric):
         off = self.layout.send_offset(seq, dst)
         return self._send[off: off + self.layout.region_bytes]
 
-    def recv_region(self, seq, src):
-        off = self.layout.recv_offset(seq, src)
+    def recv_region(self, seq):
+        off = self.layout.recv_offset(seq)
         return self._own[off: off + self.layout.region_bytes]
 
     def _begin_round(self, seq) -> bool:
@@ -222,12 +222,12 @@ class CudaFabric(Fabric):
                                               self._seq_ptr(seq), self.layout.depth, dst, self._timeout_cycles,
                                               self._err.data_ptr(), self._streams[dst]), "release wait")
 
-    def copy(self, seq, dst, nbytes):
+    def copy(self, seq, dst, nbytes, offset=0):
         self._check()
         s = self._streams[dst]
         if nbytes:
             src = self._send.data_ptr() + self.layout.send_offset(seq, dst)
-            dst_ptr = self._peer_ptr[dst] + self.layout.recv_offset(seq, self.rank)
+            dst_ptr = self._peer_ptr[dst] + self.layout.recv_offset(seq) + offset
             _ok(self._rt.cudaMemcpyAsync(dst_ptr, src, nbytes, self._rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, s),
                 "cudaMemcpyAsync")
             self.copied_bytes[dst] += nbytes
@@ -251,7 +251,7 @@ class CudaFabric(Fabric):
                                             self._seq_ptr(seq), self._stream()), "release signal")
 
     def peer_region(self, seq, dst):
-        off = self.layout.recv_offset(seq, self.rank)
+        off = self.layout.recv_offset(seq)
         return self._peer_seg[dst][off: off + self.layout.region_bytes]
 
     def wait_peer_free(self, seq, dst):

@@ -89,12 +89,12 @@ class HostFabric(Fabric):
         off = self.layout.send_offset(seq, dst)
         return self._send[off: off + self.layout.region_bytes]
 
-    def _recv_region_of(self, owner: int, seq: int, src: int):
-        off = self.layout.recv_offset(seq, src)
+    def _recv_region_of(self, owner: int, seq: int):
+        off = self.layout.recv_offset(seq)
         return self._segments[owner][off: off + self.layout.region_bytes]
 
-    def recv_region(self, seq, src):
-        return self._recv_region_of(self.rank, seq, src)
+    def recv_region(self, seq):
+        return self._recv_region_of(self.rank, seq)
 
     # --- copy engine stand-in ------------------------------------------------------------------
     def _copy_loop(self):
@@ -102,10 +102,10 @@ class HostFabric(Fabric):
             job = self._jobs.get()
             if job is None:
                 return
-            seq, dst, nbytes = job
+            seq, dst, nbytes, offset = job
             try:
                 if nbytes:
-                    region = self._recv_region_of(dst, seq, self.rank)[:nbytes]
+                    region = self._recv_region_of(dst, seq)[offset: offset + nbytes]
                     region.copy_(self.send_region(seq, dst)[:nbytes])
                     self.copied_bytes[dst] += region.numel()  # counted before arrival: visible once dst saw it
                     self.copies[dst] += 1
@@ -135,10 +135,10 @@ class HostFabric(Fabric):
         self._check()
         self._wait_copied(dst, seq - self.layout.depth)
 
-    def copy(self, seq, dst, nbytes):
+    def copy(self, seq, dst, nbytes, offset=0):
         self._check()
         self._queued[dst] = seq
-        self._jobs.put((seq, dst, nbytes))
+        self._jobs.put((seq, dst, nbytes, offset))
 
     def _wait(self, kind: int, seq_target: int, peer: int, what: str, seq: int):
         self._check()
@@ -168,7 +168,7 @@ class HostFabric(Fabric):
 
     # --- device-side sizing: this thread writes dst's region (the SM stores of the CUDA fabric) -
     def peer_region(self, seq, dst):
-        return self._recv_region_of(dst, seq, self.rank)
+        return self._recv_region_of(dst, seq)
 
     def wait_peer_free(self, seq, dst):
         self.wait_recv_free(seq, dst)
