@@ -209,6 +209,37 @@ def _rank_main(rank, world):
             return f"{time.monotonic() - t0:.1f} {e}"
     scenario("copy_fails", copy_fails, SlabLayout(world, 368, capacity=48, max_layers=1), timeout_s=20)
 
+    def delayed_copy(f):
+        """Rank 1's copy thread stalls past the timeout: its peers' step fails in the arrival wait
+        (nothing stale is unpacked), and rank 1, whose own exchange returned, fails at its next
+        step's check (comm.errors.StepChecks: the peers' abort words) instead of going on."""
+        from sparkinfer.comm.errors import DeviceCheckFailed, StepChecks
+
+        case = make_case(world, 368, seed=53)
+        if rank == 1:
+            own = f._recv_region_of
+
+            def slow(owner, seq):
+                if owner != rank:  # only the copy thread writes into a peer's segment
+                    time.sleep(3 * f.timeout_s)
+                return own(owner, seq)
+            f._recv_region_of = slow
+        checks, out = StepChecks(f), []
+        try:
+            SelectedExchange(f).exchange(case.planes, case.shard(rank), [0], _ws_for(case, [0]))
+            checks.end_step()
+            out.append("step ok")
+        except FabricError as e:
+            out.append(f"step failed: {e}")
+        dist.barrier()  # every waiting peer gave up by now
+        try:
+            checks.poll()
+            out.append("next step ok")
+        except DeviceCheckFailed as e:
+            out.append(f"next step failed: {e}")
+        return out
+    scenario("delayed_copy", delayed_copy, SlabLayout(world, 368, capacity=48, max_layers=1), timeout_s=1.5)
+
     scenario("empty", lambda f: exchange_cases([make_case(world, 368, empty=True)], [0], f, overlap=False),
              SlabLayout(world, 368, capacity=8, max_layers=1))
     scenario("one_owner", lambda f: exchange_cases([make_case(world, 432, owner_only=0, seed=4)], [0, 3], f,
@@ -380,6 +411,15 @@ def test_failed_copy_fails_every_rank_promptly(outcomes):
             assert "injected copy failure" in text
         else:
             assert "aborted by a peer: rank 1 failed" in text, text
+
+
+def test_a_delayed_copy_fails_every_rank_by_its_next_step(outcomes):
+    for rank, out in _ok(outcomes, "delayed_copy"):
+        assert out[-1].startswith("next step failed") and "earlier step" in out[-1], (rank, out)
+        if rank != 1:  # the step itself failed, naming the late rank
+            assert out[0].startswith("step failed") and "rank 1" in out[0], (rank, out)
+        else:  # its exchange may have returned: the check a step later names who gave up on it
+            assert "gave up waiting for rank(s) [1]" in out[-1], (rank, out)
 
 
 def test_fabric_counts_the_bytes_and_copies_it_moved(outcomes):

@@ -145,8 +145,8 @@ class SelectedExchange:
         self.seq = 0
         self.chunked = 0  # exchanges that needed more than one round
         self._in_flight: list[Pending] = []  # started, not finished; oldest first
-        self._region_shards: dict = {}  # C -> per slot, the device-sized unpack's view of the region
-        self._identity: torch.Tensor | None = None  # int32 [1, capacity]: row i -> block i
+        self._region_shards: list = []  # per slot, the device-sized unpack's view of the region
+        self._zeros: torch.Tensor | None = None  # int32 zeros, its request column
         self._ranges: dict[int, torch.Tensor] = {}  # J -> int32 arange(J)
 
     def exchange(self, planes, shard: P.Shard, layers, workspace: torch.Tensor,
@@ -249,19 +249,22 @@ class SelectedExchange:
 
     def _region_shard(self, seq: int, C: int):
         """(shard over this rank's receive region of ``seq``'s slot as ``max_layers`` layers of
-        ``capacity`` one-row blocks with the identity block table, int32 zeros [C] as its request
+        ``capacity`` one-row blocks with the identity block table, int32 zeros [>= C] as its request
         column): the device-sized unpack is then the ``direct`` move region row ``slot`` ->
-        workspace row ``slot``. Built for every slot at the first call with plane capacity ``C``,
-        then reused (the hot path allocates nothing)."""
-        if C not in self._region_shards:
-            lay, dev = self.layout, self.fabric.device
-            if self._identity is None:
-                self._identity = torch.arange(lay.capacity, dtype=torch.int32, device=dev)[None]
-            zeros = torch.zeros(C, dtype=torch.int32, device=dev)
-            self._region_shards[C] = [
-                (P.Shard(tuple(self._as_workspace(self.fabric.recv_region(k), lay.max_layers)), self._identity, 1),
-                 zeros) for k in range(lay.depth)]
-        return self._region_shards[C][self.layout.slot(seq)]
+        workspace row ``slot``. Built at the first call, then reused (the hot path allocates
+        nothing once the zeros cover the planes' capacity)."""
+        lay, dev = self.layout, self.fabric.device
+        if not self._region_shards:
+            identity = torch.arange(lay.capacity, dtype=torch.int32, device=dev)[None]
+            self._region_shards = [P.Shard(tuple(self._as_workspace(self.fabric.recv_region(k), lay.max_layers)),
+                                           identity, 1) for k in range(lay.depth)]
+        if self._zeros is None or self._zeros.shape[0] < C:
+            self._zeros = torch.zeros(max(C, lay.capacity), dtype=torch.int32, device=dev)
+        return self._region_shards[lay.slot(seq)], self._zeros
+
+    def index_bytes(self) -> int:
+        """Bytes of the device-sized unpack's index tables (identity block table and zero column)."""
+        return 0 if not self._region_shards else 4 * (self.layout.capacity + self._zeros.shape[0])
 
     def _layer_range(self, J: int) -> torch.Tensor:
         if J not in self._ranges:

@@ -45,6 +45,10 @@ class FabricError(RuntimeError):
     """A peer failed or timed out; the fabric is unusable afterwards (close it)."""
 
 
+class PeerAccessError(RuntimeError):
+    """The GPUs of the group cannot reach each other peer-to-peer (raised on every rank alike)."""
+
+
 class Fabric(abc.ABC):
     kind: str
     rank: int

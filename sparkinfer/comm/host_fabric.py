@@ -124,6 +124,22 @@ class HostFabric(Fabric):
         if self._error is not None:
             raise FabricError(f"rank {self.rank}: fabric failed earlier: {self._error}") from self._error
 
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes this rank's slabs hold (its receive segment, its send slab), measured."""
+        return {"exchange_recv": self._segments[self.rank].numel(), "exchange_send": self._send.numel()}
+
+    def check(self) -> None:
+        """Raise if this fabric failed (its copy thread, a timed-out wait, a peer's abort)."""
+        self.poll()
+
+    def poll(self) -> None:
+        """``check`` without waiting: this rank's own failure (a copy that failed after its exchange
+        returned) and the peers' abort words (a peer whose copy or wait failed) raise FabricError."""
+        self._check()
+        lay = self.layout
+        if any(flags.load(self._flags[self.rank], lay.flag_index(ABORT, p)) for p in range(self.world)):
+            self._raise_abort(-1)
+
     def _wait_copied(self, dst: int, need: int):
         """Until the copy thread finished the copies to dst up to exchange ``need`` (run in order)."""
         need = min(need, self._queued[dst])  # device-sized exchanges queue no copy
@@ -194,7 +210,8 @@ class HostFabric(Fabric):
 
     def _raise_abort(self, seq: int):
         if self._error is not None:  # this rank's own copy thread failed
-            raise FabricError(f"rank {self.rank}: exchange {seq} failed: {self._error!r}") from self._error
+            raise FabricError(f"rank {self.rank}: exchange {seq if seq >= 0 else '(earlier)'} failed: "
+                              f"{self._error!r}") from self._error
         lay = self.layout
         reports = []
         for p in range(self.world):
@@ -203,7 +220,8 @@ class HostFabric(Fabric):
                 missing = [q for q in range(self.world) if (v - 1) >> q & 1]
                 reports.append(f"rank {p} failed" if missing == [p] else
                                f"rank {p} gave up waiting for rank(s) {missing}")
-        self._error = FabricError(f"rank {self.rank}: exchange {seq} aborted by a peer: {'; '.join(reports)}")
+        what = f"exchange {seq}" if seq >= 0 else "an earlier exchange"
+        self._error = FabricError(f"rank {self.rank}: {what} aborted by a peer: {'; '.join(reports)}")
         raise self._error
 
     def close(self):
