@@ -416,8 +416,8 @@ def test_failed_copy_fails_every_rank_promptly(outcomes):
 def test_a_delayed_copy_fails_every_rank_by_its_next_step(outcomes):
     for rank, out in _ok(outcomes, "delayed_copy"):
         assert out[-1].startswith("next step failed") and "earlier step" in out[-1], (rank, out)
-        if rank != 1:  # the step itself failed, naming the late rank
-            assert out[0].startswith("step failed") and "rank 1" in out[0], (rank, out)
+        if rank != 1:  # the step itself failed (timed out or aborted by a peer that did), naming the late rank
+            assert out[0].startswith("step failed") and "[1]" in out[0], (rank, out)
         else:  # its exchange may have returned: the check a step later names who gave up on it
             assert "gave up waiting for rank(s) [1]" in out[-1], (rank, out)
 
