@@ -66,3 +66,22 @@ def prove(exchange: SelectedExchange) -> list[str]:
             raise ProofFailed(f"rank {rank}: the {exchange.fabric.kind} fabric's {sizing}-sized proof exchange "
                               f"delivered {bad} of {want.shape[0] * want.shape[1]} records wrong")
     return sizings
+
+
+def agreed_proof(exchange: SelectedExchange, group=None) -> tuple[list[str], dict[int, str]]:
+    """``prove`` on every rank of ``group``, then the verdicts all-gathered: (sizings proven,
+    {rank: what failed there}), the same failures on every rank, so the whole group takes the same
+    decision (a rank whose own proof passed still learns that a peer's did not). A proof failure
+    never hangs: a wait times out and aborts the peers (FabricError), a wrong byte is ProofFailed."""
+    import torch.distributed as dist
+
+    from .fabric import FabricError
+
+    proven, problem = [], None
+    try:
+        proven = prove(exchange)
+    except (ProofFailed, FabricError) as e:
+        problem = f"{type(e).__name__}: {e}"
+    verdicts: list = [None] * exchange.world
+    dist.all_gather_object(verdicts, problem, group=group)
+    return proven, {r: v for r, v in enumerate(verdicts) if v is not None}

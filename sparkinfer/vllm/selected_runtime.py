@@ -227,8 +227,8 @@ class SelectedRuntime:
         from vllm.distributed.parallel_state import get_dcp_group
 
         from sparkinfer.comm.errors import StepChecks
-        from sparkinfer.comm.fabric import FabricError, PeerAccessError
-        from sparkinfer.comm.proof import ProofFailed, prove
+        from sparkinfer.comm.fabric import PeerAccessError
+        from sparkinfer.comm.proof import agreed_proof
 
         device = self._dsa_layers()[0].kv_cache.device
         kind = impls.fabric_kind(self.config.fabric, device)
@@ -246,23 +246,13 @@ class SelectedRuntime:
             log.warning("sparkinfer: no P2P between the GPUs (%s); serving stock DCP from the first request. Run "
                         "`sparkinfer preflight` on this node for the fix.", e)
             return False
-        problem = None
-        try:  # the proof's waits time out (and abort the peers) instead of hanging
-            proven = prove(self.decoder.ring.exchange)
-            self.checks = StepChecks(self.decoder.ring.exchange.fabric)
-        except (ProofFailed, FabricError) as e:
-            problem = f"{type(e).__name__}: {e}"
-        import torch.distributed as dist
-
-        verdicts: list = [None] * group.world_size
-        dist.all_gather_object(verdicts, problem, group=group.cpu_group)
-        failed = {r: v for r, v in enumerate(verdicts) if v is not None}
+        proven, failed = agreed_proof(self.decoder.ring.exchange, group.cpu_group)  # times out, never hangs
         if not failed:
+            self.checks = StepChecks(self.decoder.ring.exchange.fabric)
             log.info("sparkinfer: the %s fabric passed its start-up proof (%s-sized exchanges between all %d ranks)",
                      kind, " and ".join(proven), group.world_size)
             return True
-        if self.decoder is not None:
-            self.decoder.ring.exchange.fabric.close()
+        self.decoder.ring.exchange.fabric.close()
         self.drop()
         log.warning("sparkinfer: the %s fabric failed at engine start on rank(s) %s (%s); serving stock DCP from the "
                     "first request. Run `sparkinfer preflight` on this node for the fix.", kind, sorted(failed),
