@@ -46,6 +46,19 @@ def graph_problem(compilation_config, breakable: bool) -> str | None:
     return None
 
 
+def fabric_problem(setting: str, device_type: str) -> str | None:
+    """Why fabric ``setting`` cannot move caches on ``device_type`` ("cuda" / "cpu"); None if it can."""
+    from sparkinfer.vllm.impls import fabric_kind
+
+    kind = fabric_kind(setting, device_type)
+    if kind == "host" and device_type == "cuda":
+        return (f"sparkinfer fabric {setting!r} with the caches on a GPU: the host fabric moves CPU tensors through "
+                "shared memory; set fabric auto or cuda")
+    if kind == "cuda" and device_type != "cuda":
+        return f"sparkinfer fabric {setting!r} with the caches on the CPU: the CUDA fabric needs GPUs; set fabric auto"
+    return None
+
+
 def check_graph_mode(vllm_config) -> None:
     from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 

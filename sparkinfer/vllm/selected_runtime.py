@@ -231,11 +231,12 @@ class SelectedRuntime:
         from sparkinfer.comm.proof import agreed_proof
 
         device = self._dsa_layers()[0].kv_cache.device
+        from sparkinfer.vllm.engine_start import fabric_problem
+
+        why = fabric_problem(self.config.fabric, device.type)
+        if why is not None:
+            raise ValueError(why)
         kind = impls.fabric_kind(self.config.fabric, device)
-        where = "a GPU" if device.type == "cuda" else "the CPU"
-        if (kind == "host") == (device.type == "cuda"):
-            raise ValueError(f"sparkinfer fabric {self.config.fabric!r} cannot move caches on {where}: the host fabric "
-                             "moves CPU tensors, the CUDA fabric GPU ones; set fabric auto")
         group = get_dcp_group()
         if self.config.replica_window != 0:
             self._replica_rule()
