@@ -191,11 +191,11 @@ def _rank_main(rank, world):
         if rank == 1:
             own = f._recv_region_of
 
-            def broken(owner, seq, src):
+            def broken(owner, seq):
                 if owner != rank:  # only the copy thread writes into a peer's segment
                     time.sleep(0.5)  # fail late, so the failure also surfaces at the next call
                     raise RuntimeError("injected copy failure")
-                return own(owner, seq, src)
+                return own(owner, seq)
             f._recv_region_of = broken
         t0 = time.monotonic()
         ex = SelectedExchange(f)
@@ -208,6 +208,37 @@ def _rank_main(rank, world):
         except FabricError as e:
             return f"{time.monotonic() - t0:.1f} {e}"
     scenario("copy_fails", copy_fails, SlabLayout(world, 368, capacity=48, max_layers=1), timeout_s=20)
+
+    def delayed_copy(f):
+        """Rank 1's copy thread stalls past the timeout: its peers' step fails in the arrival wait
+        (nothing stale is unpacked), and rank 1, whose own exchange returned, fails at its next
+        step's check (comm.errors.StepChecks: the peers' abort words) instead of going on."""
+        from sparkinfer.comm.errors import DeviceCheckFailed, StepChecks
+
+        case = make_case(world, 368, seed=53)
+        if rank == 1:
+            own = f._recv_region_of
+
+            def slow(owner, seq):
+                if owner != rank:  # only the copy thread writes into a peer's segment
+                    time.sleep(3 * f.timeout_s)
+                return own(owner, seq)
+            f._recv_region_of = slow
+        checks, out = StepChecks(f), []
+        try:
+            SelectedExchange(f).exchange(case.planes, case.shard(rank), [0], _ws_for(case, [0]))
+            checks.end_step()
+            out.append("step ok")
+        except FabricError as e:
+            out.append(f"step failed: {e}")
+        dist.barrier()  # every waiting peer gave up by now
+        try:
+            checks.poll()
+            out.append("next step ok")
+        except DeviceCheckFailed as e:
+            out.append(f"next step failed: {e}")
+        return out
+    scenario("delayed_copy", delayed_copy, SlabLayout(world, 368, capacity=48, max_layers=1), timeout_s=1.5)
 
     scenario("empty", lambda f: exchange_cases([make_case(world, 368, empty=True)], [0], f, overlap=False),
              SlabLayout(world, 368, capacity=8, max_layers=1))
@@ -382,9 +413,19 @@ def test_failed_copy_fails_every_rank_promptly(outcomes):
             assert "aborted by a peer: rank 1 failed" in text, text
 
 
+def test_a_delayed_copy_fails_every_rank_by_its_next_step(outcomes):
+    for rank, out in _ok(outcomes, "delayed_copy"):
+        assert out[-1].startswith("next step failed") and "earlier step" in out[-1], (rank, out)
+        if rank != 1:  # the step itself failed (timed out or aborted by a peer that did), naming the late rank
+            assert out[0].startswith("step failed") and "[1]" in out[0], (rank, out)
+        else:  # its exchange may have returned: the check a step later names who gave up on it
+            assert "gave up waiting for rank(s) [1]" in out[-1], (rank, out)
+
+
 def test_fabric_counts_the_bytes_and_copies_it_moved(outcomes):
     """Against the byte accounting computed from the unions (not from the planes): 2 layers x 368 B
-    per missing record; a pair with n records needs ceil(n / 5) non-empty copies (capacity 5)."""
+    per missing record; a pair with n records needs ceil(n / c) non-empty copies, c the widest
+    per-pair window whose blocks fit every destination's shared region of 5 records (brute force)."""
     import numpy as np
 
     from sparkinfer.core.accounting import missing_counts
@@ -393,10 +434,13 @@ def test_fabric_counts_the_bytes_and_copies_it_moved(outcomes):
     for rank, (nbytes, copies, cases) in _ok(outcomes, "counters"):
         want_bytes, want_copies = np.zeros(WORLD, np.int64), np.zeros(WORLD, np.int64)
         for union, counts, held in cases:
-            m = missing_counts(np.array(union), np.array(counts), DcpLayout(WORLD, 1), np.array(held))[rank]
-            m[rank] = 0
+            full = missing_counts(np.array(union), np.array(counts), DcpLayout(WORLD, 1), np.array(held))
+            np.fill_diagonal(full, 0)
+            c = max(c for c in range(1, max(2, min(5, full.max()) + 1))  # send regions hold 5 too
+                    if all(np.minimum(full[:, d], c).sum() <= 5 for d in range(WORLD)))
+            m = full[rank]
             want_bytes += m * 2 * 368
-            want_copies += -(-m // 5)
+            want_copies += -(-m // c)
         assert nbytes == want_bytes.tolist() and copies == want_copies.tolist(), f"rank {rank}"
         assert nbytes[rank] == 0 and sum(nbytes) > 0
 

@@ -7,24 +7,53 @@ import pytest
 import torch
 
 from sparkinfer.comm import flags
-from sparkinfer.comm.slab import ABORT, ACK, ARRIVE, FLAG_STRIDE, SlabLayout, chunk_rounds, rotated_peers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkinfer.comm.slab import (ABORT, ACK, ARRIVE, FLAG_STRIDE, SlabLayout, chunk_rounds, host_offsets,
+                                 rotated_peers)
 
 
 @pytest.mark.parametrize("world,width,cap,layers,depth", [(4, 368, 10, 3, 2), (2, 37, 1, 1, 1), (8, 656, 7, 4, 3)])
 def test_regions_are_disjoint_aligned_and_inside(world, width, cap, layers, depth):
     lay = SlabLayout(world, width, cap, layers, depth)
     assert lay.region_bytes >= layers * cap * width and lay.region_bytes % 256 == 0
-    recv = sorted(lay.recv_offset(seq, src) for seq in range(depth) for src in range(world))
+    # one shared receive region per slot (all sources together), one send region per (slot, dst)
+    recv = sorted(lay.recv_offset(seq) for seq in range(depth))
     send = sorted(lay.send_offset(seq, dst) for seq in range(depth) for dst in range(world))
-    for offs, end in ((recv, lay.segment_bytes), (send, lay.send_bytes)):
-        assert len(set(offs)) == world * depth
-        assert all(b - a >= lay.region_bytes for a, b in zip(offs, offs[1:]))
-        assert offs[-1] + lay.region_bytes <= end and all(o % 256 == 0 for o in offs)
+    for offs, end, size, n in ((recv, lay.segment_bytes, lay.region_bytes, depth),
+                               (send, lay.send_bytes, lay.send_region_bytes, world * depth)):
+        assert len(set(offs)) == n
+        assert all(b - a >= size for a, b in zip(offs, offs[1:]))
+        assert offs[-1] + size <= end and all(o % 256 == 0 for o in offs)
+    assert lay.segment_bytes == lay.flags_bytes + depth * lay.region_bytes  # nothing per source
     assert recv[0] >= lay.flags_bytes  # data never overlaps the flag lines
     words = {lay.flag_index(k, p) for k in (ARRIVE, ACK, ABORT) for p in range(world)}
     assert len(words) == 3 * world and max(words) * 8 < lay.flags_bytes
     assert all(w % FLAG_STRIDE == 0 for w in words)
-    assert lay.recv_offset(depth, 1) == lay.recv_offset(0, 1)  # seq wraps onto slot seq % depth
+    assert lay.recv_offset(depth) == lay.recv_offset(0)  # seq wraps onto slot seq % depth
+    assert SlabLayout(world, width, cap, layers, depth, send_capacity=0).send_bytes == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(world=st.integers(2, 6), cap=st.integers(5, 40), send=st.integers(1, 50), data=st.data())
+def test_host_window_is_the_largest_that_fits_every_destination(world, cap, send, data):
+    """Against a brute force over every window: each round's blocks fit each destination's shared
+    region and the send regions, and the blocks of the sources tile it without overlap."""
+    lay = SlabLayout(world, 368, cap, 1, send_capacity=send)
+    counts = [[data.draw(st.integers(0, 3 * cap)) for _ in range(world)] for _ in range(world)]
+    need = max(counts[s][d] for s in range(world) for d in range(world) if s != d)  # a wider window moves no more
+    fits = [c for c in range(1, need + 1) if c <= send and all(
+        sum(min(counts[s][d], c) for s in range(world) if s != d) <= cap for d in range(world))]
+    c = lay.host_window(counts)
+    assert c == max(fits, default=1)
+    for d in range(world):
+        shares = [min(counts[s][d], c) for s in range(world)]
+        offs = host_offsets(shares, d)
+        blocks = sorted((offs[s], offs[s] + shares[s]) for s in range(world) if s != d and shares[s])
+        assert all(b[0] >= a[1] for a, b in zip(blocks, blocks[1:])) and all(e <= cap for _, e in blocks)
+    with pytest.raises(ValueError, match="send slab"):
+        SlabLayout(world, 368, cap, 1, send_capacity=0).host_window(counts)
 
 
 def test_nbytes_rejects_overfull_regions():

@@ -124,10 +124,30 @@ def _tokens_that_fit(kv_bytes: int, record: int, dcp: int, mtp: bool) -> int:
     return kv_bytes // per_block * granule
 
 
-def _replica_reserved(kv_bytes: int, dcp: int) -> int:
-    """replica_window auto under DCP > 1: the whole 262,144-token store for 16 requests x 78 layers
-    x 368/432 B is far above a fifth of the budget, so a fifth is reserved; DCP1: none."""
-    return kv_bytes // 5 if dcp > 1 else 0
+def _buffers(record: int, dcp: int, mtp: bool) -> int:
+    """The selected path's buffers per GPU by hand (the table of sparkinfer/core/reservations.py):
+    a 512 MiB ring of 4 slots (depth 3), receive slabs of 2 slots x 4 layers x (16 requests x R x
+    2048) records over all sources, a send slab of 1/16 of that per pair (gathered steps only), the
+    unpack's two int32 index columns, the attention output of 16 heads; none at DCP1."""
+    if dcp == 1:
+        return 0
+    rows = 1 + 3 * mtp
+
+    def align(n):
+        return -(-n // 256) * 256
+    cap = 16 * rows * 2048
+    ring = 4 * (512 * 2**20 // (record * 4)) * record
+    recv = align(3 * dcp * 64) + 2 * align(4 * cap * record)
+    send = 2 * dcp * align(4 * (cap // 16) * record)
+    return ring + recv + send + 8 * cap + 16 * rows * 16 * 513 * 4
+
+
+def _replica_reserved(kv_bytes: int, dcp: int, record: int = 368, mtp: bool = True) -> int:
+    """What patched vLLM reserves under DCP > 1: the buffers, then replica_window auto's store: the
+    whole 262,144-token store for 16 requests x 78 layers x 368/432 B is far above a fifth of what
+    the buffers left, so a fifth of that; DCP1: none."""
+    b = _buffers(record, dcp, mtp)
+    return b + (kv_bytes - b) // 5 if dcp > 1 else 0
 
 
 @pytest.mark.parametrize("name,record,dcp,mtp", [("glm52-tp4-dcp4-mtp3-368", 368, 4, True),
@@ -136,7 +156,7 @@ def _replica_reserved(kv_bytes: int, dcp: int) -> int:
                                                  ("glm52-tp4-dcp1-mtp3-368", 368, 1, True)])
 def test_kv_budget_check_is_the_capacity_core(name, record, dcp, mtp, glm, capsys):
     kv = int(serve.load_profile(name)["kv_gb"] * GIB)
-    want = _tokens_that_fit(kv - _replica_reserved(kv, dcp), record, dcp, mtp)
+    want = _tokens_that_fit(kv - _replica_reserved(kv, dcp, record, mtp), record, dcp, mtp)
     checked = serve.validate(serve.load_profile(name), glm52_config(), environ={})
     assert checked.plan.kv_tokens == want
     # The boundary: max_model_len = one block more than fits fails, exactly what fits passes.
@@ -148,22 +168,25 @@ def test_kv_budget_check_is_the_capacity_core(name, record, dcp, mtp, glm, capsy
     # ... and the budget that just holds 262,144 tokens (bytes from the hand count) passes, less fails
     need = 262144 // dcp * (78 + mtp) * record + 262144 * (21 + mtp) * 132
     if dcp > 1:
-        need = need * 5 // 4  # the replica store takes a fifth
+        need = _buffers(record, dcp, mtp) + need * 5 // 4  # the buffers, then the replica store takes a fifth
     assert dry_run(capsys, "--profile", name, glm(), "--kv-gb", f"{(need + 64) / GIB!r}")[0] == 0
     assert dry_run(capsys, "--profile", name, glm(), "--kv-gb", f"{(need - 64) / GIB!r}")[0] == 2
-    if dcp > 1:  # without replicas the whole budget holds records
+    if dcp > 1:  # without replicas the whole budget but the buffers holds records
         data = serve.load_profile(name)
         serve.apply_set(data, "sparkinfer.replica_window=0")
-        assert serve.validate(data, glm52_config(), environ={}).plan.kv_tokens == _tokens_that_fit(kv, record, dcp, mtp)
+        assert serve.validate(data, glm52_config(), environ={}).plan.kv_tokens == _tokens_that_fit(
+            kv - _buffers(record, dcp, mtp), record, dcp, mtp)
 
 
 def test_replica_store_line(glm, capsys):
     """auto: a fifth of 10 GiB reserved, the runtime's window from the rest (a quarter of it over 16
     requests x 78 layers x 368 B); an explicit window: its own bytes; stock mode or DCP1: none."""
     kv = 10 * GIB
-    window = (kv - kv // 5) // 4 // (16 * 78 * 368)
+    left = kv - _buffers(368, 4, True)  # the selected path's buffers come first
+    window = (left - left // 5) // 4 // (16 * 78 * 368)
     rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm())
-    assert rc == 0 and f"replica store: 2.00 GiB per GPU reserved out of the KV budget, {window:,} positions" in out
+    assert rc == 0 and (f"replica store: {left // 5 / GIB:.2f} GiB per GPU reserved out of the KV budget, "
+                        f"{window:,} positions") in out
     rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm(),
                          "--set", "sparkinfer.replica_window=1024")
     assert rc == 0 and f"{1024 * 16 * 78 * 368 / GIB:.2f} GiB per GPU reserved" in out and "1,024 positions" in out
@@ -322,7 +345,7 @@ def test_plan_reads_the_same_profiles(capsys):
         ap = __import__("argparse").ArgumentParser()
         plan_cli.add_arguments(ap)
         args = ap.parse_args(["--profile", name])
-        got = capacity_plan(plan_cli.profile_from_args(args))
+        got = plan_cli.capacity_of(args)  # the budget less sparkinfer's buffers, as serve checks it
         serve.apply_set(data, "sparkinfer.replica_window=0")  # plan's capacity table is without the store
         want = serve.validate(data, glm52_config(), environ={}).plan
         assert (got.kv_tokens, got.record_format, got.profile.dcp, got.profile.mtp) == \

@@ -38,9 +38,9 @@ def _remote_below(lo: int, rank: int, world: int) -> int:
 
 
 def _ledger_and_memory(worker=None):
-    from sparkinfer.vllm.selected_runtime import replica_memory, transport_ledger
+    from sparkinfer.vllm.selected_runtime import engine_memory, replica_memory, transport_ledger
 
-    return {"ledger": transport_ledger(), "memory": replica_memory()}
+    return {"ledger": transport_ledger(), "memory": replica_memory(), "engine": engine_memory()}
 
 
 def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monkeypatch):
@@ -52,12 +52,21 @@ def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monk
                              sparkinfer_replica_window=256)
     assert tokens == dcp1
     ledgers = [p["ledger"] for p in probes]
-    budget = 2**30  # VLLM_CPU_KVCACHE_SPACE=1 (GiB): the store comes out of it (patch 0008)
+    budget = 2**30  # VLLM_CPU_KVCACHE_SPACE=1 (GiB): sparkinfer's buffers come out of it (patch 0008)
     for p in probes:
-        mem = p["memory"]
+        mem, eng = p["memory"], p["engine"]
         store = 256 * 2 * 4 * 368  # window x max_num_seqs x layers x record bytes
         assert mem["window"] == 256 and mem["store_bytes"] == store
-        assert budget - store - 2**20 < mem["kv_bytes"] <= budget - store  # within a block of what is left
+        # by hand (sparkinfer/core/reservations.py's table): pool_mb 4 in 4 ring slots of 2,849 rows;
+        # 2 requests x 256 union rows per destination, 2 slab slots x 4 layers, host sizing on CPU
+        # (a send region as large as the receive region per destination)
+        region = -(-4 * 512 * 368 // 256) * 256
+        want = {"prefetch_ring": 4 * 2849 * 368, "exchange_recv": 512 + 2 * region, "exchange_send": 2 * 2 * region,
+                "exchange_index": 8 * 512, "replica_store": store}  # the start-up proof's device-sized unpack
+        assert eng["held"] == want  # measured from the runtime's tensors
+        assert {k: v for k, v in eng["reserved"].items() if k != "attention_out"} == want
+        reserved = sum(eng["reserved"].values())
+        assert budget - reserved - 2**20 < eng["kv_bytes"] <= budget - reserved  # within a block of what is left
     for led in ledgers:
         sel = led["selected"]
         assert (sel["steps"], sel["rows"]) == (MAX_TOKENS - 1, MAX_TOKENS - 1)  # auto took every decode step

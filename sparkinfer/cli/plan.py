@@ -15,6 +15,7 @@ bytes and time per transport path) plug in with ``add_section(build, add_args)``
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
@@ -46,7 +47,7 @@ def add_section(build: SectionBuilder,
 
 # What plan sizes when neither a flag nor --profile says otherwise: GLM-5.2's main profile.
 DEFAULTS = dict(tp=4, dcp=4, interleave=1, mtp=3, format="nvfp4_368", indexer="replicated", kv_gb=10.0,
-                block_size=64)
+                block_size=64, max_num_seqs=16)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,8 +71,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help=f"KV cache budget per GPU in GiB (2**30 bytes, default {d['kv_gb']:g})")
     budget.add_argument("--kv-bytes", type=int, default=None, help="KV cache budget per GPU in bytes")
     p.add_argument("--block-size", type=int, default=None, help=f"tokens per cache page (default {d['block_size']})")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help=f"requests per step (vLLM's max_num_seqs), which sizes sparkinfer's buffers (default "
+                        f"{d['max_num_seqs']})")
     p.add_argument("--concurrency", type=int, default=1,
                    help="requests sharing the cache, for the per-request max context")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON: the capacity plan, `reservations` {buffer: bytes per rank} that patched vLLM "
+                        "takes out of the KV budget, and `reserved_bytes`, their sum")
     for _, add_args in _SECTIONS:
         if add_args is not None:
             add_args(p)
@@ -88,6 +95,9 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         given["format"] = given.pop("record_format")
         if data.get("kv_gb") is not None:
             given["kv_gb"] = data["kv_gb"]
+        if data["vllm"].get("max_num_seqs") is not None:
+            given["max_num_seqs"] = data["vllm"]["max_num_seqs"]
+        args.profile_data = data
     for key, default in DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, given.get(key, default))
@@ -102,6 +112,35 @@ def profile_from_args(args: argparse.Namespace) -> CapacityProfile:
     return CapacityProfile(tp=args.tp, dcp=args.dcp, mtp=args.mtp, record_format=args.format,
                            indexer=args.indexer, kv_bytes=kv, interleave=args.interleave,
                            block_size=args.block_size)
+
+
+def reservations(args: argparse.Namespace) -> dict[str, int]:
+    """{buffer: bytes per rank} that patched vLLM reserves out of the KV budget for this plan (the
+    engine's own rules, ``sparkinfer.vllm.reservations``; the profile's sparkinfer settings, the
+    defaults without one); {} where the selected path cannot run (DCP1, stock, a sharded indexer)."""
+    from sparkinfer.cli import serve
+
+    prof = profile_from_args(args)
+    if prof.indexer != "replicated":
+        return {}  # the selected path needs every rank's top-k
+    data = getattr(args, "profile_data", None) or {"vllm": {}, "sparkinfer": {}}
+    vllm = {**data["vllm"], "tensor_parallel_size": prof.tp, "decode_context_parallel_size": prof.dcp,
+            "kv_cache_dtype": layout(prof.record_format).name, "max_num_seqs": args.max_num_seqs}
+    vllm.pop("speculative_config", None)
+    if prof.mtp:
+        vllm["speculative_config"] = {"method": "mtp", "num_speculative_tokens": prof.mtp}
+    geo = prof.geometry
+    hf = {"num_hidden_layers": geo.num_layers, "num_attention_heads": geo.num_heads, "index_topk": geo.topk}
+    return serve.reservations({**data, "vllm": vllm}, hf, prof.kv_bytes)[0]
+
+
+def capacity_of(args: argparse.Namespace, held: dict[str, int] | None = None) -> CapacityPlan:
+    """The capacity plan of the KV budget less sparkinfer's buffers (``held``: ``reservations``;
+    the replica store is not subtracted: the replica table sizes it)."""
+    prof = profile_from_args(args)
+    held = reservations(args) if held is None else held
+    buffers = sum(v for k, v in held.items() if k != "replica_store")
+    return capacity_plan(replace(prof, kv_bytes=prof.kv_bytes - buffers))
 
 
 def _num(x: float) -> str:
@@ -138,9 +177,20 @@ def capacity_section(args: argparse.Namespace, plan: CapacityPlan) -> Section:
     return Section("KV capacity", ("quantity", "value", "how"), rows)
 
 
+def reservation_section(args: argparse.Namespace, held: dict[str, int]) -> Section:
+    rows = [(name, f"{b / 2**20:,.1f}", f"{b:,}") for name, b in held.items()]
+    rows.append(("reserved_bytes", f"{sum(held.values()) / 2**20:,.1f}", f"{sum(held.values()):,}"))
+    rows.append(("KV tokens that fit beside the buffers", "", f"{capacity_of(args, held).kv_tokens:,}"))
+    return Section("sparkinfer buffers reserved out of the KV budget per GPU (patch 0008; the replica store's "
+                   "window comes from what is left)", ("buffer", "MiB", "bytes"), rows)
+
+
 def sections(args: argparse.Namespace) -> list[Section]:
     plan = capacity_plan(profile_from_args(args))
     out = [capacity_section(args, plan)]
+    held = reservations(args)
+    if held:
+        out.append(reservation_section(args, held))
     for build, _ in _SECTIONS:
         s = build(args, plan)
         if s is not None:
@@ -166,11 +216,31 @@ def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1:
         raise SystemExit("sparkinfer plan: --concurrency must be >= 1")
     try:
+        if getattr(args, "json", False):
+            print(json.dumps(as_json(args), indent=2))
+            return 0
         out = sections(args)
     except ValueError as e:
         raise SystemExit(f"sparkinfer plan: {e}") from None
     print_sections(out)
     return 0
+
+
+def as_json(args: argparse.Namespace) -> dict:
+    """What ``--json`` prints: the capacity plan (of the budget less the buffers), the reservations
+    and their sum, and the exchange buffers' share (issue #16 bounds it by 512 MiB per rank)."""
+    from dataclasses import asdict
+
+    from sparkinfer.core.reservations import exchange_bytes
+
+    held = reservations(args)
+    plan = capacity_of(args, held)
+    capacity = {k: v for k, v in asdict(plan).items() if k != "profile"}
+    prof = plan.profile
+    return {"profile": getattr(args, "profile", None), "kv_budget_bytes": profile_from_args(args).kv_bytes,
+            "topology": {"tp": prof.tp, "dcp": prof.dcp, "mtp": prof.mtp, "max_num_seqs": args.max_num_seqs},
+            "capacity": capacity, "reservations": held, "reserved_bytes": sum(held.values()),
+            "exchange_bytes": exchange_bytes(held)}
 
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:

@@ -402,10 +402,11 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
             raise
         except ValueError as e:  # CapacityProfile's own checks name the setting
             raise ProfileError("vllm", str(e)) from None
-        reserved, replica_line = replica_store(data, cfg, prof.kv_bytes)
+        held, replica_line = reservations(data, cfg, prof.kv_bytes)
+        reserved = sum(held.values())
         plan = capacity_plan(replace(prof, kv_bytes=prof.kv_bytes - reserved))
         out.plan = plan
-        less = f" less the {reserved / GIB:.2f} GiB replica store" if reserved else ""
+        less = f" less sparkinfer's {reserved / GIB:.2f} GiB (buffers and replica store)" if reserved else ""
         if max_len and plan.kv_tokens < max_len:
             raise ProfileError("vllm.max_model_len",
                                f"{max_len} tokens do not fit kv_gb {kv_gb:g} GiB per GPU{less}: it holds "
@@ -418,31 +419,46 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
     return out
 
 
-def replica_store(data: dict, cfg: dict, kv_bytes: int) -> tuple[int, str]:
-    """(bytes, description) of the replica store that patched vLLM reserves out of ``kv_bytes`` of
-    KV memory per GPU, by its own rule (``sparkinfer.vllm.replica_budget``, patch 0008)."""
-    from sparkinfer.vllm import replica_budget as rb
-
+def engine_config(data: dict, cfg: dict) -> SimpleNamespace:
+    """A stand-in for the VllmConfig patched vLLM builds from the profile (the fields sparkinfer's
+    memory rules read), for ``cfg`` the model's config.json fields."""
     v = data["vllm"]
-    vcfg = SimpleNamespace(
-        parallel_config=SimpleNamespace(decode_context_parallel_size=v.get("decode_context_parallel_size", 1)),
+    k = speculative_tokens(data)
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(decode_context_parallel_size=v.get("decode_context_parallel_size", 1),
+                                        tensor_parallel_size=v.get("tensor_parallel_size", 1)),
         device_config=SimpleNamespace(device_type="cuda"),
         cache_config=SimpleNamespace(cache_dtype=v.get("kv_cache_dtype", "auto")),
         additional_config={sc.ADDITIONAL_CONFIG_KEY: sc.resolve(cli=data["sparkinfer"], environ={}).as_dict()},
         scheduler_config=SimpleNamespace(max_num_seqs=v.get("max_num_seqs")),
+        speculative_config=SimpleNamespace(num_speculative_tokens=k) if k else None,
         model_config=SimpleNamespace(max_model_len=v.get("max_model_len") or 0, hf_config=SimpleNamespace(**cfg)))
-    if not rb.replicas_apply(vcfg):
-        return 0, "replica store: none (replica_window 0, or no selected path: DCP1, stock mode or a stock format)"
+
+
+def reservations(data: dict, cfg: dict, kv_bytes: int) -> tuple[dict[str, int], str]:
+    """({buffer: bytes per GPU}, the replica store's line) that patched vLLM reserves out of
+    ``kv_bytes`` of KV memory per GPU, by its own rules (``sparkinfer.vllm.reservations``, patch
+    0008): the selected path's buffers, then the replica store (``replica_budget``)."""
+    from sparkinfer.vllm import replica_budget as rb
+    from sparkinfer.vllm import reservations as rs
+
+    vcfg = engine_config(data, cfg)
+    if not rb.selected_path_possible(vcfg):
+        return {}, "replica store: none (replica_window 0, or no selected path: DCP1, stock mode or a stock format)"
     if vcfg.scheduler_config.max_num_seqs is None:
-        raise ProfileError("vllm.max_num_seqs", "the replica store (one ring per request) is sized by it; set it, "
-                                                "or sparkinfer.replica_window = 0")
+        raise ProfileError("vllm.max_num_seqs", "the selected path's buffers and the replica store are sized by it; "
+                                                "set it (or sparkinfer.mode = stock)")
     try:
-        reserved = rb.reserved_bytes(vcfg, kv_bytes)
+        out = rs.reservations(vcfg, kv_bytes)
     except ValueError as e:
-        raise ProfileError("sparkinfer.replica_window", str(e)) from None
-    w = rb.window(vcfg, kv_bytes - reserved)
-    return reserved, (f"replica store: {reserved / GIB:.2f} GiB per GPU reserved out of the KV budget, "
-                      f"{w:,} positions x {vcfg.scheduler_config.max_num_seqs} requests")
+        field = "sparkinfer.replica_window" if "replica_window" in str(e) else "sparkinfer.pool_mb"
+        raise ProfileError(field, str(e)) from None
+    store = out.get("replica_store", 0)
+    if not store:
+        return out, "replica store: none (replica_window 0)"
+    w = rb.window(vcfg, kv_bytes - sum(out.values()))
+    return out, (f"replica store: {store / GIB:.2f} GiB per GPU reserved out of the KV budget, "
+                 f"{w:,} positions x {vcfg.scheduler_config.max_num_seqs} requests")
 
 
 # ----------------------------------------------------------------------------- the subcommand

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from sparkinfer import native
 
-from .fabric import Fabric, FabricError, arrival_barrier, check_same_config
+from .fabric import Fabric, FabricError, PeerAccessError, arrival_barrier, check_same_config
 from .slab import ACK, ARRIVE, FLAG_STRIDE, SlabLayout
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
@@ -149,16 +149,24 @@ class CudaFabric(Fabric):
         dist.barrier(group)
 
     def _preflight_peer_access(self):
+        """Every rank checks P2P to every peer's GPU; the verdicts are all-gathered, so the whole
+        group raises the same PeerAccessError (nobody goes on into IPC setup alone)."""
         devs: list = [None] * self.world
         dist.all_gather_object(devs, self.device.index, group=self.group)
+        problem = None
         for r, d in enumerate(devs):
-            if d != self.device.index:
-                can = _ok(self._rt.cudaDeviceCanAccessPeer(self.device.index, d), "cudaDeviceCanAccessPeer")
-                if not can:
-                    raise RuntimeError(
-                        f"rank {self.rank}: GPU {self.device.index} cannot access GPU {d} (rank {r}) peer-to-peer; "
-                        "the CUDA fabric needs P2P: IOMMU off or passthrough, PCIe ACS redirect cleared, "
-                        "nvidia_uvm uvm_disable_hmm=1. Use the stock DCP path on this node.")
+            if d != self.device.index and not _ok(self._rt.cudaDeviceCanAccessPeer(self.device.index, d),
+                                                  "cudaDeviceCanAccessPeer"):
+                problem = f"GPU {self.device.index} (rank {self.rank}) cannot access GPU {d} (rank {r}) peer-to-peer"
+                break
+        verdicts: list = [None] * self.world
+        dist.all_gather_object(verdicts, problem, group=self.group)
+        problems = [v for v in verdicts if v is not None]
+        if problems:
+            raise PeerAccessError(
+                f"{'; '.join(problems)}: the CUDA fabric needs P2P: IOMMU off or passthrough, PCIe ACS redirect "
+                "cleared, nvidia_uvm uvm_disable_hmm=1 (`sparkinfer preflight` checks them). Use the stock DCP path "
+                "on this node.")
 
     # --- helpers -------------------------------------------------------------------------------
     def _stream(self):
@@ -182,13 +190,31 @@ class CudaFabric(Fabric):
             raise FabricError(f"rank {self.rank}: a device-side wait timed out after {self.timeout_s:g} s; "
                               f"missing peer(s): [{peer}]")
 
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes this rank's slabs hold (the cudaMalloc'd receive segment, the send slab)."""
+        return {"exchange_recv": self._own.numel(), "exchange_send": self._send.numel()}
+
+    def poll(self) -> None:
+        """Raise FabricError if a device-side wait timed out (the pinned word its kernel stores into:
+        read without a sync, so a timeout shows at the latest one step later)."""
+        self._check()
+
+    def check(self) -> None:
+        """Wait for this rank's queued fabric work and raise on any error word it set (a timed-out
+        device wait, a pack kernel's bad index): engine start and the proof, never inside a step."""
+        torch.cuda.synchronize(self.device)
+        self._check()
+        from .pack import check_cuda_errors
+
+        check_cuda_errors(self.device)
+
     # --- protocol calls ------------------------------------------------------------------------
     def send_region(self, seq, dst):
         off = self.layout.send_offset(seq, dst)
         return self._send[off: off + self.layout.region_bytes]
 
-    def recv_region(self, seq, src):
-        off = self.layout.recv_offset(seq, src)
+    def recv_region(self, seq):
+        off = self.layout.recv_offset(seq)
         return self._own[off: off + self.layout.region_bytes]
 
     def _begin_round(self, seq) -> bool:
@@ -222,12 +248,12 @@ class CudaFabric(Fabric):
                                               self._seq_ptr(seq), self.layout.depth, dst, self._timeout_cycles,
                                               self._err.data_ptr(), self._streams[dst]), "release wait")
 
-    def copy(self, seq, dst, nbytes):
+    def copy(self, seq, dst, nbytes, offset=0):
         self._check()
         s = self._streams[dst]
         if nbytes:
             src = self._send.data_ptr() + self.layout.send_offset(seq, dst)
-            dst_ptr = self._peer_ptr[dst] + self.layout.recv_offset(seq, self.rank)
+            dst_ptr = self._peer_ptr[dst] + self.layout.recv_offset(seq) + offset
             _ok(self._rt.cudaMemcpyAsync(dst_ptr, src, nbytes, self._rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, s),
                 "cudaMemcpyAsync")
             self.copied_bytes[dst] += nbytes
@@ -251,7 +277,7 @@ class CudaFabric(Fabric):
                                             self._seq_ptr(seq), self._stream()), "release signal")
 
     def peer_region(self, seq, dst):
-        off = self.layout.recv_offset(seq, self.rank)
+        off = self.layout.recv_offset(seq)
         return self._peer_seg[dst][off: off + self.layout.region_bytes]
 
     def wait_peer_free(self, seq, dst):

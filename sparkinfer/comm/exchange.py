@@ -16,33 +16,41 @@ One exchange = one or more rounds; round ``seq`` on rank r:
 1. pack: for each dst in rotated order (r+1, r+2, ...), wait until the send region of
    (slot, dst) is free, then gather the records ``count[r, dst]`` into it ([J, n, width]);
 2. copy: wait until dst released the receive region this write reuses (exchange seq - depth),
-   then one copy per (r, dst) into dst's receive area, followed by ``arrive[r] = seq`` there;
+   then one copy per (r, dst) into r's part of dst's shared receive region (``slab.py``),
+   followed by ``arrive[r] = seq`` there;
 3. own records: copied straight from the shard into the workspace (no slab);
-4. arrive + unpack: for each src, wait for ``arrive[src] >= seq``, scatter its region into the
-   workspace rows ``slot[src, r]``;
-5. release: ``ack[r] = seq`` in src's segment: src may reuse that region (exchange seq + depth).
+4. arrive + unpack: for each src, wait for ``arrive[src] >= seq``, scatter its part of the region
+   into the workspace rows ``slot[src, r]``;
+5. release: once every source's part was unpacked, ``ack[r] = seq`` in each src's segment: src
+   may reuse the region (exchange seq + depth). The sources share the region, so no source may
+   write it again before the destination consumed all of it.
 
 Sequence numbers are monotonic per (src, dst), so a region is never overwritten before its
 consumer released it, and ``depth`` exchanges can be in flight (``start`` ... ``finish``).
 
 Sizing. With ``sizing="host"`` (the default) the count plane is read on the host once per
-exchange: each copy-engine copy moves exactly the packed bytes, and pairs over the slab capacity
-are moved in rounds (below). That read waits for the planner's kernels, and a CUDA graph cannot
-replay a copy whose size changes, so ``sizing="device"`` never reads a plane on the host: steps 1-2
-become "wait until dst released the region, pack straight into dst's receive region (SM stores
-over P2P on the CUDA fabric), signal ``arrive[r] = seq``", every kernel reads its count from the
-plane in place, and there is exactly one round. That requires planes whose capacity covers every
-possible count (``C >= B * U``, the workspace rows: a pair can never carry more than the whole
-union), checked from shapes alone, so a device-sized exchange can never overflow. After one eager
-call it issues the same fabric calls and kernels with the same buffers on every call (no
+exchange: each copy-engine copy moves exactly the packed bytes, the sources' blocks lie one after
+the other in the destination's region (offsets from the counts, ``slab.host_offsets``), and an
+exchange whose blocks do not fit is moved in rounds (below). That read waits for the planner's
+kernels, and a CUDA graph cannot replay a copy whose size changes, so ``sizing="device"`` never
+reads a plane on the host: steps 1-2 become "wait until dst released the region, gather the
+records straight into dst's region at their workspace rows ``slot[r, dst]`` (SM stores over P2P on
+the CUDA fabric; the region is shaped like dst's workspace, and a union row has exactly one owner,
+so the sources never collide), signal ``arrive[r] = seq``", and unpacking copies those rows from
+the region into the workspace. Every kernel reads its count from the plane in place, and there is
+exactly one round. That requires planes whose capacity covers every possible count (``C >= B *
+U``, the workspace rows: a pair can never carry more than the whole union) and a region of at least
+as many rows, checked from shapes alone, so a device-sized exchange can never overflow. After one
+eager call it issues the same fabric calls and kernels with the same buffers on every call (no
 allocation, no host read: ``tests/test_comm_exchange.py`` checks both), which is what CUDA-graph
 capture and replay need. Its stats carry timings only: the record counts stay on the device.
 
-Capacity: the slab carries ``capacity`` records per pair per round. Larger counts are moved in
-``ceil(max count / capacity)`` rounds (one log line the first time; every rank computes the same
-rounds from the same planes). Planes that already overflowed (``planes.overflow``) cannot be
-exchanged without losing records: :class:`ExchangeOverflow` is raised on every rank and the caller
-runs the stock DCP path for that step.
+Capacity: a destination's region carries ``capacity`` records per layer per round over all its
+sources. A host-sized exchange whose blocks exceed that (or a pair over the send capacity) is moved
+in rounds of ``slab.host_window`` records per pair (one log line the first time; every rank computes
+the same rounds from the same planes). Planes that already overflowed (``planes.overflow``) cannot
+be exchanged without losing records: :class:`ExchangeOverflow` is raised on every rank and the
+caller runs the stock DCP path for that step.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ import torch
 
 from . import pack as P
 from .fabric import Fabric, log
-from .slab import chunk_rounds, rotated_peers
+from .slab import chunk_rounds, host_offsets, rotated_peers
 
 
 class ExchangeOverflow(RuntimeError):
@@ -132,12 +140,14 @@ class SelectedExchange:
         fabric._driver = self
         self.sizing = _check_sizing(sizing)
         self.fabric = fabric
-        self.sizing = sizing
         self.layout = fabric.layout
         self.rank, self.world = fabric.rank, fabric.world
         self.seq = 0
         self.chunked = 0  # exchanges that needed more than one round
         self._in_flight: list[Pending] = []  # started, not finished; oldest first
+        self._region_shards: list = []  # per slot, the device-sized unpack's view of the region
+        self._zeros: torch.Tensor | None = None  # int32 zeros, its request column
+        self._ranges: dict[int, torch.Tensor] = {}  # J -> int32 arange(J)
 
     def exchange(self, planes, shard: P.Shard, layers, workspace: torch.Tensor,
                  sizing: str | None = None) -> ExchangeStats:
@@ -169,16 +179,20 @@ class SelectedExchange:
         if any(c < 0 or c > C for row in counts for c in row):
             raise ValueError(f"planes.count outside [0, {C}] while overflow is False: {counts}")
         off_diag = max((counts[s][d] for s in range(self.world) for d in range(self.world) if s != d), default=0)
-        rounds = chunk_rounds(off_diag, lay.capacity)
+        window = lay.host_window(counts) if self.world > 1 else max(1, off_diag)
+        rounds = chunk_rounds(off_diag, window)
         # Round seq reuses the slot of seq - depth, so the exchanges in flight plus the new rounds
-        # must fit in depth slots: finish the oldest ones first (same decision on every rank).
-        while self._in_flight and len(self._in_flight) + rounds > lay.depth:
+        # must fit in depth slots: finish the oldest ones first (same decision on every rank). A
+        # release acknowledges every older sequence number too, so rounds finished right here must
+        # not overtake an older exchange still in flight: a chunked exchange finishes them all.
+        while self._in_flight and (rounds > 1 or len(self._in_flight) + rounds > lay.depth):
             self.finish(self._in_flight[0])
         stats = ExchangeStats()
         if rounds > 1:
             if self.chunked == 0:
-                log.warning("exchange: %d records for one pair exceed the slab capacity %d: moving them in %d "
-                            "rounds (raise the capacity to avoid this)", off_diag, lay.capacity, rounds)
+                log.warning("exchange: %d records for one pair do not fit the receive regions (%d records per "
+                            "destination, %d per send region): moving them in %d rounds of %d (raise the capacity "
+                            "to avoid this)", off_diag, lay.capacity, lay.send_capacity, rounds, window)
             self.chunked += 1
         t = time.perf_counter()
         own = planes.count[r, r] if rounds == 1 else counts[r][r]
@@ -186,7 +200,7 @@ class SelectedExchange:
         stats.direct_s = time.perf_counter() - t
         stats.records_local = counts[r][r] * J
         for k in range(rounds):
-            lo, hi = k * lay.capacity, min((k + 1) * lay.capacity, C)
+            lo, hi = k * window, min((k + 1) * window, C)
             pending = self._start_round(Pending(planes, shard, layers, workspace, counts, 0, lo, hi), rounds == 1)
             if k + 1 < rounds:
                 stats.add(self._finish_round(pending, False))
@@ -197,11 +211,13 @@ class SelectedExchange:
 
     def _start_device_sized(self, planes, shard: P.Shard, layers, workspace: torch.Tensor, C: int) -> Pending:
         lay, r, f = self.layout, self.rank, self.fabric
-        if C > lay.capacity:
-            raise ValueError(f"planes capacity {C} exceeds the slab capacity {lay.capacity}: a device-sized "
-                             "exchange moves each pair in one round (raise the slab capacity)")
-        if C < workspace.shape[1]:
-            raise ValueError(f"planes capacity {C} < workspace rows {workspace.shape[1]} (B * U): a device-sized "
+        rows = workspace.shape[1]
+        if rows > lay.capacity:
+            raise ValueError(f"workspace rows {rows} (B * U) exceed the slab capacity {lay.capacity}: a device-sized "
+                             "exchange writes every record at its workspace row of the receive region (raise the "
+                             "slab capacity)")
+        if C < rows:
+            raise ValueError(f"planes capacity {C} < workspace rows {rows} (B * U): a device-sized "
                              "exchange needs C >= B * U so that no count can overflow (build the planes with it)")
         while self._in_flight and len(self._in_flight) + 1 > lay.depth:
             self.finish(self._in_flight[0])
@@ -212,18 +228,48 @@ class SelectedExchange:
         p.stats.direct_s = time.perf_counter() - t
         self.seq += 1
         p.seq = seq = self.seq
+        J = layers.shape[0]
         for dst in rotated_peers(r, self.world):
             t = time.perf_counter()
             f.wait_peer_free(seq, dst)
             t1 = time.perf_counter()
-            P.pack(shard, layers, planes.req[r, dst], planes.local[r, dst], planes.count[r, dst], C,
-                   f.peer_region(seq, dst))
+            P.direct(shard, layers, planes.req[r, dst], planes.local[r, dst], planes.slot[r, dst],
+                     planes.count[r, dst], C, self._as_workspace(f.peer_region(seq, dst), J))
             f.signal_arrival(seq, dst)
             p.stats.copy_s += t1 - t
             p.stats.pack_s += time.perf_counter() - t1
         p.stats.rounds = 1
         self._in_flight.append(p)
         return p
+
+    def _as_workspace(self, region: torch.Tensor, J: int) -> torch.Tensor:
+        """A receive region as a device-sized exchange fills it: uint8 [J, capacity, width]."""
+        lay = self.layout
+        return region[: J * lay.capacity * lay.width].view(J, lay.capacity, lay.width)
+
+    def _region_shard(self, seq: int, C: int):
+        """(shard over this rank's receive region of ``seq``'s slot as ``max_layers`` layers of
+        ``capacity`` one-row blocks with the identity block table, int32 zeros [>= C] as its request
+        column): the device-sized unpack is then the ``direct`` move region row ``slot`` ->
+        workspace row ``slot``. Built at the first call, then reused (the hot path allocates
+        nothing once the zeros cover the planes' capacity)."""
+        lay, dev = self.layout, self.fabric.device
+        if not self._region_shards:
+            identity = torch.arange(lay.capacity, dtype=torch.int32, device=dev)[None]
+            self._region_shards = [P.Shard(tuple(self._as_workspace(self.fabric.recv_region(k), lay.max_layers)),
+                                           identity, 1) for k in range(lay.depth)]
+        if self._zeros is None or self._zeros.shape[0] < C:
+            self._zeros = torch.zeros(max(C, lay.capacity), dtype=torch.int32, device=dev)
+        return self._region_shards[lay.slot(seq)], self._zeros
+
+    def index_bytes(self) -> int:
+        """Bytes of the device-sized unpack's index tables (identity block table and zero column)."""
+        return 0 if not self._region_shards else 4 * (self.layout.capacity + self._zeros.shape[0])
+
+    def _layer_range(self, J: int) -> torch.Tensor:
+        if J not in self._ranges:
+            self._ranges[J] = torch.arange(J, dtype=torch.int32, device=self.fabric.device)
+        return self._ranges[J]
 
     def _count(self, p: Pending, src: int, dst: int, whole: bool):
         """Records of (src, dst) in this round: the plane entry itself (device-side, graph-safe) for
@@ -232,13 +278,18 @@ class SelectedExchange:
             return p.planes.count[src, dst]
         return max(0, min(p.counts[src][dst], p.hi) - p.lo)
 
+    def _shares(self, p: Pending, dst: int) -> list[int]:
+        """Records each source moves to ``dst`` in round ``p`` (host sizing)."""
+        return [max(0, min(p.counts[s][dst], p.hi) - p.lo) for s in range(self.world)]
+
     def _start_round(self, p: Pending, whole: bool) -> Pending:
         f, lay, r, J = self.fabric, self.layout, self.rank, p.layers.shape[0]
         self.seq += 1
         p.seq = seq = self.seq
         cap = p.hi - p.lo
         for dst in rotated_peers(r, self.world):
-            n = max(0, min(p.counts[r][dst], p.hi) - p.lo)
+            shares = self._shares(p, dst)
+            n, offset = shares[r], host_offsets(shares, dst)[r] * J * lay.width
             t = time.perf_counter()
             f.wait_send_free(seq, dst)
             if n:
@@ -246,7 +297,7 @@ class SelectedExchange:
                        self._count(p, r, dst, whole), cap, f.send_region(seq, dst))
             t1 = time.perf_counter()
             f.wait_recv_free(seq, dst)
-            f.copy(seq, dst, lay.nbytes(J, n))
+            f.copy(seq, dst, lay.nbytes(J, n), offset)
             p.stats.pack_s += t1 - t
             p.stats.copy_s += time.perf_counter() - t1
             p.stats.records_sent += n * J
@@ -254,21 +305,30 @@ class SelectedExchange:
         return p
 
     def _finish_round(self, p: Pending, whole: bool) -> ExchangeStats:
-        f, r, J = self.fabric, self.rank, p.layers.shape[0]
+        f, r, J, W = self.fabric, self.rank, p.layers.shape[0], self.layout.width
+        peers = list(reversed(rotated_peers(r, self.world)))
+        region = f.recv_region(p.seq)
+        if p.counts is not None:
+            shares = self._shares(p, r)
+            offsets = host_offsets(shares, r)
         # arrivals are awaited in the order peers write to us (src = r-1 starts on us first)
-        for src in reversed(rotated_peers(r, self.world)):
-            # device sizing: the count is unknown here; the unpack kernel reads it (0 is a no-op)
-            n = None if p.counts is None else max(0, min(p.counts[src][r], p.hi) - p.lo)
+        for src in peers:
             t = time.perf_counter()
             f.wait_arrival(p.seq, src)
             t1 = time.perf_counter()
-            if n is None or n:
-                P.unpack(f.recv_region(p.seq, src), J, self._count(p, src, r, whole), p.hi - p.lo,
+            if p.counts is None:  # device sizing: the unpack kernel reads the count (0 is a no-op)
+                shard, zeros = self._region_shard(p.seq, p.hi)
+                P.direct(shard, self._layer_range(J), zeros, p.planes.slot[src, r], p.planes.slot[src, r],
+                         p.planes.count[src, r], p.hi, p.workspace)
+            elif shares[src]:
+                n, off = shares[src], offsets[src] * J * W
+                P.unpack(region[off: off + J * n * W], J, self._count(p, src, r, whole), n,
                          p.planes.slot[src, r, p.lo:p.hi], p.workspace)
-            f.release(p.seq, src)
             p.stats.wait_s += t1 - t
             p.stats.unpack_s += time.perf_counter() - t1
-            p.stats.records_recv += (n or 0) * J
+            p.stats.records_recv += (0 if p.counts is None else shares[src]) * J
+        for src in peers:  # the sources share the region: released once all of it was consumed
+            f.release(p.seq, src)
         return p.stats
 
     def finish(self, pending: Pending) -> ExchangeStats:

@@ -5,7 +5,8 @@ The protocol (``exchange.py``) calls, for exchange number ``seq``::
 
     wait_send_free(seq, dst)   the send region of (slot, dst) is no longer read by an older copy
     wait_recv_free(seq, dst)   dst released the receive region this copy will overwrite
-    copy(seq, dst, nbytes)     one copy send region -> dst's receive region, then arrive[rank] = seq
+    copy(seq, dst, nbytes, offset)  one copy send region -> dst's shared receive region at byte
+                               ``offset`` (this rank's part of it), then arrive[rank] = seq
     wait_arrival(seq, src)     src's region for seq has landed here
     release(seq, src)          this rank consumed src's region: ack for src
     close()
@@ -14,7 +15,7 @@ With device-side sizing (no record count ever reaches the host; see ``exchange.p
 sender writes straight into the destination's receive region instead of its send slab::
 
     wait_peer_free(seq, dst)   as wait_recv_free, ordered before the caller's next writes
-    peer_region(seq, dst)      dst's receive region for (slot of seq, this rank), writable here
+    peer_region(seq, dst)      dst's shared receive region for the slot of seq, writable here
     signal_arrival(seq, dst)   arrive[rank] = seq in dst's segment, after the writes before it
 
     copied_bytes, copies       list[int] per dst: bytes this rank's copies moved there and how many
@@ -44,6 +45,10 @@ class FabricError(RuntimeError):
     """A peer failed or timed out; the fabric is unusable afterwards (close it)."""
 
 
+class PeerAccessError(RuntimeError):
+    """The GPUs of the group cannot reach each other peer-to-peer (raised on every rank alike)."""
+
+
 class Fabric(abc.ABC):
     kind: str
     rank: int
@@ -56,8 +61,8 @@ class Fabric(abc.ABC):
         """uint8 [region_bytes] view of this rank's send slab for (slot of seq, dst)."""
 
     @abc.abstractmethod
-    def recv_region(self, seq: int, src: int) -> torch.Tensor:
-        """uint8 [region_bytes] view of this rank's receive segment for (slot of seq, src)."""
+    def recv_region(self, seq: int) -> torch.Tensor:
+        """uint8 [region_bytes] view of this rank's shared receive region for the slot of seq."""
 
     @abc.abstractmethod
     def wait_send_free(self, seq: int, dst: int) -> None: ...
@@ -66,7 +71,7 @@ class Fabric(abc.ABC):
     def wait_recv_free(self, seq: int, dst: int) -> None: ...
 
     @abc.abstractmethod
-    def copy(self, seq: int, dst: int, nbytes: int) -> None: ...
+    def copy(self, seq: int, dst: int, nbytes: int, offset: int = 0) -> None: ...
 
     @abc.abstractmethod
     def wait_arrival(self, seq: int, src: int) -> None: ...
@@ -76,7 +81,7 @@ class Fabric(abc.ABC):
 
     @abc.abstractmethod
     def peer_region(self, seq: int, dst: int) -> torch.Tensor:
-        """uint8 [region_bytes] view of dst's receive segment for (slot of seq, this rank)."""
+        """uint8 [region_bytes] view of dst's shared receive region for the slot of seq."""
 
     @abc.abstractmethod
     def wait_peer_free(self, seq: int, dst: int) -> None: ...

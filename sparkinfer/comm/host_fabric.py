@@ -89,12 +89,12 @@ class HostFabric(Fabric):
         off = self.layout.send_offset(seq, dst)
         return self._send[off: off + self.layout.region_bytes]
 
-    def _recv_region_of(self, owner: int, seq: int, src: int):
-        off = self.layout.recv_offset(seq, src)
+    def _recv_region_of(self, owner: int, seq: int):
+        off = self.layout.recv_offset(seq)
         return self._segments[owner][off: off + self.layout.region_bytes]
 
-    def recv_region(self, seq, src):
-        return self._recv_region_of(self.rank, seq, src)
+    def recv_region(self, seq):
+        return self._recv_region_of(self.rank, seq)
 
     # --- copy engine stand-in ------------------------------------------------------------------
     def _copy_loop(self):
@@ -102,10 +102,10 @@ class HostFabric(Fabric):
             job = self._jobs.get()
             if job is None:
                 return
-            seq, dst, nbytes = job
+            seq, dst, nbytes, offset = job
             try:
                 if nbytes:
-                    region = self._recv_region_of(dst, seq, self.rank)[:nbytes]
+                    region = self._recv_region_of(dst, seq)[offset: offset + nbytes]
                     region.copy_(self.send_region(seq, dst)[:nbytes])
                     self.copied_bytes[dst] += region.numel()  # counted before arrival: visible once dst saw it
                     self.copies[dst] += 1
@@ -124,6 +124,22 @@ class HostFabric(Fabric):
         if self._error is not None:
             raise FabricError(f"rank {self.rank}: fabric failed earlier: {self._error}") from self._error
 
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes this rank's slabs hold (its receive segment, its send slab), measured."""
+        return {"exchange_recv": self._segments[self.rank].numel(), "exchange_send": self._send.numel()}
+
+    def check(self) -> None:
+        """Raise if this fabric failed (its copy thread, a timed-out wait, a peer's abort)."""
+        self.poll()
+
+    def poll(self) -> None:
+        """``check`` without waiting: this rank's own failure (a copy that failed after its exchange
+        returned) and the peers' abort words (a peer whose copy or wait failed) raise FabricError."""
+        self._check()
+        lay = self.layout
+        if any(flags.load(self._flags[self.rank], lay.flag_index(ABORT, p)) for p in range(self.world)):
+            self._raise_abort(-1)
+
     def _wait_copied(self, dst: int, need: int):
         """Until the copy thread finished the copies to dst up to exchange ``need`` (run in order)."""
         need = min(need, self._queued[dst])  # device-sized exchanges queue no copy
@@ -135,10 +151,10 @@ class HostFabric(Fabric):
         self._check()
         self._wait_copied(dst, seq - self.layout.depth)
 
-    def copy(self, seq, dst, nbytes):
+    def copy(self, seq, dst, nbytes, offset=0):
         self._check()
         self._queued[dst] = seq
-        self._jobs.put((seq, dst, nbytes))
+        self._jobs.put((seq, dst, nbytes, offset))
 
     def _wait(self, kind: int, seq_target: int, peer: int, what: str, seq: int):
         self._check()
@@ -168,7 +184,7 @@ class HostFabric(Fabric):
 
     # --- device-side sizing: this thread writes dst's region (the SM stores of the CUDA fabric) -
     def peer_region(self, seq, dst):
-        return self._recv_region_of(dst, seq, self.rank)
+        return self._recv_region_of(dst, seq)
 
     def wait_peer_free(self, seq, dst):
         self.wait_recv_free(seq, dst)
@@ -194,7 +210,8 @@ class HostFabric(Fabric):
 
     def _raise_abort(self, seq: int):
         if self._error is not None:  # this rank's own copy thread failed
-            raise FabricError(f"rank {self.rank}: exchange {seq} failed: {self._error!r}") from self._error
+            raise FabricError(f"rank {self.rank}: exchange {seq if seq >= 0 else '(earlier)'} failed: "
+                              f"{self._error!r}") from self._error
         lay = self.layout
         reports = []
         for p in range(self.world):
@@ -203,7 +220,8 @@ class HostFabric(Fabric):
                 missing = [q for q in range(self.world) if (v - 1) >> q & 1]
                 reports.append(f"rank {p} failed" if missing == [p] else
                                f"rank {p} gave up waiting for rank(s) {missing}")
-        self._error = FabricError(f"rank {self.rank}: exchange {seq} aborted by a peer: {'; '.join(reports)}")
+        what = f"exchange {seq}" if seq >= 0 else "an earlier exchange"
+        self._error = FabricError(f"rank {self.rank}: {what} aborted by a peer: {'; '.join(reports)}")
         raise self._error
 
     def close(self):

@@ -51,9 +51,9 @@ def replicas_apply(vllm_config) -> bool:
 
 def _geometry(vllm_config) -> tuple[int, int, int]:
     """(slots, layers, record bytes) of the store."""
-    from sparkinfer.formats import get_format
+    from sparkinfer.core.layouts import layout
 
-    fmt = get_format(canonical_cache_dtype(vllm_config.cache_config.cache_dtype))
+    fmt = layout(canonical_cache_dtype(vllm_config.cache_config.cache_dtype))
     return (vllm_config.scheduler_config.max_num_seqs, vllm_config.model_config.hf_config.num_hidden_layers,
             fmt.record_bytes)
 

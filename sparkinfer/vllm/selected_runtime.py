@@ -26,8 +26,9 @@ requests hold their whole context goes selected even under ``auto`` (it moves no
 
 Patched ``MLAAttention.forward`` skips the query all-gather and the LSE combine of a selected
 step: each rank's heads already saw every selected record. The fabric is the host fabric over the
-DCP group's gloo group (the CUDA fabric when the caches are on a GPU: not run yet), built at the
-first selected step (a collective: every rank reaches it in the same step).
+DCP group's gloo group (the CUDA fabric when the caches are on a GPU: not run yet), built at
+engine start with every buffer (``start``, from ``engine_start``; sizes from ``reservations``, the
+same that patch 0008 took out of the KV memory) and proven there with a real exchange.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from vllm.forward_context import get_forward_context
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.accounting import StockDcpShape, stock_dcp_layer
 from sparkinfer.core.replicas import ReplicaWindow
-from sparkinfer.vllm import impls, replica_budget
+from sparkinfer.vllm import impls, replica_budget, reservations
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
 from sparkinfer.vllm.step_path import StepPath
@@ -74,11 +75,10 @@ class SelectedRuntime:
         self.pattern = IndexSharePattern.parse(hf.index_topk_pattern, self.num_layers)
         self.rows = 1 + (spec.num_speculative_tokens if spec is not None else 0)
         self.topk = hf.index_topk
-        # pool_mb holds the ring's depth + 1 slots; a decode step needs R * K rows per request, a
-        # gathered step B * T rows
-        slot_rows = self.config.pool_mb * 2**20 // (self.fmt.record_bytes * (self.config.prefetch_depth + 1))
-        self.gather_rows = slot_rows
-        self.max_batch = min(vllm_config.scheduler_config.max_num_seqs, slot_rows // (self.rows * self.topk))
+        # every buffer's size, as patch 0008 reserved it out of the KV memory (reservations)
+        self.sizing = reservations.sizing(vllm_config)
+        self.gather_rows = self.sizing.slot_rows
+        self.max_batch = self.sizing.max_batch
         par = vllm_config.parallel_config
         itemsize = vllm_config.model_config.dtype.itemsize
         stock = StockDcpShape(rows=0, num_heads=hf.num_attention_heads, tp=par.tensor_parallel_size, dcp=self.dcp,
@@ -89,6 +89,7 @@ class SelectedRuntime:
                              layout=DcpLayout(self.dcp, self.interleave), record_bytes=self.fmt.record_bytes,
                              stock=stock)
         self.decoder = None
+        self.checks = None  # the exchange's device error words, read one step late (comm.errors)
         self._records: dict[int, torch.Tensor] = {}  # kv_cache data_ptr -> uint8 [T, W] of this step
         self._step = None  # forward context of the step in progress
         self._charge: PathLedger | None = None  # the ledger of the step in progress
@@ -124,6 +125,12 @@ class SelectedRuntime:
 
     @classmethod
     def of(cls, vllm_config) -> "SelectedRuntime | None":
+        """This engine's runtime once engine start built it (``create``); None before (profiling runs
+        take the stock path) and where the engine can never take the selected path."""
+        return _runtimes.get(id(vllm_config))
+
+    @classmethod
+    def create(cls, vllm_config) -> "SelectedRuntime | None":
         key = id(vllm_config)
         if key not in _runtimes:
             # every rank must compute the same top-k (replicated indexer) to plan the same exchange
@@ -161,6 +168,8 @@ class SelectedRuntime:
         """The target model step's path (``StepPath``: stock, selected or gather); ``selected``
         remembers whether it is not stock, so that only those steps pay for stashing their records.
         ``keys``: each request's id (the replica rule's key; None: no replicas this step)."""
+        if self.checks is not None:  # the previous steps' device checks, before planning this one
+            self.checks.poll()
         rule = self._replica_rule() if keys is not None else None
         all_local, fetched_below = False, None
         self._step_replicas = None
@@ -209,28 +218,76 @@ class SelectedRuntime:
                 raise RuntimeError(f"selected decode: no sparse-MLA attention layer found for model layer(s) {missing}")
         return self._layers
 
-    def _build_decoder(self, scale: float, device: torch.device):
+    def start(self) -> bool:
+        """Engine start (``engine_start``, after the KV caches exist; a collective of the DCP group):
+        the replica store, the ring and the fabric, then a real exchange that proves the fabric
+        moves records between every pair (``comm.proof``). False, with one log line naming the fix,
+        when the node has no working P2P or the proof failed on some rank: every rank then drops
+        the selected path and the engine serves stock DCP from the first request."""
+        from vllm.distributed.parallel_state import get_dcp_group
+
+        from sparkinfer.comm.errors import StepChecks
+        from sparkinfer.comm.fabric import PeerAccessError
+        from sparkinfer.comm.proof import agreed_proof
+
+        device = self._dsa_layers()[0].kv_cache.device
+        from sparkinfer.vllm.engine_start import fabric_problem
+
+        why = fabric_problem(self.config.fabric, device.type)
+        if why is not None:
+            raise ValueError(why)
+        kind = impls.fabric_kind(self.config.fabric, device)
+        group = get_dcp_group()
+        if self.config.replica_window != 0:
+            self._replica_rule()
+        try:  # a rank missing from the construction raises FabricError on every rank: start fails
+            self.decoder = self._build_decoder(self._dsa_layers()[0].impl.scale, device, kind)
+        except PeerAccessError as e:  # every rank alike, before any IPC setup
+            self.drop()
+            log.warning("sparkinfer: no P2P between the GPUs (%s); serving stock DCP from the first request. Run "
+                        "`sparkinfer preflight` on this node for the fix.", e)
+            return False
+        proven, failed = agreed_proof(self.decoder.ring.exchange, group.cpu_group)  # times out, never hangs
+        if not failed:
+            self.checks = StepChecks(self.decoder.ring.exchange.fabric)
+            log.info("sparkinfer: the %s fabric passed its start-up proof (%s-sized exchanges between all %d ranks)",
+                     kind, " and ".join(proven), group.world_size)
+            return True
+        self.decoder.ring.exchange.fabric.close()
+        self.drop()
+        log.warning("sparkinfer: the %s fabric failed at engine start on rank(s) %s (%s); serving stock DCP from the "
+                    "first request. Run `sparkinfer preflight` on this node for the fix.", kind, sorted(failed),
+                    next(iter(failed.values())))
+        return False
+
+    def drop(self) -> None:
+        """Take the selected path out of this engine: ``of`` / ``current`` return None from now on."""
+        for key, rt in list(_runtimes.items()):
+            if rt is self:
+                _runtimes[key] = None
+        if _current[0] is self:
+            _current[0] = None
+        self.decoder = self.checks = self.replicas = self._replica_store = None
+
+    def _build_decoder(self, scale: float, device: torch.device, kind: str):
         """The executor over the configured fabric (``auto``: ``cuda`` for caches on a GPU, copy
-        engines and IPC slabs; ``host`` otherwise, the shared-memory stand-in); exchange sizing and
-        attention kernel from ``impls`` (device-sized and Triton on a GPU or when forced)."""
+        engines and IPC slabs; ``host`` otherwise, the shared-memory stand-in); slab layout from
+        the same ``sizing`` patch 0008 reserved; exchange sizing and attention kernel from ``impls``
+        (device-sized and Triton on a GPU or when forced)."""
         from vllm.distributed.parallel_state import get_dcp_group
 
         from sparkinfer.comm.exchange import SelectedExchange
-        from sparkinfer.comm.slab import SlabLayout
         from sparkinfer.vllm.selected_decode import SelectedDecode
 
         group = get_dcp_group()
         depth = self.config.prefetch_depth
-        # a decode step's pairs move in one round (C >= B * R * K); a gathered one in as many as it needs
-        layout = SlabLayout(group.world_size, self.fmt.record_bytes,
-                            capacity=max(1, self.max_batch * self.rows * self.topk), max_layers=depth + 1, depth=2)
-        kind = impls.fabric_kind(self.config.fabric, device)
+        layout = self.sizing.slab()
         if kind == "cuda":
             from sparkinfer.comm.cuda_fabric import CudaFabric as fabric_cls
         else:
             from sparkinfer.comm.host_fabric import HostFabric as fabric_cls
         fabric = fabric_cls(layout, group=group.cpu_group, timeout_s=60)
-        sizing, backend = impls.exchange_sizing(device), impls.kernel_backend(device)
+        sizing, backend = self.sizing.sizing, impls.kernel_backend(device)
         log.info("sparkinfer: selected-record decode on the %s fabric (%s-sized, %s attention), DCP %d, R %d, "
                  "top-k %d, depth %d", fabric.kind, sizing, backend, group.world_size, self.rows, self.topk, depth)
         exchange = SelectedExchange(fabric, sizing)
@@ -241,7 +298,8 @@ class SelectedRuntime:
     def attend(self, layer, q_nope: torch.Tensor, q_rope: torch.Tensor, topk_buffer: torch.Tensor, md):
         """(out [T, H, 512], lse [T, H]) of this rank's heads at ``layer`` (an MLAAttention)."""
         if self.decoder is None:
-            self.decoder = self._build_decoder(layer.impl.scale, q_nope.device)
+            raise RuntimeError("selected decode: the fabric is built at engine start (patch 0008 calls "
+                               "sparkinfer.vllm.engine_start.start); this vLLM never called it")
         idx = _layer_index(layer.layer_name)
         n = q_nope.shape[0]
         gathered = md.sparkinfer_gather
@@ -265,6 +323,7 @@ class SelectedRuntime:
             raise RuntimeError(f"selected decode: layer {idx} attends before its cache write stashed the step's records")
         out = self.decoder.attend(idx, q_nope, q_rope, records, topk_buffer[:n] if gathered else None)
         if idx == self.num_layers - 1:  # the step's exchanges are all complete
+            self.checks.end_step()
             self._charge.finish(self.decoder.step_stats().records_recv, self.fmt.record_bytes,
                                 self.decoder.exchanges - self._exchanges[0], self.decoder.skipped - self._exchanges[1])
         return out
@@ -322,3 +381,21 @@ def replica_memory(worker=None) -> dict:
     store = rt._replica_store or []
     return {"kv_bytes": rt._kv_bytes(), "window": rt.replicas.window if rt.replicas else 0,
             "store_bytes": sum(t.numel() for t in store)}
+
+
+def engine_memory(worker=None) -> dict:
+    """This worker's KV cache bytes, the buffers patch 0008 reserved for it (``reserved``: name ->
+    bytes, from ``reservations.sizing``; the replica store as allocated) and what the runtime
+    actually holds (``held``: measured from its tensors), for ``LLM.collective_rpc(engine_memory)``;
+    empty without a runtime."""
+    rt = SelectedRuntime.current()
+    if rt is None or rt.decoder is None:
+        return {}
+    store = sum(t.numel() for t in rt._replica_store or [])
+    exchange = rt.decoder.ring.exchange
+    held = {"prefetch_ring": rt.decoder.ring.buf.numel(), **exchange.fabric.held_bytes(),
+            "exchange_index": exchange.index_bytes()}
+    reserved = rt.sizing.buffers()
+    if store:
+        held["replica_store"] = reserved["replica_store"] = store
+    return {"kv_bytes": rt._kv_bytes(), "reserved": reserved, "held": held}

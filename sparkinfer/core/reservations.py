@@ -1,0 +1,99 @@
+"""Every device buffer the selected path holds on a rank, sized once at engine start (torch-free).
+
+The engine (``sparkinfer.vllm.reservations``, patch 0008) reserves the sum out of vLLM's KV memory
+before vLLM turns it into KV blocks, the worker's runtime allocates exactly these buffers from the
+same ``SelectedSizing`` at engine start, and ``sparkinfer plan --json`` lists them. Per rank:
+
+=====================  ====================================================================
+prefetch_ring          uint8 ``[depth + 1, slot_rows, W]``: the workspaces of the layer being
+                       attended plus ``depth`` prefetched ones; ``slot_rows = pool_mb MiB /
+                       ((depth + 1) W)``; a decode step uses ``B x R x K`` rows of a slot, a
+                       gathered step ``B x T``
+exchange_recv          the receive segment (``comm.slab``): flags + 2 slots x ``depth + 1``
+                       layers x ``capacity`` records, ``capacity = max_batch x R x K``: what one
+                       destination can receive in a decode step over all its sources together
+                       (the union of its rows), never ``B x R x K`` from every peer
+exchange_send          the send slab, only for host sizing: ``send_capacity`` records per
+                       (slot, destination, layer); with device sizing (GPU) decode steps write
+                       straight into the peers' regions and only gathered steps use it, in rounds
+                       of at most ``capacity / SEND_SHARE`` records per pair
+exchange_index         int32 identity table and zero column [capacity] of the device-sized unpack
+attention_out          float32 ``[max_batch x R, H, 512 + 1]``: a step's output and LSE of this
+                       rank's heads
+replica_store          ``window x max_num_seqs x layers x W`` (``sparkinfer.vllm.replica_budget``;
+                       its window depends on what the other buffers left)
+=====================  ====================================================================
+
+``max_batch = min(max_num_seqs, slot_rows // (R x K))``: a decode step holds at most that many
+requests on the selected path (a larger one runs stock).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkinfer.comm.slab import SlabLayout
+
+SLAB_DEPTH = 2  # exchanges in flight in the slabs (a group's exchange and the next one)
+SEND_SHARE = 16  # device sizing: the send slab (gathered steps only) holds capacity / SEND_SHARE per pair
+LATENT_DIM = 512
+
+
+@dataclass(frozen=True)
+class SelectedSizing:
+    dcp: int
+    record_bytes: int
+    max_num_seqs: int
+    rows: int  # R: 1 + speculative tokens
+    topk: int  # K
+    prefetch_depth: int
+    pool_mb: int
+    heads: int  # attention heads of this rank
+    sizing: str  # "device" or "host" (comm.exchange)
+
+    def __post_init__(self):
+        if self.sizing not in ("device", "host"):
+            raise ValueError(f"sizing must be device or host, got {self.sizing!r}")
+        for name in ("dcp", "record_bytes", "max_num_seqs", "rows", "topk", "pool_mb", "heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SelectedSizing.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def slot_rows(self) -> int:
+        """Rows of one ring slot (a gathered step's ``B x T`` must fit them)."""
+        return self.pool_mb * 2**20 // (self.record_bytes * (self.prefetch_depth + 1))
+
+    @property
+    def union_rows(self) -> int:
+        """U = R x K: the workspace rows of one request in a decode step."""
+        return self.rows * self.topk
+
+    @property
+    def max_batch(self) -> int:
+        return min(self.max_num_seqs, self.slot_rows // self.union_rows)
+
+    def slab(self) -> SlabLayout:
+        """The exchange slabs: a decode step's pairs move in one round (``capacity >= B x R x K``)."""
+        cap = max(self.dcp - 1, self.max_batch * self.union_rows)
+        send = cap if self.sizing == "host" else max(1, cap // SEND_SHARE)
+        return SlabLayout(self.dcp, self.record_bytes, capacity=cap, max_layers=self.prefetch_depth + 1,
+                          depth=SLAB_DEPTH, send_capacity=send)
+
+    def buffers(self) -> dict[str, int]:
+        """Bytes per rank of every buffer but the replica store, by name."""
+        slab = self.slab()
+        return {
+            "prefetch_ring": (self.prefetch_depth + 1) * self.slot_rows * self.record_bytes,
+            "exchange_recv": slab.segment_bytes,
+            "exchange_send": slab.send_bytes,
+            "exchange_index": 2 * 4 * slab.capacity,
+            "attention_out": max(1, self.max_batch) * self.rows * self.heads * (LATENT_DIM + 1) * 4,
+        }
+
+
+EXCHANGE_BUFFERS = ("exchange_recv", "exchange_send", "exchange_index")
+
+
+def exchange_bytes(reservations: dict[str, int]) -> int:
+    """The exchange buffers among ``reservations`` (issue #16's bound: <= 512 MiB per rank)."""
+    return sum(reservations.get(k, 0) for k in EXCHANGE_BUFFERS)

@@ -1,0 +1,141 @@
+"""Every device buffer of the selected path, sized at engine start and reserved out of vLLM's KV
+memory (sparkinfer/core/reservations.py, sparkinfer/vllm/reservations.py, patch 0008), and the
+start-up graph-mode policy (sparkinfer/vllm/engine_start.py). The numbers are counted by hand
+here from the buffer table; the engine test that the KV cache is the budget less their sum is
+tests/test_vllm_replicas.py."""
+
+import io
+import json
+import types
+from contextlib import redirect_stdout
+
+import pytest
+
+from sparkinfer.cli import main as cli_main
+from sparkinfer.config import SparkinferConfig
+from sparkinfer.core.reservations import SelectedSizing, exchange_bytes
+from sparkinfer.vllm import replica_budget, reservations
+
+MIB = 2**20
+
+
+def _align(n):
+    return -(-n // 256) * 256
+
+
+def _plan_json(*argv):
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert cli_main(["plan", *argv, "--json"]) == 0
+    return json.loads(buf.getvalue())
+
+
+def test_main_profile_buffers_by_hand_and_the_exchange_bound():
+    """glm52-tp4-dcp4-mtp3-368: 16 requests x R 4 x K 2048 = 131,072 union rows per destination; a
+    shared receive region per slot (2 slots x 4 layers), a send slab of 1/16 per pair (gathered
+    steps only: device sizing on the GPU), the 512 MiB ring: the exchange buffers stay <= 512 MiB."""
+    d = _plan_json("--profile", "glm52-tp4-dcp4-mtp3-368")
+    res = d["reservations"]
+    cap = 16 * 4 * 2048
+    assert res["exchange_recv"] == _align(3 * 4 * 64) + 2 * _align(4 * cap * 368)
+    assert res["exchange_send"] == 2 * 4 * _align(4 * (cap // 16) * 368)
+    assert res["exchange_index"] == 8 * cap
+    assert res["prefetch_ring"] == 4 * (512 * MIB // (4 * 368)) * 368
+    assert res["attention_out"] == 16 * 4 * 16 * 513 * 4  # 64 heads / TP4
+    assert d["reserved_bytes"] == sum(res.values())
+    assert d["exchange_bytes"] == res["exchange_recv"] + res["exchange_send"] + res["exchange_index"]
+    assert d["exchange_bytes"] <= 512 * MIB
+    # before: B x R x K from every peer including itself, receive and send: 2 x 1.54 GB
+    old = 2 * 2 * 4 * _align(4 * cap * 368)
+    assert old > 3 * 10**9 and d["exchange_bytes"] < old / 6
+    # the replica store (auto) takes a fifth of what the buffers left
+    left = d["kv_budget_bytes"] - sum(v for k, v in res.items() if k != "replica_store")
+    assert res["replica_store"] == left // 5
+
+
+def test_nothing_is_reserved_without_a_selected_path():
+    for argv in (["--dcp", "1"], ["--indexer", "sharded"]):
+        d = _plan_json("--profile", "glm52-tp4-dcp4-mtp3-368", *argv)
+        assert d["reservations"] == {} and d["reserved_bytes"] == 0
+
+
+def _config(mode="auto", dcp=4, dtype="nvfp4_368", seqs=16, window="auto", device="cuda", pool_mb=512, depth=3):
+    ns = types.SimpleNamespace
+    cfg = SparkinferConfig(mode=mode, replica_window=window, pool_mb=pool_mb, prefetch_depth=depth)
+    return ns(parallel_config=ns(decode_context_parallel_size=dcp, tensor_parallel_size=4),
+              cache_config=ns(cache_dtype=dtype), additional_config={"sparkinfer": cfg.as_dict()},
+              device_config=ns(device_type=device), scheduler_config=ns(max_num_seqs=seqs),
+              speculative_config=ns(num_speculative_tokens=3),
+              model_config=ns(max_model_len=1 << 20, hf_config=ns(num_hidden_layers=78, num_attention_heads=64,
+                                                                     index_topk=2048)))
+
+
+@pytest.mark.parametrize("kwargs", [dict(dcp=1), dict(mode="stock"), dict(dtype="auto")])
+def test_engine_reserves_nothing_where_the_selected_path_cannot_run(kwargs):
+    assert reservations.reserved_bytes(_config(**kwargs), 10 << 30) == 0
+
+
+def test_engine_reservations_are_the_buffers_then_the_store_of_the_rest():
+    cfg = _config()
+    mem = 10 << 30
+    res = reservations.reservations(cfg, mem)
+    buffers = reservations.sizing(cfg).buffers()
+    assert {k: v for k, v in res.items() if k != "replica_store"} == buffers
+    assert res["replica_store"] == replica_budget.reserved_bytes(cfg, mem - sum(buffers.values()))
+    assert reservations.reserved_bytes(cfg, mem) == sum(res.values())
+    # host sizing (the CPU host fabric): decode steps use the send slab, as large as the receive region
+    host = reservations.sizing(_config(device="cpu")).slab()
+    assert host.send_capacity == host.capacity and reservations.sizing(cfg).slab().send_capacity == host.capacity // 16
+    # replicas off: the buffers alone
+    assert reservations.reservations(_config(window=0), mem) == buffers
+
+
+def test_buffers_that_do_not_fit_name_what_to_lower():
+    with pytest.raises(ValueError, match="pool_mb"):
+        reservations.reserved_bytes(_config(), 600 * MIB)
+
+
+def test_a_step_larger_than_the_ring_caps_the_batch():
+    """max_batch = ring slot rows // (R x K): a 16 MiB pool holds 2 requests of 4 x 2048 rows per
+    slot at depth 0 (a larger decode step runs stock), and the slab capacity follows it."""
+    s = SelectedSizing(dcp=4, record_bytes=368, max_num_seqs=16, rows=4, topk=2048, prefetch_depth=0, pool_mb=16,
+                       heads=16, sizing="device")
+    assert s.slot_rows == 16 * MIB // 368 and s.max_batch == 5 and s.slab().capacity == 5 * 8192
+    assert exchange_bytes(s.buffers()) == s.slab().segment_bytes + s.slab().send_bytes + 8 * 5 * 8192
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode, splitting, breakable, refused", [
+    ("NONE", None, False, None),
+    ("PIECEWISE", None, False, None),  # vLLM's default splitting ops take the sparkinfer ops out
+    ("PIECEWISE", [], False, None),  # nothing split: vLLM itself then captures nothing (NONE)
+    ("PIECEWISE", ["vllm::unified_mla_attention_with_output"], False, "sparse_attn_indexer"),
+    ("PIECEWISE", ["vllm::unified_mla_attention_with_output", "vllm::sparse_attn_indexer"], False,
+     "unified_mla_kv_cache_update"),
+    ("FULL", None, False, "FULL"),
+    ("FULL_DECODE_ONLY", None, False, "FULL_DECODE_ONLY"),
+    ("PIECEWISE", None, True, "breakable"),
+])
+def test_graph_modes_that_capture_a_sparkinfer_op_are_refused(mode, splitting, breakable, refused):
+    pytest.importorskip("vllm")
+    from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
+
+    from sparkinfer.vllm.engine_start import graph_problem
+
+    cfg = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=CUDAGraphMode[mode],
+                            splitting_ops=splitting)
+    cfg.set_splitting_ops_for_v1("naive")
+    why = graph_problem(cfg, breakable)
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and refused in why
+
+
+def test_a_fabric_that_cannot_reach_the_caches_is_refused():
+    from sparkinfer.vllm.engine_start import fabric_problem
+
+    assert "host fabric moves CPU tensors" in fabric_problem("host", "cuda")
+    assert "CUDA fabric needs GPUs" in fabric_problem("cuda", "cpu")
+    assert [fabric_problem(s, d) for s, d in (("auto", "cuda"), ("auto", "cpu"), ("cuda", "cuda"), ("host", "cpu"))] \
+        == [None] * 4
