@@ -23,7 +23,8 @@ Roofline (``roofline()``): for each kernel at the shapes the engine runs at the 
 a Full layer and its three Shared layers per exchange, 368-byte records), from first principles:
 bytes moved, FLOPs, and the time those take at each GPU's memory bandwidth and at its tensor-core
 and CUDA-core peaks; the floor is the largest of the bytes time and the compute time at the
-precision the kernel uses. ``expect`` says what a GPU run must show. benchmarks/device/kernel_timing.py
+precision the kernel uses (bf16 MMA for sparse MLA, tf32 MMA for the indexer: both on tensor cores)
+and a launch. ``expect`` says what a GPU run must show. benchmarks/device/kernel_timing.py
 times the same shapes on a GPU and divides by these floors.
 
 Without nvcc/ptxas (or without Triton's NVIDIA backend) the compile rows say why they are missing.
@@ -52,12 +53,13 @@ TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.indexer.trit
 # Peaks in bytes/s and FLOP/s (an FMA is 2 FLOPs), dense (no sparsity).
 # RTX PRO 6000 Blackwell: 1.79 TB/s GDDR7 and 188 SMs (/work/shared/spec/glm52-and-hardware.md),
 # fp32 125 TFLOP/s (datasheet); tensor cores DERIVED from the datasheet's 4,000 FP4 AI TOPS, which
-# count 2:4 sparsity: 2,000 dense FP4 -> 1,000 FP8 -> 500 BF16 (to be confirmed by a GPU run).
-# H200: 4.8 TB/s HBM3e, 989 BF16 / 1,979 FP8 / 67 fp32 TFLOP/s (datasheet); measured on the lent
-# H200s (/work/.library/device/KINDS.md): ~4.3 TB/s D2D copy, 788 TFLOP/s bf16 GEMM 8192^3.
+# count 2:4 sparsity: 2,000 dense FP4 -> 1,000 FP8 -> 500 BF16 -> 250 TF32 (to be confirmed by a GPU run).
+# H200: 4.8 TB/s HBM3e, 989 BF16 / 1,979 FP8 / 494 TF32 / 67 fp32 TFLOP/s (datasheet, dense); measured
+# on the lent H200s (/work/.library/device/KINDS.md): ~4.3 TB/s D2D copy, 788 TFLOP/s bf16 GEMM 8192^3.
 HW = {
-    "rtx_pro_6000": {"bw": 1.79e12, "bf16": 500e12, "fp8": 1000e12, "fp32": 125e12, "sms": 188, "p2p": 55e9},
-    "h200": {"bw": 4.8e12, "bf16": 989e12, "fp8": 1979e12, "fp32": 67e12, "sms": 132, "p2p": None},
+    "rtx_pro_6000": {"bw": 1.79e12, "bf16": 500e12, "fp8": 1000e12, "tf32": 250e12, "fp32": 125e12, "sms": 188,
+                     "p2p": 55e9},
+    "h200": {"bw": 4.8e12, "bf16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12, "sms": 132, "p2p": None},
 }
 LAUNCH_US = 3.0  # a kernel launch + an almost empty grid, order of magnitude: the floor of tiny kernels
 
@@ -69,23 +71,25 @@ INDEX_HEADS, INDEX_DIM, INDEX_RECORD = 32, 128, 132
 RECORD = {"nvfp4_368": 368, "nvfp4_432": 432, "fp8_ds_mla": 656}
 
 
-def _times(nbytes: float, flops: float, compute: str, p2p_bytes: float = 0.0) -> dict:
-    """Times in us on each GPU: bytes at bandwidth, flops at the tensor-core (bf16/fp8) and fp32
+def _times(nbytes: float, flops: float, compute: str, p2p_bytes: float = 0.0, mma_flops: float | None = None) -> dict:
+    """Times in us on each GPU: bytes at bandwidth, flops at the tensor-core (bf16/fp8/tf32) and fp32
     peaks, ``p2p_bytes`` over the PCIe peer link (the node only), and the floor: the largest of
-    those at the precision ``compute`` the kernel runs in ("bf16", "fp8", "fp32", or "none" for
-    pure moves) and a launch."""
+    those at the precision ``compute`` the kernel runs in ("bf16", "fp8", "tf32", "fp32", or "none"
+    for pure moves) and a launch. ``mma_flops``: the tensor-core FLOPs the kernel issues when they
+    exceed ``flops`` (a hi + lo split runs two dots for one product)."""
     out = {}
+    issued = flops if mma_flops is None else mma_flops
     for gpu, h in HW.items():
         t = {"mem_us": nbytes / h["bw"] * 1e6}
         if flops:
-            t["tc_bf16_us"] = flops / h["bf16"] * 1e6
-            t["tc_fp8_us"] = flops / h["fp8"] * 1e6
+            for prec in ("bf16", "fp8", "tf32"):
+                t[f"tc_{prec}_us"] = issued / h[prec] * 1e6
             t["fp32_us"] = flops / h["fp32"] * 1e6
         if p2p_bytes and h["p2p"]:
             t["p2p_us"] = p2p_bytes / h["p2p"] * 1e6
         bound = {"memory": t["mem_us"], "launch": LAUNCH_US, "p2p": t.get("p2p_us", 0.0)}
         if flops and compute != "none":
-            bound[f"compute ({compute})"] = flops / h[compute] * 1e6
+            bound[f"compute ({compute})"] = t["fp32_us"] if compute == "fp32" else t[f"tc_{compute}_us"]
         t["bound"] = max(bound, key=bound.get)
         t["floor_us"] = bound[t["bound"]]
         out[gpu] = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in t.items()}
@@ -93,40 +97,105 @@ def _times(nbytes: float, flops: float, compute: str, p2p_bytes: float = 0.0) ->
 
 
 def _row(kernel: str, shape: str, params: dict, nbytes: float, flops: float, compute: str, expect: str,
-         p2p_bytes: float = 0.0, target: str | None = None, covers: list | None = None) -> dict:
+         p2p_bytes: float = 0.0, target: str | None = None, covers: list | None = None,
+         mma_flops: float | None = None) -> dict:
     """One roofline row; ``covers``: the compiled kernels (report names) it is the figure of."""
     row = {"kernel": kernel, "covers": covers or [kernel], "shape": shape, "params": params, "bytes": int(nbytes),
-           "flops": int(flops), "compute": compute, "times": _times(nbytes, flops, compute, p2p_bytes),
+           "flops": int(flops), "compute": compute, "times": _times(nbytes, flops, compute, p2p_bytes, mma_flops),
            "expect": expect}
-    if target:  # the precision the kernel should run in once on tensor cores (floor then)
+    if mma_flops is not None:
+        row["mma_flops"] = int(mma_flops)
+    if target:  # a cheaper tensor-core precision the kernel could run in (its floor then)
         row["target_floor"] = _times(nbytes, flops, target)
         row["target"] = target
     return row
 
 
-def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None) -> dict:
-    """Sparse-MLA decode: each row gathers its k records (``gathered`` records in all when the rows
-    of a request read their union once), QK over 576 dims, PV over 512 (absorbed)."""
+def _splits(m: int, h: int, listed: int) -> int:
+    """The wrapper's split-K count at this shape on the RTX PRO 6000 (the same on the H200 at every
+    shape below)."""
+    from sparkinfer.attention.triton_decode import num_splits_for
+
+    return num_splits_for(m, h, listed, HW["rtx_pro_6000"]["sms"])
+
+
+def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None, listed: int = K) -> dict:
+    """Sparse-MLA decode, the attention kernel itself: each row reads its k compacted indices (of the
+    ``listed`` it was given; k < listed when other ranks' entries are -1) and gathers those records
+    (``gathered`` records in all when the rows of a request read their union once), QK over 576
+    dims, PV over 512 (absorbed), bf16 MMA with an fp32 accumulator. The engine's default
+    "bf16x2" keeps bf16 queries whole (one QK dot) and splits the fp32 probabilities into hi + lo
+    (two PV dots). With S > 1 splits it writes S fp32 partials (out + LSE) for the merge kernel,
+    else the output."""
     gathered = m * k if gathered is None else gathered
-    nbytes = gathered * RECORD[fmt] + m * k * 4 + m * h * (LATENT + ROPE) * 2 + m * h * (LATENT + 1) * 4
+    s = _splits(m, h, listed)
+    nbytes = gathered * RECORD[fmt] + m * k * 4 + m * 4 + m * h * (LATENT + ROPE) * 2 + s * m * h * (LATENT + 1) * 4
     flops = 2 * m * h * k * (LATENT + ROPE + LATENT)
-    expect = ("on tensor cores (bf16 tiles, fp32 accumulator): within 2x of the target floor on H200 "
-              "and faster than the upstream sm_12x split-K Triton kernel's 28.7 us per call; the fp32 "
-              "CUDA-core kernel cannot beat its fp32 time")
-    return _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "record": RECORD[fmt], "gathered": gathered},
-                nbytes, flops, "fp32", expect, target="bf16")
+    mma = 2 * m * h * k * (LATENT + ROPE + 2 * LATENT)
+    expect = ("bf16 tensor cores (mma.sync), memory-bound on both GPUs: within 2x of the floor on the H200 "
+              "and faster than the upstream sm_12x split-K Triton kernel's 28.7 us per call")
+    return _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "listed": listed, "splits": s,
+                                                     "record": RECORD[fmt], "gathered": gathered},
+                nbytes, flops, "bf16", expect, mma_flops=mma)
 
 
-def _indexer(m: int, t: int, shape: str, materialized: bool = True) -> dict:
-    """Indexer scores: per row and token, 32 head dots of 128 (fp8 keys), relu, weight, sum."""
-    keys = t * (INDEX_RECORD + 8)  # key record + its int64 slot
-    scores = m * t * 4 if materialized else m * K * 8
+def _compact(m: int, listed: int, k: int, shape: str) -> dict:
+    """Index compaction ahead of the decode: one CTA per row reads its int32 list and writes the k
+    valid indices to the front of a workspace row and their count."""
+    return _row("sparse_mla_compact", shape, {"M": m, "listed": listed, "valid": k},
+                m * listed * 4 + m * k * 4 + m * 4, 0, "none",
+                "launch-bound (64 CTAs of 1,024 entries): within ~2 us of an empty launch",
+                covers=["sparse_mla_compact[i32]", "sparse_mla_compact[i64]"])
+
+
+def _merge(m: int, h: int, listed: int, shape: str) -> dict:
+    """Split-K merge: per (row, head) read the S partial outputs and LSEs, write the exact merge."""
+    s = _splits(m, h, listed)
+    nbytes = (s + 1) * m * h * (LATENT + 1) * 4
+    flops = 2 * s * m * h * LATENT + 4 * s * m * h
+    return _row("sparse_mla_merge_splits", shape, {"M": m, "H": h, "splits": s}, nbytes, flops, "fp32",
+                "memory- or launch-bound (fp32 CUDA cores, a few FLOPs per byte): near the floor; "
+                "together with compact and decode under 28.7 us per call", covers=["sparse_mla_merge_splits"])
+
+
+def _qw_bytes(m: int) -> int:
+    """fp32 index queries and head weights of M rows."""
+    return m * INDEX_HEADS * (INDEX_DIM + 1) * 4
+
+
+def _indexer(m: int, t: int, shape: str) -> dict:
+    """Indexer scores (``indexer_scores``, the [M, T] fp32 matrix): per row and token, 32 head dots
+    of 128 (fp8 keys dequantized, exact in tf32) on tf32 tensor cores, one MMA pass for the engine's
+    bf16 queries (fp32 queries take three), relu, weight, sum over heads on CUDA cores."""
+    nbytes = t * (INDEX_RECORD + 8) + m * t * 4 + _qw_bytes(m)  # key record + its int64 slot; fp32 scores
     flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
-    expect = ("today fp32 CUDA cores (elementwise product + sum): near the fp32 time; on fp8 tensor cores "
-              "the decode shapes become memory-bound: within 2x of the fp8 target floor")
+    expect = ("tf32 tensor cores (mma.sync): within 2x of the tf32 floor; on fp8 MMA (the keys are E4M3 "
+              "codes) the floor would drop to the target's")
     return _row("indexer_scores", shape, {"M": m, "T": t, "heads": INDEX_HEADS, "dim": INDEX_DIM},
-                keys + scores + m * INDEX_HEADS * (INDEX_DIM + 1) * 4, flops, "fp32", expect, target="fp8",
-                covers=["indexer_scores[paged]", "indexer_scores[dense]"])
+                nbytes, flops, "tf32", expect, target="fp8",
+                covers=["indexer_scores[q_fp32]", "indexer_scores[q_bf16]"])
+
+
+def _indexer_tiled(m: int, t: int, shape: str) -> dict:
+    """``indexer_topk_rows`` (docs/design/indexer.md): P passes of ``tile`` positions; each pass's
+    key kernel reads the tile's keys, q and w and writes int64 keys [M, tile] into the work buffer
+    [M, k + tile]; torch.topk then reads the buffer and writes its [M, k] values and indices, and
+    the top-k is copied back to the buffer's head. The selection keys move 8 B per score twice
+    (written, read back), so the bytes exceed the materialized path's; the memory does not."""
+    from sparkinfer.indexer.tiled import TILE_BYTES, pick_tile
+
+    tile = pick_tile(m, t, 8, TILE_BYTES)
+    passes = -(-t // tile)
+    per_pass = tile * (INDEX_RECORD + 8) + _qw_bytes(m) + m * tile * 8 + m * (K + tile) * 8 + m * K * 16 + m * K * 16
+    flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
+    expect = ("compute-bound on tf32 tensor cores (selection keys moved twice per score stay under the "
+              "compute time): within 2x of the floor, with the peak extra memory M x (k + tile) x 8 B "
+              "whatever the context")
+    return _row("indexer_topk_rows", shape, {"M": m, "T": t, "K": K, "tile": tile, "passes": passes,
+                                            "heads": INDEX_HEADS, "dim": INDEX_DIM, "work_bytes": m * (K + tile) * 8},
+                passes * per_pass, flops, "tf32", expect, target="fp8",
+                covers=["indexer_keys[q_fp32]", "indexer_keys[q_bf16]", "indexer_keys_ids[q_fp32]",
+                        "indexer_keys_ids[q_bf16]"])
 
 
 def _move(kernel: str, n: int, shape: str, peer: bool = False) -> dict:
@@ -147,13 +216,18 @@ def roofline() -> list[dict]:
     for fmt in RECORD:
         rows.append(_mla(fmt, B * R, HEADS_PER_RANK, K, "selected: 16 req x 4 rows, 16 heads/rank, top-2048"))
     rows.append(_mla("nvfp4_368", B * R, HEADS_PER_RANK, K, "selected, each request's 4 rows over their union "
-                     "read once (B*U records)", gathered=B * U))
-    rows.append(_mla("nvfp4_368", B * R, HEADS, K // D, "stock DCP4: 16 req x 4 rows, 64 heads, 512 local (compacted)"))
+                     "read once (B*U records; the kernel reads per row today)", gathered=B * U))
+    rows.append(_mla("nvfp4_368", B * R, HEADS, K // D, "stock DCP4: 16 req x 4 rows, 64 heads, 2048 listed, "
+                     "512 valid (compacted)"))
     rows.append(_mla("nvfp4_368", R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
+    rows.append(_compact(B * R, K, K, "selected: 16 req x 4 rows x 2048 listed, all valid"))
+    rows.append(_compact(B * R, K, K // D, "stock DCP4: 2048 listed, 512 valid"))
+    rows.append(_merge(B * R, HEADS_PER_RANK, K, "selected: 16 req x 4 rows, 16 heads/rank, top-2048"))
+    rows.append(_merge(R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
     rows.append(_indexer(R, 131072, "decode: one request, 4 rows, 128K context"))
     rows.append(_indexer(R, B * 65536, "decode step: 16 req x 4 rows at 64K each (one batched launch)"))
     rows.append(_indexer(2048, 131072, "prefill chunk 2048 at 128K, scores materialized [M, T]"))
-    rows.append(_indexer(2048, 131072, "prefill chunk 2048 at 128K, tiled with running top-k", materialized=False))
+    rows.append(_indexer_tiled(2048, 131072, "prefill chunk 2048 at 128K, tiled with running top-k-2048"))
     per_pair = B * U // D
     rows.append(_move("pack", per_pair, f"one destination: {per_pair} records (B*U/D), F+3S, into the peer", peer=True))
     rows.append(_move("pack", 10, "10 records, capacity B*U"))
@@ -373,17 +447,17 @@ def _print(doc: dict) -> None:
     con.print(t)
     for name, err in doc["errors"].items():
         con.print(f"[yellow]{name} kernels not compiled: {err}[/yellow]")
-    t = Table(title="Roofline at GLM-5.2 shapes (us): bytes at bandwidth, FLOPs at the peaks; floor = max "
-                    "with the kernel's precision (target: on tensor cores)")
-    for c in ("kernel", "shape", "MB", "GFLOP", "PRO6000 mem", "PRO6000 TC", "PRO6000 floor", "H200 mem",
-              "H200 TC", "H200 floor", "target floor H200"):
+    t = Table(title="Roofline at GLM-5.2 shapes (us): bytes at bandwidth, FLOPs at the peak of the kernel's "
+                    "precision (compute); floor = the max with a launch; target: at a cheaper precision")
+    for c in ("kernel", "shape", "MB", "GFLOP", "compute", "PRO6000 mem", "PRO6000 compute", "PRO6000 floor",
+              "H200 mem", "H200 compute", "H200 floor", "target floor H200"):
         t.add_column(c, justify="left" if c in ("kernel", "shape") else "right")
     for r in doc["roofline"]:
         a, h = r["times"]["rtx_pro_6000"], r["times"]["h200"]
-        tc = f"tc_{r.get('target', 'bf16')}_us"
+        tc = "fp32_us" if r["compute"] == "fp32" else f"tc_{r['compute']}_us"
         tgt = r.get("target_floor", {}).get("h200", {}).get("floor_us")
         t.add_row(escape(r["kernel"]), r["shape"], f"{r['bytes'] / 1e6:.2f}", f"{r['flops'] / 1e9:.2f}",
-                  f"{a['mem_us']:.2f}", f"{a[tc]:.2f}" if tc in a else "-", f"{a['floor_us']:.2f} {a['bound']}",
+                  r["compute"], f"{a['mem_us']:.2f}", f"{a[tc]:.2f}" if tc in a else "-", f"{a['floor_us']:.2f} {a['bound']}",
                   f"{h['mem_us']:.2f}", f"{h[tc]:.2f}" if tc in h else "-", f"{h['floor_us']:.2f} {h['bound']}",
                   "-" if tgt is None else f"{tgt:.2f}")
     con.print(t)

@@ -90,16 +90,43 @@ def test_every_compiled_kernel_has_a_roofline_figure(report):
 def test_roofline_arithmetic():
     rows = kr.roofline()
     mla = next(r for r in rows if r["kernel"] == "sparse_mla_decode[nvfp4_368]" and r["params"]["H"] == 16
-               and r["params"]["M"] == 64)
+               and r["params"]["M"] == 64 and r["params"]["gathered"] == 64 * 2048)
     # 64 rows x 16 heads x 2048 records x (QK over 576 + PV over 512) x 2 FLOPs per FMA
     assert mla["flops"] == 4_563_402_752
-    # records 64*2048*368 + indices 64*2048*4 + q 64*16*576*2 (bf16) + out/lse 64*16*513*4 (fp32)
-    assert mla["bytes"] == 48_234_496 + 524_288 + 1_179_648 + 2_101_248
+    # issued on tensor cores: the probabilities' hi + lo bf16 halves run PV twice: 576 + 2 x 512
+    assert mla["mma_flops"] == 2 * 64 * 16 * 2048 * 1600 == 6_710_886_400
+    # splits: ceil(188 SMs / (64 rows x 1 head block)) = 3, under 2048 // 256 = 8 and the merge's 64
+    assert mla["params"]["splits"] == 3
+    # records 64*2048*368 + compacted indices 64*2048*4 + counts 64*4 + q 64*16*576*2 (bf16)
+    # + 3 fp32 partials (out + LSE) 3*64*16*513*4
+    assert mla["bytes"] == 48_234_496 + 524_288 + 256 + 1_179_648 + 6_303_744
     h200, pro = mla["times"]["h200"], mla["times"]["rtx_pro_6000"]
     assert h200["mem_us"] == pytest.approx(mla["bytes"] / 4.8e12 * 1e6, abs=1e-3)
     assert pro["mem_us"] == pytest.approx(mla["bytes"] / 1.79e12 * 1e6, abs=1e-3)
-    assert h200["floor_us"] == pytest.approx(max(h200["mem_us"], h200["fp32_us"]))  # today: fp32 CUDA cores
-    assert mla["target_floor"]["h200"]["floor_us"] == pytest.approx(max(h200["mem_us"], h200["tc_bf16_us"]))
+    assert pro["tc_bf16_us"] == pytest.approx(6_710_886_400 / 500e12 * 1e6, abs=1e-3)
+    # on bf16 tensor cores it is memory-bound on both GPUs (56.2 MB: 31.4 / 11.7 us)
+    assert h200["bound"] == pro["bound"] == "memory" and 11 < h200["floor_us"] < 12 and 31 < pro["floor_us"] < 32
+    stock = next(r for r in rows if r["kernel"] == "sparse_mla_decode[nvfp4_368]" and r["params"]["H"] == 64)
+    # stock DCP4: of 2048 listed, the 512 of this rank are compacted and read: a quarter of the records
+    assert stock["params"]["K"] == 512 and stock["params"]["splits"] == 1
+    assert stock["bytes"] == 64 * 512 * 368 + 64 * 512 * 4 + 64 * 4 + 64 * 64 * 576 * 2 + 64 * 64 * 513 * 4
+    compact = next(r for r in rows if r["kernel"] == "sparse_mla_compact" and r["params"]["valid"] == 512)
+    assert compact["bytes"] == 64 * 2048 * 4 + 64 * 512 * 4 + 64 * 4 and compact["times"]["h200"]["bound"] == "launch"
+    merge = next(r for r in rows if r["kernel"] == "sparse_mla_merge_splits" and r["params"]["M"] == 4)
+    # batch 1: ceil(188 / 4) = 47 splits wanted, 8 allowed by 2048 // 256; read 8 partials, write one
+    assert merge["params"]["splits"] == 8 and merge["bytes"] == 9 * 4 * 16 * 513 * 4
+    idx = next(r for r in rows if r["kernel"] == "indexer_scores" and r["params"]["M"] == 4
+               and r["params"]["T"] == 131072)
+    # 4 rows x 32 heads x 131072 tokens x 128 dims x 2, + relu, weight, sum per head and token
+    assert idx["flops"] == 2 * 4 * 32 * 131072 * 128 + 3 * 4 * 32 * 131072
+    assert idx["times"]["h200"]["floor_us"] == pytest.approx(idx["flops"] / 494e12 * 1e6, abs=1e-3)  # tf32-bound
+    tiled = next(r for r in rows if r["kernel"] == "indexer_topk_rows")
+    # 256 MiB of int64 keys for 2048 rows: 16384 positions a pass, 8 passes over 128K
+    assert tiled["params"]["tile"] == 16384 and tiled["params"]["passes"] == 8
+    assert tiled["params"]["work_bytes"] == 2048 * (2048 + 16384) * 8
+    per_pass = (16384 * 140 + 2048 * 32 * 129 * 4 + 2048 * 16384 * 8 + 2048 * (2048 + 16384) * 8
+                + 2048 * 2048 * 16 * 2)
+    assert tiled["bytes"] == 8 * per_pass
     pack = next(r for r in rows if r["kernel"] == "pack" and r["params"]["records"] > 64)
     assert pack["params"]["records"] == 16 * 3584 // 4 and pack["flops"] == 0
     assert pack["bytes"] == 2 * 14336 * 4 * 368 + 14336 * 8 and pack["times"]["rtx_pro_6000"]["p2p_us"] > 0
@@ -124,7 +151,8 @@ def test_device_script_dry_run_runs_the_cpu_parts(tmp_path):
     assert not [r for r in rows if "error" in r]
     timed = [r for r in rows if "measured_us" in r]
     assert {r["kernel"] for r in timed} >= {"pack", "unpack", "direct", "union", "indexer_scores",
-                                            "sparse_mla_decode[nvfp4_368]"}
+                                            "indexer_topk_rows", "sparse_mla_decode[nvfp4_368]",
+                                            "sparse_mla_compact", "sparse_mla_merge_splits"}
     assert all(r["measured_us"] > 0 and r["frac_of_floor"] > 0 for r in timed)
     assert doc["graph_decode_step"]["all_equal"] is True and doc["graph_exchange"] is not None
     assert sorted(os.listdir(tmp_path)) == ["gpu_checks.json"]  # the dry run leaves only the document

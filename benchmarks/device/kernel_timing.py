@@ -5,9 +5,11 @@
 
 The shapes, bytes, FLOPs and floors are those of ``benchmarks/kernel_report.py`` (``roofline()``:
 GLM-5.2 at the main profile). On a GPU each kernel runs through its public entry point (the
-sparse-MLA and indexer wrappers with the Triton backend and no host-side checks, the pack moves of
-``sparkinfer.comm.pack``, the MTP union, the record codecs) on random inputs (the timing does not
-depend on the values: random record bytes may decode to NaN), timed with ``triton.testing.do_bench``
+sparse-MLA and indexer wrappers and the tiled indexer top-k ``indexer_topk_rows`` with the Triton
+backend and no host-side checks, the pack moves of ``sparkinfer.comm.pack``, the MTP union, the
+record codecs; the decode's compaction and split-K merge kernels alone, launched as the wrapper
+launches them) on random inputs (the timing does not depend on the values: random record bytes
+may decode to NaN), timed with ``triton.testing.do_bench``
 (median; L2 flushed before each call). Per row: ``measured_us``, the floor of this GPU (the H200's
 figures unless the device is an RTX PRO 6000), ``frac_of_floor`` = floor / measured (1.0 = at the
 roofline), and the tensor-core target floor where the kernel has one. ``--smoke`` runs the same
@@ -47,6 +49,22 @@ def _timer(device, smoke: bool):
     return lambda fn: do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3
 
 
+def _mla_indices(p, pool, g, smoke):
+    """int32 [M, listed] indices into a pool of records: K valid per row, the rest -1 at random places
+    (other ranks' tokens on the stock DCP path)."""
+    import torch
+
+    m, listed, k = (2, 32, 32 * p["K"] // p["listed"]) if smoke else (p["M"], p["listed"], p["K"])
+    idx = torch.randint(0, pool, (m, k), generator=g, dtype=torch.int32)
+    if not smoke and p["gathered"] < m * k:  # each request's 4 rows draw from one union of U records
+        per = p["gathered"] // (m // 4)
+        unions = torch.stack([torch.randperm(pool, generator=g)[:per] for _ in range(m // 4)])
+        idx = unions.repeat_interleave(4, 0).gather(1, torch.randint(0, per, (m, k), generator=g)).to(torch.int32)
+    full = torch.full((m, listed), -1, dtype=torch.int32)
+    at = torch.rand(m, listed, generator=g).argsort(1)[:, :k].sort(1).values
+    return full.scatter_(1, at, idx)
+
+
 def _mla_case(row, dev, smoke):
     import torch
 
@@ -54,38 +72,82 @@ def _mla_case(row, dev, smoke):
     from sparkinfer.formats import get_format
 
     p = row["params"]
-    m, h, k = (2, 16, 32) if smoke else (p["M"], p["H"], p["K"])
+    m, h = (2, 16) if smoke else (p["M"], p["H"])
     fmt = get_format(str(p["record"]))
     pool = 256 if smoke else 65536
     g = torch.Generator(device="cpu").manual_seed(0)
     q_nope = torch.randn(m, h, 512, generator=g).to(dev, torch.bfloat16)
     q_rope = torch.randn(m, h, 64, generator=g).to(dev, torch.bfloat16)
     records = torch.randint(0, 256, (pool, p["record"]), generator=g, dtype=torch.uint8).to(dev)
-    idx = torch.randint(0, pool, (m, k), generator=g, dtype=torch.int32)
-    if not smoke and p["gathered"] < m * k:  # each request's 4 rows draw from one union of U records
-        per = p["gathered"] // (m // 4)
-        unions = torch.stack([torch.randperm(pool, generator=g)[:per] for _ in range(m // 4)])
-        idx = unions.repeat_interleave(4, 0).gather(1, torch.randint(0, per, (m, k), generator=g)).to(torch.int32)
-    idx = idx.to(dev)
+    idx = _mla_indices(p, pool, g, smoke).to(dev)
     return lambda: sparse_mla_decode(q_nope, q_rope, records, fmt, idx, 0.04, backend="triton",
                                      check_indices=False)
 
 
-def _indexer_case(row, dev, smoke):
+def _compact_case(row, dev, smoke):
+    """The decode's index compaction alone (``_compact_kernel`` into a workspace, as the wrapper launches it)."""
     import torch
 
-    from sparkinfer.indexer import indexer_scores
+    from sparkinfer.attention import triton_decode as T
+
+    p = row["params"]
+    g = torch.Generator(device="cpu").manual_seed(3)
+    idx = _mla_indices({**p, "K": p["valid"], "gathered": p["M"] * p["valid"]}, 65536, g, smoke).to(dev)
+    m, listed = idx.shape
+    ws = T.DecodeWorkspace.allocate(m, 16, listed, 1, dev)
+    return lambda: T._compact_kernel[(m,)](idx, idx.stride(0), idx.stride(1), listed, ws.indices, ws.indices.stride(0),
+                                           ws.counts, BLOCK=T.COMPACT_BLOCK, num_warps=T.COMPACT_WARPS)
+
+
+def _merge_case(row, dev, smoke):
+    """The split-K merge alone (``_merge_splits_kernel`` on S random partials, as the wrapper launches it)."""
+    import torch
+
+    from sparkinfer.attention import triton_decode as T
+
+    p = row["params"]
+    m, h, s = (2, 16, 2) if smoke else (p["M"], p["H"], p["splits"])
+    g = torch.Generator(device="cpu").manual_seed(4)
+    po = torch.randn(s, m, h, 512, generator=g).to(dev)
+    pl = torch.randn(s, m, h, generator=g).to(dev)
+    out = torch.empty(m, h, 512, device=dev)
+    lse = torch.empty(m, h, device=dev)
+    return lambda: T._merge_splits_kernel[(m, h)](
+        po, pl, out, lse, h, s, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=T.MAX_SPLITS, num_warps=T.MERGE_WARPS)
+
+
+def _indexer_inputs(row, dev, smoke):
+    import torch
 
     p = row["params"]
     m, t = (2, 256) if smoke else (p["M"], p["T"])
     g = torch.Generator(device="cpu").manual_seed(1)
-    q = torch.randn(m, p["heads"], p["dim"], generator=g).to(dev)
+    q = torch.randn(m, p["heads"], p["dim"], generator=g).to(dev, torch.bfloat16)  # the engine's dtype
     w = torch.rand(m, p["heads"], generator=g).to(dev)
     records = torch.randint(0, 256, (t, 132), generator=g, dtype=torch.uint8).to(dev)
     records[:, 128:] = 0  # a zero fp32 key scale: finite scores whatever the fp8 bytes
     pos = torch.full((m,), t - 1, dtype=torch.int64, device=dev)
     slots = torch.arange(t, dtype=torch.int64, device=dev)
+    return q, w, records, pos, slots
+
+
+def _indexer_case(row, dev, smoke):
+    from sparkinfer.indexer import indexer_scores
+
+    q, w, records, pos, slots = _indexer_inputs(row, dev, smoke)
     return lambda: indexer_scores(q, w, records, pos, slots, backend="triton", check_values=False)
+
+
+def _indexer_tiled_case(row, dev, smoke):
+    """``indexer_topk_rows``: every row over the whole context through cache slots, top-k (smoke: 16)."""
+    from sparkinfer.indexer import indexer_topk_rows, one_list
+
+    q, w, records, pos, slots = _indexer_inputs(row, dev, smoke)
+    k = 16 if smoke else row["params"]["K"]
+    rows = one_list(q.shape[0], records.shape[0], dev)
+    return lambda: indexer_topk_rows(q, w, records, pos, k, **rows, token_slots=slots, backend="triton",
+                                     check_values=False)
 
 
 def _move_case(row, dev, smoke):
@@ -151,10 +213,14 @@ def _case(row, dev, smoke):
     name = row["kernel"]
     if name.startswith("sparse_mla_decode"):
         return _mla_case(row, dev, smoke), None
+    if name == "sparse_mla_compact":
+        return _compact_case(row, dev, smoke), None
+    if name == "sparse_mla_merge_splits":
+        return _merge_case(row, dev, smoke), None
     if name == "indexer_scores":
-        if "tiled" in row["shape"]:
-            return None, "no tiled scorer on this branch (the indexer's bounded-memory path times it)"
         return _indexer_case(row, dev, smoke), None
+    if name == "indexer_topk_rows":
+        return _indexer_tiled_case(row, dev, smoke), None
     if name in ("pack", "unpack", "direct"):
         return _move_case(row, dev, smoke), None
     if name == "union":
