@@ -4,9 +4,12 @@ Two ways to run it:
 
     # in-process on the trained fixture (sparkinfer/fixture), vLLM engines via vllm.LLM (patched venv)
     python benchmarks/accuracy_gate.py --fixture [--full] [--json rows.json]
-    # against two running OpenAI-compatible servers serving the same model (a real node)
+    # against two running OpenAI-compatible vLLM servers serving the same model (a real node)
     python benchmarks/accuracy_gate.py --reference http://ref:8000 --candidate http://node:8000 \\
-        --format nvfp4_368 --mode selected --dcp 4 [--model-dir DIR_WITH_TOKENIZER] [--json rows.json]
+        --format nvfp4_368 --mode selected --dcp 4 --model-dir MODEL --context 4096 --logprobs 64
+    # one node, one server at a time: measure the reference, save it, then the candidate
+    python benchmarks/accuracy_gate.py --reference http://node:8000 --save-reference ref.npz ...
+    python benchmarks/accuracy_gate.py --reference ref.npz --candidate http://node:8000 ...
 
 Per configuration (kv cache format, sparkinfer mode, DCP) it measures, against the reference (the
 unquantized cache at DCP1):
@@ -15,7 +18,9 @@ unquantized cache at DCP1):
   distributions, teacher-forced over held-out text (prompt logprobs over the whole vocabulary);
 * ``top1``: the fraction of those positions where both pick the same most likely token;
 * ``accept_len``: MTP mean acceptance length with 3 speculative tokens (1 + accepted drafts per
-  verification step, from vLLM's spec-decode counters) on greedy continuations of held-out text;
+  verification step, from vLLM's spec-decode counters) over the gate's greedy generations: the
+  retrieval recalls and greedy continuations of held-out text (one batch, so that their decode
+  steps overlap);
 * ``retrieval``: {depth fraction: pass rate}: a NEEDLE-token span of random ids planted at that
   depth of the context, its first CUE tokens repeated at the end; pass = the greedy continuation
   is the rest of the span exactly (sparkinfer/fixture/data.py).
@@ -44,6 +49,7 @@ import re
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,11 +104,11 @@ class Sets:
 
     @classmethod
     def build(cls, model_dir, context: int, full: bool) -> "Sets":
-        """CI: 3 windows, one needle per depth, 2 MTP prompts; ``full``: 8, 4, 8."""
+        """CI: 3 windows, one needle per depth, 2 text continuations of 16 tokens; ``full``: 8, 4, 8 of 48."""
         return cls(heldout=data.heldout_windows(model_dir, 8 if full else 3, context, seed=11),
                    retrieval=data.retrieval_prompts(model_dir, context, list(DEPTHS), 4 if full else 1, seed=12),
                    mtp_prompts=data.heldout_windows(model_dir, 8 if full else 2, context // 2, seed=13),
-                   mtp_tokens=48 if full else 32)
+                   mtp_tokens=48 if full else 16)
 
 
 @dataclass
@@ -117,6 +123,20 @@ class Measured:
     @property
     def accept_len(self) -> float:
         return 1 + self.accepted / self.drafts if self.drafts else float("nan")
+
+    def save(self, path: Path) -> None:
+        """As .npz (no pickles): a reference measured once, compared later (``--reference FILE``)."""
+        meta = {"retrieval": self.retrieval, "mtp_tokens": self.mtp_tokens, "drafts": self.drafts,
+                "accepted": self.accepted, "seconds": self.seconds}
+        np.savez_compressed(path, meta=np.array(json.dumps(meta)),
+                            **{f"logprobs_{i}": lp for i, lp in enumerate(self.logprobs)})
+
+    @classmethod
+    def load(cls, path: Path) -> "Measured":
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            logprobs = [z[f"logprobs_{i}"] for i in range(len(z.files) - 1)]
+        return cls(logprobs, meta["retrieval"], meta["mtp_tokens"], meta["drafts"], meta["accepted"], meta["seconds"])
 
 
 # --- engines ---------------------------------------------------------------------------------------
@@ -165,15 +185,16 @@ def measure_engine(model_dir, cfg: Config, sets: Sets, vocab: int, max_model_len
         tf = llm.generate([{"prompt_token_ids": p} for p in sets.heldout],
                           SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=vocab), use_tqdm=False)
         logprobs = [_dense(o.prompt_logprobs[1:], vocab) for o in tf]
-        greedy = SamplingParams(max_tokens=data.NEEDLE - data.CUE, temperature=0, ignore_eos=True)
-        retrieval = [list(o.outputs[0].token_ids) for o in
-                     llm.generate([{"prompt_token_ids": p} for _, p, _ in sets.retrieval], greedy, use_tqdm=False)]
+        # one generate call for both greedy sets: the decode steps overlap (CI time)
+        prompts = [p for _, p, _ in sets.retrieval] + sets.mtp_prompts
+        lengths = [len(w) for _, _, w in sets.retrieval] + [sets.mtp_tokens] * len(sets.mtp_prompts)
         d0, a0 = _spec_counts(llm.get_metrics())
-        outs = llm.generate([{"prompt_token_ids": p} for p in sets.mtp_prompts],
-                            SamplingParams(max_tokens=sets.mtp_tokens, temperature=0, ignore_eos=True), use_tqdm=False)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                            [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths], use_tqdm=False)
         d1, a1 = _spec_counts(llm.get_metrics())
-        return Measured(logprobs, retrieval, [list(o.outputs[0].token_ids) for o in outs], d1 - d0, a1 - a0,
-                        time.monotonic() - t0)
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        k = len(sets.retrieval)
+        return Measured(logprobs, tokens[:k], tokens[k:], d1 - d0, a1 - a0, time.monotonic() - t0)
     finally:
         llm.llm_engine.engine_core.shutdown()  # stops the TP workers now, not at interpreter exit
         del llm
@@ -223,10 +244,12 @@ class Server:
         def greedy(p, n):
             return list(self.complete(p, max_tokens=n, ignore_eos=True, return_token_ids=True)["token_ids"])
 
-        retrieval = [greedy(p, data.NEEDLE - data.CUE) for _, p, _ in sets.retrieval]
+        jobs = [(p, len(w)) for _, p, w in sets.retrieval] + [(p, sets.mtp_tokens) for p in sets.mtp_prompts]
         d0, a0 = self.spec_counts()
-        mtp = [greedy(p, sets.mtp_tokens) for p in sets.mtp_prompts]
+        with ThreadPoolExecutor(len(jobs)) as pool:  # concurrent, so the server batches them as the engine does
+            tokens = list(pool.map(lambda j: greedy(*j), jobs))
         d1, a1 = self.spec_counts()
+        retrieval, mtp = tokens[:len(sets.retrieval)], tokens[len(sets.retrieval):]
         return Measured(logprobs, retrieval, mtp, d1 - d0, a1 - a0, time.monotonic() - t0)
 
 
@@ -356,13 +379,22 @@ def run_fixture(full: bool, model_dir: Path = MODEL_DIR, configs: list[Config] |
     return rows
 
 
-def run_servers(reference: str, candidate: str, model_dir: Path, cfg: Config, context: int, full: bool,
-                top: int | None = None) -> list[dict]:
-    """The gate between two servers; ``top`` prompt logprobs per position (default the whole vocabulary)."""
+def run_servers(reference: str, candidate: str | None, model_dir: Path, cfg: Config, context: int, full: bool,
+                top: int | None = None, save_reference: Path | None = None) -> list[dict]:
+    """The gate between two servers; ``top`` prompt logprobs per position (default the whole
+    vocabulary). ``reference``: a URL, or a file ``save_reference`` wrote earlier (one node can then
+    serve the reference and the candidate one after the other); without ``candidate`` only that."""
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     sets = Sets.build(model_dir, context, full)
     top = top or vocab
-    ref, got = Server(reference).measure(sets, vocab, top), Server(candidate).measure(sets, vocab, top)
+    ref = Measured.load(Path(reference)) if Path(reference).is_file() else Server(reference).measure(sets, vocab, top)
+    if save_reference:
+        ref.save(save_reference)
+    if len(ref.logprobs) != len(sets.heldout) or len(ref.retrieval) != len(sets.retrieval):
+        raise SystemExit(f"{reference} was measured on other eval sets (--full / --context / --model-dir differ)")
+    if candidate is None:
+        return [row(REFERENCE, ref, ref, sets) | {"failures": [], "budget_failures": [], "mode_failures": []}]
+    got = Server(candidate).measure(sets, vocab, top)
     r = row(cfg, ref, got, sets)
     r["budget_failures"], r["mode_failures"] = budget_failures(r, read_budgets(), "node"), []
     r["failures"] = r["budget_failures"]
@@ -373,7 +405,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fixture", action="store_true", help="run the in-process matrix on the trained fixture")
     p.add_argument("--full", action="store_true", help="the full matrix (DCP2 and DCP4, every format and mode)")
-    p.add_argument("--reference", help="base URL of the reference server (unquantized cache, DCP1)")
+    p.add_argument("--reference", help="base URL of the reference server (unquantized cache, DCP1), or a file "
+                                       "--save-reference wrote")
+    p.add_argument("--save-reference", type=Path, help="write the reference's measurements here (.npz)")
     p.add_argument("--candidate", help="base URL of the candidate server")
     p.add_argument("--format", default="nvfp4_368", choices=FORMATS, help="the candidate's kv cache format (servers)")
     p.add_argument("--mode", default="stock", help="the candidate's sparkinfer mode (servers; reported only)")
@@ -387,9 +421,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="write the rows here")
     args = p.parse_args(argv)
     if args.fixture == bool(args.reference or args.candidate):
-        p.error("give either --fixture or both --reference and --candidate")
-    if not args.fixture and not (args.reference and args.candidate):
-        p.error("--reference and --candidate go together")
+        p.error("give either --fixture or --reference (and --candidate)")
+    if not args.fixture and not args.reference:
+        p.error("--candidate needs --reference")
     t0 = time.monotonic()
     if args.fixture:
         rows = run_fixture(args.full, args.model_dir)
@@ -399,7 +433,7 @@ def main(argv=None) -> int:
             p.error(f"--context is needed: {recipe} (the fixture's trained context) does not exist")
         context = args.context or json.loads(recipe.read_text())["context"]
         rows = run_servers(args.reference, args.candidate, args.model_dir, Config(args.format, args.mode, args.dcp),
-                           context, args.full, args.logprobs)
+                           context, args.full, args.logprobs, args.save_reference)
     print(table(rows))
     print(f"[gate] {len(rows)} configurations in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     if args.json:
