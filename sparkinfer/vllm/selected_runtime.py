@@ -176,7 +176,8 @@ class SelectedRuntime:
         self.keep_records = self.selected or self._step_replicas is not None
         return path
 
-    def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int) -> None:
+    def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int,
+              checks=None) -> None:
         """The step's own records of the layer whose cache is ``kv_cache`` (all tokens, every rank):
         kept for a selected step's attention and written into the replica store."""
         if self._layer_of is None:
@@ -185,7 +186,7 @@ class SelectedRuntime:
         if idx is None:  # not a target model layer (the MTP layer): its records are not planned
             return
         k_pe = k_pe.squeeze(1) if k_pe.dim() == 3 else k_pe
-        records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens])
+        records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens], checks=checks)
         if self.selected:
             self._records[kv_cache.data_ptr()] = records
         if self._step_replicas is not None and self._step_replicas[1] is not None:
