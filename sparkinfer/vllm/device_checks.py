@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from sparkinfer.vllm.host_reads import host_array
+
 # check name -> what it means and what to do about it
 CHECKS = {
     "topk_position": "a top-k position lies beyond its request's blocks or below -1 (the indexer's output is "
@@ -41,7 +43,7 @@ class DeviceChecks:
         self.flags = torch.zeros(len(CHECKS), dtype=torch.int32, device=self.device)
         pinned = self.device.type == "cuda"
         self._host = torch.zeros(len(CHECKS), dtype=torch.int32, pin_memory=pinned)
-        self._host_words = self._host.numpy()  # shares the pinned memory: reading it is not a tensor read
+        self._host_words = host_array(self._host)  # shares the pinned memory: reading it is not a tensor read
         self._event = None
         self._issued = False
 

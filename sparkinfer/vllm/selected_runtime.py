@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, replace
 
+import numpy as np
 import torch
 
 from vllm.forward_context import get_forward_context
@@ -42,7 +43,7 @@ from vllm.forward_context import get_forward_context
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.accounting import StockDcpShape, stock_dcp_layer
 from sparkinfer.core.replicas import ReplicaWindow
-from sparkinfer.vllm import impls, replica_budget
+from sparkinfer.vllm import impls, replica_budget, step_plan
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
 from sparkinfer.vllm.step_path import StepPath
@@ -166,10 +167,10 @@ class SelectedRuntime:
         self._step_replicas = None
         if rule is not None:
             step = rule.begin_step(keys, contexts, query_lens)
-            rows = torch.from_numpy(step.write_rows())
-            kept = torch.nonzero(rows >= 0).squeeze(1)  # once per step, not once per layer's write
+            rows = step.write_rows()
+            kept = np.flatnonzero(rows >= 0)  # on the host, once per step, not once per layer's write
             dev = self._replica_store[0].device
-            self._step_replicas = (step, (rows[kept].to(dev), kept.to(dev)) if kept.numel() else None)
+            self._step_replicas = (step, tuple(step_plan.to_device(dev, rows[kept], kept)) if kept.size else None)
             all_local, fetched_below = step.all_local, step.lo.tolist()
         path = self.path.choose(query_lens, contexts, all_local=all_local, fetched_below=fetched_below).path
         self.selected = path != "stock"
@@ -243,6 +244,7 @@ class SelectedRuntime:
         """(out [T, H, 512], lse [T, H]) of this rank's heads at ``layer`` (an MLAAttention)."""
         if self.decoder is None:
             self.decoder = self._build_decoder(layer.impl.scale, q_nope.device)
+            self.decoder.checks = md.checks  # the forward's checks go to the device error flag
         idx = _layer_index(layer.layer_name)
         n = q_nope.shape[0]
         gathered = md.sparkinfer_gather
@@ -277,9 +279,8 @@ class SelectedRuntime:
         from sparkinfer.vllm.selected_decode import LocalReplicas
 
         step = self._step_replicas[0]
-        lo = torch.from_numpy(step.lo).to(device)
-        base = torch.from_numpy(step.slot.clip(min=0) * step.window).to(device)
-        return LocalReplicas(self._replica_store, lo, base, step.window)
+        lo, base = step_plan.to_device(device, step.lo, step.slot.clip(min=0) * step.window)
+        return LocalReplicas(self._replica_store, lo, base, step.window, bool(step.all_local))
 
 
 @dataclass
