@@ -14,15 +14,22 @@ The probe can fail: a read planted into the layers of a running engine (``_plant
 per layer, and the unit test below catches the validated (direct-call) forms' reads at their sites.
 """
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
 from sparkinfer.vllm import host_reads
 
-PROMPT = [5, 17, 42, 9, 77, 23, 61, 12, 90, 33, 7, 54]
+_spec = importlib.util.spec_from_file_location(
+    "host_overhead", Path(__file__).resolve().parent.parent / "benchmarks" / "host_overhead.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+PROMPT = bench.PROMPT
 MAX_TOKENS = 4
 BUDGET = 8  # sparkinfer host reads per decode step, whatever the layer count
-MODES = {"stock": ("stock", 0), "selected": ("selected", 0), "replicas": ("selected", 16)}
 
 
 def _paged_inputs(seed=0):
@@ -133,28 +140,23 @@ def _plant(worker=None):
     orig = paged_sparse_mla.paged_sparse_mla
 
     def planted(*args, **kwargs):
-        paged_sparse_mla._check_topk_inputs(args[4], args[5], args[6], args[2].shape[1], 0, 1, 1)
+        paged_sparse_mla._check_topk_inputs(args[4], args[5], args[6], args[2].shape[1], *args[8:11])
         return orig(*args, **kwargs)
 
     sparse_mla_backend.paged_sparse_mla = planted
     return True
 
 
-def _serve(model_dir, monkeypatch, mode: str, window: int, plant: bool = False):
-    """(tokens, per-worker decode summaries[, the same after a planted read]) of one engine."""
+def _serve(model_dir, monkeypatch, path: str, plant: bool = False):
+    """(tokens, per-worker decode summaries[, the same after a planted read]) of one engine of
+    ``bench.PATHS[path]`` (the benchmark's engines, with the Triton kernels interpreted)."""
     import gc
 
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    for k, v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                 "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1",
-                 "SPARKINFER_FORCE_GPU_IMPLS": "1"}.items():
+    for k, v in bench.ENV.items():
         monkeypatch.setenv(k, v)
-    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, enforce_eager=True, max_num_seqs=2,
-              tensor_parallel_size=2, decode_context_parallel_size=2, sparkinfer_mode=mode,
-              compilation_config={"custom_ops": ["-rotary_embedding"]}, kv_cache_dtype="nvfp4_368",
-              speculative_config={"method": "mtp", "num_speculative_tokens": 3}, sparkinfer_pool_mb=4,
-              sparkinfer_replica_window=window)
+    llm = bench.make_llm(model_dir, path)
     try:
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
         llm.collective_rpc(host_reads.install)
@@ -172,13 +174,12 @@ def _serve(model_dir, monkeypatch, mode: str, window: int, plant: bool = False):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("name", list(MODES))
+@pytest.mark.parametrize("name", list(bench.PATHS))
 def test_no_host_read_per_layer_and_few_per_step(models, monkeypatch, name):
     pytest.importorskip("vllm")
-    mode, window = MODES[name]
     per_depth = {}
     for pattern, model in models.items():
-        tokens, runs = _serve(model, monkeypatch, mode, window, plant=name == "stock" and pattern == "FSSF")
+        tokens, runs = _serve(model, monkeypatch, name, plant=name == "stock" and pattern == "FSSF")
         assert len(tokens) == MAX_TOKENS
         per_depth[pattern] = (tokens, runs[0])
         for w in runs[0]:

@@ -8,7 +8,9 @@ boolean mask, ``repeat_interleave`` without ``output_size``, one-argument ``wher
 wrapper around each of these calls (``_patch``) walks the stack and books
 the call against the innermost frame under ``sparkinfer/`` (``sparkinfer:<file>:<function>``), or
 else the innermost frame under ``vllm/`` (``vllm:...``); calls made by Triton's interpreter (the
-CPU stand-in for a kernel launch, which reads nothing on a GPU) are not counted. A call is booked
+CPU stand-in for a kernel launch, which reads nothing on a GPU) or from ``KERNEL_FILES`` are not
+counted. Each step also records its seconds (``times``: the worker's ``wall`` time in the step,
+and what ``time_entries`` books). A call is booked
 ``layer`` when a layer's forward (``LAYER_ENTRIES``: attention, cache write, indexer op) is on the
 stack, else ``step``.
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections import Counter
 from contextlib import contextmanager
 
@@ -44,6 +47,9 @@ LAYER_ENTRIES = {"forward_mqa", "do_kv_cache_update", "run_indexer"}
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../sparkinfer/
 _SELF = os.path.abspath(__file__)
 _HOST_ARRAY = "host_array"
+# files whose code stands in for a kernel launch (on a GPU it reads nothing): not counted, as Triton's
+# interpreter is not
+KERNEL_FILES: set[str] = set()
 _counters: list[Counter] = []  # the active counts (innermost last); empty: the patches only forward
 _patched: list = []
 
@@ -61,7 +67,7 @@ def _site():
     phase = "step"
     while frame is not None:
         path = frame.f_code.co_filename
-        if f"{os.sep}triton{os.sep}" in path:
+        if f"{os.sep}triton{os.sep}" in path or path in KERNEL_FILES:
             return None, None
         name = frame.f_code.co_name
         if path == _SELF:
@@ -144,11 +150,12 @@ def count_reads():
 class _Probe:
     def __init__(self, runner, spec_rows: int):
         self.counts: Counter = Counter()
+        self.times: Counter = Counter()  # seconds of the open step: "wall", "sparkinfer", "kernel"
         self.steps: list[dict] = []
         self.spec_rows = spec_rows
         _patch()
         _counters.append(self.counts)
-        execute = runner.execute_model
+        execute, sample = runner.execute_model, getattr(runner, "sample_tokens", None)
 
         def execute_model(scheduler_output, *a, **k):
             self._close()
@@ -156,14 +163,31 @@ class _Probe:
             if n:
                 decode = not scheduler_output.scheduled_new_reqs and max(n.values()) <= self.spec_rows
                 self.steps.append({"decode": bool(decode), "rows": sum(n.values()), "reads": None})
-            return execute(scheduler_output, *a, **k)
+            with self.timer("wall"):
+                return execute(scheduler_output, *a, **k)
 
-        runner.execute_model = execute_model  # sampling and drafting (sample_tokens) book to the open step
+        runner.execute_model = execute_model
+        if sample is not None:  # sampling and the MTP drafter: part of the open step
+            def sample_tokens(*a, **k):
+                with self.timer("wall"):
+                    return sample(*a, **k)
+
+            runner.sample_tokens = sample_tokens
+
+    @contextmanager
+    def timer(self, key: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[key] += time.perf_counter() - t
 
     def _close(self):
         if self.steps and self.steps[-1]["reads"] is None:
             self.steps[-1]["reads"] = dict(self.counts)
+            self.steps[-1]["times"] = dict(self.times)
         self.counts.clear()
+        self.times.clear()
 
     def report(self) -> list[dict]:
         self._close()
@@ -180,6 +204,28 @@ def install(worker=None) -> bool:
         spec = runner.vllm_config.speculative_config
         _probe[0] = _Probe(runner, 1 + (spec.num_speculative_tokens if spec is not None else 0))
     return True
+
+
+def time_entries(entries, kernel: bool = False) -> None:
+    """Time, per step, the calls of ``entries`` ((owner, attribute name) pairs: sparkinfer's entry
+    points, outermost calls only) as "sparkinfer", or with ``kernel`` as "kernel": the stand-in
+    for a kernel launch whose time is device time, not host time (``benchmarks/host_overhead.py``)."""
+    key = "kernel" if kernel else "sparkinfer"
+    depth = [0]
+    for owner, name in entries:
+        orig = getattr(owner, name)
+
+        def timed(*args, __orig=orig, **kwargs):
+            if depth[0] or _probe[0] is None:
+                return __orig(*args, **kwargs)
+            depth[0] += 1
+            try:
+                with _probe[0].timer(key):
+                    return __orig(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        setattr(owner, name, timed)
 
 
 def report(worker=None) -> list[dict]:
@@ -199,7 +245,10 @@ def summarize(steps: list[dict], decode_only: bool = True) -> dict:
     def total(pred) -> float:
         return sum(v for k, v in sites.items() if pred(k.split("|"))) / n
 
-    return {"steps": len(chosen),
+    times: Counter = Counter()
+    for s in chosen:
+        times.update(s.get("times") or {})
+    return {"steps": len(chosen), "times": {k: v / n for k, v in times.items()},
             "sparkinfer": total(lambda k: k[0] != "host" and k[2].startswith("sparkinfer:")),
             "layer": total(lambda k: k[0] == "layer" and k[2].startswith("sparkinfer:")),
             "vllm": total(lambda k: k[0] != "host" and not k[2].startswith("sparkinfer:")),
