@@ -106,7 +106,7 @@ def _wrap(owner, name: str, kind: str, when=None) -> None:
 
 def _tensor_repeats(args, kwargs, at: int) -> bool:
     reps = args[at] if len(args) > at else kwargs.get("repeats")
-    return kwargs.get("output_size") is None and isinstance(reps, torch.Tensor) and reps.numel() > 1
+    return kwargs.get("output_size") is None and isinstance(reps, torch.Tensor)
 
 
 def _patch() -> None:
