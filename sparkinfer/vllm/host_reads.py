@@ -8,8 +8,8 @@ boolean mask, ``repeat_interleave`` without ``output_size``, one-argument ``wher
 wrapper around each of these calls (``_patch``) walks the stack and books
 the call against the innermost frame under ``sparkinfer/`` (``sparkinfer:<file>:<function>``), or
 else the innermost frame under ``vllm/`` (``vllm:...``); calls made by Triton's interpreter (the
-CPU stand-in for a kernel launch, which reads nothing on a GPU) or from ``KERNEL_FILES`` are not
-counted. Each step also records its seconds (``times``: the worker's ``wall`` time in the step,
+CPU stand-in for a kernel launch, which reads nothing on a GPU) or from ``KERNEL_FILES`` (the CPU
+platform's twins of vLLM's Triton kernels, a benchmark's kernel stand-ins) are not counted. Each step also records its seconds (``times``: the worker's ``wall`` time in the step,
 and what ``time_entries`` books). A call is booked
 ``layer`` when a layer's forward (``LAYER_ENTRIES``: attention, cache write, indexer op) is on the
 stack, else ``step``.
@@ -48,8 +48,9 @@ _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .
 _SELF = os.path.abspath(__file__)
 _HOST_ARRAY = "host_array"
 # files whose code stands in for a kernel launch (on a GPU it reads nothing): not counted, as Triton's
-# interpreter is not
-KERNEL_FILES: set[str] = set()
+# interpreter is not. cpu_dcp.py: the CPU platform's torch twins of vLLM's Triton slot-mapping and
+# DCP-combine kernels, which a GPU node runs instead.
+KERNEL_FILES: set[str] = {os.path.join(os.path.dirname(_SELF), "cpu_dcp.py")}
 _counters: list[Counter] = []  # the active counts (innermost last); empty: the patches only forward
 _patched: list = []
 
