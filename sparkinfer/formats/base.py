@@ -21,8 +21,11 @@ from sparkinfer.core.layouts import RecordLayout
 _FLOAT_INPUTS = (torch.float32, torch.bfloat16)
 
 
-def check_values(t, name: str, width: int) -> torch.Tensor:
-    """Validate a [N, width] float32/bf16 finite tensor; return it as contiguous fp32."""
+def check_values(t, name: str, width: int, checks=None) -> torch.Tensor:
+    """Validate a [N, width] float32/bf16 finite tensor; return it as contiguous fp32.
+
+    ``checks`` (``sparkinfer.vllm.device_checks.DeviceChecks``, the hot path's form): finiteness is
+    not read back here but flagged on the device (``record_values``), read a step later."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape [N, {width}], got {type(t).__name__}")
     if t.dim() != 2 or t.shape[1] != width:
@@ -30,7 +33,9 @@ def check_values(t, name: str, width: int) -> torch.Tensor:
     if t.dtype not in _FLOAT_INPUTS:
         raise ValueError(f"{name} must be float32 or bfloat16, got {t.dtype}")
     t = t.to(torch.float32).contiguous()  # bf16 -> fp32 is exact
-    if not bool(torch.isfinite(t).all()):
+    if checks is not None:
+        checks.flag("record_values", ~torch.isfinite(t))
+    elif not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} contains NaN or infinity; records can only hold finite values")
     return t
 
@@ -57,15 +62,15 @@ class RecordFormat:
         return f"<{type(self).__name__} {self.name} ({self.record_bytes} B)>"
 
     # ---- validation -------------------------------------------------------------
-    def _inputs(self, latent, rope) -> tuple[torch.Tensor, torch.Tensor | None]:
-        latent = check_values(latent, "latent" if self.rope_dim else "key", self.value_dim)
+    def _inputs(self, latent, rope, checks=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        latent = check_values(latent, "latent" if self.rope_dim else "key", self.value_dim, checks)
         if self.rope_dim == 0:
             if rope is not None:
                 raise ValueError(f"{self.name} encodes a key only: call encode(key)")
             return latent, None
         if rope is None:
             raise ValueError(f"{self.name} needs rope [N, {self.rope_dim}] as well as latent")
-        rope = check_values(rope, "rope", self.rope_dim)
+        rope = check_values(rope, "rope", self.rope_dim, checks)
         if rope.shape[0] != latent.shape[0]:
             raise ValueError(f"latent has {latent.shape[0]} tokens but rope has {rope.shape[0]}")
         if rope.device != latent.device:
@@ -82,12 +87,13 @@ class RecordFormat:
         return recs
 
     # ---- public codec -----------------------------------------------------------
-    def encode(self, latent, rope=None, backend: str = "auto") -> torch.Tensor:
+    def encode(self, latent, rope=None, backend: str = "auto", *, checks=None) -> torch.Tensor:
         """latent [N, 512] (indexer: key [N, 128]), rope [N, 64] fp32/bf16 -> uint8 [N, record_bytes].
 
-        backend: "auto" (reference on CPU, kernel on GPU), "torch", "host", "cuda".
+        backend: "auto" (reference on CPU, kernel on GPU), "torch", "host", "cuda". ``checks``: see
+        ``check_values`` (no host read of the values).
         """
-        latent, rope = self._inputs(latent, rope)
+        latent, rope = self._inputs(latent, rope, checks)
         backend = self._backend(backend, latent.device)
         if backend == "torch":
             return self._encode_ref(latent, rope)
@@ -108,16 +114,18 @@ class RecordFormat:
         return latent if self.rope_dim == 0 else (latent, rope)
 
     # ---- paged cache ------------------------------------------------------------
-    def write(self, cache: torch.Tensor, slots: torch.Tensor, latent, rope=None) -> None:
+    def write(self, cache: torch.Tensor, slots: torch.Tensor, latent, rope=None, *, checks=None) -> None:
         """Encode token i into ``cache[slots[i]]`` (slot -1: skip).
 
         cache: uint8 [num_slots, record_bytes] or any uint8 tensor whose last
         dims flatten to that (e.g. [num_blocks, block_size, record_bytes]);
         slots: int64 [N]. Runs the CUDA kernel on a GPU, the host build on CPU.
+        ``checks``: the hot path's form (``check_values``; the slot range is flagged as
+        ``cache_slots`` instead of read back).
         """
-        latent, rope = self._inputs(latent, rope)
+        latent, rope = self._inputs(latent, rope, checks)
         flat = self._flat_cache(cache)
-        slots = self._check_slots(slots, latent.shape[0], flat.shape[0], latent.device)
+        slots = self._check_slots(slots, latent.shape[0], flat.shape[0], latent.device, checks)
         from . import native
         native.encode(self, latent, rope, flat, slots)
 
@@ -138,12 +146,14 @@ class RecordFormat:
         return cache.view(-1, self.record_bytes)
 
     @staticmethod
-    def _check_slots(slots, n: int, num_slots: int, device) -> torch.Tensor:
+    def _check_slots(slots, n: int, num_slots: int, device, checks=None) -> torch.Tensor:
         if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.shape[0] != n:
             raise ValueError(f"slots/indices must be a 1-D integer tensor of length {n}")
         if slots.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"slots/indices must be int32 or int64, got {slots.dtype}")
-        if slots.numel() and (int(slots.min()) < -1 or int(slots.max()) >= num_slots):
+        if checks is not None:
+            checks.flag("cache_slots", (slots < -1) | (slots >= num_slots))
+        elif slots.numel() and (int(slots.min()) < -1 or int(slots.max()) >= num_slots):
             raise ValueError(f"slots/indices must lie in [-1, {num_slots}); got range "
                              f"[{int(slots.min())}, {int(slots.max())}]")
         if slots.device != device:

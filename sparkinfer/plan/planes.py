@@ -115,5 +115,6 @@ def build_planes(union: torch.Tensor, counts: torch.Tensor, layout: DcpLayout, c
         req=plane(flat // max(u, 1)),
         local=plane(local),
         slot=plane(flat),
-        overflow=bool((count > capacity).any()),
+        # a plane holds at most the B * U entries of the union: no read needed when they all fit
+        overflow=False if capacity >= e else bool((count > capacity).any()),
     )

@@ -105,10 +105,11 @@ def probe_counts(worker=None) -> dict:
 # Why the sparkinfer builders declare ``AttentionCGSupport.NEVER`` (tests/test_vllm_gpu_impls.py holds
 # each claim against the code): a captured graph would freeze what these read on the host.
 CUDA_GRAPH_REASON = (
-    "the step's path (stock / selected / gathered) is chosen on the host from the scheduled rows; "
-    "stock attention maps the top-k to slots with host-read checks and, on vLLM's strided layer views, "
-    "a data-dependent page gather; a gathered step reads the longest sequence and a replica step the "
-    "exchange counts on the host; the indexer loops over requests with host-read lengths")
+    "the step's path (stock / selected / gathered) is chosen on the host from the scheduled rows, and "
+    "the host plans each step's shapes (the indexer's per-request key counts, the selected groups that "
+    "exchange): a captured graph would freeze them; a gathered step reads the longest sequence and a "
+    "host-sized exchange the counts on the host; the layers' forwards themselves read nothing back "
+    "(tests/test_vllm_host_reads.py)")
 _graph_line_logged = [False]
 
 

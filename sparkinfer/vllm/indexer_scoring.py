@@ -84,14 +84,15 @@ class IndexerScoring:
         return profile, (ModelGeometry.from_hf_config(vllm_config.model_config.hf_text_config)
                          if profile is not None else None)
 
-    def for_step(self, positions: torch.Tensor) -> ShardedScoring | None:
-        """positions int64 [T] (CPU): each query row's causal position; the row scores pos + 1 tokens."""
-        if self._sharded is None or positions.numel() == 0:
+    def for_step(self, positions) -> ShardedScoring | None:
+        """positions int64 [T] (numpy, or a CPU tensor): each query row's causal position; the row
+        scores pos + 1 tokens."""
+        if self._sharded is None or len(positions) == 0:
             return None
         if self.setting == "sharded":
             return self._sharded
         from sparkinfer.core.costmodel import choose_indexer
 
-        rows_context = float(positions.sum()) + positions.numel()
-        pick = choose_indexer(self.profile, rows_context, positions.numel(), self.dcp, self.geom)
+        rows_context = float(positions.sum()) + len(positions)
+        pick = choose_indexer(self.profile, rows_context, len(positions), self.dcp, self.geom)
         return self._sharded if pick == "sharded" else None

@@ -17,12 +17,36 @@ import torch
 
 
 def topk_to_slots(topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, block_size: int,
-                  dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1) -> torch.Tensor:
+                  dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None) -> torch.Tensor:
     """Physical cache slots int64 [M, K] of the logical top-k positions (-1 where unused or remote).
 
     topk int32/int64 [M, K] (logical positions in row m's request, -1 = unused); token_req int [M]
     (row m's request, an index into block_table); block_table int [R, B].
+
+    Called directly, every argument is checked on the host (reading the tensors back). ``checks``
+    (``device_checks.DeviceChecks``) is the forward's form: shapes and the host-built ``token_req``
+    are trusted (the metadata build made them), and a position below -1 or beyond the request's
+    blocks is flagged on the device (``topk_position``) and maps to -1: fixed-shape device work.
     """
+    if checks is None:
+        _check_topk_inputs(topk, token_req, block_table, block_size, dcp_rank, dcp_world, interleave)
+    num_reqs, max_blocks = block_table.shape
+    t = topk.to(torch.int64)
+    used = t >= 0
+    owner = (t // interleave) % dcp_world
+    local = (t // (dcp_world * interleave)) * interleave + t % interleave
+    keep = used & (owner == dcp_rank)
+    if checks is not None:
+        beyond = keep & (local >= max_blocks * block_size)
+        checks.flag("topk_position", beyond | (t < -1))
+        keep = keep & ~beyond
+    local = torch.where(keep, local, torch.zeros_like(local))
+    rows = block_table.to(torch.int64)[token_req.to(torch.int64)]  # [M, B]
+    blocks = torch.gather(rows, 1, local // block_size)
+    return torch.where(keep, blocks * block_size + local % block_size, torch.full_like(local, -1))
+
+
+def _check_topk_inputs(topk, token_req, block_table, block_size, dcp_rank, dcp_world, interleave) -> None:
     if topk.dim() != 2 or token_req.dim() != 1 or token_req.shape[0] != topk.shape[0]:
         raise ValueError(f"topk must be [M, K] and token_req [M]; got {tuple(topk.shape)} and "
                          f"{tuple(token_req.shape)}")
@@ -36,18 +60,45 @@ def topk_to_slots(topk: torch.Tensor, token_req: torch.Tensor, block_table: torc
         raise ValueError(f"token_req must lie in [0, {num_reqs}), got [{int(token_req.min())}, "
                          f"{int(token_req.max())}]")
     t = topk.to(torch.int64)
-    used = t >= 0
     if bool((t < -1).any()):
         raise ValueError("topk entries must be >= -1")
     owner = (t // interleave) % dcp_world
     local = (t // (dcp_world * interleave)) * interleave + t % interleave
-    keep = used & (owner == dcp_rank)
-    if bool((local[keep] >= max_blocks * block_size).any()):
+    if bool((local[(t >= 0) & (owner == dcp_rank)] >= max_blocks * block_size).any()):
         raise ValueError(f"a top-k position lies beyond the request's {max_blocks} blocks of {block_size}")
-    local = torch.where(keep, local, torch.zeros_like(local))
-    rows = block_table.to(torch.int64)[token_req.to(torch.int64)]  # [M, B]
-    blocks = torch.gather(rows, 1, local // block_size)
-    return torch.where(keep, blocks * block_size + local % block_size, torch.full_like(local, -1))
+
+
+# vLLM's BlockPool hands its first block to no request (its null block): a write with nothing to
+# write there rewrites that block's first record with its own bytes.
+NULL_BLOCK = 0
+
+
+def scatter_rows(kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, checks=None) -> None:
+    """``kv_cache[slot // block_size, slot % block_size] = rows[i]`` for every ``slots[i] >= 0``, into a
+    cache ``[num_blocks, block_size, W]`` of any strides (vLLM's strided layer views included).
+
+    rows [N, W] in the cache's dtype, slots int [N] (-1 = skip). Fixed-shape device work, no host read:
+    a skipped row targets the first record of ``NULL_BLOCK`` with that record's own bytes, so every
+    write to it carries the same value; a real slot in the null block is flagged (``cache_slots``).
+    """
+    bs = kv_cache.shape[1]
+    slots = slots.to(torch.int64)
+    valid = slots >= 0
+    if checks is not None:
+        checks.flag("cache_slots", valid & (slots < (NULL_BLOCK + 1) * bs) & (slots >= NULL_BLOCK * bs))
+    block = torch.where(valid, slots // bs, NULL_BLOCK)
+    offset = torch.where(valid, slots % bs, 0)
+    kv_cache[block, offset] = torch.where(valid[:, None], rows, kv_cache[NULL_BLOCK, 0])
+
+
+def write_cache_records(fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent, rope=None, checks=None) -> None:
+    """Encode ``latent [N, D]`` (and ``rope [N, 64]``) as ``fmt`` records into ``kv_cache [num_blocks,
+    block_size, W]`` at ``slots [N]`` (-1 = skip): in place through the format's writer when the cache
+    is contiguous, else encoded and scattered into the strided view (``scatter_rows``)."""
+    if kv_cache.is_contiguous():
+        fmt.write(kv_cache, slots, latent, rope, checks=checks)
+    else:
+        scatter_rows(kv_cache, slots, fmt.encode(latent, rope, checks=checks), checks)
 
 
 def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):
@@ -78,7 +129,7 @@ def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
 
     A contiguous cache is its own flat view. A strided one (the block-outermost layouts, see
     ``compact_pages``) becomes an overlapping view of its storage whose rows start every 4 bytes
-    (what the indexer kernel's aligned loads need): slot ``b * block_size + i`` is the row at byte
+    (what the indexer kernel's aligned loads need; every element for wider dtypes): slot ``b * block_size + i`` is the row at byte
     ``b * stride(0) + i * stride(1)``, divided by 4. Read-only: rows overlap. None when a stride is
     not a multiple of 4 (then ``compact_pages`` copies).
     """
@@ -86,25 +137,27 @@ def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
         return kv_cache.view(-1, kv_cache.shape[-1]), None if slots is None else slots.to(torch.int64)
     nb, bs, width = kv_cache.shape
     s0, s1 = kv_cache.stride(0), kv_cache.stride(1)
-    if kv_cache.stride(2) != 1 or s0 % 4 or s1 % 4 or kv_cache.storage_offset() % 4:
+    pitch = max(1, 4 // kv_cache.element_size())  # elements per 4 bytes
+    if kv_cache.stride(2) != 1 or s0 % pitch or s1 % pitch or kv_cache.storage_offset() % pitch:
         return None
-    n_rows = ((nb - 1) * s0 + (bs - 1) * s1) // 4 + 1  # the last row starts at the last record
-    rows = kv_cache.as_strided((n_rows, width), (4, 1))
+    n_rows = ((nb - 1) * s0 + (bs - 1) * s1) // pitch + 1  # the last row starts at the last record
+    rows = kv_cache.as_strided((n_rows, width), (pitch, 1))
     if slots is None:
         return rows, None
     slots = slots.to(torch.int64)
-    at = (slots // bs) * (s0 // 4) + (slots % bs) * (s1 // 4)
+    at = (slots // bs) * (s0 // pitch) + (slots % bs) * (s1 // pitch)
     return rows, torch.where(slots >= 0, at, -1)
 
 
 def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str,
                      topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, scale: float,
-                     dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1):
+                     dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None):
     """(out float32 [M, H, 512], lse float32 [M, H]) of each row over its top-k records in the paged cache.
 
     q_nope [M, H, 512] (absorbed), q_rope [M, H, 64]; kv_cache uint8 [num_blocks, block_size, record];
     see ``sparkinfer.attention.sparse_mla_decode`` for the attention and LSE definitions. The kernel
     is ``sparkinfer.vllm.impls.kernel_backend``'s: Triton on a GPU or when forced, else torch.
+    ``checks``: the forward's form, without host reads (``topk_to_slots``).
     """
     from sparkinfer.attention import sparse_mla_decode
     from sparkinfer.formats import get_format
@@ -115,7 +168,8 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     if kv_cache.dim() != 3 or kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != fmt.record_bytes:
         raise ValueError(f"kv_cache must be uint8 [num_blocks, block_size, {fmt.record_bytes}] for {fmt.name}, "
                          f"got {kv_cache.dtype} {tuple(kv_cache.shape)}")
-    slots = topk_to_slots(topk, token_req, block_table, kv_cache.shape[1], dcp_rank, dcp_world, interleave)
+    slots = topk_to_slots(topk, token_req, block_table, kv_cache.shape[1], dcp_rank, dcp_world, interleave,
+                          checks=checks)
     # Read the strided pages in place: copying the pages a top-k touches moves up to the whole shard
     # per layer, many times the k records attention reads. int64 rows: the view spans the cache.
     view = row_view(kv_cache, slots)
@@ -123,4 +177,5 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
         pages, local, _ = compact_pages(kv_cache, slots)
         view = pages.view(-1, fmt.record_bytes), local.to(torch.int32)
     records, rows = view
-    return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=kernel_backend(kv_cache.device))
+    return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=kernel_backend(kv_cache.device),
+                             check_indices=checks is None)

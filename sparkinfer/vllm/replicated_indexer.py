@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scored_steps
@@ -36,28 +37,34 @@ E4M3_MAX = 448.0
 class ReplicatedIndexerMetadata:
     num_actual_tokens: int
     num_reqs: int
-    token_req: torch.Tensor  # int64 [T]: request of each token
-    positions: torch.Tensor  # int64 [T]: causal position of each token in its request
-    seq_lens: torch.Tensor  # int64 [R]
+    token_req: torch.Tensor  # int64 [T]: request of each token (CPU)
+    positions: torch.Tensor  # int64 [T]: causal position of each token in its request (any device)
+    seq_lens: torch.Tensor  # int64 [R] (CPU): keys request r scores, 0 .. seq_lens[r] (an upper bound
+    #                         is fine: keys past a row's position are masked by the position)
     block_table: torch.Tensor  # int32 [R, B]
     slot_mapping: torch.Tensor  # int64 [T]
     sharded: ShardedScoring | None = None  # this step's share when it is scored sharded (indexer_scoring)
     # per-request rows, positions and cache rows, planned once per step and cache layout: the
     # step's indexer layers share them (``_request_keys``)
     key_plans: dict = field(default_factory=dict, repr=False)
+    # host copies the builder planned from (numpy int64: query_start_loc [R + 1], seq_lens [R]),
+    # and the device error flag the op's checks write; None when called directly (checked on the host)
+    host_qsl: object = None
+    host_seq_lens: object = None
+    checks: object = None
 
 
 def token_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
     """(token_req [T], positions [T]) from vLLM's query_start_loc [R+1] and seq_lens [R] (CPU tensors).
 
-    Request r's queries are its last (qsl[r+1] - qsl[r]) tokens: position = seq_len - query_len + i.
+    Request r's queries are its last (qsl[r+1] - qsl[r]) tokens: position = seq_len - query_len + i
+    (``step_plan.token_layout``).
     """
-    qsl = query_start_loc.to(torch.int64)
-    qlen = qsl[1:] - qsl[:-1]
-    token_req = torch.repeat_interleave(torch.arange(qlen.shape[0]), qlen)[:num_tokens]
-    seq = seq_lens.to(torch.int64)
-    positions = seq[token_req] - qlen[token_req] + (torch.arange(num_tokens) - qsl[token_req])
-    return token_req, positions
+    from sparkinfer.vllm import step_plan
+
+    token_req, positions = step_plan.token_layout(query_start_loc.numpy().astype(np.int64),
+                                                  seq_lens.numpy().astype(np.int64), num_tokens)
+    return torch.from_numpy(token_req), torch.from_numpy(positions)
 
 
 def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = False,
@@ -90,7 +97,7 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     from sparkinfer.formats import get_format
     from sparkinfer.indexer import all_gather_merge, indexer_topk
     from sparkinfer.vllm.impls import check_capability, kernel_backend
-    from sparkinfer.vllm.paged_sparse_mla import compact_pages
+    from sparkinfer.vllm.paged_sparse_mla import write_cache_records
 
     n = md.num_actual_tokens
     fmt = get_format("indexer_fp8")
@@ -99,19 +106,19 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     dev = kv_cache.device
     check_capability(dev, "the sparkinfer replicated indexer")
     backend = kernel_backend(dev)
-    # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: work on contiguous
-    # copies of the touched pages (compact_pages).
-    pages, slots, blocks = compact_pages(kv_cache, md.slot_mapping[:n].to(device=dev, dtype=torch.int64))
-    fmt.write(pages, slots, k[:n].float())
-    if blocks is not None:
-        kv_cache[blocks] = pages
+    # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: written in place
+    checks = md.checks
+    write_cache_records(fmt, kv_cache, md.slot_mapping[:n].to(device=dev, dtype=torch.int64), k[:n].float(),
+                        checks=checks)
+    if checks is not None:  # the scorer's value checks, without a host read
+        checks.flag("indexer_inputs", ~(torch.isfinite(q_fp8[:n].float()).all() & torch.isfinite(weights[:n]).all()))
     topk_indices_buffer[:n] = -1
     sharded = md.sharded
     scored_steps["sharded" if sharded else "replicated"] += 1
     if sharded is None:
         for rows, pos, t, keys, slots in _request_keys(kv_cache, md, None):
             ids = indexer_topk(q_fp8[rows].float(), weights[rows].float(), keys, pos, min(index_topk, t.numel()),
-                               token_slots=slots, backend=backend)
+                               token_slots=slots, backend=backend, check_values=checks is None)
             topk_indices_buffer[rows, : ids.shape[1]] = ids.to(topk_indices_buffer.dtype)
         return topk_indices_buffer
     scores, ids = shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend)
@@ -140,12 +147,13 @@ def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata,
 
 
 def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: ShardedScoring | None):
-    """Per request of the step, on the cache's device: (its rows, their causal positions, the
-    positions scored int64 [L] (its whole prefix, or this rank's share of it), cache rows holding
-    their keys, their rows in those). The keys are read in place (``row_view``): a copy of the pages
-    would read and write the whole prefix's keys again, more than a sharded scorer reads. The
-    plan is made on the host (metadata is host-built) once per step: every indexer layer's cache
-    has the same shape and strides, so only the view of this layer's storage is new."""
+    """Per request of the step, on the cache's device: (its rows (a slice), their causal positions,
+    the positions scored int64 [L] (its prefix ``0 .. seq_lens[r]``, or this rank's share of it),
+    cache rows holding their keys, their rows in those). The keys are read in place (``row_view``):
+    a copy of the pages would read and write the whole prefix's keys again, more than a sharded
+    scorer reads. The plan comes from the host copies (``host_qsl``, ``host_seq_lens``) and is made
+    once per step and cache layout, on the first indexer layer and with device work only: every
+    indexer layer's cache has the same shape and strides, so only the view of its storage is new."""
     from sparkinfer.vllm.paged_sparse_mla import compact_pages, row_view
 
     dev = kv_cache.device
@@ -153,18 +161,20 @@ def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded
            None if sharded is None else (sharded.rank, sharded.layout))
     plan = md.key_plans.get(key)
     if plan is None:
-        block_size = kv_cache.shape[1]
-        token_req = md.token_req.cpu()
+        block_size, width = kv_cache.shape[1], md.block_table.shape[1]
+        qsl, seq_lens = _host_layout(md)
         plan = []
         for r in range(md.num_reqs):
-            rows = (token_req == r).nonzero().flatten()
-            if rows.numel() == 0:
+            if qsl[r + 1] == qsl[r]:
                 continue
-            seq_len = int(md.seq_lens[r])
+            rows = slice(int(qsl[r]), int(qsl[r + 1]))
+            seq_len = int(seq_lens[r])
             t = (torch.arange(seq_len) if sharded is None else sharded.owned(seq_len)).to(dev)
-            slots = md.block_table[r].to(device=dev, dtype=torch.int64)[t // block_size] * block_size + t % block_size
+            # positions past the table (an upper bound's tail) are masked by the rows' positions
+            blocks = md.block_table[r].to(device=dev, dtype=torch.int64)[(t // block_size).clamp(max=width - 1)]
+            slots = blocks * block_size + t % block_size
             in_place = row_view(kv_cache, slots)
-            plan.append((rows.to(dev), md.positions[rows].to(dev), t, slots, None if in_place is None else in_place[1]))
+            plan.append((rows, md.positions[rows].to(dev), t, slots, None if in_place is None else in_place[1]))
         md.key_plans[key] = plan
     view = row_view(kv_cache, None)
     for rows, pos, t, slots, at in plan:
@@ -173,6 +183,16 @@ def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded
         else:
             pages, local, _ = compact_pages(kv_cache, slots)
             yield rows, pos, t, pages.view(-1, kv_cache.shape[-1]), local
+
+
+def _host_layout(md: ReplicatedIndexerMetadata):
+    """(qsl int64 [R + 1], seq_lens int64 [R]) on the host: the builder's copies, or for a direct
+    call derived from the metadata's CPU tensors (rows of a request are adjacent)."""
+    if md.host_qsl is not None:
+        return md.host_qsl, md.host_seq_lens
+    token_req = md.token_req.cpu().numpy()
+    return (np.searchsorted(token_req, np.arange(md.num_reqs + 1), side="left"),
+            md.seq_lens.cpu().numpy().astype(np.int64))
 
 
 def serves_replicated_indexer(vllm_config) -> bool:
@@ -192,8 +212,8 @@ def indexer_backend():
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
 
     class SparkinferIndexerBuilder(AttentionMetadataBuilder):
-        # The op loops over requests with host reads (each request's length, its rows): nothing of it
-        # can be captured in a CUDA graph, so vLLM keeps it outside (PIECEWISE) or runs eagerly.
+        # The op loops over the step's requests with shapes from the host plan (each request's
+        # length): a captured graph would freeze them, so vLLM keeps it outside (PIECEWISE) or eager.
         _cudagraph_support = AttentionCGSupport.NEVER
 
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
@@ -201,18 +221,28 @@ def indexer_backend():
             self.scoring = IndexerScoring(vllm_config)
 
         def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+            """Planned on the host from vLLM's host copies (``step_plan``); the causal positions and
+            slots are made on the device from its exact ``seq_lens`` (a drafter's host lengths are
+            only an upper bound), so nothing is read back."""
+            from sparkinfer.vllm import device_checks, step_plan
+
             cm = common_attn_metadata
-            seq_lens = cm.seq_lens.cpu()[: cm.num_reqs].to(torch.int64)
-            token_req, positions = token_layout(cm.query_start_loc_cpu, seq_lens, cm.num_actual_tokens)
+            n = cm.num_actual_tokens
+            qsl, seq_lens = step_plan.host_lens(cm, self.vllm_config)
+            token_req, positions = step_plan.token_layout(qsl, seq_lens, n)
+            table = cm.block_table_tensor
             # The indexer's own slots (its pages hold kv_cache_spec.block_size tokens), not the group's
             # slot mapping: under DCP > 1 the indexer is replicated (every rank writes every key, pages
             # of 64 x DCP tokens) while the group's mapping is the sharded records' (-1 on other ranks).
             block_size = self.kv_cache_spec.block_size
-            table = cm.block_table_tensor.to(torch.int64)
-            tr, pos = token_req.to(table.device), positions.to(table.device)
-            slots = table[tr, pos // block_size] * block_size + pos % block_size
-            return ReplicatedIndexerMetadata(cm.num_actual_tokens, cm.num_reqs, token_req, positions, seq_lens,
-                                             cm.block_table_tensor, slots, self.scoring.for_step(positions))
+            tr, back = step_plan.to_device(table.device, token_req, seq_lens[token_req] - positions)
+            pos = cm.seq_lens[: cm.num_reqs].to(torch.int64)[tr] - back
+            slots = table.to(torch.int64)[tr, pos // block_size] * block_size + pos % block_size
+            return ReplicatedIndexerMetadata(n, cm.num_reqs, torch.from_numpy(token_req), pos,
+                                             torch.from_numpy(seq_lens), table, slots,
+                                             self.scoring.for_step(positions), host_qsl=qsl,
+                                             host_seq_lens=seq_lens,
+                                             checks=device_checks.for_device(table.device))
 
     class SparkinferIndexerBackend(DeepseekV32IndexerBackend):
         @staticmethod

@@ -74,6 +74,7 @@ class LocalReplicas:
     lo: torch.Tensor
     base: torch.Tensor
     window: int
+    all_local: bool | None = None  # known on the host: the window holds every request's whole context
 
 
 class SelectedDecode:
@@ -81,9 +82,11 @@ class SelectedDecode:
 
     def __init__(self, exchange: SelectedExchange, fmt, dcp: DcpLayout, pattern: IndexSharePattern, *,
                  max_batch: int, rows: int, topk: int, depth: int, scale: float, backend: str = "auto",
-                 gather_rows: int = 0):
+                 gather_rows: int = 0, checks=None):
         """``gather_rows``: workspace rows a gathered step may use (``B * T``); the ring holds
-        ``max(max_batch * R * K, gather_rows)`` rows per slot."""
+        ``max(max_batch * R * K, gather_rows)`` rows per slot. ``checks``
+        (``sparkinfer.vllm.device_checks.DeviceChecks``): a decode step's values are then checked on
+        the device, not read back (None: on the host)."""
         if exchange.layout.width != fmt.record_bytes:
             raise ValueError(f"exchange width {exchange.layout.width} != record bytes {fmt.record_bytes} of {fmt.name}")
         if dcp.world_size != exchange.world:
@@ -94,7 +97,7 @@ class SelectedDecode:
                              "a union could not travel in one round")
         self.fmt, self.dcp, self.pattern = fmt, dcp, pattern
         self.R, self.K, self.U, self.max_batch = rows, topk, U, max_batch
-        self.depth, self.scale, self.backend = depth, scale, backend
+        self.depth, self.scale, self.backend, self.checks = depth, scale, backend, checks
         self.ring = PrefetchRing(exchange, depth, rows=max(max_batch * U, gather_rows))
         self._shard: Shard | None = None
         self._context: torch.Tensor | None = None
@@ -149,7 +152,9 @@ class SelectedDecode:
         if topk.shape != (B * R, K) or topk.dtype != torch.int32:
             raise ValueError(f"topk must be int32 [{B * R}, {K}] (B={B} requests x R={R} rows), "
                              f"got {topk.dtype} {tuple(topk.shape)}")
-        union, remap, counts = mtp_union(topk.view(B, R, K))
+        if self.checks is not None:
+            self.checks.flag("selected_topk", topk < -1)
+        union, remap, counts = mtp_union(topk.view(B, R, K), validate=self.checks is None)
         layers = [layer] + self.pattern.prefetch_targets(layer, self.pattern.num_layers)
         # device sizing (the GPU path): planes of a fixed capacity covering every batch, no host read
         capacity = self.max_batch * self.U if self.ring.exchange.sizing == "device" else B * self.U
@@ -171,27 +176,31 @@ class SelectedDecode:
     def _start_group(self, layers, union, counts, capacity: int, slots, sizing) -> None:
         """Exchange ``union`` (int32 [B, U'], workspace row ``b * U' + u``) of ``layers`` in chunks of
         ``depth + 1``; ``slots``: the rows' workspace slots (decode) or per-row base ``b * U'`` to add
-        to each layer's top-k (gathered). The step's own tokens are held: patched, not moved."""
+        to each layer's top-k (gathered). The step's own tokens are held: patched, not moved.
+        Fixed-shape device work: the patches are masks over the ``B * U'`` workspace rows."""
         B, width = union.shape
-        b = torch.arange(B, device=union.device)[:, None]
-        ws_row = b * width + torch.arange(width, device=union.device)
         own = (union >= self._context[:, None]) & (union >= 0)
         local = own
         rep = self._replicas
+        # workspace row b * U' + u of each own-step token <- its token row start[b] + (t - context[b])
+        new_rows = torch.where(own, self._row_start[:, None] + union.long() - self._context[:, None], 0)
+        patch = {"own": own.reshape(-1), "new_rows": new_rows.reshape(-1), "kept": None}
         if rep is not None:  # the window every rank keeps: held for every destination, copied from the store
             kept = (union >= rep.lo[:, None]) & (union < self._context[:, None]) & (union >= 0)
             local = own | kept
-            replica_patch = (ws_row[kept], (rep.base[:, None] + union.long() % rep.window)[kept])
+            patch["kept"] = kept.reshape(-1)
+            patch["store_rows"] = torch.where(kept, rep.base[:, None] + union.long() % rep.window, 0).reshape(-1)
         held = local[None].expand(self.dcp.world_size, B, width)
-        planes = build_planes(union, counts, self.dcp, capacity, held=held)
-        # workspace row of each own-step token <- its token row start[b] + (t - context[b]) of new_records
-        new_rows = (self._row_start[:, None] + union.long() - self._context[:, None])[own]
+        planes = build_planes(union, counts, self.dcp, capacity, held=held, validate=self.checks is None)
         chunks = [layers[i:i + self.depth + 1] for i in range(0, len(layers), self.depth + 1)]
-        # host read of the counts: a group with nothing remote runs no exchange (not graph-capturable)
-        moves = rep is None or bool(planes.count.any())
-        group = {"planes": planes, "slots": slots, "patch": (ws_row[own], new_rows), "chunks": chunks[1:],
-                 "left": len(chunks[0]), "sizing": sizing, "moves": moves,
-                 "replica_patch": replica_patch if rep is not None else None}
+        if rep is None:
+            moves = True
+        elif sizing is None and self.ring.exchange.sizing == "device":
+            moves = not rep.all_local  # decided on the host: a device-sized exchange may run empty
+        else:  # host read of the counts: a group with nothing remote runs no exchange
+            moves = bool(planes.count.any())
+        group = {"planes": planes, "slots": slots, "patch": patch, "chunks": chunks[1:],
+                 "left": len(chunks[0]), "sizing": sizing, "moves": moves}
         for l in layers:  # left: layers of the chunk in the ring not attended
             self._group[l] = group
         self._fetch(group, chunks[0])
@@ -225,12 +234,16 @@ class SelectedDecode:
             raise ValueError(f"new_records must be uint8 [{slots.shape[0]}, {W}], "
                              f"got {new_records.dtype} {tuple(new_records.shape)}")
         ws = self.ring.get(layer)
-        ws_rows, new_rows = group["patch"]
-        ws[ws_rows] = new_records[new_rows]
-        if group["replica_patch"] is not None:
-            rep_ws, rep_rows = group["replica_patch"]
-            ws[rep_ws] = self._replicas.store[layer][rep_rows]
-        out, lse = sparse_mla_decode(q_nope, q_rope, ws, self.fmt, slots, self.scale, backend=self.backend)
+        patch = group["patch"]
+        own = patch["own"]
+        rows = ws[: own.shape[0]]  # workspace row b * U' + u of union entry (b, u)
+        value = new_records[patch["new_rows"]]
+        if patch["kept"] is not None:
+            value = torch.where(patch["kept"][:, None], self._replicas.store[layer][patch["store_rows"]], value)
+            own = own | patch["kept"]
+        rows.copy_(torch.where(own[:, None], value, rows))
+        out, lse = sparse_mla_decode(q_nope, q_rope, ws, self.fmt, slots, self.scale, backend=self.backend,
+                                     check_indices=self.checks is None)
         self.ring.release(layer)
         group["left"] -= 1
         if group["left"] == 0 and group["chunks"]:  # the ring is free again: the group's next layers

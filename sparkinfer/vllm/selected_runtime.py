@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, replace
 
+import numpy as np
 import torch
 
 from vllm.forward_context import get_forward_context
@@ -43,7 +44,7 @@ from vllm.forward_context import get_forward_context
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.accounting import StockDcpShape, stock_dcp_layer
 from sparkinfer.core.replicas import ReplicaWindow
-from sparkinfer.vllm import impls, replica_budget, reservations
+from sparkinfer.vllm import impls, replica_budget, reservations, step_plan
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
 from sparkinfer.vllm.step_path import StepPath
@@ -175,17 +176,18 @@ class SelectedRuntime:
         self._step_replicas = None
         if rule is not None:
             step = rule.begin_step(keys, contexts, query_lens)
-            rows = torch.from_numpy(step.write_rows())
-            kept = torch.nonzero(rows >= 0).squeeze(1)  # once per step, not once per layer's write
+            rows = step.write_rows()
+            kept = np.flatnonzero(rows >= 0)  # on the host, once per step, not once per layer's write
             dev = self._replica_store[0].device
-            self._step_replicas = (step, (rows[kept].to(dev), kept.to(dev)) if kept.numel() else None)
+            self._step_replicas = (step, tuple(step_plan.to_device(dev, rows[kept], kept)) if kept.size else None)
             all_local, fetched_below = step.all_local, step.lo.tolist()
         path = self.path.choose(query_lens, contexts, all_local=all_local, fetched_below=fetched_below).path
         self.selected = path != "stock"
         self.keep_records = self.selected or self._step_replicas is not None
         return path
 
-    def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int) -> None:
+    def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int,
+              checks=None) -> None:
         """The step's own records of the layer whose cache is ``kv_cache`` (all tokens, every rank):
         kept for a selected step's attention and written into the replica store."""
         if self._layer_of is None:
@@ -194,7 +196,7 @@ class SelectedRuntime:
         if idx is None:  # not a target model layer (the MTP layer): its records are not planned
             return
         k_pe = k_pe.squeeze(1) if k_pe.dim() == 3 else k_pe
-        records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens])
+        records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens], checks=checks)
         if self.selected:
             self._records[kv_cache.data_ptr()] = records
         if self._step_replicas is not None and self._step_replicas[1] is not None:
@@ -305,6 +307,7 @@ class SelectedRuntime:
         gathered = md.sparkinfer_gather
         step = get_forward_context()  # one per model forward; layers may carry different metadata objects
         if step is not self._step:  # the step's first DSA layer
+            self.decoder.checks = md.checks  # the forward's checks go to the device error flag
             layers = self._dsa_layers()
             cache = layers[0].kv_cache
             self.decoder.begin_step([layers[i].kv_cache for i in range(self.num_layers)], md.block_table,
@@ -335,9 +338,8 @@ class SelectedRuntime:
         from sparkinfer.vllm.selected_decode import LocalReplicas
 
         step = self._step_replicas[0]
-        lo = torch.from_numpy(step.lo).to(device)
-        base = torch.from_numpy(step.slot.clip(min=0) * step.window).to(device)
-        return LocalReplicas(self._replica_store, lo, base, step.window)
+        lo, base = step_plan.to_device(device, step.lo, step.slot.clip(min=0) * step.window)
+        return LocalReplicas(self._replica_store, lo, base, step.window, bool(step.all_local))
 
 
 @dataclass

@@ -15,7 +15,13 @@ they run on either device) and changes three things:
   unquantized cache (``auto``: float [num_blocks, block_size, 576], latent then rope) through the
   float path below;
 * ``do_kv_cache_update``: record formats are encoded by ``cache_dtypes.write_records`` (the CUDA
-  encoder on a GPU, the host build on CPU).
+  encoder on a GPU, the host build on CPU), in place into vLLM's strided layer views.
+
+Host planning once per step, device work only in a layer's forward: the builder plans from vLLM's
+host copies (``step_plan``) and copies the plan to the device once; ``forward_mqa`` and
+``do_kv_cache_update`` read nothing back, and their checks of device values set the device error
+flag (``device_checks``), which ``build`` polls a step later (``tests/test_vllm_host_reads.py``
+counts what is left).
 
 Kernels come from ``sparkinfer.vllm.impls`` (Triton on a GPU or with ``SPARKINFER_FORCE_GPU_IMPLS=1``).
 CUDA graphs: the builder declares ``AttentionCGSupport.NEVER`` (``impls.CUDA_GRAPH_REASON``), so vLLM
@@ -33,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, MultipleOf
 from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
@@ -40,10 +47,10 @@ from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
 from sparkinfer.core.layouts import LATENT_DIM
 from sparkinfer.vllm import impls
 from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, is_record_cache_dtype, write_records
-from sparkinfer.vllm.replicated_indexer import token_layout
+from sparkinfer.vllm import device_checks, step_plan
 from sparkinfer.vllm.selected_runtime import SelectedRuntime
 from sparkinfer.vllm.step_requests import request_ids
-from sparkinfer.vllm.paged_sparse_mla import compact_pages, paged_sparse_mla, topk_to_slots
+from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla, row_view, scatter_rows, topk_to_slots
 from sparkinfer.vllm.platforms import BACKEND_NAME
 
 
@@ -69,6 +76,8 @@ class SparseMetadata:
     context: torch.Tensor | None = None
     sparkinfer_gather: bool = False
     query_lens: torch.Tensor | None = None
+    # the device error flag the forward's checks write (device_checks); None: check on the host
+    checks: device_checks.DeviceChecks | None = None
     prefill: None = None
     decode: None = None
 
@@ -82,41 +91,51 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         impls.log_graph_support(vllm_config.compilation_config.cudagraph_mode)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
-        return self._build(common_attn_metadata, may_select=True)
+        checks = device_checks.for_device(common_attn_metadata.block_table_tensor.device)
+        checks.poll()  # a check set by an earlier step's forward fails the engine here
+        return self._build(common_attn_metadata, may_select=True, checks=checks)
 
     def build_for_drafting(self, common_attn_metadata, draft_index):
         """MTP draft passes take stock DCP: the selected executor plans the target model's layers."""
         rt = SelectedRuntime.current()
         if rt is not None:
             rt.selected = rt.keep_records = False  # nor do the draft's cache writes need the step's records
-        return self._build(common_attn_metadata, may_select=False)
+        checks = device_checks.for_device(common_attn_metadata.block_table_tensor.device)
+        return self._build(common_attn_metadata, may_select=False, checks=checks)
 
-    def _build(self, common_attn_metadata, may_select: bool):
+    def _build(self, common_attn_metadata, may_select: bool, checks):
+        """Plan on the host (``step_plan``) from vLLM's host copies; one copy to the device."""
         cm = common_attn_metadata
         n = cm.num_actual_tokens
-        token_req, _ = token_layout(cm.query_start_loc_cpu, cm.seq_lens.cpu()[: cm.num_reqs], n)
-        token_req = token_req.to(cm.block_table_tensor.device)
+        qsl, seq_lens = step_plan.host_lens(cm, self.vllm_config)
+        token_req, _ = step_plan.token_layout(qsl, seq_lens, n)
         local_lens = cm.dcp_local_seq_lens if cm.dcp_local_seq_lens is not None else cm.seq_lens
         path, context, query_lens = "stock", None, None
         sharded = getattr(self.kv_cache_spec, "dcp_sharded", False)
         rt = SelectedRuntime.of(self.vllm_config) if may_select and sharded else None
         if rt is not None:  # the same decision on every rank: the scheduler output is the same
-            qsl = cm.query_start_loc_cpu[: cm.num_reqs + 1].to(torch.int64)
-            query_lens = qsl[1:] - qsl[:-1]
-            context = cm.seq_lens.cpu()[: cm.num_reqs].to(torch.int64) - query_lens
-            path = rt.choose(query_lens.tolist(), context.tolist(), request_ids(cm.num_reqs))
+            if not step_plan.exact_seq_lens(self.vllm_config):  # async speculative steps: no exact host copy
+                seq_lens = cm.seq_lens[: cm.num_reqs].cpu().numpy().astype(np.int64)
+            qlens = qsl[1:] - qsl[:-1]
+            contexts = seq_lens - qlens
+            path = rt.choose(qlens.tolist(), contexts.tolist(), request_ids(cm.num_reqs))
+            token_req, context, query_lens = step_plan.to_device(cm.block_table_tensor.device, token_req,
+                                                                contexts, qlens)
+        else:
+            token_req, = step_plan.to_device(cm.block_table_tensor.device, token_req)
         return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
                               cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc,
                               self.vllm_config.parallel_config.cp_kv_cache_interleave_size, path != "stock",
-                              context, path == "gather", query_lens)
+                              context, path == "gather", query_lens, checks)
 
 
 def float_cache_attention(q_nope, q_rope, kv_cache, slots, scale):
-    """Attention over an unquantized cache float [num_blocks, block_size, 512 + 64] at ``slots [T, K]``
-    (-1 = unused) -> (out float32 [T, H, 512], lse float32 [T, H]); fp32 throughout."""
-    flat = kv_cache.view(-1, kv_cache.shape[-1]).float()
+    """Attention over an unquantized cache float [num_blocks, block_size, 512 + 64] (or its rows
+    [N, 576]) at ``slots [T, K]`` (-1 = unused) -> (out float32 [T, H, 512], lse float32 [T, H]);
+    fp32 throughout."""
+    flat = kv_cache.view(-1, kv_cache.shape[-1]) if kv_cache.dim() == 3 else kv_cache
     valid = slots >= 0
-    rows = flat[slots.clamp(min=0)]  # [T, K, 576]
+    rows = flat[slots.clamp(min=0)].float()  # [T, K, 576]
     latent, rope = rows[..., :LATENT_DIM], rows[..., LATENT_DIM:]
     logits = scale * (torch.einsum("thd,tkd->thk", q_nope.float(), latent)
                       + torch.einsum("thd,tkd->thk", q_rope.float(), rope))
@@ -159,28 +178,30 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
         dcp = (self.dcp_rank, self.dcp_world_size, md.dcp_interleave)
         if is_record_cache_dtype(self.kv_cache_dtype):
             out, lse = paged_sparse_mla(q_nope, q_rope, kv_c_and_k_pe_cache, self.kv_cache_dtype, topk,
-                                        md.token_req[:n], md.block_table, self.scale, *dcp)
-        else:
-            slots = topk_to_slots(topk, md.token_req[:n], md.block_table, kv_c_and_k_pe_cache.shape[1], *dcp)
-            pages, slots, _ = compact_pages(kv_c_and_k_pe_cache, slots)
-            out, lse = float_cache_attention(q_nope, q_rope, pages, slots, self.scale)
+                                        md.token_req[:n], md.block_table, self.scale, *dcp, checks=md.checks)
+        else:  # float rows read in place (row_view: every element starts a row of a strided view)
+            slots = topk_to_slots(topk, md.token_req[:n], md.block_table, kv_c_and_k_pe_cache.shape[1], *dcp,
+                                  checks=md.checks)
+            rows, at = row_view(kv_c_and_k_pe_cache, slots)
+            out, lse = float_cache_attention(q_nope, q_rope, rows, at, self.scale)
         return out.to(q_nope.dtype), lse
 
     def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale):
         if kv_cache.numel() == 0:
             return
+        checks = device_checks.for_device(kv_cache.device)
         rt = SelectedRuntime.current()
         if rt is not None and rt.keep_records:  # selected steps patch them in; replicas keep them
-            rt.stash(kv_cache, kv_c_normed, k_pe, slot_mapping.shape[0])
-        # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: write into
-        # contiguous copies of the touched pages, then copy them back.
-        pages, slots, blocks = compact_pages(kv_cache, slot_mapping.flatten().to(torch.int64))
+            rt.stash(kv_cache, kv_c_normed, k_pe, slot_mapping.shape[0], checks)
+        # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: written in
+        # place (scatter_rows), no copy of the touched pages and no host read.
+        slots = slot_mapping.flatten()
         if is_record_cache_dtype(kv_cache_dtype):
-            write_records(kv_cache_dtype, kv_c_normed, k_pe, pages, slots)
-        else:
-            super().do_kv_cache_update(kv_c_normed, k_pe, pages, slots, kv_cache_dtype, k_scale)
-        if blocks is not None:
-            kv_cache[blocks] = pages
+            write_records(kv_cache_dtype, kv_c_normed, k_pe, kv_cache, slots, checks)
+        else:  # unquantized [latent ; rope] rows
+            n = slots.shape[0]
+            rows = torch.cat([kv_c_normed[:n], k_pe.reshape(k_pe.shape[0], -1)[:n]], dim=1)
+            scatter_rows(kv_cache, slots, rows.to(kv_cache.dtype), checks)
 
 
 class SparkinferSparseMLABackend(CPUMLABackend):

@@ -1,0 +1,197 @@
+"""No host read in a layer's forward, at most 8 per decode step (issue 16), counted inside vLLM.
+
+The probe (``sparkinfer.vllm.host_reads``) books every tensor read back to Python and every op
+with a data-dependent output shape against the innermost sparkinfer frame that made it, per
+decode step, inside each TP worker. The engines run the GPU implementations forced on CPU
+(``SPARKINFER_FORCE_GPU_IMPLS=1``, Triton under ``TRITON_INTERPRET=1``: the code a GPU node runs) on
+the tiny GLM-5.2-shaped model at TP2/DCP2, nvfp4_368 records and MTP3, in stock mode, selected
+mode with replicas off and with replicas on. Two depths of the model (``FSSF`` and ``FSSFSSFS``)
+separate what a layer costs from what a step costs: the sparkinfer count must be 0 under a
+layer's forward and the same at both depths, at most 8 per step. Reads of vLLM's host copies
+(``host_array``: pinned host memory on a GPU node, no sync) are reported apart.
+
+The probe can fail: a read planted into the layers of a running engine (``_plant``) is counted
+per layer, and the unit test below catches the validated (direct-call) forms' reads at their sites.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparkinfer.vllm import host_reads
+
+_spec = importlib.util.spec_from_file_location(
+    "host_overhead", Path(__file__).resolve().parent.parent / "benchmarks" / "host_overhead.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+PROMPT = bench.PROMPT
+MAX_TOKENS = 4
+BUDGET = 8  # sparkinfer host reads per decode step, whatever the layer count
+
+
+def _paged_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    from sparkinfer.formats import get_format
+
+    fmt = get_format("nvfp4_368")
+    backing = torch.zeros(6, 16, 368 + 132, dtype=torch.uint8)
+    cache = backing[:, :, :368]  # strided like vLLM's block-outermost layer views
+    slots = torch.arange(16, 16 + 40)
+    from sparkinfer.vllm.paged_sparse_mla import write_cache_records
+
+    write_cache_records(fmt, cache, slots, torch.randn(40, 512, generator=g), torch.randn(40, 64, generator=g))
+    topk = torch.randint(-1, 40, (3, 8), generator=g, dtype=torch.int32)
+    table = torch.tensor([[1, 2, 3, 4]], dtype=torch.int32)
+    q = torch.randn(3, 2, 512, generator=g), torch.randn(3, 2, 64, generator=g)
+    return cache, topk, table, q
+
+
+def test_probe_counts_the_checked_forms_and_not_the_hot_path(monkeypatch):
+    """The validated direct-call forms read back (ranges, a unique, boolean masks) and the probe books
+    them at their sparkinfer sites; the forward's forms (``checks``) give the same output with none."""
+    monkeypatch.setenv("SPARKINFER_FORCE_GPU_IMPLS", "1")
+    from sparkinfer.vllm.device_checks import DeviceChecks
+    from sparkinfer.vllm.paged_sparse_mla import compact_pages, paged_sparse_mla
+
+    cache, topk, table, q = _paged_inputs()
+    token_req = torch.zeros(3, dtype=torch.int64)
+    with host_reads.count_reads() as checked:
+        want = paged_sparse_mla(*q, cache, "nvfp4_368", topk, token_req, table, 0.1, 0, 2, 1)
+        compact_pages(cache, torch.tensor([17, -1, 40]))
+    sites = {k.split("|")[2] for k in checked}
+    assert "sparkinfer:vllm/paged_sparse_mla.py:_check_topk_inputs:__int__" in sites
+    assert "sparkinfer:vllm/paged_sparse_mla.py:_check_topk_inputs:__bool__" in sites
+    assert "sparkinfer:vllm/paged_sparse_mla.py:compact_pages:unique" in sites
+    assert "sparkinfer:attention/validate.py:check_decode_inputs:__int__" in sites
+    checks = DeviceChecks("cpu")
+    with host_reads.count_reads() as hot:
+        got = paged_sparse_mla(*q, cache, "nvfp4_368", topk, token_req, table, 0.1, 0, 2, 1, checks=checks)
+    assert not hot, dict(hot)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    with host_reads.count_reads() as planted:  # and a read in the block is seen too
+        int(topk.max())
+    assert sum(planted.values()) == 1
+
+
+def test_device_checks_raise_a_step_later_naming_the_check():
+    """A bad top-k position in the forward's form sets the flag without raising; the next poll but
+    one (the copy issued at a poll is read at the following one) raises naming the check."""
+    from sparkinfer.vllm.device_checks import DeviceCheckError, DeviceChecks
+    from sparkinfer.vllm.paged_sparse_mla import topk_to_slots
+
+    checks = DeviceChecks("cpu")
+    checks.poll()
+    table = torch.tensor([[1, 2]], dtype=torch.int32)
+    with host_reads.count_reads() as reads:
+        slots = topk_to_slots(torch.tensor([[3, 40, -1]]), torch.zeros(1, dtype=torch.int64), table, 4, checks=checks)
+    assert not reads
+    assert slots.tolist() == [[7, -1, -1]]  # the position past the 2 blocks maps to -1, flagged
+    with pytest.raises(ValueError, match="beyond the request's 2 blocks"):  # the direct call still refuses it
+        topk_to_slots(torch.tensor([[3, 40, -1]]), torch.zeros(1, dtype=torch.int64), table, 4)
+    checks.poll()  # issues the copy of the set word
+    with pytest.raises(DeviceCheckError, match="topk_position: a top-k position lies beyond"):
+        checks.poll()
+
+
+def test_strided_write_in_place_equals_the_page_copy():
+    """``write_cache_records`` into a strided view (scatter_rows: -1 rows rewrite the null block's
+    first record with itself) gives exactly the bytes of writing contiguous copies of the pages."""
+    from sparkinfer.formats import get_format
+    from sparkinfer.vllm.paged_sparse_mla import write_cache_records
+
+    g = torch.Generator().manual_seed(2)
+    fmt = get_format("nvfp4_368")
+    backing = torch.randint(0, 256, (5, 8, 368 + 100), generator=g, dtype=torch.uint8)
+    view = backing[:, :, :368]
+    want = backing.clone()
+    slots = torch.tensor([9, -1, 30, 12, -1, 39])
+    lat, rope = torch.randn(6, 512, generator=g), torch.randn(6, 64, generator=g)
+    pages = want[:, :, :368].contiguous()
+    fmt.write(pages, slots, lat, rope)
+    want[:, :, :368] = pages
+    from sparkinfer.vllm.device_checks import DeviceChecks
+
+    checks = DeviceChecks("cpu")
+    with host_reads.count_reads() as reads:
+        write_cache_records(fmt, view, slots, lat, rope, checks=checks)
+    assert not reads
+    assert torch.equal(backing, want)
+
+
+# --- inside vLLM ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from sparkinfer.vllm.tiny_model import build_tiny_glm
+
+    return {p: build_tiny_glm(tmp_path_factory.mktemp(f"tiny_{p}"), pattern=p) for p in ("FSSF", "FSSFSSFS")}
+
+
+def _plant(worker=None):
+    """A host read in every stock attention layer of this worker: the probe must see it per layer."""
+    from sparkinfer.vllm import paged_sparse_mla, sparse_mla_backend
+
+    orig = paged_sparse_mla.paged_sparse_mla
+
+    def planted(*args, **kwargs):
+        paged_sparse_mla._check_topk_inputs(args[4], args[5], args[6], args[2].shape[1], *args[8:11])
+        return orig(*args, **kwargs)
+
+    sparse_mla_backend.paged_sparse_mla = planted
+    return True
+
+
+def _serve(model_dir, monkeypatch, path: str, plant: bool = False):
+    """(tokens, per-worker decode summaries[, the same after a planted read]) of one engine of
+    ``bench.PATHS[path]`` (the benchmark's engines, with the Triton kernels interpreted)."""
+    import gc
+
+    from vllm import SamplingParams
+
+    for k, v in bench.ENV.items():
+        monkeypatch.setenv(k, v)
+    llm = bench.make_llm(model_dir, path)
+    try:
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+        llm.collective_rpc(host_reads.install)
+        out = llm.generate([{"prompt_token_ids": PROMPT}], params)
+        runs = [[host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)]]
+        if plant:
+            llm.collective_rpc(_plant)
+            llm.generate([{"prompt_token_ids": PROMPT}], params)
+            runs.append([host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)])
+        return list(out[0].outputs[0].token_ids), runs
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", list(bench.PATHS))
+def test_no_host_read_per_layer_and_few_per_step(models, monkeypatch, name):
+    pytest.importorskip("vllm")
+    per_depth = {}
+    for pattern, model in models.items():
+        tokens, runs = _serve(model, monkeypatch, name, plant=name == "stock" and pattern == "FSSF")
+        assert len(tokens) == MAX_TOKENS
+        per_depth[pattern] = (tokens, runs[0])
+        for w in runs[0]:
+            print(f"{name} {pattern} worker: {w['steps']} decode steps, per step sparkinfer {w['sparkinfer']:.1f} "
+                  f"(under a layer {w['layer']:.1f}), vLLM {w['vllm']:.1f}, vLLM host copies {w['host']:.1f}; "
+                  f"sites {w['sites']}")
+            assert w["steps"] >= 1
+            assert w["layer"] == 0, w["sites"]
+            assert w["sparkinfer"] <= BUDGET, w["sites"]
+        if len(runs) > 1:  # the planted read: once per stock attention layer (4 + the MTP layer's passes)
+            for w in runs[1]:
+                assert w["layer"] >= len(pattern), w["sites"]
+    shallow, deep = (per_depth[p][1] for p in ("FSSF", "FSSFSSFS"))
+    for a, b in zip(shallow, deep):  # twice the layers, the same reads: none of them is per layer
+        assert a["sparkinfer"] == b["sparkinfer"]
