@@ -10,7 +10,7 @@ from sparkinfer.comm import flags
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkinfer.comm.slab import (ABORT, ACK, ARRIVE, FLAG_STRIDE, SlabLayout, chunk_rounds, host_offsets,
+from sparkinfer.comm.slab import (ABORT, ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout, chunk_rounds, host_offsets,
                                  rotated_peers)
 
 
@@ -28,8 +28,11 @@ def test_regions_are_disjoint_aligned_and_inside(world, width, cap, layers, dept
         assert offs[-1] + size <= end and all(o % 256 == 0 for o in offs)
     assert lay.segment_bytes == lay.flags_bytes + depth * lay.region_bytes  # nothing per source
     assert recv[0] >= lay.flags_bytes  # data never overlaps the flag lines
-    words = {lay.flag_index(k, p) for k in (ARRIVE, ACK, ABORT) for p in range(world)}
-    assert len(words) == 3 * world and max(words) * 8 < lay.flags_bytes
+    kinds = (ARRIVE, ACK, ABORT) + tuple(LANDED + j for j in range(layers))  # one landed flag per layer
+    words = {lay.flag_index(k, p) for k in kinds for p in range(world)}
+    assert len(words) == (3 + layers) * world and max(words) * 8 < lay.flags_bytes
+    with pytest.raises(ValueError, match="max_layers"):
+        lay.flag_index(LANDED + layers, 0)
     assert all(w % FLAG_STRIDE == 0 for w in words)
     assert lay.recv_offset(depth) == lay.recv_offset(0)  # seq wraps onto slot seq % depth
     assert SlabLayout(world, width, cap, layers, depth, send_capacity=0).send_bytes == 0

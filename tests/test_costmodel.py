@@ -106,19 +106,66 @@ def test_issue_arithmetic(rtx):
 def test_selected_comm_properties():
     counts = cm.group_counts(cm.pattern_groups(GLM52, False))
     assert counts == ((0, 2), (3, 19))
-    f = lambda x, fixed=10.0, c=100.0, d=3: cm.selected_comm_us(x, fixed, c, counts, d)
+    f = lambda x, fixed=10.0, s=2.0, c=100.0, d=3: cm.selected_comm_us(x, fixed, s, c, counts, d)
     # depth 0: every layer's exchange exposed
     assert f(5.0, d=0) == pytest.approx(78 * 15.0)
-    # hidden bundles cost only their fixed part
-    assert f(5.0, d=3) == pytest.approx(21 * 15.0 + 19 * 10.0)
-    assert f(5.0, d=1) == pytest.approx(21 * 15.0 + 19 * 3 * 10.0)
-    # link-bound: a bundle of s layers exposes s*x - c
-    assert f(200.0, d=3) == pytest.approx(21 * 210.0 + 19 * (10.0 + 600.0 - 100.0))
+    # compute-bound (x + s < c): a chunk exposes its first layer only
+    assert f(5.0, d=3) == pytest.approx(21 * 15.0)
+    assert f(5.0, d=1) == pytest.approx(2 * 15.0 + 19 * 2 * 15.0)  # FS + SS per group
+    # link-bound: every layer after a chunk's first exposes x + s - c
+    assert f(200.0, d=3) == pytest.approx(21 * 210.0 + 19 * 3 * (200.0 + 2.0 - 100.0))
     xs = np.linspace(0, 500, 51)
     for d in range(4):
         vals = [f(x, d=d) for x in xs]
         assert all(b >= a for a, b in zip(vals, vals[1:]))  # monotone in bytes
         assert f(50.0, fixed=20.0, d=d) >= f(50.0, fixed=10.0, d=d)
+
+
+def _simulated_exposed(J, x, fixed, section, c, overlap):
+    """An independent event simulation of one exchange of J layers issued at t = 0: the link moves
+    the sections one after the other (the first after the fixed cost, each later one after its own
+    issue cost too) and layer j computes for c once its section (overlap) or the whole region (no
+    overlap) landed and layer j - 1 finished; exposed = the end less J layers of compute."""
+    landed, t = [], fixed
+    for j in range(J):
+        t += x + (section if j and overlap else 0.0)
+        landed.append(t)
+    if not overlap:
+        landed = [landed[-1]] * J
+    free = 0.0
+    for j in range(J):
+        free = max(free, landed[j]) + c
+    return free - J * c
+
+
+@pytest.mark.parametrize("J", [1, 2, 3, 4, 7])
+def test_chunk_overlap_formula_against_a_simulation(J):
+    """``chunk_exposed_us`` against the event simulation above over compute-bound, link-bound and
+    tie cases, with and without the overlap; and what the overlap saves: J - 1 hidden sections."""
+    rng = np.random.default_rng(J)
+    cases = [(5.0, 10.0, 2.0, 100.0), (200.0, 10.0, 2.0, 100.0), (98.0, 0.0, 2.0, 100.0), (0.0, 3.0, 0.0, 0.0)]
+    cases += [tuple(rng.uniform(0, 300, 4)) for _ in range(200)]
+    for x, fixed, section, c in cases:
+        for overlap in (True, False):
+            got = cm.chunk_exposed_us(J, x, fixed, section, c, overlap)
+            assert got == pytest.approx(_simulated_exposed(J, x, fixed, section, c, overlap), abs=1e-9)
+        packed = cm.chunk_exposed_us(J, x, fixed, section, c, False)
+        if section <= c:  # a section's issue cost below a layer's compute: the overlap never loses
+            assert cm.chunk_exposed_us(J, x, fixed, section, c) <= packed + 1e-9
+    # hand values: F + 3 Shared layers, x 40 us, fixed 10, section 2, compute 100 -> only F's section
+    assert cm.chunk_exposed_us(4, 40.0, 10.0, 2.0, 100.0) == 50.0
+    assert cm.chunk_exposed_us(4, 40.0, 10.0, 2.0, 100.0, overlap=False) == 170.0
+    assert cm.chunk_exposed_us(4, 150.0, 10.0, 2.0, 100.0) == 10.0 + 150.0 + 3 * 52.0
+
+
+def test_chunk_terms_cover_every_layer_once():
+    for counts in (((0, 2), (3, 19)), ((0, 3), (1, 2), (5, 4)), ((2, 1),)):
+        layers = sum((n + 1) * k for n, k in counts)
+        for d in range(6):
+            terms = cm.chunk_terms(counts, d)
+            assert sum(m * j for m, j in terms) == layers
+            assert all(1 <= j <= d + 1 for _, j in terms)
+            assert sum(m for m, _ in terms) == sum(k * -(-(n + 1) // (d + 1)) for n, k in counts)
 
 
 def test_indexer_and_attention_terms(rtx):

@@ -17,7 +17,7 @@ def _profiles():
     rtx = cm.load_profile("rtx_pro_6000_x4")
     h200 = cm.load_profile("h200_x4")
     # an exchange between the fitted one and a lean one makes both choices occur on the grid
-    lean = replace(rtx, name="lean", exchange_us=60.0, copy_us=1.0)
+    lean = replace(rtx, name="lean", exchange_us=100.0, copy_us=1.0)
     return [rtx, h200, lean]
 
 
@@ -96,7 +96,7 @@ def test_amortised_plan_never_rated_slower(profile):
 
 
 def test_horizon_one_is_the_per_step_rule_and_prior_and_modes():
-    p = replace(cm.load_profile("rtx_pro_6000_x4"), exchange_us=60.0, copy_us=1.0)
+    p = replace(cm.load_profile("rtx_pro_6000_x4"), exchange_us=100.0, copy_us=1.0)
     pol = StepPolicy(p, env={})
     for ctx in (0, 4096, 65536):
         a = pol.decide([4, 4], [ctx] * 2, None, [1.0, 1.0])
@@ -122,11 +122,12 @@ def test_default_union_and_shallowest_tie():
     p = replace(cm.load_profile("rtx_pro_6000_x4"), exchange_us=4.0, copy_us=0.5)
     pol = StepPolicy(p, max_depth=5, env={})
     assert pol.decide([4], [65536]) == pol.decide([4], [65536], [2048], [1.0])  # default min(ctx+rows, k)
-    # GLM-5.2 groups have 3 Shared layers: depths 3, 4, 5 bundle them alike, the shallowest wins
+    # GLM-5.2 groups have 3 Shared layers: depths 3, 4, 5 carry F and them in one exchange alike,
+    # depths 1 and 2 in two (FS + SS, FSS + S: the same exposed time), and the shallowest wins ties
     d = pol.decide([1], [65536])
     _, sel = pol.costs(1, 2048.0, False)
     assert d.path == "selected" and d.depth == 3
-    assert sel[3] == sel[4] == sel[5] < sel[2] < sel[1] < sel[0]
+    assert sel[3] == sel[4] == sel[5] < sel[2] == sel[1] < sel[0]
 
 
 def test_mode_sources():
@@ -169,7 +170,7 @@ import json, random
 from dataclasses import replace
 from sparkinfer.core import costmodel as cm
 from sparkinfer.core.policy import StepPolicy
-p = replace(cm.load_profile("rtx_pro_6000_x4"), exchange_us=60.0, copy_us=1.0)
+p = replace(cm.load_profile("rtx_pro_6000_x4"), exchange_us=100.0, copy_us=1.0)
 pol = StepPolicy(p, env={})
 rng = random.Random(3)
 out = []

@@ -8,7 +8,8 @@ instead of blocking, so the exchange overlaps compute:
 * send slab: ordinary device memory of this rank;
 * ``copy``: on the pair's own non-blocking stream (its copy engine): wait for the pack event,
   wait (device flag) until dst released the region, one ``cudaMemcpyAsync`` of the packed region
-  into dst's segment, then a one-thread kernel release-writes ``arrive[rank] = seq`` there;
+  (or of one layer's section of it) into dst's segment, then a one-thread kernel release-writes
+  ``arrive[rank] = seq`` (``landed[layer][rank] = seq`` for a section) there;
 * ``wait_arrival`` / ``release``: flag kernels on the compute (current torch) stream; a wait that
   spins past ``timeout_s`` stops, records the missing peer in a pinned host word and returns, and
   the next fabric call raises :class:`FabricError` naming that peer (the GPU never hangs);
@@ -35,7 +36,7 @@ import torch.distributed as dist
 from sparkinfer import native
 
 from .fabric import Fabric, FabricError, PeerAccessError, arrival_barrier, check_same_config
-from .slab import ACK, ARRIVE, FLAG_STRIDE, SlabLayout
+from .slab import ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 
@@ -248,26 +249,28 @@ class CudaFabric(Fabric):
                                               self._seq_ptr(seq), self.layout.depth, dst, self._timeout_cycles,
                                               self._err.data_ptr(), self._streams[dst]), "release wait")
 
-    def copy(self, seq, dst, nbytes, offset=0):
+    def copy(self, seq, dst, nbytes, offset=0, layer=None, src_offset=0):
         self._check()
         s = self._streams[dst]
         if nbytes:
-            src = self._send.data_ptr() + self.layout.send_offset(seq, dst)
+            src = self._send.data_ptr() + self.layout.send_offset(seq, dst) + src_offset
             dst_ptr = self._peer_ptr[dst] + self.layout.recv_offset(seq) + offset
             _ok(self._rt.cudaMemcpyAsync(dst_ptr, src, nbytes, self._rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, s),
                 "cudaMemcpyAsync")
             self.copied_bytes[dst] += nbytes
-            self.copies[dst] += 1
-        _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[dst], ARRIVE, self.rank),
+            self.copies[dst] += layer is None or layer == 0  # a block, however many sections
+        kind = ARRIVE if layer is None else LANDED + layer
+        _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[dst], kind, self.rank),
                                             self._seq_ptr(seq), s), "arrive signal")
         ev = self._copied[self.layout.slot(seq)][dst]
         _ok(self._rt.cudaEventRecord(ev, s), "cudaEventRecord")
         self._last_copy[dst] = ev
         self._recorded.add((self.layout.slot(seq), dst))
 
-    def wait_arrival(self, seq, src):
+    def wait_arrival(self, seq, src, layer=None):
         self._check()
-        _call(self._lib.si_comm_wait_cuda(self._flag_addr(self._seg_ptr, ARRIVE, src), 1, FLAG_STRIDE,
+        kind = ARRIVE if layer is None else LANDED + layer
+        _call(self._lib.si_comm_wait_cuda(self._flag_addr(self._seg_ptr, kind, src), 1, FLAG_STRIDE,
                                           self._seq_ptr(seq), 0, src, self._timeout_cycles, self._err.data_ptr(),
                                           self._stream()), "arrival wait")
 

@@ -28,6 +28,20 @@ One exchange = one or more rounds; round ``seq`` on rank r:
 Sequence numbers are monotonic per (src, dst), so a region is never overwritten before its
 consumer released it, and ``depth`` exchanges can be in flight (``start`` ... ``finish``).
 
+Per-layer arrival (``layer_arrival``, the default; host sizing). A layered exchange carries a Full
+layer and the Shared layers after it, but each layer is needed at its own attention: F right
+away, Shared layer j after the compute of the j layers before it. So step 2 issues, once every
+destination's block is packed, the copies of each block's layer sections ``[n, width]`` (the
+packed block is layer-major, so section j is contiguous) layer by layer across destinations:
+section j of every pair, then section j + 1, each followed by ``landed[j][r] = seq``, and one
+0-byte copy per pair for ``arrive[r] = seq`` after the last. ``finish_layer(pending, j)`` waits for
+sections 0..j only and unpacks them; ``finish`` unpacks the rest, waits for the arrivals, releases.
+The bytes and the workspace rows are those of the one packed copy; only the completion is split:
+F waits for F's records and the Shared sections land while F computes. Cost: ``J`` copies and
+signals per pair instead of one (``docs/design/transport.md``, "Prefetch that overlaps").
+Device sizing keeps one arrival per region (its stores run in the compute stream: nothing to
+overlap); ``finish_layer`` then completes the whole region.
+
 Sizing. With ``sizing="host"`` (the default) the count plane is read on the host once per
 exchange: each copy-engine copy moves exactly the packed bytes, the sources' blocks lie one after
 the other in the destination's region (offsets from the counts, ``slab.host_offsets``), and an
@@ -101,6 +115,8 @@ class Pending:
     hi: int
     stats: ExchangeStats = field(default_factory=ExchangeStats)
     done: bool = False
+    layered: bool = False  # per-layer arrival: sections land (and are unpacked) one layer at a time
+    unpacked: int = 0      # layers of the current round unpacked into the workspace
 
 
 def _check_planes(planes, world: int, device) -> int:
@@ -129,16 +145,19 @@ def _check_sizing(sizing: str) -> str:
 
 class SelectedExchange:
     """Runs the protocol above on a fabric; allocates nothing per call on its own (slabs live in
-    the fabric). ``sizing``: "host" or "device" (module docstring), the default of every call.
+    the fabric). ``sizing``: "host" or "device" (module docstring), the default of every call;
+    ``layer_arrival``: host-sized exchanges of several layers signal each layer's section (module
+    docstring); False: one copy and one arrival per pair (a layer's wait waits for all of them).
 
     Sequence numbers and the in-flight queue are per fabric, so one fabric has one exchange."""
 
-    def __init__(self, fabric: Fabric, sizing: str = "host"):
+    def __init__(self, fabric: Fabric, sizing: str = "host", layer_arrival: bool = True):
         if getattr(fabric, "_driver", None) is not None:
             raise ValueError("this fabric already has a SelectedExchange (sequence numbers are per fabric): "
                              "reuse it; sizing can be chosen per call")
         fabric._driver = self
         self.sizing = _check_sizing(sizing)
+        self.layer_arrival = bool(layer_arrival)
         self.fabric = fabric
         self.layout = fabric.layout
         self.rank, self.world = fabric.rank, fabric.world
@@ -201,7 +220,8 @@ class SelectedExchange:
         stats.records_local = counts[r][r] * J
         for k in range(rounds):
             lo, hi = k * window, min((k + 1) * window, C)
-            pending = self._start_round(Pending(planes, shard, layers, workspace, counts, 0, lo, hi), rounds == 1)
+            pending = self._start_round(Pending(planes, shard, layers, workspace, counts, 0, lo, hi,
+                                                layered=self.layer_arrival and J > 1), rounds == 1)
             if k + 1 < rounds:
                 stats.add(self._finish_round(pending, False))
         pending.stats.add(stats)
@@ -221,7 +241,7 @@ class SelectedExchange:
                              "exchange needs C >= B * U so that no count can overflow (build the planes with it)")
         while self._in_flight and len(self._in_flight) + 1 > lay.depth:
             self.finish(self._in_flight[0])
-        p = Pending(planes, shard, layers, workspace, None, 0, 0, C)
+        p = Pending(planes, shard, layers, workspace, None, 0, 0, C)  # one arrival per region
         t = time.perf_counter()
         P.direct(shard, layers, planes.req[r, r], planes.local[r, r], planes.slot[r, r], planes.count[r, r], C,
                  workspace)
@@ -287,6 +307,7 @@ class SelectedExchange:
         self.seq += 1
         p.seq = seq = self.seq
         cap = p.hi - p.lo
+        blocks = []  # (dst, records, byte offset in dst's region) of the layered copies
         for dst in rotated_peers(r, self.world):
             shares = self._shares(p, dst)
             n, offset = shares[r], host_offsets(shares, dst)[r] * J * lay.width
@@ -297,39 +318,89 @@ class SelectedExchange:
                        self._count(p, r, dst, whole), cap, f.send_region(seq, dst))
             t1 = time.perf_counter()
             f.wait_recv_free(seq, dst)
-            f.copy(seq, dst, lay.nbytes(J, n), offset)
+            if p.layered:
+                blocks.append((dst, n, offset))
+            else:
+                f.copy(seq, dst, lay.nbytes(J, n), offset)
             p.stats.pack_s += t1 - t
             p.stats.copy_s += time.perf_counter() - t1
             p.stats.records_sent += n * J
             p.stats.bytes_sent += lay.nbytes(J, n)
+        if p.layered:  # layer by layer across destinations: every destination's layer j lands before j + 1
+            t = time.perf_counter()
+            for j in range(J):
+                for dst, n, offset in blocks:
+                    if n:
+                        section = lay.nbytes(1, n)
+                        f.copy(seq, dst, section, offset + j * section, layer=j, src_offset=j * section)
+            for dst, _, offset in blocks:
+                f.copy(seq, dst, 0, offset)  # arrive: the whole region landed
+            p.stats.copy_s += time.perf_counter() - t
         return p
 
-    def _finish_round(self, p: Pending, whole: bool) -> ExchangeStats:
+    def _unpack(self, p: Pending, upto: int, whole: bool) -> None:
+        """Wait for and unpack layers ``p.unpacked .. upto - 1`` of every source's part of the round
+        (all ``J`` layers at once unless the round is layered); no release."""
         f, r, J, W = self.fabric, self.rank, p.layers.shape[0], self.layout.width
+        if p.unpacked >= upto:
+            return
+        # arrivals are awaited in the order peers write to us (src = r-1 starts on us first)
         peers = list(reversed(rotated_peers(r, self.world)))
         region = f.recv_region(p.seq)
         if p.counts is not None:
             shares = self._shares(p, r)
             offsets = host_offsets(shares, r)
-        # arrivals are awaited in the order peers write to us (src = r-1 starts on us first)
-        for src in peers:
-            t = time.perf_counter()
-            f.wait_arrival(p.seq, src)
-            t1 = time.perf_counter()
-            if p.counts is None:  # device sizing: the unpack kernel reads the count (0 is a no-op)
-                shard, zeros = self._region_shard(p.seq, p.hi)
-                P.direct(shard, self._layer_range(J), zeros, p.planes.slot[src, r], p.planes.slot[src, r],
-                         p.planes.count[src, r], p.hi, p.workspace)
-            elif shares[src]:
-                n, off = shares[src], offsets[src] * J * W
-                P.unpack(region[off: off + J * n * W], J, self._count(p, src, r, whole), n,
-                         p.planes.slot[src, r, p.lo:p.hi], p.workspace)
-            p.stats.wait_s += t1 - t
-            p.stats.unpack_s += time.perf_counter() - t1
-            p.stats.records_recv += (0 if p.counts is None else shares[src]) * J
+        for j in range(p.unpacked, upto) if p.layered else [None]:
+            for src in peers:
+                if j is not None and not shares[src]:
+                    continue  # no section from src: nothing to wait for before the region's arrive
+                t = time.perf_counter()
+                f.wait_arrival(p.seq, src, j)
+                t1 = time.perf_counter()
+                if p.counts is None:  # device sizing: the unpack kernel reads the count (0 is a no-op)
+                    shard, zeros = self._region_shard(p.seq, p.hi)
+                    P.direct(shard, self._layer_range(J), zeros, p.planes.slot[src, r], p.planes.slot[src, r],
+                             p.planes.count[src, r], p.hi, p.workspace)
+                elif shares[src]:
+                    n, off = shares[src], offsets[src] * J * W
+                    slot, count = p.planes.slot[src, r, p.lo:p.hi], self._count(p, src, r, whole)
+                    if j is None:
+                        P.unpack(region[off: off + J * n * W], J, count, n, slot, p.workspace)
+                    else:  # the block is layer-major: section j is [n, width] at j * n * width
+                        sec = off + j * n * W
+                        P.unpack(region[sec: sec + n * W], 1, count, n, slot, p.workspace[j: j + 1])
+                p.stats.wait_s += t1 - t
+                p.stats.unpack_s += time.perf_counter() - t1
+                p.stats.records_recv += (0 if p.counts is None else shares[src]) * (J if j is None else 1)
+        p.unpacked = upto if p.layered else J
+
+    def _finish_round(self, p: Pending, whole: bool) -> ExchangeStats:
+        f, r = self.fabric, self.rank
+        self._unpack(p, p.layers.shape[0], whole)
+        peers = list(reversed(rotated_peers(r, self.world)))
+        if p.layered:  # the region's arrive follows its last section (and stands for 0-record sources)
+            for src in peers:
+                t = time.perf_counter()
+                f.wait_arrival(p.seq, src)
+                p.stats.wait_s += time.perf_counter() - t
         for src in peers:  # the sources share the region: released once all of it was consumed
             f.release(p.seq, src)
         return p.stats
+
+    def finish_layer(self, pending: Pending, j: int) -> None:
+        """Layer ``j`` (index into the exchange's layers) of ``pending`` is in the workspace: wait only
+        for sections 0..j (they land in that order) and unpack them; the region stays held until
+        ``finish``. Without per-layer arrival this is ``finish`` (the whole region)."""
+        if not 0 <= j < pending.layers.shape[0]:
+            raise ValueError(f"layer index {j} outside the exchange's {pending.layers.shape[0]} layers")
+        if pending.done:
+            return
+        if not any(p is pending for p in self._in_flight):
+            raise RuntimeError("finish_layer() of an exchange that was never started on this SelectedExchange")
+        if not pending.layered:
+            self.finish(pending)
+            return
+        self._unpack(pending, j + 1, pending.stats.rounds == 1)
 
     def finish(self, pending: Pending) -> ExchangeStats:
         """Wait for the peers' regions of ``pending``, unpack them, release the regions.

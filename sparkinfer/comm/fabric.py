@@ -5,9 +5,15 @@ The protocol (``exchange.py``) calls, for exchange number ``seq``::
 
     wait_send_free(seq, dst)   the send region of (slot, dst) is no longer read by an older copy
     wait_recv_free(seq, dst)   dst released the receive region this copy will overwrite
-    copy(seq, dst, nbytes, offset)  one copy send region -> dst's shared receive region at byte
-                               ``offset`` (this rank's part of it), then arrive[rank] = seq
-    wait_arrival(seq, src)     src's region for seq has landed here
+    copy(seq, dst, nbytes, offset, layer=None, src_offset=0)
+                               one copy of send region bytes [src_offset, src_offset + nbytes) ->
+                               dst's shared receive region at byte ``offset`` (this rank's part of
+                               it), then arrive[rank] = seq (``layer`` None: the whole region
+                               landed) or landed[layer][rank] = seq (one layer's section of it;
+                               the region's arrive follows as a copy of 0 bytes). Copies of one
+                               pair run in call order.
+    wait_arrival(seq, src, layer=None)  src's region (or its layer-``layer`` section) for seq has
+                               landed here
     release(seq, src)          this rank consumed src's region: ack for src
     close()
 
@@ -71,10 +77,11 @@ class Fabric(abc.ABC):
     def wait_recv_free(self, seq: int, dst: int) -> None: ...
 
     @abc.abstractmethod
-    def copy(self, seq: int, dst: int, nbytes: int, offset: int = 0) -> None: ...
+    def copy(self, seq: int, dst: int, nbytes: int, offset: int = 0, layer: int | None = None,
+             src_offset: int = 0) -> None: ...
 
     @abc.abstractmethod
-    def wait_arrival(self, seq: int, src: int) -> None: ...
+    def wait_arrival(self, seq: int, src: int, layer: int | None = None) -> None: ...
 
     @abc.abstractmethod
     def release(self, seq: int, src: int) -> None: ...

@@ -6,8 +6,9 @@ Stands in for the CUDA fabric on CPU machines and in tests, running the same pro
   and every peer (layout in ``slab.py``); the file is unlinked once all ranks mapped it, so nothing
   leaks even if a process dies;
 * send slab: private memory of the rank (only its own copy thread reads it);
-* copy thread: the copy engine. ``copy()`` queues (seq, dst, nbytes); the thread copies the bytes
-  into dst's segment, then release-stores ``arrive[rank] = seq`` there;
+* copy thread: the copy engine. ``copy()`` queues (seq, dst, nbytes, offset, layer, src_offset);
+  the thread copies the bytes into dst's segment, then release-stores ``arrive[rank] = seq``
+  (``landed[layer][rank] = seq`` for one layer's section) there, jobs in queue order;
 * flags: int64 words with acquire/release atomics (``flags.py``); waits time out after
   ``timeout_s`` and then raise on this rank and write ``abort`` into every peer's segment, so peers
   blocked on this rank raise too, naming who was missing, instead of hanging.
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 from . import flags
 from .fabric import Fabric, FabricError, arrival_barrier, check_same_config, log
-from .slab import ABORT, ACK, ARRIVE, FLAG_STRIDE, SlabLayout
+from .slab import ABORT, ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout
 
 SHM_DIR = "/dev/shm"
 
@@ -102,21 +103,23 @@ class HostFabric(Fabric):
             job = self._jobs.get()
             if job is None:
                 return
-            seq, dst, nbytes, offset = job
+            seq, dst, nbytes, offset, layer, src_offset = job
             try:
                 if nbytes:
                     region = self._recv_region_of(dst, seq)[offset: offset + nbytes]
-                    region.copy_(self.send_region(seq, dst)[:nbytes])
+                    region.copy_(self.send_region(seq, dst)[src_offset: src_offset + nbytes])
                     self.copied_bytes[dst] += region.numel()  # counted before arrival: visible once dst saw it
-                    self.copies[dst] += 1
-                flags.store(self._flags[dst], self.layout.flag_index(ARRIVE, self.rank), seq)
+                    self.copies[dst] += layer is None or layer == 0  # a block, however many sections
+                kind = ARRIVE if layer is None else LANDED + layer
+                flags.store(self._flags[dst], self.layout.flag_index(kind, self.rank), seq)
             except BaseException as e:  # every rank (this one too) stops waiting and raises it
                 self._error = e
                 log.error("rank %d: copy to rank %d (exchange %d) failed: %r", self.rank, dst, seq, e)
                 self._abort(list(range(self.world)), [self.rank])
-            with self._cv:
-                self._copied[dst] = seq
-                self._cv.notify_all()
+            if layer is None:  # the region's last copy: the send region of seq is free again
+                with self._cv:
+                    self._copied[dst] = seq
+                    self._cv.notify_all()
 
     def _check(self):
         if self._closed:
@@ -151,10 +154,11 @@ class HostFabric(Fabric):
         self._check()
         self._wait_copied(dst, seq - self.layout.depth)
 
-    def copy(self, seq, dst, nbytes, offset=0):
+    def copy(self, seq, dst, nbytes, offset=0, layer=None, src_offset=0):
         self._check()
-        self._queued[dst] = seq
-        self._jobs.put((seq, dst, nbytes, offset))
+        if layer is None:
+            self._queued[dst] = seq
+        self._jobs.put((seq, dst, nbytes, offset, layer, src_offset))
 
     def _wait(self, kind: int, seq_target: int, peer: int, what: str, seq: int):
         self._check()
@@ -175,8 +179,11 @@ class HostFabric(Fabric):
         if seq > self.layout.depth:
             self._wait(ACK, seq - self.layout.depth, dst, f"the release of exchange {seq - self.layout.depth}", seq)
 
-    def wait_arrival(self, seq, src):
-        self._wait(ARRIVE, seq, src, "the arrival", seq)
+    def wait_arrival(self, seq, src, layer=None):
+        if layer is None:
+            self._wait(ARRIVE, seq, src, "the arrival", seq)
+        else:
+            self._wait(LANDED + layer, seq, src, f"the arrival of layer section {layer}", seq)
 
     def release(self, seq, src):
         self._check()

@@ -3,8 +3,10 @@
 Decode: at a Full layer F the indexer's top-k gives the planes; F and the Shared layers that reuse
 its top-k (``IndexSharePattern.prefetch_targets(F, depth)``) travel in ONE layered exchange (one
 destination map, one copy per pair, one barrier) into consecutive ring slots. Attention at layer l
-calls ``get(l)`` (completes the exchange if it is still in flight) and ``release(l)`` once its
-attention is enqueued. Prefill: ``prefill_planes`` describes every rank's whole shard, so the same
+calls ``get(l)`` and ``release(l)`` once its attention is enqueued. ``get(l)`` waits only for
+layer l's section of the exchange (per-layer arrival, ``exchange.py``): F's attention starts once
+F's records landed while the Shared layers' records are still moving, which is what makes the
+prefetch of depth N overlap; the exchange completes (region released) at its last layer's release. Prefill: ``prefill_planes`` describes every rank's whole shard, so the same
 ring gathers the full CKV of layer l + depth while layer l computes.
 
 Buffer: uint8 ``[depth + 1, rows, width]`` allocated once; ``rows = B * U`` (decode) or
@@ -38,7 +40,7 @@ class PrefetchRing:
         self.buf = torch.zeros(depth + 1, rows, lay.width, dtype=torch.uint8, device=exchange.fabric.device)
         self._held: list[int | None] = [None] * (depth + 1)  # layer in each slot
         self._slot: dict[int, int] = {}
-        self._pending: dict[int, Pending] = {}
+        self._pending: dict[int, tuple[Pending, int]] = {}  # layer -> (its exchange, index in it)
         self._layer_ids: dict[tuple, torch.Tensor] = {}  # int32 layer lists handed to the exchange
         self._next = 0
 
@@ -56,8 +58,8 @@ class PrefetchRing:
         ws = self.buf[s: s + len(layers)] if rows is None else self.buf[s: s + len(layers), :rows]
         pending = self.exchange.start(planes, shard, self._layer_ids[key], ws, sizing)
         self._assign(s, layers)
-        for layer in layers:
-            self._pending[layer] = pending
+        for j, layer in enumerate(layers):
+            self._pending[layer] = (pending, j)
         return pending
 
     def reserve(self, layers: list[int]) -> None:
@@ -88,20 +90,23 @@ class PrefetchRing:
         self._next = (s + J) % (self.depth + 1)
 
     def get(self, layer: int) -> torch.Tensor:
-        """uint8 [rows, width] workspace of ``layer``, its exchange completed."""
+        """uint8 [rows, width] workspace of ``layer``, its records landed (the exchange's later
+        layers may still be in flight)."""
         if layer not in self._slot:
             raise ValueError(f"layer {layer} was not prefetched into the ring (held: {sorted(self._slot)})")
         if layer in self._pending:
-            self.exchange.finish(self._pending[layer])
+            self.exchange.finish_layer(*self._pending[layer])
         return self.buf[self._slot[layer]]
 
     def release(self, layer: int) -> None:
         """Attention of ``layer`` is done (or enqueued on the exchange's stream): its slot may be reused."""
         if layer not in self._slot:
             raise ValueError(f"layer {layer} is not in the ring")
-        pending = self._pending.pop(layer, None)
-        if pending is not None:
-            self.exchange.finish(pending)  # never recycle a slot an unpack may still write
+        entry = self._pending.pop(layer, None)
+        if entry is not None:  # never recycle a slot an unpack may still write
+            self.exchange.finish_layer(*entry)
+            if not any(p is entry[0] for p, _ in self._pending.values()):
+                self.exchange.finish(entry[0])  # its last layer: release the region
         self._held[self._slot.pop(layer)] = None
 
 

@@ -5,10 +5,13 @@ Per rank, for ``depth`` in-flight exchanges ("slots"; exchange number ``seq`` us
 
     receive segment (peers write it)     flags | [depth][region_bytes]
     send slab (private to the rank)      [depth][world dst][send_region_bytes]   (may be empty)
-    flags: three int64 words per peer, each on its own 64-byte line so peers never share a line
-        arrive[src]  last exchange seq whose region from src has fully landed here
-        ack[dst]     last exchange seq whose region from this rank dst has consumed (slot reusable)
-        abort[src]   nonzero once src gave up (1 + bitmask of the peers it was missing)
+    flags: 3 + max_layers int64 words per peer, each on its own 64-byte line so peers never share one
+        arrive[src]     last exchange seq whose region from src has fully landed here
+        ack[dst]        last exchange seq whose region from this rank dst has consumed (slot reusable)
+        abort[src]      nonzero once src gave up (1 + bitmask of the peers it was missing)
+        landed[j][src]  last exchange seq whose layer-j section from src has landed here (per-layer
+                        arrival of a host-sized exchange: ``exchange.py``); arrive[src] follows the
+                        last section
 
 A destination has ONE receive region per slot, shared by all its sources: ``capacity`` records per
 layer over all sources together (a step's union, ``B x R x K``, is at most what one destination
@@ -35,6 +38,7 @@ from dataclasses import asdict, dataclass
 FLAG_STRIDE = 8  # int64 words between flags (64-byte lines)
 REGION_ALIGN = 256
 ARRIVE, ACK, ABORT = 0, 1, 2
+LANDED = 3  # flag kind of layer j's section: LANDED + j
 
 
 def _align(n: int, a: int) -> int:
@@ -85,12 +89,14 @@ class SlabLayout:
         return self.depth * self.world * self.send_region_bytes
 
     def flag_index(self, kind: int, peer: int) -> int:
-        """int64 word index of flag ``kind`` (ARRIVE/ACK/ABORT) for ``peer`` in a receive segment."""
+        """int64 word index of flag ``kind`` (ARRIVE/ACK/ABORT, LANDED + j) for ``peer`` in a receive segment."""
+        if not 0 <= kind < LANDED + self.max_layers:
+            raise ValueError(f"flag kind {kind} outside [0, {LANDED + self.max_layers}) (LANDED + layer < max_layers)")
         return (kind * self.world + peer) * FLAG_STRIDE
 
     @property
     def flags_bytes(self) -> int:
-        return _align(3 * self.world * FLAG_STRIDE * 8, REGION_ALIGN)
+        return _align((LANDED + self.max_layers) * self.world * FLAG_STRIDE * 8, REGION_ALIGN)
 
     def recv_offset(self, seq: int) -> int:
         """Byte offset of the slot's shared receive region in a segment."""

@@ -13,22 +13,29 @@ Per attention layer, with ``x`` the layer's link time for its bytes:
 
 * **stock DCP**: every collective is on the critical path (query gather before
   attention, combine after): ``n_collectives * (collective_us + link_latency_us) + link_us``.
-* **selected records**: each exchange costs ``exchange_us`` (pack + unpack
-  launches, arrive/wait) plus ``copy_us`` per packed copy issued. A Full
-  layer's records are needed right after its own indexer, so its exchange is
-  exposed: ``x_F = exchange_us + copies*copy_us + x`` (``x`` includes one
-  ``link_latency_us``). The ``n`` Shared layers after it reuse its top-k, so
-  with a prefetch ring of depth ``d >= 1`` they
-  move in bundles of up to ``d`` layers (one exchange, one copy per pair each),
-  a bundle issued one layer before its first consumer; a bundle of ``s`` layers
-  hides behind one layer's compute ``c``::
+* **selected records**: each exchange costs ``fixed = exchange_us + copies*copy_us``
+  (pack + unpack launches, arrive/wait, one packed copy per pair). A Full layer F
+  and the ``n`` Shared layers after it (they reuse its top-k) travel in chunks of
+  ``d + 1`` layers with a prefetch ring of depth ``d`` (``comm/ring.py``: F's chunk
+  is issued at F, right after its indexer; the next one when the ring is free again,
+  i.e. right before its first layer). Within a chunk of ``J`` layers every layer
+  has its own arrival (``comm/exchange.py``): its sections land in layer order, one
+  link time ``x`` each (``x`` includes one ``link_latency_us``), plus ``s =
+  copies*copy_us`` per section after the first (one more copy and signal per pair),
+  and layer ``j`` waits only for section ``j`` while the layers before it compute
+  (``c`` each). Layer ``j`` then starts at ``max(start_{j-1} + c, fixed + (j+1)x +
+  j s)``, so the chunk's exposed time (its end less the ``J`` layers' compute) is::
 
-      group(n, d) = x_F + sum over bundles (exchange_us + copies*copy_us + max(0, s*x - c))
-      group(n, 0) = (n + 1) * x_F
+      chunk(J)        = fixed + x + (J - 1) * max(0, x + s - c)     (overlap)
+      chunk_packed(J) = fixed + J * x                               (one arrival: F waits for all)
+      group(n, d)     = sum over the chunks of the n + 1 layers of chunk(J)
 
-  Deeper rings save fixed costs (fewer exchanges) but make a bundle wait for
-  more bytes; once the link is the bottleneck depth no longer helps, which
+  Depth 0 exposes every layer (``(n + 1) * (fixed + x)``). Deeper rings save fixed
+  costs (fewer exchanges); once the link is the bottleneck (``x + s > c``) each
+  layer after the first still exposes ``x + s - c``, so depth stops helping, which
   matches the published observation that deeper rings only cost memory.
+  ``chunk <= chunk_packed`` whenever ``s <= c`` (a section's issue cost below one
+  layer's compute: ~24 us against ~120 us on the shipped profiles).
 * **indexer**: scoring per Full layer costs ``index_ns_per_token`` per scored
   token per query row. ``replicated`` scoring: every rank scores the whole
   context alone (no collective). ``sharded`` scoring: every rank scores the
@@ -292,7 +299,7 @@ def matrix_link_us(m, p: NodeProfile) -> tuple[float, float, float]:
 
 def layer_compute_us(p: NodeProfile, rows_total: int, n_layers: int) -> float:
     """Compute time of one layer that a prefetch can hide behind (the path-independent step
-    time spread evenly over the layers)."""
+    time spread evenly over the layers): ``c`` of ``chunk_exposed_us``."""
     return (p.base_us + p.base_row_us * (rows_total - 1)) / n_layers
 
 
@@ -338,8 +345,9 @@ def predict(step: StepSpec, p: NodeProfile, path: str, depth: int = 1,
     m = b["reuse"]
     x, rx1, tot1 = matrix_link_us(m, p)
     x += p.link_latency_us if tot1 else 0.0
-    fixed = p.exchange_us + (d * (d - 1) * p.copy_us if tot1 else 0.0)
-    comm += selected_comm_us(x, fixed, layer_compute_us(p, rows_total, n_layers), group_counts(groups), depth)
+    section = d * (d - 1) * p.copy_us if tot1 else 0.0  # one copy per pair: per exchange, per extra section
+    comm += selected_comm_us(x, p.exchange_us + section, section, layer_compute_us(p, rows_total, n_layers),
+                             group_counts(groups), depth)
     return PathCost("selected", depth, comm, index, attn, rx + rx1 * n_layers, total + tot1 * n_layers, write)
 
 
@@ -397,49 +405,49 @@ def group_counts(groups: list[int]) -> tuple:
     return tuple(sorted(counts.items()))
 
 
-def bundle_terms(counts: tuple, depth: int) -> tuple:
-    """The exchanges of Shared layers at prefetch ``depth``: ((how many, layers per bundle, hides), ...).
+def chunk_terms(counts: tuple, depth: int) -> tuple:
+    """The exchanges of a pattern at prefetch ``depth``: ((how many, layers per exchange J), ...).
 
-    Depth 0: every Shared layer is its own exposed exchange. Depth ``d``: each group's
-    ``n`` Shared layers go in ``n // d`` bundles of ``d`` and one of ``n % d``, each hiding
-    behind one layer's compute. Precomputed once per pattern and depth by the policy.
+    A Full layer and its ``n`` Shared layers go in chunks of ``depth + 1`` layers:
+    ``(n + 1) // (depth + 1)`` of them and one of the remainder (depth 0: every layer alone).
+    Precomputed once per pattern and depth by the policy.
     """
     terms = {}
     for n, count in counts:
-        if n == 0:
-            continue
-        if depth == 0:
-            sizes = [(n, 1, False)]
-        else:
-            full, rem = divmod(n, depth)
-            sizes = [(full, depth, True)] + ([(1, rem, True)] if rem else [])
-        for mult, size, hides in sizes:
-            key = (size, hides)
-            terms[key] = terms.get(key, 0) + mult * count
-    return tuple((mult, size, hides) for (size, hides), mult in sorted(terms.items()))
+        full, rem = divmod(n + 1, depth + 1)
+        for mult, size in ((full, depth + 1), (1, rem)):
+            if mult and size:
+                terms[size] = terms.get(size, 0) + mult * count
+    return tuple((mult, size) for size, mult in sorted(terms.items()))
 
 
-def exposed_us(x: float, fixed: float, c: float, n_full: int, terms_by_depth: tuple) -> list:
-    """Exposed time of a step's selected-record exchanges, one value per entry of
-    ``terms_by_depth`` (see the module docstring).
+def chunk_exposed_us(J: int, x: float, fixed: float, section: float, c: float, overlap: bool = True) -> float:
+    """Exposed time of one exchange of ``J`` layers (module docstring): ``overlap`` (per-layer
+    arrival, what ``comm.exchange`` runs) or one arrival for the whole region (F waits for all).
 
-    x      link time of one layer's records      fixed   cost of one exchange
-    c      compute of one layer (hides a bundle)  n_full  Full layers (exposed exchanges)
-    terms_by_depth  ``bundle_terms`` of the Shared layers, per prefetch depth
+    x  link time of one layer's records     fixed    cost of one exchange (one copy per pair)
+    c  compute of one layer                 section  cost of each further section (its copies)
     """
-    base = n_full * (fixed + x)
+    if not overlap:
+        return fixed + J * x
+    return fixed + x + (J - 1) * max(0.0, x + section - c)
+
+
+def exposed_us(x: float, fixed: float, section: float, c: float, terms_by_depth: tuple) -> list:
+    """Exposed time of a step's selected-record exchanges, one value per entry of
+    ``terms_by_depth`` (``chunk_terms`` per prefetch depth): the sum of ``chunk_exposed_us``."""
     out = []
     for terms in terms_by_depth:
-        total = base
-        for mult, size, hides in terms:
-            total += mult * (fixed + max(0.0, size * x - (c if hides else 0.0)))
+        total = 0.0
+        for mult, size in terms:
+            total += mult * chunk_exposed_us(size, x, fixed, section, c)
         out.append(total)
     return out
 
 
-def selected_comm_us(x: float, fixed: float, c: float, counts: tuple, depth: int) -> float:
+def selected_comm_us(x: float, fixed: float, section: float, c: float, counts: tuple, depth: int) -> float:
     """``exposed_us`` for the ``group_counts`` of a pattern at prefetch ``depth``."""
-    return exposed_us(x, fixed, c, sum(cnt for _, cnt in counts), (bundle_terms(counts, depth),))[0]
+    return exposed_us(x, fixed, section, c, (chunk_terms(counts, depth),))[0]
 
 
 def step_time_us(step: StepSpec, p: NodeProfile, path: str, depth: int = 1, geom: ModelGeometry = GLM52) -> float:

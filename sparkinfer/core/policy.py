@@ -124,8 +124,8 @@ class StepPolicy:
         for mtp in (False, True):
             groups = cm.pattern_groups(geom, mtp)
             counts = cm.group_counts(groups)
-            terms = tuple(cm.bundle_terms(counts, d) for d in range(max_depth + 1))
-            self._tables[mtp] = (sum(groups) + len(groups), len(groups), terms)
+            terms = tuple(cm.chunk_terms(counts, d) for d in range(max_depth + 1))
+            self._tables[mtp] = (sum(groups) + len(groups), terms)
         # Per-call constants for ``decide``, hoisted here so a call does no attribute chasing or
         # per-call allocation. ``decide`` evaluates the same expressions as ``costs`` in the same
         # order, so its floats equal ``costs``' bit for bit (tests/test_policy.py checks it on a
@@ -134,8 +134,7 @@ class StepPolicy:
         self._lat, self._exchange = p.link_latency_us, p.exchange_us
         self._base_us, self._base_row_us = p.base_us, p.base_row_us
         self._depths = range(max_depth + 1)
-        self._fast = {mtp: (n_layers, _compile_exposed(n_full, terms))
-                      for mtp, (n_layers, n_full, terms) in self._tables.items()}
+        self._fast = {mtp: (n_layers, _compile_exposed(terms)) for mtp, (n_layers, terms) in self._tables.items()}
 
     def costs(self, rows: int, union_records: float, mtp: bool, *, all_local: bool = False,
               replicas: bool = False) -> tuple[float, list[float]]:
@@ -145,13 +144,14 @@ class StepPolicy:
         ``all_local``: it holds every remote record, so the selected path runs no exchange.
         The straightforward evaluation through ``costmodel``; ``decide`` inlines the same arithmetic."""
         p = self.profile
-        n_layers, n_full, terms = self._tables[mtp]
+        n_layers, terms = self._tables[mtp]
         stock = n_layers * (self._stock_fixed + rows * self._stock_per_row)
         moving = union_records > 0
         x = p.link_latency_us + union_records * self._sel_per_record if moving else 0.0
-        fixed = p.exchange_us + (self._copies_us if moving else 0.0)  # nothing moved: no copies
+        section = self._copies_us if moving else 0.0  # nothing moved: no copies
+        fixed = p.exchange_us + section
         c = cm.layer_compute_us(p, rows, n_layers)
-        sel = cm.exposed_us(x, fixed, c, n_full, terms)
+        sel = cm.exposed_us(x, fixed, section, c, terms)
         if not (replicas or all_local):
             return stock, sel
         write = cm.replica_write_us(rows, self.record_bytes, self.geom.num_layers, p)  # target layers only
@@ -162,8 +162,9 @@ class StepPolicy:
     def _exposed(self, moved: float, c: float, exposed) -> tuple:
         """Selected cost per depth for ``moved`` records per layer: ``costs``' second value."""
         if moved > 0:
-            return exposed(self._lat + moved * self._sel_per_record, self._exchange + self._copies_us, c)
-        return exposed(0.0, self._exchange + 0.0, c)  # nothing moved: no link time, no copies
+            return exposed(self._lat + moved * self._sel_per_record, self._exchange + self._copies_us,
+                           self._copies_us, c)
+        return exposed(0.0, self._exchange + 0.0, 0.0, c)  # nothing moved: no link time, no copies
 
     def _pick(self, sels: tuple, slot_bytes: float | None) -> tuple[int, float]:
         """(cheapest depth whose ring of ``slot_bytes`` x (depth + 1) fits the workspace, or -1;
@@ -293,20 +294,20 @@ class StepPolicy:
                                 sum(map(operator.mul, outside, ss)), c, exposed)), local)
 
 
-def _compile_exposed(n_full: int, terms_by_depth: tuple):
-    """``cm.exposed_us(x, fixed, c, n_full, terms_by_depth)`` as straight-line code for one
-    pattern: ``f(x, fixed, c) -> (cost at depth 0, 1, ...)``.
+def _compile_exposed(terms_by_depth: tuple):
+    """``cm.exposed_us(x, fixed, section, c, terms_by_depth)`` as straight-line code for one
+    pattern: ``f(x, fixed, section, c) -> (cost at depth 0, 1, ...)``.
 
-    The bundle terms are constants of (geometry, max depth), so unrolling them removes the
-    per-call loops and tuple unpacking; every expression is the one ``exposed_us`` evaluates, in
-    the same order and with the same int/float operands, so the results are bit for bit equal.
+    The chunk terms are constants of (geometry, max depth), so unrolling them removes the
+    per-call loops and tuple unpacking; every expression is the one ``cm.chunk_exposed_us``
+    evaluates, in the same order and with the same int/float operands, so the results are bit
+    for bit equal.
     """
-    lines = ["def exposed(x, fixed, c):", f"    base = {n_full!r} * (fixed + x)"]
+    lines = ["def exposed(x, fixed, section, c):", "    v = x + section - c", "    h = v if v > 0.0 else 0.0  # max(0.0, v)"]
     for d, terms in enumerate(terms_by_depth):
-        lines.append(f"    t{d} = base")
-        for mult, size, hides in terms:
-            lines.append(f"    v = {size!r} * x - {'c' if hides else '0.0'}")
-            lines.append(f"    t{d} += {mult!r} * (fixed + (v if v > 0.0 else 0.0))  # max(0.0, v)")
+        lines.append(f"    t{d} = 0.0")
+        for mult, size in terms:
+            lines.append(f"    t{d} += {mult!r} * (fixed + x + {size - 1!r} * h)")
     lines.append(f"    return ({''.join(f't{d}, ' for d in range(len(terms_by_depth)))})")
     namespace = {}
     exec("\n".join(lines), namespace)  # noqa: S102 - source built above from ints and fixed text
