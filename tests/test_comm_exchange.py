@@ -291,6 +291,40 @@ def _rank_main(rank, world):
         return out
     scenario("decode_ring", decode_ring, SlabLayout(world, 432, capacity=48, max_layers=4, depth=2))
 
+    def held_sections(f):
+        """Every rank holds back the copies of its Shared layers' sections (and the regions' arrive)
+        of one layered exchange (F + 3 Shared layers): F's get must return while they are held,
+        with F's records complete; a get that waited for them would time out. Then the held
+        copies are issued and the Shared layers land byte for byte too."""
+        from sparkinfer.comm.ring import PrefetchRing
+
+        case = make_case(world, 368, n_layers=4, seed=61)
+        ring = PrefetchRing(SelectedExchange(f), depth=3, rows=case.full.shape[1] * case.union.shape[1])
+        issue, held = f.copy, []
+
+        def holding(seq, dst, nbytes, offset=0, layer=None, src_offset=0):
+            if layer == 0:
+                issue(seq, dst, nbytes, offset, layer, src_offset)
+            else:
+                held.append((seq, dst, nbytes, offset, layer, src_offset))
+        f.copy = holding
+        group, rows = [0, 1, 2, 3], case.delivered(rank)
+        ring.prefetch(case.planes, case.shard(rank), group)
+        t = time.monotonic()
+        first = _diff(ring.get(0)[None, rows], case.expected_workspace(rank, [0])[:, rows])
+        waited, n_held = time.monotonic() - t, len(held)
+        dist.barrier()  # every rank's F returned before any rank issues its held sections
+        f.copy = issue
+        for args in held:
+            issue(*args)
+        out = [first, n_held, waited]
+        for layer in group:
+            out.append(_diff(ring.get(layer)[None, rows], case.expected_workspace(rank, [layer])[:, rows]))
+            ring.release(layer)
+        return out
+    scenario("held_sections", held_sections, SlabLayout(world, 368, capacity=48, max_layers=4, depth=2),
+             timeout_s=3.0)
+
     def prefill_ring(f):
         from sparkinfer.comm.ring import PrefetchRing, prefill_planes
 
@@ -449,6 +483,16 @@ def test_decode_ring_layered_prefetch(outcomes):
     for rank, runs in _ok(outcomes, "decode_ring"):
         assert [l for l, _ in runs] == list(range(8))
         assert all(d == "equal" for _, d in runs), f"rank {rank}: {runs}"
+
+
+def test_full_layer_get_does_not_wait_for_the_shared_sections(outcomes):
+    """F's get returned (F's rows equal the gather) while every rank held its Shared layers'
+    copies, well inside the 3 s wait timeout; the held sections then delivered every layer."""
+    for rank, (first, n_held, waited, *layers) in _ok(outcomes, "held_sections"):
+        assert first == "equal", f"rank {rank}: {first}"
+        assert n_held >= 3 * (WORLD - 1) + (WORLD - 1)  # 3 Shared sections per non-empty pair + 3 arrives
+        assert waited < 2.0, f"rank {rank}: F's get waited {waited:.2f} s"
+        assert layers == ["equal"] * 4, f"rank {rank}: {layers}"
 
 
 def test_prefill_ring_gathers_full_ckv(outcomes):
