@@ -30,11 +30,12 @@ consumer released it, and ``depth`` exchanges can be in flight (``start`` ... ``
 
 Per-layer arrival (``layer_arrival``, the default; host sizing). A layered exchange carries a Full
 layer and the Shared layers after it, but each layer is needed at its own attention: F right
-away, Shared layer j after the compute of the j layers before it. So step 2 issues, once every
-destination's block is packed, the copies of each block's layer sections ``[n, width]`` (the
-packed block is layer-major, so section j is contiguous) layer by layer across destinations:
-section j of every pair, then section j + 1, each followed by ``landed[j][r] = seq``, and one
-0-byte copy per pair for ``arrive[r] = seq`` after the last. ``finish_layer(pending, j)`` waits for
+away, Shared layer j after the compute of the j layers before it. So step 2 copies each block's
+layer sections ``[n, width]`` (the packed block is layer-major, so section j is contiguous), each
+followed by ``landed[j][r] = seq``: section 0 right after the block is packed (where the whole
+block used to go), the others once every destination's block is packed, layer by layer across
+destinations (section j of every pair, then section j + 1), and one 0-byte copy per pair for
+``arrive[r] = seq`` after the last. ``finish_layer(pending, j)`` waits for
 sections 0..j only and unpacks them; ``finish`` unpacks the rest, waits for the arrivals, releases.
 The bytes and the workspace rows are those of the one packed copy; only the completion is split:
 F waits for F's records and the Shared sections land while F computes. Cost: ``J`` copies and
@@ -318,17 +319,19 @@ class SelectedExchange:
                        self._count(p, r, dst, whole), cap, f.send_region(seq, dst))
             t1 = time.perf_counter()
             f.wait_recv_free(seq, dst)
-            if p.layered:
+            if p.layered:  # the first layer's section goes at once, as the whole block would
                 blocks.append((dst, n, offset))
+                if n:
+                    f.copy(seq, dst, lay.nbytes(1, n), offset, layer=0)
             else:
                 f.copy(seq, dst, lay.nbytes(J, n), offset)
             p.stats.pack_s += t1 - t
             p.stats.copy_s += time.perf_counter() - t1
             p.stats.records_sent += n * J
             p.stats.bytes_sent += lay.nbytes(J, n)
-        if p.layered:  # layer by layer across destinations: every destination's layer j lands before j + 1
+        if p.layered:  # then layer by layer across destinations: every destination's layer j before j + 1
             t = time.perf_counter()
-            for j in range(J):
+            for j in range(1, J):
                 for dst, n, offset in blocks:
                     if n:
                         section = lay.nbytes(1, n)
