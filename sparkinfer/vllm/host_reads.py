@@ -11,7 +11,8 @@ else the innermost frame under ``vllm/`` (``vllm:...``); calls made by Triton's 
 CPU stand-in for a kernel launch, which reads nothing on a GPU) or from ``KERNEL_FILES`` (the CPU
 platform's twins of vLLM's Triton kernels, a benchmark's kernel stand-ins) are not counted. Each step also records its seconds (``times``: the worker's ``wall`` time in the step,
 and what ``time_entries`` books). A call is booked
-``layer`` when a layer's forward (``LAYER_ENTRIES``: attention, cache write, indexer op) is on the
+``layer`` when a layer's forward (``LAYER_ENTRIES``: attention, cache write, indexer op and its q
+quantization) is on the
 stack, else ``step``.
 
     LLM.collective_rpc(install)          # in every worker: the mode and the step brackets
@@ -55,7 +56,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _READS = ("item", "tolist", "numpy", "cpu", "__int__", "__index__", "__bool__", "__float__")
 _SHAPES = ("nonzero", "argwhere", "unique", "unique_consecutive", "masked_select")
 # a layer's forward: anything under these is per-layer work
-LAYER_ENTRIES = {"forward_mqa", "do_kv_cache_update", "run_indexer"}
+LAYER_ENTRIES = {"forward_mqa", "do_kv_cache_update", "run_indexer", "quant_q_fp8"}
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../sparkinfer/
 _SELF = os.path.abspath(__file__)
 _HOST_ARRAY = "host_array"
