@@ -42,6 +42,12 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     assert res["exchange_index"] == 8 * cap
     assert res["prefetch_ring"] == 4 * (512 * MIB // (4 * 368)) * 368
     assert res["attention_out"] == 16 * 4 * 16 * 513 * 4  # 64 heads / TP4
+    # a gathered step holds up to vLLM's 8,192 batched tokens (`vllm serve`'s default on this node)
+    assert res["stashed_records"] == 8192 * 368
+    # one top-k call of the engine's 512-row blocks, k 2048, a pass of 64 MiB / (8 B x 512 rows) =
+    # 16,384 positions: the work buffer, top + topk's indices, the final sort, unpack_keys' 37 B
+    assert res["indexer_workspace"] == 8 * 512 * (2048 + 16384) + 2 * 8 * 512 * 2048 + 2 * 8 * 512 * 2048 \
+        + (1 + 4 * 8 + 4) * 512 * 2048
     assert d["reserved_bytes"] == sum(res.values())
     assert d["exchange_bytes"] == res["exchange_recv"] + res["exchange_send"] + res["exchange_index"]
     assert d["exchange_bytes"] <= 512 * MIB
@@ -51,6 +57,27 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     # the replica store (auto) takes a fifth of what the buffers left
     left = d["kv_budget_bytes"] - sum(v for k, v in res.items() if k != "replica_store")
     assert res["replica_store"] == left // 5
+
+
+@pytest.mark.parametrize("m, k, n, tile_bytes", [(8, 16, 200, None), (4, 32, 1000, 8 * 4 * 128), (3, 64, 70, None)])
+def test_indexer_workspace_is_what_a_topk_call_allocates(m, k, n, tile_bytes):
+    """``topk_rows_bytes`` against the bytes one Triton ``indexer_topk_rows`` call allocates, counted
+    by the allocation probe (``host_reads.count_allocations``; the interpreted kernel's own work is not
+    counted, a GPU kernel allocates nothing): equal, so it bounds the call's peak."""
+    import torch
+
+    from sparkinfer.core.indexer_tiles import TILE_BYTES, topk_rows_bytes
+    from sparkinfer.indexer.tiled import indexer_topk_rows, one_list
+    from sparkinfer.vllm import host_reads
+
+    g = torch.Generator().manual_seed(m)
+    q, w = torch.randn(m, 2, 128, generator=g), torch.randn(m, 2, generator=g)
+    records = torch.randint(0, 256, (n, 132), dtype=torch.uint8, generator=g)
+    pos, rows = torch.full((m,), n - 1), one_list(m, n, "cpu")
+    with host_reads.count_allocations() as made:
+        indexer_topk_rows(q, w, records, pos, k, backend="triton", check_values=False, tile_bytes=tile_bytes, **rows)
+    measured = sum(v for key, v in made.items() if key.split("|")[1] == "alloc_bytes")
+    assert measured == topk_rows_bytes(m, k, n, TILE_BYTES if tile_bytes is None else tile_bytes)
 
 
 def test_nothing_is_reserved_without_a_selected_path():

@@ -139,7 +139,12 @@ def _buffers(record: int, dcp: int, mtp: bool) -> int:
     ring = 4 * (512 * 2**20 // (record * 4)) * record
     recv = align(3 * dcp * 64) + 2 * align(4 * cap * record)
     send = 2 * dcp * align(4 * (cap // 16) * record)
-    return ring + recv + send + 8 * cap + 16 * rows * 16 * 513 * 4
+    # a step's own records (vLLM's 8,192 batched tokens) and one indexer top-k call of a 512-row
+    # block (k 2048, a 16,384-position pass: 64 MiB / (8 B x 512)): work, top + indices, the sort,
+    # unpack_keys
+    stash = 8192 * record
+    indexer = 8 * 512 * (2048 + 16384) + 4 * 8 * 512 * 2048 + 37 * 512 * 2048
+    return ring + recv + send + 8 * cap + 16 * rows * 16 * 513 * 4 + stash + indexer
 
 
 def _replica_reserved(kv_bytes: int, dcp: int, record: int = 368, mtp: bool = True) -> int:

@@ -145,6 +145,42 @@ def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, **kwargs):
         gc.collect()
 
 
+# Loaded by every spawned TP worker (PYTHONPATH): rank 1's device-sized stores into its peer's region
+# land with their low bit flipped, as over a broken P2P link (tests/test_comm_proof.py's fault).
+_CORRUPT_FABRIC = """
+import sparkinfer.comm.host_fabric as hf
+_signal = hf.HostFabric.signal_arrival
+def _flip_then_signal(self, seq, dst):
+    if self.rank == 1:
+        self.peer_region(seq, dst).bitwise_xor_(1)
+    return _signal(self, seq, dst)
+hf.HostFabric.signal_arrival = _flip_then_signal
+"""
+
+
+def _stock_after_a_failed_proof(model_dir, monkeypatch, tmp_path, capfd, **kwargs):
+    """Tokens of a TP2/DCP2 engine in mode ``selected`` whose fabric corrupts what rank 1 sends: the
+    start-up proof (``comm.proof``, from ``engine_start``) fails, every rank drops the selected path
+    with one warning naming ``sparkinfer preflight``, and the engine serves stock DCP from the first
+    request (no runtime, so no step took the selected or gathered path)."""
+    import os
+
+    from sparkinfer.vllm.selected_runtime import transport_ledger
+
+    (tmp_path / "sitecustomize.py").write_text(_CORRUPT_FABRIC)
+    with monkeypatch.context() as m:
+        m.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+        capfd.readouterr()
+        tokens, ledgers = _greedy(model_dir, m, 2, mode="selected", probe=transport_ledger, **kwargs)
+    log = capfd.readouterr()
+    lines = [line for line in (log.out + log.err).splitlines() if "sparkinfer preflight" in line]
+    assert len(lines) == 2, lines  # one per worker
+    assert all("failed at engine start on rank(s)" in line and "serving stock DCP from the first request" in line
+               for line in lines), lines
+    assert ledgers == [{}, {}]  # the runtime was dropped at start: every step stock
+    return tokens
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     pytest.importorskip("transformers")
@@ -155,10 +191,13 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("cache_dtype", ["auto", "nvfp4_368", "nvfp4_432", "fp8_ds_mla"])
-def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch):
+def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch, tmp_path, capfd):
     pytest.importorskip("vllm")
     dcp1 = _greedy(tiny, monkeypatch, 1, kv_cache_dtype=cache_dtype)
-    dcp2 = _greedy(tiny, monkeypatch, 2, kv_cache_dtype=cache_dtype)
+    if cache_dtype == "nvfp4_368":  # the stock engine: a selected one whose start-up proof fails (no P2P)
+        dcp2 = _stock_after_a_failed_proof(tiny, monkeypatch, tmp_path, capfd, kv_cache_dtype=cache_dtype)
+    else:
+        dcp2 = _greedy(tiny, monkeypatch, 2, kv_cache_dtype=cache_dtype)
     assert len(dcp1) == MAX_TOKENS
     assert dcp2 == dcp1
     if cache_dtype != "auto":  # selected records: the exchange replaces the LSE merge

@@ -419,6 +419,11 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
     return out
 
 
+# `vllm serve`'s max_num_batched_tokens when a profile leaves it out, on a GPU of >= 70 GiB that is
+# no A100 (vLLM 0.32.0, engine/arg_utils.py): the RTX PRO 6000 and H200 nodes of the profiles
+SERVE_BATCHED_TOKENS = 8192
+
+
 def engine_config(data: dict, cfg: dict) -> SimpleNamespace:
     """A stand-in for the VllmConfig patched vLLM builds from the profile (the fields sparkinfer's
     memory rules read), for ``cfg`` the model's config.json fields."""
@@ -430,7 +435,8 @@ def engine_config(data: dict, cfg: dict) -> SimpleNamespace:
         device_config=SimpleNamespace(device_type="cuda"),
         cache_config=SimpleNamespace(cache_dtype=v.get("kv_cache_dtype", "auto")),
         additional_config={sc.ADDITIONAL_CONFIG_KEY: sc.resolve(cli=data["sparkinfer"], environ={}).as_dict()},
-        scheduler_config=SimpleNamespace(max_num_seqs=v.get("max_num_seqs")),
+        scheduler_config=SimpleNamespace(max_num_seqs=v.get("max_num_seqs"),
+                                         max_num_batched_tokens=v.get("max_num_batched_tokens") or SERVE_BATCHED_TOKENS),
         speculative_config=SimpleNamespace(num_speculative_tokens=k) if k else None,
         model_config=SimpleNamespace(max_model_len=v.get("max_model_len") or 0, hf_config=SimpleNamespace(**cfg)))
 

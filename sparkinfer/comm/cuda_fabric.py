@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from sparkinfer import native
 
+from .flags import describe_error
 from .fabric import Fabric, FabricError, PeerAccessError, arrival_barrier, check_same_config
 from .slab import ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout
 
@@ -186,10 +187,9 @@ class CudaFabric(Fabric):
         if self._closed:
             raise FabricError(f"rank {self.rank}: fabric is closed")
         code = int(self._err[0])
-        if code:
-            peer = (code >> 8) - 1
-            raise FabricError(f"rank {self.rank}: a device-side wait timed out after {self.timeout_s:g} s; "
-                              f"missing peer(s): [{peer}]")
+        if code:  # the documented error word (flags.decode_error): op, check, status and peer
+            raise FabricError(f"rank {self.rank}: {describe_error(code)} "
+                              f"(wait timeout {self.timeout_s:g} s)")
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes this rank's slabs hold (the cudaMalloc'd receive segment, the send slab)."""

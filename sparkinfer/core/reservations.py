@@ -20,6 +20,14 @@ exchange_send          the send slab, only for host sizing: ``send_capacity`` re
 exchange_index         int32 identity table and zero column [capacity] of the device-sized unpack
 attention_out          float32 ``[max_batch x R, H, 512 + 1]``: a step's output and LSE of this
                        rank's heads
+stashed_records        uint8 ``[max(max_batch x R, step_tokens), W]``: one layer's own records of
+                       the step, encoded at its cache write and held until its attention (a
+                       gathered step's rows are at most ``step_tokens``, vLLM's
+                       ``max_num_batched_tokens``)
+indexer_workspace      every byte of one batched top-k call of the replicated indexer: a block of
+                       ``M = min(step rows, INDEXER_ROWS)`` rows, passes of ``ENGINE_TILE_BYTES``
+                       (``core.indexer_tiles.topk_rows_bytes``: ``8 M tile + 77 M k``, context
+                       ``max_model_len``)
 replica_store          ``window x max_num_seqs x layers x W`` (``sparkinfer.vllm.replica_budget``;
                        its window depends on what the other buffers left)
 =====================  ====================================================================
@@ -33,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkinfer.comm.slab import SlabLayout
+from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS, topk_rows_bytes
 
 SLAB_DEPTH = 2  # exchanges in flight in the slabs (a group's exchange and the next one)
 SEND_SHARE = 16  # device sizing: the send slab (gathered steps only) holds capacity / SEND_SHARE per pair
@@ -50,6 +59,9 @@ class SelectedSizing:
     pool_mb: int
     heads: int  # attention heads of this rank
     sizing: str  # "device" or "host" (comm.exchange)
+    # vLLM's max_num_batched_tokens and max_model_len (0: decode steps only, max_batch x R rows)
+    step_tokens: int = 0
+    max_model_len: int = 0
 
     def __post_init__(self):
         if self.sizing not in ("device", "host"):
@@ -88,7 +100,15 @@ class SelectedSizing:
             "exchange_send": slab.send_bytes,
             "exchange_index": 2 * 4 * slab.capacity,
             "attention_out": max(1, self.max_batch) * self.rows * self.heads * (LATENT_DIM + 1) * 4,
+            "stashed_records": self.step_rows * self.record_bytes,
+            "indexer_workspace": topk_rows_bytes(min(self.step_rows, INDEXER_ROWS), self.topk,
+                                                 max(self.max_model_len, self.topk), ENGINE_TILE_BYTES),
         }
+
+    @property
+    def step_rows(self) -> int:
+        """The most rows a step holds: a decode step's ``max_batch x R`` or vLLM's token budget."""
+        return max(max(1, self.max_batch) * self.rows, self.step_tokens)
 
 
 EXCHANGE_BUFFERS = ("exchange_recv", "exchange_send", "exchange_index")

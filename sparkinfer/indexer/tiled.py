@@ -11,7 +11,8 @@ of everything scored so far: after the last pass it equals ``select_topk`` over 
 score matrix, ids and order, bit for bit.
 
 Memory per call: the work buffer int64 [M, k + tile] and topk's outputs [M, k] (+ the torch
-scorer's float64 [M, Hi, tile] temporaries), whatever the context length: ``tile`` is fixed by
+scorer's float64 [M, Hi, tile] temporaries; every byte of a Triton call: ``core.indexer_tiles``,
+which patch 0008 reserves), whatever the context length: ``tile`` is fixed by
 ``tile_bytes`` and M, never by T. Launches per call: one scoring launch and one topk per pass;
 passes = ceil(max_len / tile), from the host's step plan (``max_len``), not from a device read.
 """
@@ -23,11 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from sparkinfer.core.indexer_tiles import TILE_BYTES, pick_tile
+
 from .topk import _NONE, pack_keys, unpack_keys
 
-TILE_BYTES = 256 << 20  # budget of a pass's scored columns: M * tile * 8 B (Triton), M * tile * 8 * (3 Hi + 4) B (torch)
-_ALIGN = 64  # tiles are a whole number of the kernel's BLOCK_T (triton_scores.BLOCK_T)
-_MAX_TILE = 65535 * 64  # a pass is one launch: at most 65,535 programs on grid axis 1
 _INTS = (torch.int32, torch.int64)
 
 
@@ -79,13 +79,6 @@ def one_list(m: int, n: int, device) -> dict:
     """Row data for M rows that all score the same n positions (one request): row_start, row_len, max_len."""
     return dict(row_start=torch.zeros(m, dtype=torch.int64, device=device),
                 row_len=torch.full((m,), n, dtype=torch.int32, device=device), max_len=n)
-
-
-def pick_tile(m: int, max_len: int, bytes_per_col: int, tile_bytes: int) -> int:
-    """Positions per pass: as many as tile_bytes allows for M rows (at most 65,535 x 64), a multiple
-    of 64, at least 64, no more than max_len needs."""
-    cols = max(_ALIGN, min(_MAX_TILE, tile_bytes // max(1, bytes_per_col * m)) // _ALIGN * _ALIGN)
-    return min(cols, -(-max(max_len, 1) // _ALIGN) * _ALIGN)
 
 
 def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len: int, token_slots=None,

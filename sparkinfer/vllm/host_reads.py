@@ -11,7 +11,8 @@ else the innermost frame under ``vllm/`` (``vllm:...``); calls made by Triton's 
 CPU stand-in for a kernel launch, which reads nothing on a GPU) or from ``KERNEL_FILES`` (the CPU
 platform's twins of vLLM's Triton kernels, a benchmark's kernel stand-ins) are not counted. Each step also records its seconds (``times``: the worker's ``wall`` time in the step,
 and what ``time_entries`` books). A call is booked
-``layer`` when a layer's forward (``LAYER_ENTRIES``: attention, cache write, indexer op) is on the
+``layer`` when a layer's forward (``LAYER_ENTRIES``: attention, cache write, indexer op and its q
+quantization) is on the
 stack, else ``step``.
 
     LLM.collective_rpc(install)          # in every worker: the mode and the step brackets
@@ -28,6 +29,17 @@ Reads of vLLM's host-side copies (``query_start_loc_cpu`` and the like) made thr
 ``host_array`` are booked as ``host`` instead: on a GPU node they are pinned host memory, so they
 cost no sync, and ``host_array`` refuses a tensor that is not on the CPU so that this cannot hide a
 device read there.
+
+Allocations (kind ``alloc``, with their bytes as kind ``alloc_bytes``) are counted in the same steps
+and booked at the same sites: on a GPU each is a trip through the caching allocator, and one made in
+a layer's forward is memory the KV budget never counted (and, under a CUDA graph, a pointer that
+must not move). With no CUDA allocator on CPU the measure is a ``TorchDispatchMode`` (``_AllocMode``)
+that sees every aten op and books each output whose storage is none of its inputs' (a factory op, a
+functional op, a copy; not a view, an in-place op or an ``out=`` write into a preallocated buffer).
+Storage-less and 0-byte outputs are not allocations; ``lift_fresh`` (``torch.tensor(data)``) is. A
+mode is off inside the ops it intercepts, so a custom op (vLLM's attention and indexer ops, where the
+layers' code runs) is redispatched past the mode with the mode re-entered, and only the aten ops under
+it are booked. ``count_allocations`` is the mode around a block of code in this process.
 """
 
 from __future__ import annotations
@@ -39,11 +51,12 @@ from collections import Counter
 from contextlib import contextmanager
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 _READS = ("item", "tolist", "numpy", "cpu", "__int__", "__index__", "__bool__", "__float__")
 _SHAPES = ("nonzero", "argwhere", "unique", "unique_consecutive", "masked_select")
 # a layer's forward: anything under these is per-layer work
-LAYER_ENTRIES = {"forward_mqa", "do_kv_cache_update", "run_indexer"}
+LAYER_ENTRIES = {"forward_mqa", "do_kv_cache_update", "run_indexer", "quant_q_fp8"}
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../sparkinfer/
 _SELF = os.path.abspath(__file__)
 _HOST_ARRAY = "host_array"
@@ -60,17 +73,18 @@ def _bool_index(idx) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
 
 
-def _site():
-    """(site, phase) of the call being made: the innermost sparkinfer (else vLLM) frame; (None, None)
-    for a call from Triton's interpreter or from this module."""
-    frame = sys._getframe(3)
+def _site(depth: int = 3, standins: frozenset = frozenset()):
+    """(site, phase) of the call being made: the innermost sparkinfer (else vLLM) frame, searched from
+    ``depth`` frames up; (None, None) for a call from Triton's interpreter, from ``KERNEL_FILES``
+    or from a function named in ``standins``."""
+    frame = sys._getframe(depth)
     site = vllm_site = None
     phase = "step"
     while frame is not None:
         path = frame.f_code.co_filename
-        if f"{os.sep}triton{os.sep}" in path or path in KERNEL_FILES:
-            return None, None
         name = frame.f_code.co_name
+        if f"{os.sep}triton{os.sep}" in path or path in KERNEL_FILES or name in standins:
+            return None, None
         if path == _SELF:
             if name == _HOST_ARRAY and site is None:
                 return "host", "host"
@@ -128,6 +142,76 @@ def _patch() -> None:
     _wrap(torch, "where", "shape", lambda a, k: len(a) + len(k) == 1)
 
 
+# the record codecs' torch references (sparkinfer.formats), which the GPU implementations still run on
+# CPU: on a GPU ``Format.encode`` allocates its output and launches the CUDA encoder, which allocates
+# nothing, so their temporaries are not counted (and neither is that one output per encode)
+CODEC_STANDINS = frozenset({"_encode_ref", "_decode_ref"})
+_FRESH = {"lift_fresh", "lift_fresh_copy"}  # torch.tensor(data): a storage made before the dispatch
+_AFTER_PYTHON = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
+
+
+def _storages(values, into: dict) -> dict:
+    """{storage data_ptr: nbytes} of the tensors in ``values`` (nested lists/tuples)."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            try:
+                st = v.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
+                continue
+            into.setdefault(st.data_ptr(), st.nbytes())
+        elif isinstance(v, (list, tuple)):
+            _storages(v, into)
+    return into
+
+
+class _AllocMode(TorchDispatchMode):
+    """Books, per aten op, the outputs whose storage is not one of its inputs' (module docstring)."""
+
+    def __init__(self, counts: Counter):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace not in ("aten", "prims", "prim"):  # a custom op: see the aten ops inside it
+            keys = next((torch._C._dispatch_keys(t) for t in _storages_tensors(args, kwargs)), None)
+            if keys is not None:
+                with self:
+                    return func.redispatch(keys & _AFTER_PYTHON, *args, **kwargs)
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        made = _storages(out if isinstance(out, (list, tuple)) else (out,), {})
+        if made:
+            if func._opname not in _FRESH:
+                inputs = _storages((args, tuple(kwargs.values())), {})
+                made = {p: n for p, n in made.items() if p not in inputs}
+            made = {p: n for p, n in made.items() if n}
+            if made:
+                site, phase = _site(2, CODEC_STANDINS)
+                if site is not None:
+                    key = f"{site}:{func._opname}"
+                    self.counts[f"{phase}|alloc|{key}"] += len(made)
+                    self.counts[f"{phase}|alloc_bytes|{key}"] += sum(made.values())
+        return out
+
+
+def _storages_tensors(args, kwargs):
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from (t for t in v if isinstance(t, torch.Tensor))
+
+
+@contextmanager
+def count_allocations():
+    """Counter of "<phase>|alloc|<site>:<op>" -> outputs allocated in the block (and
+    "<phase>|alloc_bytes|..." -> their bytes)."""
+    counts: Counter = Counter()
+    with _AllocMode(counts):
+        yield counts
+
+
 def host_array(t: torch.Tensor):
     """numpy view of one of vLLM's host-side copies (``*_cpu``): refused for a tensor not on the CPU,
     so that on a GPU node a device tensor can never pass for host data here."""
@@ -164,13 +248,13 @@ class _Probe:
             if n:
                 decode = not scheduler_output.scheduled_new_reqs and max(n.values()) <= self.spec_rows
                 self.steps.append({"decode": bool(decode), "rows": sum(n.values()), "reads": None})
-            with self.timer("wall"):
+            with self.timer("wall"), _AllocMode(self.counts):
                 return execute(scheduler_output, *a, **k)
 
         runner.execute_model = execute_model
         if sample is not None:  # sampling and the MTP drafter: part of the open step
             def sample_tokens(*a, **k):
-                with self.timer("wall"):
+                with self.timer("wall"), _AllocMode(self.counts):
                     return sample(*a, **k)
 
             runner.sample_tokens = sample_tokens
@@ -234,24 +318,41 @@ def report(worker=None) -> list[dict]:
     return [] if _probe[0] is None else _probe[0].report()
 
 
-def summarize(steps: list[dict], decode_only: bool = True) -> dict:
+def summarize(steps: list[dict], decode_only: bool = True, warmup: int = 1) -> dict:
     """Per step on average over the (decode) steps: {"steps": n, "sparkinfer": reads, "vllm": reads,
-    "layer": sparkinfer reads under a layer's forward, "host": host-copy reads, "sites": Counter}."""
+    "layer": sparkinfer reads under a layer's forward, "host": host-copy reads, "sites": Counter of the
+    reads}; and over the decode steps after the first ``warmup`` (lazily built buffers):
+    {"alloc_steps": n, "alloc": sparkinfer allocations, "layer_alloc": those under a layer's forward,
+    "alloc_bytes", "layer_alloc_bytes", "vllm_alloc", "alloc_sites": Counter of the sparkinfer ones}."""
     chosen = [s for s in steps if s["decode"] or not decode_only]
-    sites: Counter = Counter()
-    for s in chosen:
-        sites.update(s["reads"] or {})
-    n = max(len(chosen), 1)
 
-    def total(pred) -> float:
-        return sum(v for k, v in sites.items() if pred(k.split("|"))) / n
+    def per_step(group, kinds) -> tuple[Counter, int]:
+        sites: Counter = Counter()
+        for s in group:
+            sites.update({k: v for k, v in (s["reads"] or {}).items() if k.split("|")[1] in kinds})
+        return sites, max(len(group), 1)
+
+    sites, n = per_step(chosen, {"read", "shape"})
+
+    def total(counts, pred, m) -> float:
+        return sum(v for k, v in counts.items() if pred(k.split("|"))) / m
 
     times: Counter = Counter()
     for s in chosen:
         times.update(s.get("times") or {})
+    steady = [s for s in steps if s["decode"]][warmup:]
+    allocs, m = per_step(steady, {"alloc", "alloc_bytes"})
+    ours = lambda k: k[2].startswith("sparkinfer:")  # noqa: E731
     return {"steps": len(chosen), "times": {k: v / n for k, v in times.items()},
-            "sparkinfer": total(lambda k: k[0] != "host" and k[2].startswith("sparkinfer:")),
-            "layer": total(lambda k: k[0] == "layer" and k[2].startswith("sparkinfer:")),
-            "vllm": total(lambda k: k[0] != "host" and not k[2].startswith("sparkinfer:")),
-            "host": total(lambda k: k[0] == "host"),
-            "sites": {k: v / n for k, v in sites.most_common()}}
+            "sparkinfer": total(sites, lambda k: k[0] != "host" and ours(k), n),
+            "layer": total(sites, lambda k: k[0] == "layer" and ours(k), n),
+            "vllm": total(sites, lambda k: k[0] != "host" and not ours(k), n),
+            "host": total(sites, lambda k: k[0] == "host", n),
+            "sites": {k: v / n for k, v in sites.most_common()},
+            "alloc_steps": len(steady),
+            "alloc": total(allocs, lambda k: k[1] == "alloc" and ours(k), m),
+            "layer_alloc": total(allocs, lambda k: k[1] == "alloc" and k[0] == "layer" and ours(k), m),
+            "alloc_bytes": total(allocs, lambda k: k[1] == "alloc_bytes" and ours(k), m),
+            "layer_alloc_bytes": total(allocs, lambda k: k[1] == "alloc_bytes" and k[0] == "layer" and ours(k), m),
+            "vllm_alloc": total(allocs, lambda k: k[1] == "alloc" and not ours(k), m),
+            "alloc_sites": {k: v / m for k, v in allocs.most_common() if k.split("|")[1] == "alloc" and ours(k.split("|"))}}

@@ -23,11 +23,12 @@ sum_h w_h * relu(q_h . key)), as logical positions in ``topk_indices_buffer [T, 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
+from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS
 from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scored_steps
 
 E4M3_MAX = 448.0
@@ -95,7 +96,7 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     On CUDA only sm_90 and sm_120 are accepted (``impls.check_capability``).
     """
     from sparkinfer.formats import get_format
-    from sparkinfer.indexer import all_gather_merge, indexer_topk
+    from sparkinfer.indexer import all_gather_merge, indexer_topk_rows
     from sparkinfer.vllm.impls import check_capability, kernel_backend
     from sparkinfer.vllm.paged_sparse_mla import write_cache_records
 
@@ -116,10 +117,16 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     sharded = md.sharded
     scored_steps["sharded" if sharded else "replicated"] += 1
     if sharded is None:
-        for rows, pos, t, keys, slots in _request_keys(kv_cache, md, None):
-            ids = indexer_topk(q_fp8[rows].float(), weights[rows].float(), keys, pos, min(index_topk, t.numel()),
-                               token_slots=slots, backend=backend, check_values=checks is None)
-            topk_indices_buffer[rows, : ids.shape[1]] = ids.to(topk_indices_buffer.dtype)
+        records, lists = _step_rows(kv_cache, md)
+        k_step = min(index_topk, lists.max_len)
+        pos = md.positions[:n].to(dev)
+        for b0 in range(0, n if k_step else 0, INDEXER_ROWS):  # blocks of rows: the reserved workspace
+            b = slice(b0, min(n, b0 + INDEXER_ROWS))
+            ids = indexer_topk_rows(q_fp8[b].float(), weights[b].float(), records, pos[b], k_step,
+                                    row_start=lists.row_start[b], row_len=lists.row_len[b], max_len=lists.max_len,
+                                    token_slots=lists.token_slots, backend=backend, check_values=checks is None,
+                                    tile_bytes=ENGINE_TILE_BYTES)
+            topk_indices_buffer[b, :k_step] = ids.to(topk_indices_buffer.dtype)
         return topk_indices_buffer
     scores, ids = shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend)
     merged = all_gather_merge(scores, ids, index_topk, sharded.all_gather)
@@ -146,9 +153,9 @@ def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata,
     return scores, ids
 
 
-def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: ShardedScoring | None):
-    """Per request of the step, on the cache's device: (its rows (a slice), their causal positions,
-    the positions scored int64 [L] (its prefix ``0 .. seq_lens[r]``, or this rank's share of it),
+def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: ShardedScoring):
+    """Per request of the step (sharded scoring), on the cache's device: (its rows (a slice), their
+    causal positions, the positions scored int64 [L] (this rank's share of its prefix ``0 .. seq_lens[r]``),
     cache rows holding their keys, their rows in those). The keys are read in place (``row_view``):
     a copy of the pages would read and write the whole prefix's keys again, more than a sharded
     scorer reads. The plan comes from the host copies (``host_qsl``, ``host_seq_lens``) and is made
@@ -157,8 +164,7 @@ def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded
     from sparkinfer.vllm.paged_sparse_mla import compact_pages, row_view
 
     dev = kv_cache.device
-    key = (dev, tuple(kv_cache.shape), kv_cache.stride(), kv_cache.storage_offset() % 4,
-           None if sharded is None else (sharded.rank, sharded.layout))
+    key = (dev, tuple(kv_cache.shape), kv_cache.stride(), kv_cache.storage_offset() % 4, sharded.rank, sharded.layout)
     plan = md.key_plans.get(key)
     if plan is None:
         block_size, width = kv_cache.shape[1], md.block_table.shape[1]
@@ -169,7 +175,7 @@ def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded
                 continue
             rows = slice(int(qsl[r]), int(qsl[r + 1]))
             seq_len = int(seq_lens[r])
-            t = (torch.arange(seq_len) if sharded is None else sharded.owned(seq_len)).to(dev)
+            t = sharded.owned(seq_len).to(dev)
             # positions past the table (an upper bound's tail) are masked by the rows' positions
             blocks = md.block_table[r].to(device=dev, dtype=torch.int64)[(t // block_size).clamp(max=width - 1)]
             slots = blocks * block_size + t % block_size
@@ -183,6 +189,50 @@ def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded
         else:
             pages, local, _ = compact_pages(kv_cache, slots)
             yield rows, pos, t, pages.view(-1, kv_cache.shape[-1]), local
+
+
+def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata):
+    """The whole step as one batched top-k (``indexer_topk_rows``): (records uint8 [*, 132], RowLists
+    on the cache's device). Row m of request r scores list entries ``row_start[m] ..
+    + seq_lens[r]``: the cache rows of r's positions ``0 .. seq_lens[r] - 1`` (ids = the position),
+    masked past the row's own position. Planned once per step and cache layout (the step's
+    indexer layers share it) from the host copies: row_start, row_len and max_len on the host, one
+    copy to the device; the slots from the block table on the device, read in place (``row_view``;
+    the touched pages are copied only where the strides do not allow it)."""
+    from sparkinfer.indexer import RowLists
+    from sparkinfer.vllm import step_plan
+    from sparkinfer.vllm.paged_sparse_mla import compact_pages, row_view
+
+    dev = kv_cache.device
+    key = ("rows", dev, tuple(kv_cache.shape), kv_cache.stride(), kv_cache.storage_offset() % 4)
+    plan = md.key_plans.get(key)
+    if plan is None:
+        block_size, width = kv_cache.shape[1], md.block_table.shape[1]
+        qsl, seq_lens = _host_layout(md)
+        n = md.num_actual_tokens
+        row_start, row_len = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        slots, at = [], 0
+        for r in range(md.num_reqs):
+            if qsl[r + 1] == qsl[r]:
+                continue
+            length = int(seq_lens[r])
+            row_start[qsl[r]:qsl[r + 1]], row_len[qsl[r]:qsl[r + 1]] = at, length
+            t = torch.arange(length, device=dev)
+            # positions past the table (an upper bound's tail) are masked by the rows' positions
+            blocks = md.block_table[r].to(device=dev, dtype=torch.int64)[(t // block_size).clamp(max=width - 1)]
+            slots.append(blocks * block_size + t % block_size)
+            at += length
+        slots = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64, device=dev)
+        start, length = step_plan.to_device(dev, row_start, row_len)
+        in_place = row_view(kv_cache, slots)
+        lists = RowLists(start, length.to(torch.int32), None if in_place is None else in_place[1], None,
+                         int(row_len.max(initial=0)))
+        plan = md.key_plans[key] = (lists, slots if in_place is None else None)
+    lists, slots = plan
+    if slots is None:  # this layer's cache as rows: only the view is new, the rows are the plan's
+        return row_view(kv_cache, None)[0], lists
+    pages, local, _ = compact_pages(kv_cache, slots)
+    return pages.view(-1, kv_cache.shape[-1]), replace(lists, token_slots=local)
 
 
 def _host_layout(md: ReplicatedIndexerMetadata):

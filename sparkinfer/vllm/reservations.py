@@ -2,7 +2,8 @@
 
 Patched ``get_kv_cache_configs`` (the engine core, before vLLM turns each worker's available memory
 into KV blocks) subtracts ``reserved_bytes`` from every worker's budget: the buffers of
-``sparkinfer.core.reservations`` (prefetch ring, exchange slabs, attention output) and then the
+``sparkinfer.core.reservations`` (prefetch ring, exchange slabs, attention output, the stashed
+records, the indexer's workspace) and then the
 replica store (``replica_budget``: its ``auto`` window takes its share of what the other buffers
 left). The worker's runtime allocates exactly these buffers from the same ``sizing`` at engine
 start, so what sparkinfer holds on a GPU is counted inside the KV memory, not allocated on top of
@@ -32,7 +33,9 @@ def sizing(vllm_config) -> SelectedSizing:
                           rows=1 + (spec.num_speculative_tokens if spec is not None else 0), topk=hf.index_topk,
                           prefetch_depth=cfg.prefetch_depth, pool_mb=cfg.pool_mb,
                           heads=max(1, hf.num_attention_heads // par.tensor_parallel_size),
-                          sizing=impls.exchange_sizing(vllm_config.device_config.device_type))
+                          sizing=impls.exchange_sizing(vllm_config.device_config.device_type),
+                          step_tokens=getattr(vllm_config.scheduler_config, "max_num_batched_tokens", None) or 0,
+                          max_model_len=vllm_config.model_config.max_model_len or 0)
 
 
 def reservations(vllm_config, available: int) -> dict[str, int]:
