@@ -37,7 +37,8 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     d = _plan_json("--profile", "glm52-tp4-dcp4-mtp3-368")
     res = d["reservations"]
     cap = 16 * 4 * 2048
-    assert res["exchange_recv"] == _align(3 * 4 * 64) + 2 * _align(4 * cap * 368)
+    flags = (3 + 4) * 4 * 64  # arrive, ack, abort and a landed flag per layer (4), per peer, one 64 B line each
+    assert res["exchange_recv"] == _align(flags) + 2 * _align(4 * cap * 368)
     assert res["exchange_send"] == 2 * 4 * _align(4 * (cap // 16) * 368)
     assert res["exchange_index"] == 8 * cap
     assert res["prefetch_ring"] == 4 * (512 * MIB // (4 * 368)) * 368
