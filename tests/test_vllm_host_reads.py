@@ -5,10 +5,16 @@ with a data-dependent output shape against the innermost sparkinfer frame that m
 decode step, inside each TP worker. The engines run the GPU implementations forced on CPU
 (``SPARKINFER_FORCE_GPU_IMPLS=1``, Triton under ``TRITON_INTERPRET=1``: the code a GPU node runs) on
 the tiny GLM-5.2-shaped model at TP2/DCP2, nvfp4_368 records and MTP3, in stock mode, selected
-mode with replicas off and with replicas on. Two depths of the model (``FSSF`` and ``FSSFSSFS``)
-separate what a layer costs from what a step costs: the sparkinfer count must be 0 under a
-layer's forward and the same at both depths, at most 8 per step. Reads of vLLM's host copies
+mode with replicas off and with replicas on. The sparkinfer count must be 0 under a layer's forward
+in every mode, at most 8 per step. Two depths of the model (``FSSF`` and ``FSSFSSFS``, stock
+mode) separate what a layer costs from what a step costs: the count is the same at both. The
+other modes run ``FSSF`` only (CI time: an engine per mode and depth, the Triton kernels
+interpreted); their per-layer count is measured directly. Reads of vLLM's host copies
 (``host_array``: pinned host memory on a GPU node, no sync) are reported apart.
+
+Allocations after warm-up (``host_reads`` books them like the reads, docs/design/selected-decode.md)
+are not yet none: the test holds each path's measured count per decode step as a ceiling, so a
+change that adds temporaries to the forward is seen.
 
 The probe can fail: a read planted into the layers of a running engine (``_plant``) is counted
 per layer, and the unit test below catches the validated (direct-call) forms' reads at their sites.
@@ -30,6 +36,9 @@ _spec.loader.exec_module(bench)
 PROMPT = bench.PROMPT
 MAX_TOKENS = 4
 BUDGET = 8  # sparkinfer host reads per decode step, whatever the layer count
+# sparkinfer allocations per decode step after warm-up at FSSF, measured (selected-decode.md) plus ~5%:
+# a ceiling until the forward runs on preallocated step buffers (the goal is none)
+ALLOC_CEILING = {"stock": 830, "selected": 880, "replicas": 920}  # measured 785, 838, 879
 
 
 def _paged_inputs(seed=0):
@@ -179,19 +188,25 @@ def test_no_host_read_per_layer_and_few_per_step(models, monkeypatch, name):
     pytest.importorskip("vllm")
     per_depth = {}
     for pattern, model in models.items():
+        if name != "stock" and pattern != "FSSF":
+            continue
         tokens, runs = _serve(model, monkeypatch, name, plant=name == "stock" and pattern == "FSSF")
         assert len(tokens) == MAX_TOKENS
         per_depth[pattern] = (tokens, runs[0])
         for w in runs[0]:
             print(f"{name} {pattern} worker: {w['steps']} decode steps, per step sparkinfer {w['sparkinfer']:.1f} "
                   f"(under a layer {w['layer']:.1f}), vLLM {w['vllm']:.1f}, vLLM host copies {w['host']:.1f}; "
-                  f"sites {w['sites']}")
+                  f"sites {w['sites']}; allocations after warm-up {w['alloc']:.0f} (under a layer "
+                  f"{w['layer_alloc']:.0f}, {w['alloc_bytes'] / 1024:.0f} KiB), vLLM {w['vllm_alloc']:.0f}")
             assert w["steps"] >= 1
             assert w["layer"] == 0, w["sites"]
             assert w["sparkinfer"] <= BUDGET, w["sites"]
+            if pattern == "FSSF":
+                assert w["alloc_steps"] >= 1 and 0 < w["alloc"] <= ALLOC_CEILING[name], w["alloc_sites"]
         if len(runs) > 1:  # the planted read: once per stock attention layer (4 + the MTP layer's passes)
             for w in runs[1]:
                 assert w["layer"] >= len(pattern), w["sites"]
-    shallow, deep = (per_depth[p][1] for p in ("FSSF", "FSSFSSFS"))
-    for a, b in zip(shallow, deep):  # twice the layers, the same reads: none of them is per layer
-        assert a["sparkinfer"] == b["sparkinfer"]
+    if name == "stock":
+        shallow, deep = (per_depth[p][1] for p in ("FSSF", "FSSFSSFS"))
+        for a, b in zip(shallow, deep):  # twice the layers, the same reads: none of them is per layer
+            assert a["sparkinfer"] == b["sparkinfer"]
