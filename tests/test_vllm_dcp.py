@@ -222,6 +222,8 @@ def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch, tmp_path, capfd)
             assert gat["stock_bytes"] == gat["rows"] * stock_per_row
             print(f"{cache_dtype} TP2/DCP2, bytes into one rank: decode selected {sel['bytes_recv']} vs stock "
                   f"{sel['stock_bytes']}, prefill gathered {gat['bytes_recv']} vs stock {gat['stock_bytes']}")
+        if cache_dtype != "nvfp4_368":  # the gather is the same code at every record width: one format
+            return
         # chunked prefill (8 tokens per step): the second and third chunks fetch their cached prefix
         chunked, ledgers = _greedy(tiny, monkeypatch, 2, mode="selected", probe=transport_ledger,
                                    kv_cache_dtype=cache_dtype, max_num_batched_tokens=8,
