@@ -31,11 +31,14 @@ NEAR_TIE, and KL(stock || mode) above MODE_KLD), or when a format exceeds its bu
 after ``<!-- accuracy-budgets -->`` in docs/design/record-formats.md (the single source; the
 fixture's budgets for ``--fixture``, the node budgets for servers).
 
-Matrix (``--fixture``): the reference (auto, DCP1) and every record format at DCP1 (TP1);
-``--full`` adds, per format, DCP2 (TP2) and DCP4 (TP4) in modes stock, selected (replica window
-0) and replicas (selected with a replica window of REPLICA_WINDOW < the context), the unquantized
-cache in stock only (selected needs a record format). Without ``--full`` (CI): DCP2 of
-nvfp4_368 in all three modes. One engine per configuration runs every measurement.
+Matrix (``--full``): the reference (auto, DCP1), every record format at DCP1 (TP1) and, per
+format, DCP2 (TP2) and DCP4 (TP4) in modes stock, selected (replica window 0) and replicas
+(selected with a replica window of REPLICA_WINDOW < the context), the unquantized cache in stock
+only (selected needs a record format). Without ``--full`` (CI, 6 engines): the reference,
+fp8_ds_mla and nvfp4_432 at DCP1, and nvfp4_368 at DCP2 in all three modes; its DCP2 stock row is
+the 368 point of the format order (DCP changes the numbers by summation order only: equal to
+DCP1 to every printed digit when both were run). One engine per configuration runs every
+measurement.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from sparkinfer.fixture import MODEL_DIR, data  # noqa: E402
 FORMATS = ("auto", "fp8_ds_mla", "nvfp4_432", "nvfp4_368")
 RECORD_BYTES = {"auto": None, "fp8_ds_mla": 656, "nvfp4_432": 432, "nvfp4_368": 368}
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+CI_DEPTHS = (0.1, 0.5, 0.9)
 NUM_SPEC = 3
 REPLICA_WINDOW = 64
 NEAR_TIE = 0.1  # nats: tests/test_vllm_dcp_prompts.py (a float-order flip may tip a tie this close)
@@ -85,9 +89,10 @@ REFERENCE = Config("auto", "stock", 1)
 
 
 def fixture_matrix(full: bool) -> list[Config]:
-    out = [REFERENCE] + [Config(f, "stock", 1) for f in FORMATS[1:]]
     if not full:
-        return out + [Config("nvfp4_368", m, 2) for m in ("stock", "selected", "replicas")]
+        return [REFERENCE] + [Config(f, "stock", 1) for f in FORMATS[1:-1]] + \
+            [Config(FORMATS[-1], m, 2) for m in ("stock", "selected", "replicas")]
+    out = [REFERENCE] + [Config(f, "stock", 1) for f in FORMATS[1:]]
     for dcp in (2, 4):
         out.append(Config("auto", "stock", dcp))
         out += [Config(f, m, dcp) for f in FORMATS[1:] for m in ("stock", "selected", "replicas")]
@@ -104,11 +109,20 @@ class Sets:
 
     @classmethod
     def build(cls, model_dir, context: int, full: bool) -> "Sets":
-        """CI: 3 windows, one needle per depth, 2 text continuations of 16 tokens; ``full``: 8, 4, 8 of 48."""
+        """CI: 3 windows, one needle at each of CI_DEPTHS, 2 text continuations as long as a recall
+        (every greedy request ends at the same step); ``full``: 8 windows, 4 needles at each of
+        DEPTHS, 8 continuations of 48."""
         return cls(heldout=data.heldout_windows(model_dir, 8 if full else 3, context, seed=11),
-                   retrieval=data.retrieval_prompts(model_dir, context, list(DEPTHS), 4 if full else 1, seed=12),
+                   retrieval=data.retrieval_prompts(model_dir, context, list(DEPTHS if full else CI_DEPTHS),
+                                                    4 if full else 1, seed=12),
                    mtp_prompts=data.heldout_windows(model_dir, 8 if full else 2, context // 2, seed=13),
-                   mtp_tokens=48 if full else 16)
+                   mtp_tokens=48 if full else data.NEEDLE - data.CUE)
+
+    def max_model_len(self) -> int:
+        """The longest request (prompt + generated tokens) plus the drafts past its last token."""
+        longest = max([len(w) + 1 for w in self.heldout] + [len(p) + len(w) for _, p, w in self.retrieval] +
+                      [len(p) + self.mtp_tokens for p in self.mtp_prompts])
+        return longest + NUM_SPEC
 
 
 @dataclass
@@ -354,7 +368,7 @@ def fixture_setup(model_dir: Path, full: bool) -> tuple[Sets, int, int]:
     config = json.loads((Path(model_dir) / "config.json").read_text())
     recipe = json.loads((Path(model_dir) / "recipe.json").read_text())
     sets = Sets.build(model_dir, recipe["context"], full)
-    return sets, recipe["context"] + sets.mtp_tokens + NUM_SPEC + 8, config["vocab_size"]
+    return sets, sets.max_model_len(), config["vocab_size"]
 
 
 def run_fixture(full: bool, model_dir: Path = MODEL_DIR, configs: list[Config] | None = None,

@@ -110,6 +110,39 @@ def test_rescale_partial_rejects_bad_shapes():
         rescale_partial(torch.zeros(2, 3, 4), torch.zeros(2, 2, 3), 2)
 
 
+def test_drafter_step_slots_are_the_sharded_placement(monkeypatch):
+    """The MTP draft passes after the first get their slots from vLLM's own step
+    (``SpecDecodeBaseProposer._update_positions_dependent_metadata``, the eagle step kernel): with patch 0009
+    they are the target's DCP placement (``_slot_loop``), and PAD past max_model_len and on padded rows.
+    Unpatched, the kernel placed position p at ``block_table[r, p // 64] x 64 + p % 64`` on every rank:
+    the fixture's first TP2 engine wrote position 256 of a 3-block request to slot 0 (a zero table
+    entry: vLLM's null block 0, the ``cache_slots`` device check), and shorter requests to other
+    positions' slots."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace as NS
+
+    import vllm.distributed
+    from vllm.platforms import current_platform
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    current_platform.register_triton_kernel_overrides()  # the CPU twin of the step kernel, as a worker has
+    bs, max_len = 64, 283
+    table = [[1, 2, 3, 0], [5, 4, 0, 0], [7, 0, 0, 0], [6, 8, 9, 10]]
+    last = [255, 129, 40, max_len - 1]  # the draft token goes at last + 1; the final row passes max_model_len
+    for world, rank, inter in [(2, 0, 1), (2, 1, 1), (4, 3, 1), (2, 1, 16)]:
+        monkeypatch.setattr(vllm.distributed, "get_dcp_group", lambda: NS(rank_in_group=rank, world_size=world))
+        n, padded = len(last), len(last) + 1
+        proposer = NS(uses_mrope=False, positions=torch.zeros(padded, dtype=torch.int64), max_model_len=max_len,
+                      _slot_mapping_buffer=torch.full((padded,), 7, dtype=torch.int64),
+                      vllm_config=NS(parallel_config=NS(cp_kv_cache_interleave_size=inter)))
+        cm = NS(block_table_tensor=torch.tensor(table, dtype=torch.int32), max_seq_len=max(last) + 1,
+                seq_lens=torch.tensor(last, dtype=torch.int32) + 1, seq_lens_cpu_upper_bound=None)
+        SpecDecodeBaseProposer._update_positions_dependent_metadata(proposer, torch.tensor(last), cm, n, padded, bs)
+        want = _slot_loop(list(range(n)), [p + 1 for p in last[:-1]], table, bs, world, rank, inter) + [-1]
+        assert cm.slot_mapping.tolist() == want, (world, rank, inter)
+        assert proposer._slot_mapping_buffer[n:].tolist() == [-1]  # the padded row
+
+
 # --- end to end --------------------------------------------------------------------------------
 
 PROMPT = [5, 17, 42, 9, 77, 23, 61, 12, 90, 33, 7, 54, 101, 64, 28, 3, 88, 45, 19, 70]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-PAD_SLOT_ID = -1
+from sparkinfer.vllm.dcp_slots import PAD_SLOT_ID, placement
 
 
 def compute_slot_mapping(num_tokens: int, max_num_tokens: int, query_start_loc: torch.Tensor,
@@ -50,12 +50,9 @@ def compute_slot_mapping(num_tokens: int, max_num_tokens: int, query_start_loc: 
     req = torch.repeat_interleave(torch.arange(num_reqs), counts)
     if req.shape[0] != num_tokens:
         raise ValueError(f"query_start_loc covers {req.shape[0]} tokens, expected {num_tokens}")
-    pos = positions[:num_tokens].to(torch.int64)
-    virtual = KV_CACHE_BLOCK_SIZE * world
-    offset = pos % virtual
-    is_local = (offset // interleave) % world == rank
-    local = (offset // (world * interleave)) * interleave + offset % interleave
-    blocks = block_table.reshape(-1)[req * block_table_stride + pos // virtual].to(torch.int64)
+    column, local, is_local = placement(positions[:num_tokens].to(torch.int64), KV_CACHE_BLOCK_SIZE, world, rank,
+                                        interleave)
+    blocks = block_table.reshape(-1)[req * block_table_stride + column].to(torch.int64)
     slot_mapping[:num_tokens] = torch.where(is_local, blocks * KV_CACHE_BLOCK_SIZE + local,
                                             torch.full_like(local, PAD_ID))
     slot_mapping[num_tokens:max_num_tokens] = PAD_ID
