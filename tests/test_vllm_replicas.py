@@ -61,7 +61,8 @@ def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monk
         # 2 requests x 256 union rows per destination, 2 slab slots x 4 layers, host sizing on CPU
         # (a send region as large as the receive region per destination)
         region = -(-4 * 512 * 368 // 256) * 256
-        want = {"prefetch_ring": 4 * 2849 * 368, "exchange_recv": 512 + 2 * region, "exchange_send": 2 * 2 * region,
+        flags = -(-(3 + 4) * 2 * 64 // 256) * 256  # arrive, ack, abort, landed x 4 layers; 2 peers; 64 B lines
+        want = {"prefetch_ring": 4 * 2849 * 368, "exchange_recv": flags + 2 * region, "exchange_send": 2 * 2 * region,
                 "exchange_index": 8 * 512, "replica_store": store}  # the start-up proof's device-sized unpack
         assert eng["held"] == want  # measured from the runtime's tensors
         # the step's transient buffers are reserved, not held between steps
