@@ -38,7 +38,7 @@ MAX_TOKENS = 4
 BUDGET = 8  # sparkinfer host reads per decode step, whatever the layer count
 # sparkinfer allocations per decode step after warm-up at FSSF, measured (selected-decode.md) plus ~5%:
 # a ceiling until the forward runs on preallocated step buffers (the goal is none)
-# measured 785 / 838 / 879, then stock 821 with patch 0009 (the drafter's DCP slots, 36 per step in every path)
+# measured 821 / 874 / 915 (785 / 838 / 879 before patch 0009: its drafter DCP slots add 36 a step)
 ALLOC_CEILING = {"stock": 860, "selected": 920, "replicas": 960}
 
 
