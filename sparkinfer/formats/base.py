@@ -34,7 +34,7 @@ def check_values(t, name: str, width: int, checks=None) -> torch.Tensor:
         raise ValueError(f"{name} must be float32 or bfloat16, got {t.dtype}")
     t = t.to(torch.float32).contiguous()  # bf16 -> fp32 is exact
     if checks is not None:
-        checks.flag("record_values", ~torch.isfinite(t))
+        checks.flag_nonfinite("record_values", t)
     elif not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} contains NaN or infinity; records can only hold finite values")
     return t

@@ -41,17 +41,33 @@ class DeviceChecks:
     def __init__(self, device):
         self.device = torch.device(device)
         self.flags = torch.zeros(len(CHECKS), dtype=torch.int32, device=self.device)
+        self._any = torch.zeros((), dtype=torch.bool, device=self.device)
+        self._sum = torch.zeros((), dtype=torch.float32, device=self.device)
         pinned = self.device.type == "cuda"
         self._host = torch.zeros(len(CHECKS), dtype=torch.int32, pin_memory=pinned)
         self._host_words = host_array(self._host)  # shares the pinned memory: reading it is not a tensor read
         self._event = None
         self._issued = False
 
-    def flag(self, name: str, bad: torch.Tensor) -> None:
-        """OR ``bad.any()`` (a bool tensor of any shape, on the device) into check ``name``'s word."""
+    def word(self, name: str) -> torch.Tensor:
+        """Check ``name``'s word, int32 [1] on the device: what a kernel ORs its verdict into."""
         i = _INDEX[name]
-        word = self.flags[i:i + 1]
-        word.bitwise_or_(bad.any().view(1).to(torch.int32))
+        return self.flags[i:i + 1]
+
+    def flag(self, name: str, bad: torch.Tensor) -> None:
+        """OR ``bad.any()`` (a bool tensor of any shape, on the device) into check ``name``'s word,
+        through a preallocated scalar: no temporary."""
+        torch.any(bad, out=self._any)
+        self.word(name).bitwise_or_(self._any)
+
+    def flag_nonfinite(self, name: str, t: torch.Tensor) -> None:
+        """OR "``t`` holds a NaN or an infinity" into check ``name``'s word, through preallocated scalars:
+        the fp32 sum of ``t`` times 0 is NaN exactly when a term is not finite (or the sum overflows,
+        past 3e38: no finite activation comes near), and NaN is the one value unequal to itself."""
+        torch.sum(t, dim=tuple(range(t.dim())), dtype=torch.float32, out=self._sum)
+        self._sum.mul_(0)
+        torch.ne(self._sum, self._sum, out=self._any)
+        self.word(name).bitwise_or_(self._any)
 
     def poll(self) -> None:
         """Raise for a word set before the copy issued at the previous poll; then issue the next copy."""

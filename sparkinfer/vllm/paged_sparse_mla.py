@@ -77,15 +77,29 @@ def scatter_rows(kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor
     """``kv_cache[slot // block_size, slot % block_size] = rows[i]`` for every ``slots[i] >= 0``, into a
     cache ``[num_blocks, block_size, W]`` of any strides (vLLM's strided layer views included).
 
-    rows [N, W] in the cache's dtype, slots int [N] (-1 = skip). Fixed-shape device work, no host read:
-    a skipped row targets the first record of ``NULL_BLOCK`` with that record's own bytes, so every
-    write to it carries the same value; a real slot in the null block is flagged (``cache_slots``).
+    rows [N, W] in the cache's dtype, slots int [N] (-1 = skip). A slot in ``NULL_BLOCK`` or outside
+    the cache is not written: the forward's form (``checks``) flags it (``cache_slots``), the direct
+    call raises. The forward's form is one kernel on a GPU (``triton_paging.scatter_rows``); its
+    torch twin is fixed-shape device work, no host read: a skipped row targets the first record of
+    ``NULL_BLOCK`` with that record's own bytes, so every write to it carries the same value.
     """
-    bs = kv_cache.shape[1]
+    from sparkinfer.vllm.impls import kernel_backend
+
+    nb, bs = kv_cache.shape[:2]
+    if checks is not None and kernel_backend(kv_cache.device) == "triton" and rows.stride(-1) == 1:
+        from sparkinfer.vllm import triton_paging
+
+        triton_paging.scatter_rows(kv_cache, slots, rows, NULL_BLOCK, checks.word("cache_slots"))
+        return
     slots = slots.to(torch.int64)
     valid = slots >= 0
+    bad = valid & ((slots // bs == NULL_BLOCK) | (slots >= nb * bs))
     if checks is not None:
-        checks.flag("cache_slots", valid & (slots < (NULL_BLOCK + 1) * bs) & (slots >= NULL_BLOCK * bs))
+        checks.flag("cache_slots", bad)
+    elif bool(bad.any()):
+        raise ValueError(f"a cache write's slot lies in vLLM's null block {NULL_BLOCK} or outside the cache's "
+                         f"{nb} blocks of {bs}: the slot mapping is corrupt")
+    valid = valid & ~bad
     block = torch.where(valid, slots // bs, NULL_BLOCK)
     offset = torch.where(valid, slots % bs, 0)
     kv_cache[block, offset] = torch.where(valid[:, None], rows, kv_cache[NULL_BLOCK, 0])
@@ -122,10 +136,22 @@ def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):
     return kv_cache[blocks], local, blocks
 
 
+def row_strides(kv_cache: torch.Tensor) -> tuple[int, int] | None:
+    """(row_s0, row_s1): slot ``b * block_size + i`` of ``kv_cache`` is row ``b * row_s0 + i * row_s1``
+    of its ``row_view``; None when the cache has no row view (``row_view``)."""
+    if kv_cache.is_contiguous():
+        return kv_cache.shape[1], 1
+    pitch = max(1, 4 // kv_cache.element_size())  # elements per 4 bytes
+    s0, s1 = kv_cache.stride(0), kv_cache.stride(1)
+    if kv_cache.stride(2) != 1 or s0 % pitch or s1 % pitch or kv_cache.storage_offset() % pitch:
+        return None
+    return s0 // pitch, s1 // pitch
+
+
 def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
     """``kv_cache [num_blocks, block_size, record]`` as rows a reader addresses by index, without a
-    copy -> (rows uint8 [R, record], row int64 of each of ``slots`` in it, -1 kept; None for
-    ``slots`` None: the rows depend only on the shape and strides, so caches alike share them).
+    copy -> (rows [R, record], row int64 of each of ``slots`` in it, -1 kept; None for ``slots`` None:
+    the rows depend only on the shape and strides, so caches alike share them).
 
     A contiguous cache is its own flat view. A strided one (the block-outermost layouts, see
     ``compact_pages``) becomes an overlapping view of its storage whose rows start every 4 bytes
@@ -133,20 +159,50 @@ def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
     ``b * stride(0) + i * stride(1)``, divided by 4. Read-only: rows overlap. None when a stride is
     not a multiple of 4 (then ``compact_pages`` copies).
     """
-    if kv_cache.is_contiguous():
-        return kv_cache.view(-1, kv_cache.shape[-1]), None if slots is None else slots.to(torch.int64)
-    nb, bs, width = kv_cache.shape
-    s0, s1 = kv_cache.stride(0), kv_cache.stride(1)
-    pitch = max(1, 4 // kv_cache.element_size())  # elements per 4 bytes
-    if kv_cache.stride(2) != 1 or s0 % pitch or s1 % pitch or kv_cache.storage_offset() % pitch:
+    strides = row_strides(kv_cache)
+    if strides is None:
         return None
-    n_rows = ((nb - 1) * s0 + (bs - 1) * s1) // pitch + 1  # the last row starts at the last record
-    rows = kv_cache.as_strided((n_rows, width), (pitch, 1))
+    if kv_cache.is_contiguous():
+        rows = kv_cache.view(-1, kv_cache.shape[-1])
+    else:
+        nb, bs, width = kv_cache.shape
+        pitch = max(1, 4 // kv_cache.element_size())
+        n_rows = ((nb - 1) * kv_cache.stride(0) + (bs - 1) * kv_cache.stride(1)) // pitch + 1  # the last record's row
+        rows = kv_cache.as_strided((n_rows, width), (pitch, 1))
     if slots is None:
         return rows, None
     slots = slots.to(torch.int64)
-    at = (slots // bs) * (s0 // pitch) + (slots % bs) * (s1 // pitch)
+    if kv_cache.is_contiguous():
+        return rows, slots
+    at = (slots // kv_cache.shape[1]) * strides[0] + (slots % kv_cache.shape[1]) * strides[1]
     return rows, torch.where(slots >= 0, at, -1)
+
+
+def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor,
+                    dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None):
+    """(rows of ``kv_cache``, int [M, K] row of each top-k position in them, -1 where unused or remote):
+    what the attention kernels read (``topk_to_slots`` then ``row_view``; the pages copied out by
+    ``compact_pages`` when the cache has no row view). The forward's form (``checks``) on a GPU is
+    one kernel (``triton_paging.topk_rows``) from the top-k straight to rows.
+
+    The strided pages are read in place: copying the pages a top-k touches moves up to the whole
+    shard per layer, many times the k records attention reads. int64 rows: the view spans the cache.
+    """
+    from sparkinfer.vllm.impls import kernel_backend
+
+    strides = row_strides(kv_cache)
+    bs = kv_cache.shape[1]
+    if checks is not None and strides is not None and kernel_backend(kv_cache.device) == "triton":
+        from sparkinfer.vllm import triton_paging
+
+        rows = triton_paging.topk_rows(topk, token_req, block_table, bs, *strides, checks.word("topk_position"),
+                                       dcp_rank, dcp_world, interleave)
+        return row_view(kv_cache, None)[0], rows
+    slots = topk_to_slots(topk, token_req, block_table, bs, dcp_rank, dcp_world, interleave, checks=checks)
+    if strides is not None:
+        return row_view(kv_cache, slots)
+    pages, local, _ = compact_pages(kv_cache, slots)
+    return pages.view(-1, kv_cache.shape[-1]), local.to(torch.int32)
 
 
 def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str,
@@ -160,6 +216,7 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     ``checks``: the forward's form, without host reads (``topk_to_slots``).
     """
     from sparkinfer.attention import sparse_mla_decode
+    from sparkinfer.attention.triton_decode import shared_workspace
     from sparkinfer.formats import get_format
     from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
     from sparkinfer.vllm.impls import kernel_backend
@@ -168,14 +225,11 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     if kv_cache.dim() != 3 or kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != fmt.record_bytes:
         raise ValueError(f"kv_cache must be uint8 [num_blocks, block_size, {fmt.record_bytes}] for {fmt.name}, "
                          f"got {kv_cache.dtype} {tuple(kv_cache.shape)}")
-    slots = topk_to_slots(topk, token_req, block_table, kv_cache.shape[1], dcp_rank, dcp_world, interleave,
-                          checks=checks)
-    # Read the strided pages in place: copying the pages a top-k touches moves up to the whole shard
-    # per layer, many times the k records attention reads. int64 rows: the view spans the cache.
-    view = row_view(kv_cache, slots)
-    if view is None:
-        pages, local, _ = compact_pages(kv_cache, slots)
-        view = pages.view(-1, fmt.record_bytes), local.to(torch.int32)
-    records, rows = view
-    return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=kernel_backend(kv_cache.device),
-                             check_indices=checks is None)
+    records, rows = topk_cache_rows(kv_cache, topk, token_req, block_table, dcp_rank, dcp_world, interleave,
+                                    checks=checks)
+    backend = kernel_backend(kv_cache.device)
+    workspace = None if checks is None or backend != "triton" else shared_workspace(*q_nope.shape[:2], rows.shape[1],
+                                                                                   q_nope.device)
+    return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=backend,
+                             check_indices=checks is None, workspace=workspace)
+

@@ -70,17 +70,28 @@ def token_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_toke
 
 def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = False,
                 use_ue8m0: bool = False, **_):
-    """Torch twin of vLLM's ``per_token_group_quant_fp8`` for the indexer's q.
+    """Torch twin of vLLM's ``per_token_group_quant_fp8`` for the indexer's q; on a GPU (or forced)
+    one kernel, ``triton_quant.group_quant_fp8``, equal bit for bit.
 
     x [..., D] -> (float8_e4m3fn [..., D], float32 scales [N, D // group_size]) with
-    scale = max(amax, 1e-4) / 448 per group, rounded up to a power of two when ``use_ue8m0``.
+    scale = max(amax, 1e-4) / 448 per group, rounded up to a power of two when ``use_ue8m0`` (exactly:
+    the least power of two >= the scale).
     """
     if x.shape[-1] % group_size:
         raise ValueError(f"last dim {x.shape[-1]} is not a multiple of group_size {group_size}")
+    from sparkinfer.vllm.impls import kernel_backend
+
+    if (kernel_backend(x.device) == "triton" and x.dim() == 2 and x.stride(-1) == 1 and not column_major_scales
+            and group_size & (group_size - 1) == 0):
+        from sparkinfer.vllm.triton_quant import group_quant_fp8
+
+        return group_quant_fp8(x, group_size, use_ue8m0)
     groups = x.float().reshape(-1, x.shape[-1] // group_size, group_size)
     scale = groups.abs().amax(dim=-1).clamp(min=1e-4) / E4M3_MAX
-    if use_ue8m0:
-        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    if use_ue8m0:  # up to the next power of two, on the bits: an fp32 log2 rounds a scale one ulp above a
+        # power of two down onto it (the kernel's twin rule, triton_quant)
+        up = ((scale.view(torch.int32) + 0x7FFFFF) & -0x800000).view(torch.float32)
+        scale = torch.where(torch.isfinite(scale), up, scale)
     q = (groups / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     scale = scale.t().contiguous().t() if column_major_scales else scale
     return q.reshape(x.shape), scale

@@ -50,7 +50,7 @@ from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, is_record_cache_dtype, w
 from sparkinfer.vllm import device_checks, step_plan
 from sparkinfer.vllm.selected_runtime import SelectedRuntime
 from sparkinfer.vllm.step_requests import request_ids
-from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla, row_view, scatter_rows, topk_to_slots
+from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla, scatter_rows, topk_cache_rows
 from sparkinfer.vllm.platforms import BACKEND_NAME
 
 
@@ -180,9 +180,8 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
             out, lse = paged_sparse_mla(q_nope, q_rope, kv_c_and_k_pe_cache, self.kv_cache_dtype, topk,
                                         md.token_req[:n], md.block_table, self.scale, *dcp, checks=md.checks)
         else:  # float rows read in place (row_view: every element starts a row of a strided view)
-            slots = topk_to_slots(topk, md.token_req[:n], md.block_table, kv_c_and_k_pe_cache.shape[1], *dcp,
-                                  checks=md.checks)
-            rows, at = row_view(kv_c_and_k_pe_cache, slots)
+            rows, at = topk_cache_rows(kv_c_and_k_pe_cache, topk, md.token_req[:n], md.block_table, *dcp,
+                                       checks=md.checks)
             out, lse = float_cache_attention(q_nope, q_rope, rows, at, self.scale)
         return out.to(q_nope.dtype), lse
 
