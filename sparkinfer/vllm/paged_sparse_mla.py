@@ -136,12 +136,17 @@ def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):
     return kv_cache[blocks], local, blocks
 
 
+def _pitch(kv_cache: torch.Tensor) -> int:
+    """Elements per 4 bytes: the start-to-start distance of a strided cache's rows (``row_view``)."""
+    return max(1, 4 // kv_cache.element_size())
+
+
 def row_strides(kv_cache: torch.Tensor) -> tuple[int, int] | None:
     """(row_s0, row_s1): slot ``b * block_size + i`` of ``kv_cache`` is row ``b * row_s0 + i * row_s1``
     of its ``row_view``; None when the cache has no row view (``row_view``)."""
     if kv_cache.is_contiguous():
         return kv_cache.shape[1], 1
-    pitch = max(1, 4 // kv_cache.element_size())  # elements per 4 bytes
+    pitch = _pitch(kv_cache)
     s0, s1 = kv_cache.stride(0), kv_cache.stride(1)
     if kv_cache.stride(2) != 1 or s0 % pitch or s1 % pitch or kv_cache.storage_offset() % pitch:
         return None
@@ -166,9 +171,8 @@ def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
         rows = kv_cache.view(-1, kv_cache.shape[-1])
     else:
         nb, bs, width = kv_cache.shape
-        pitch = max(1, 4 // kv_cache.element_size())
-        n_rows = ((nb - 1) * kv_cache.stride(0) + (bs - 1) * kv_cache.stride(1)) // pitch + 1  # the last record's row
-        rows = kv_cache.as_strided((n_rows, width), (pitch, 1))
+        n_rows = (nb - 1) * strides[0] + (bs - 1) * strides[1] + 1  # the last record's row
+        rows = kv_cache.as_strided((n_rows, width), (_pitch(kv_cache), 1))
     if slots is None:
         return rows, None
     slots = slots.to(torch.int64)
