@@ -47,11 +47,16 @@ def test_sites_are_the_innermost_sparkinfer_frame():
 
     keys = pack_keys(torch.tensor([[0.5, -1.0]]), torch.tensor([3, 4]))
     with host_reads.count_allocations() as made:
-        unpack_keys(keys, False)
+        unpack_keys(keys, True)
     sites = _allocs(made)
-    # torch.where(top == NONE, full_like(top, -1), LOW - (top & LOW)).to(int32)
+    # the ids: empty, then an in-place copy_ and bitwise_not_ (not allocations); the scores:
+    # torch.where(o >= 0, o, o ^ 0x7FFFFFFF) of o = (top >> 32).to(int32), masked_fill(ids < 0, -inf)
     assert sites == {f"sparkinfer:indexer/topk.py:unpack_keys:{op}": 1
-                     for op in ("eq", "full_like", "bitwise_and", "rsub", "where", "_to_copy")}
+                     for op in ("empty", "__rshift__", "_to_copy", "ge", "bitwise_xor", "where", "lt", "masked_fill")}
+    out = torch.empty(1, 2, dtype=torch.int32)
+    with host_reads.count_allocations() as made:  # into a caller's buffer: none
+        unpack_keys(keys, False, out=out)
+    assert not _allocs(made) and out.tolist() == [[3, 4]]
 
 
 def test_the_codecs_torch_reference_is_a_kernel_stand_in():

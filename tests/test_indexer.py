@@ -76,6 +76,22 @@ def test_triton_matches_reference_exactly_on_exact_inputs(k):
     assert torch.equal(ref, brute_topk(ref_scores, k))
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_fp8_q_scores_as_its_values(backend):
+    """vLLM's quantized q (float8_e4m3fn, read as its bytes by the Triton kernel) scores and selects
+    exactly as the same values widened to fp32; with ties among duplicated keys, at every k."""
+    q, w, records, pos, _ = exact_case(seed=3)
+    g = torch.Generator().manual_seed(3)
+    spread = torch.exp2(torch.randint(-12, 9, q.shape, generator=g).float())  # e4m3's range, subnormals included
+    q = (q * spread).to(torch.float8_e4m3fn)
+    assert ((q.float().abs() < 2 ** -6) & (q.float() != 0)).any()
+    assert torch.equal(indexer_scores(q, w, records, pos, backend=backend),
+                       indexer_scores(q.float(), w, records, pos, backend=backend))
+    for k in (8, 250):
+        assert torch.equal(indexer_topk(q, w, records, pos, k, backend=backend),
+                           indexer_topk(q.float(), w, records, pos, k, backend=backend))
+
+
 def test_ties_break_to_lower_token_id():
     keys = torch.zeros(10, 128)
     keys[:, 0] = torch.tensor([1, 3, 3, 2, 3, 1, 0, 3, 2, 1]).float()

@@ -67,7 +67,8 @@ def test_every_spec_compiled_for_both_targets(compiled):
     from sparkinfer.indexer.triton_scores import compile_specs
 
     names = {s["name"] for s in compile_specs()}
-    assert names == {f"{k}[q_{d}]" for k in ("indexer_scores", "indexer_keys", "indexer_keys_ids") for d in ("fp32", "bf16")}
+    assert names == {f"{k}[q_{d}]" for k in ("indexer_scores", "indexer_keys", "indexer_keys_ids")
+                     for d in ("fp32", "bf16")} | {"indexer_keys[q_fp8]"}  # the engine's key pass reads fp8 q
     assert set(compiled) == {f"{n}-{a}" for n in names for a in (120, 90)}
 
 
@@ -82,6 +83,8 @@ def test_no_spills_shared_memory_fits_and_mma(compiled, arch):
         # fp32 q takes the 3-pass tf32 split: three times the MMAs of the bf16 (one tf32 pass) kernel
         if "q_fp32" in name:
             assert info["mma"] == 3 * compiled[name.replace("q_fp32", "q_bf16")]["mma"], name
+        if "q_fp8" in name:  # fp8 codes decoded to tf32-exact values: one pass, as bf16
+            assert info["mma"] == compiled[name.replace("q_fp8", "q_bf16")]["mma"], name
 
 
 def test_spec_signatures_match_the_kernel():

@@ -45,10 +45,9 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     assert res["attention_out"] == 16 * 4 * 16 * 513 * 4  # 64 heads / TP4
     # a gathered step holds up to vLLM's 8,192 batched tokens (`vllm serve`'s default on this node)
     assert res["stashed_records"] == 8192 * 368
-    # one top-k call of the engine's 512-row blocks, k 2048, a pass of 64 MiB / (8 B x 512 rows) =
-    # 16,384 positions: the work buffer, top + topk's indices, the final sort, unpack_keys' 37 B
-    assert res["indexer_workspace"] == 8 * 512 * (2048 + 16384) + 2 * 8 * 512 * 2048 + 2 * 8 * 512 * 2048 \
-        + (1 + 4 * 8 + 4) * 512 * 2048
+    # the top-k workspace of the engine's 512-row blocks, k 2048, a pass of 64 MiB / (8 B x 512 rows) =
+    # 16,384 positions: the work buffer, top + topk's indices (fewer rows take wider passes in no more bytes)
+    assert res["indexer_workspace"] == 8 * 512 * (2048 + 16384) + 2 * 8 * 512 * 2048
     assert d["reserved_bytes"] == sum(res.values())
     assert d["exchange_bytes"] == res["exchange_recv"] + res["exchange_send"] + res["exchange_index"]
     assert d["exchange_bytes"] <= 512 * MIB
@@ -62,23 +61,42 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
 
 @pytest.mark.parametrize("m, k, n, tile_bytes", [(8, 16, 200, None), (4, 32, 1000, 8 * 4 * 128), (3, 64, 70, None)])
 def test_indexer_workspace_is_what_a_topk_call_allocates(m, k, n, tile_bytes):
-    """``topk_rows_bytes`` against the bytes one Triton ``indexer_topk_rows`` call allocates, counted
-    by the allocation probe (``host_reads.count_allocations``; the interpreted kernel's own work is not
-    counted, a GPU kernel allocates nothing): equal, so it bounds the call's peak."""
+    """``topk_rows_bytes`` against the bytes one Triton ``indexer_topk_rows`` call allocates besides its
+    int32 ids, counted by the allocation probe (``host_reads.count_allocations``; the interpreted
+    kernel's own work is not counted, a GPU kernel allocates nothing): equal. Given a workspace of
+    ``workspace_bytes`` for its rows and an output, a call (and one of fewer rows, a shorter list or a
+    smaller k) allocates nothing and gives the same ids."""
     import torch
 
-    from sparkinfer.core.indexer_tiles import TILE_BYTES, topk_rows_bytes
-    from sparkinfer.indexer.tiled import indexer_topk_rows, one_list
+    from sparkinfer.core.indexer_tiles import TILE_BYTES, topk_rows_bytes, workspace_bytes
+    from sparkinfer.indexer.tiled import TopkWorkspace, indexer_topk_rows, one_list
     from sparkinfer.vllm import host_reads
 
     g = torch.Generator().manual_seed(m)
     q, w = torch.randn(m, 2, 128, generator=g), torch.randn(m, 2, generator=g)
     records = torch.randint(0, 256, (n, 132), dtype=torch.uint8, generator=g)
-    pos, rows = torch.full((m,), n - 1), one_list(m, n, "cpu")
+    tile_bytes = TILE_BYTES if tile_bytes is None else tile_bytes
+
+    def call(rows, n_list, kk, **kw):
+        pos, lists = torch.full((rows,), n_list - 1), one_list(rows, n_list, "cpu")
+        return lambda: indexer_topk_rows(q[:rows], w[:rows], records, pos, kk, backend="triton", check_values=False,
+                                         tile_bytes=tile_bytes, **lists, **kw)
+
+    fresh = call(m, n, k)
     with host_reads.count_allocations() as made:
-        indexer_topk_rows(q, w, records, pos, k, backend="triton", check_values=False, tile_bytes=tile_bytes, **rows)
+        fresh()
     measured = sum(v for key, v in made.items() if key.split("|")[1] == "alloc_bytes")
-    assert measured == topk_rows_bytes(m, k, n, TILE_BYTES if tile_bytes is None else tile_bytes)
+    assert measured == topk_rows_bytes(m, k, n, tile_bytes) + 4 * m * k
+    ws = TopkWorkspace(workspace_bytes(m, k, n, tile_bytes), "cpu")
+    for rows, n_list, kk in ((m, n, k), (1, n, k), (m, n // 2, k), (m, n, k // 2)):
+        out = torch.full((m, 2 * k), 7, dtype=torch.int32)
+        into = call(rows, n_list, kk, workspace=ws, out=out[:rows, :kk])
+        with host_reads.count_allocations() as made:
+            into()
+        assert not made, dict(made)
+        assert torch.equal(out[:rows, :kk], call(rows, n_list, kk)()) and bool((out[:, kk:] == 7).all())
+    with pytest.raises(ValueError, match="workspace_bytes"):
+        call(m, n, 2 * k, workspace=ws)()
 
 
 def test_nothing_is_reserved_without_a_selected_path():

@@ -139,11 +139,10 @@ def _buffers(record: int, dcp: int, mtp: bool) -> int:
     ring = 4 * (512 * 2**20 // (record * 4)) * record
     recv = align((3 + 4) * dcp * 64) + 2 * align(4 * cap * record)  # arrive, ack, abort, landed x 4 layers
     send = 2 * dcp * align(4 * (cap // 16) * record)
-    # a step's own records (vLLM's 8,192 batched tokens) and one indexer top-k call of a 512-row
-    # block (k 2048, a 16,384-position pass: 64 MiB / (8 B x 512)): work, top + indices, the sort,
-    # unpack_keys
+    # a step's own records (vLLM's 8,192 batched tokens) and the indexer's top-k workspace for a 512-row
+    # block (k 2048, a 16,384-position pass: 64 MiB / (8 B x 512)): work, top + indices
     stash = 8192 * record
-    indexer = 8 * 512 * (2048 + 16384) + 4 * 8 * 512 * 2048 + 37 * 512 * 2048
+    indexer = 8 * 512 * (2048 + 16384) + 2 * 8 * 512 * 2048
     return ring + recv + send + 8 * cap + 16 * rows * 16 * 513 * 4 + stash + indexer
 
 

@@ -14,6 +14,7 @@ Units: the policy itself (``gpu_impls``, the env var's checks, the capability ga
 replicated indexer op (``replicated_indexer.run_indexer``) on the Triton path against the torch path.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -116,9 +117,11 @@ def test_vllm_indexer_custom_op_runs_the_replicated_indexer():
     assert bool((got[: md.num_actual_tokens, 0] >= 0).all())
 
 
-def _indexer_inputs(seed=0, block_size=16, seq_lens=(37, 5), index_heads=2):
+def _indexer_inputs(seed=0, block_size=16, seq_lens=(37, 5), index_heads=2, bad_q=None):
     """A paged replicated indexer cache (strided like vLLM's block-outermost layout) and a step with a
-    prefill chunk of request 0 and one decode row of request 1."""
+    prefill chunk of request 0 and one decode row of request 1; ``bad_q`` (a float) is planted in one
+    element of the model's q before its quantization, whose scales fold into the weights as vLLM's
+    indexer folds them."""
     from sparkinfer.vllm.replicated_indexer import ReplicatedIndexerMetadata, quant_q_fp8, token_layout
 
     g = torch.Generator().manual_seed(seed)
@@ -144,6 +147,8 @@ def _indexer_inputs(seed=0, block_size=16, seq_lens=(37, 5), index_heads=2):
         fmt.write(pages, s, torch.randn(t.numel(), 128, generator=g))
         cache.copy_(pages)
     q = torch.randn(n, index_heads, 128, generator=g)
+    if bad_q is not None:
+        q[2, index_heads - 1, 5] = bad_q
     q_fp8, scale = quant_q_fp8(q.view(-1, 128), 128, use_ue8m0=True)
     weights = torch.rand(n, index_heads, generator=g) * scale.view(n, index_heads)
     k = torch.randn(n, 128, generator=g)
@@ -172,6 +177,31 @@ def test_replicated_indexer_op_triton_equals_torch(monkeypatch):
     assert bool((buf[:6] >= 0).all())  # the chunk's rows (positions 31..36) each pick 8 tokens
     assert sorted(buf[6, :5].tolist()) == [0, 1, 2, 3, 4] and buf[6, 5:].tolist() == [-1] * 3  # 5 tokens
     assert bool((buf[7:] == 99).all())  # rows beyond the step untouched
+
+
+@pytest.mark.parametrize("forced", ["0", "1"])
+@pytest.mark.parametrize("bad_q", [None, float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_indexer_q_sets_the_device_flag(monkeypatch, forced, bad_q):
+    """The forward's form (metadata with ``checks``; the GPU implementations read nothing back) flags
+    a NaN or infinity in the model's q, which reaches the weights through its quantization scale:
+    ``indexer_inputs`` raises a step later, naming the check; finite inputs raise nothing."""
+    from sparkinfer.vllm import host_reads
+    from sparkinfer.vllm.device_checks import DeviceCheckError, DeviceChecks
+    from sparkinfer.vllm.replicated_indexer import run_indexer
+
+    monkeypatch.setenv(impls.FORCE_ENV, forced)
+    cache, md, q, k, w = _indexer_inputs(bad_q=bad_q)
+    md.checks = checks = DeviceChecks("cpu")
+    md.host_qsl, md.host_seq_lens = np.array([0, 6, 7]), md.seq_lens.numpy()
+    with host_reads.count_reads() as reads:
+        run_indexer(cache, md, q, k, w, torch.full((16, 8), 99, dtype=torch.int32), 8)
+    assert forced == "0" or not reads, dict(reads)
+    checks.poll()
+    if bad_q is None:
+        checks.poll()
+    else:
+        with pytest.raises(DeviceCheckError, match="indexer_inputs"):
+            checks.poll()
 
 
 @pytest.mark.parametrize("device, forced", [("cpu", "0"), ("cpu", "1"), pytest.param("cuda", "0", marks=pytest.mark.gpu)])

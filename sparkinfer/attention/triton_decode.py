@@ -390,22 +390,6 @@ class DecodeWorkspace:
                                  f"got {got}; build it with DecodeWorkspace.allocate(M, H, K, S, device)")
 
 
-_shared: dict = {}  # device -> ((M, H, K), DecodeWorkspace)
-
-
-def shared_workspace(m: int, h: int, k: int, device) -> DecodeWorkspace:
-    """A ``DecodeWorkspace`` for this shape, kept while the shape repeats: the layers of a step and the
-    steps of an unchanged batch share one instead of each call allocating its own. One per device
-    (the last shape's: no more than that call would have allocated); the callers' launches are
-    stream-ordered, so a layer's scratch is consumed before the next layer writes it."""
-    key = str(device)
-    held = _shared.get(key)
-    if held is None or held[0] != (m, h, k):
-        held = (m, h, k), DecodeWorkspace.allocate(m, h, k, default_num_splits(m, h, k, torch.device(device)), device)
-        _shared[key] = held
-    return held[1]
-
-
 def _check_output(name: str, t, shape, device) -> torch.Tensor:
     if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != device or t.stride(-1) != 1:
         raise ValueError(f"{name} must be float32 {shape} on {device} with a contiguous last dim, got "

@@ -2,18 +2,19 @@
 
 ``sparkinfer.indexer.tiled.indexer_topk_rows`` scores ``tile`` list positions of all M rows per
 pass (``pick_tile``) into an int64 work buffer [M, k + tile]; ``topk_rows_bytes`` is everything
-one call with the Triton scorer allocates, counted per tensor (``tests/test_reservations.py``
-checks it against the allocations the call makes, ``sparkinfer.vllm.host_reads``):
+one call with the Triton scorer works in besides its output, counted per tensor
+(``tests/test_reservations.py`` checks it against the allocations the call makes,
+``sparkinfer.vllm.host_reads``):
 
 =======================  ===========================  =============
 work (running top-k)     int64 [M, k + tile]          8 M (k + tile)
 top, its topk indices    int64 [M, k] x 2             16 M k
-final sort               int64 values + indices       16 M k
-unpack_keys              bool, 4 x int64, int32       37 M k
 =======================  ===========================  =============
 
-So ``8 M tile + 77 M k`` bytes: a bound on the call's peak (not all of it is live at once), fixed by
-M and k whatever the context length, since ``tile <= TILE_BYTES / (8 M)``.
+So ``8 M tile + 24 M k`` bytes (``tiled.TopkWorkspace``; the last pass's topk is sorted and the ids
+are unpacked into the caller's int32 [M, k] output in place), fixed by M and k whatever the
+context length, since ``tile <= TILE_BYTES / (8 M)``. A serving engine holds one workspace that
+every call of its steps fits in (``engine_workspace_bytes``), so a step allocates none of it.
 """
 
 from __future__ import annotations
@@ -32,16 +33,33 @@ def pick_tile(m: int, max_len: int, bytes_per_col: int, tile_bytes: int) -> int:
 
 
 def topk_rows_bytes(m: int, k: int, max_len: int, tile_bytes: int = TILE_BYTES) -> int:
-    """Device bytes one Triton ``indexer_topk_rows`` call of M rows allocates (ids only; table above)."""
+    """Device bytes of the workspace one Triton ``indexer_topk_rows`` call of M rows works in (table above)."""
     if m <= 0:
         return 0
-    tile = pick_tile(m, max_len, TRITON_BYTES_PER_COL, tile_bytes)
-    return 8 * m * tile + 77 * m * k
+    return pass_workspace_bytes(m, k, pick_tile(m, max_len, TRITON_BYTES_PER_COL, tile_bytes))
+
+
+def pass_workspace_bytes(m: int, k: int, tile: int) -> int:
+    """The table's bytes for M rows, top-k and passes of ``tile`` positions."""
+    return 8 * m * (k + tile) + 16 * m * k
+
+
+def workspace_bytes(rows: int, k: int, max_len: int, tile_bytes: int) -> int:
+    """A workspace every call of at most ``rows`` rows, ``k`` and ``max_len`` fits in: the largest
+    ``topk_rows_bytes`` over M <= rows (fewer rows take wider passes, so the largest M need not be
+    the largest call)."""
+    return max((topk_rows_bytes(m, k, max_len, tile_bytes) for m in range(1, rows + 1)), default=0)
 
 
 # The engine's batched call (``vllm.replicated_indexer``): a step's rows in blocks of at most
-# INDEXER_ROWS, each pass at most ENGINE_TILE_BYTES of keys, so the reserved workspace is
-# topk_rows_bytes(min(step rows, INDEXER_ROWS), k, max_model_len, ENGINE_TILE_BYTES) whatever the
-# step's token budget: 64 MiB + 77 x 512 x k (141 MiB at k 2048). Neither changes a result.
+# INDEXER_ROWS, each pass at most ENGINE_TILE_BYTES of keys, so its one workspace
+# (``engine_workspace_bytes``) is about 64 MiB + 24 x 512 x k whatever the step's token budget
+# (88 MiB at k 2048). Neither changes a result.
 INDEXER_ROWS = 512
 ENGINE_TILE_BYTES = 64 << 20
+
+
+def engine_workspace_bytes(step_rows: int, k: int, max_model_len: int) -> int:
+    """The engine's indexer workspace: every block of a step of ``step_rows`` rows (vLLM's token
+    budget), top-``k``, context up to ``max_model_len``."""
+    return workspace_bytes(min(step_rows, INDEXER_ROWS), k, max(max_model_len, k), ENGINE_TILE_BYTES)

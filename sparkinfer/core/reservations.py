@@ -24,10 +24,10 @@ stashed_records        uint8 ``[max(max_batch x R, step_tokens), W]``: one layer
                        the step, encoded at its cache write and held until its attention (a
                        gathered step's rows are at most ``step_tokens``, vLLM's
                        ``max_num_batched_tokens``)
-indexer_workspace      every byte of one batched top-k call of the replicated indexer: a block of
-                       ``M = min(step rows, INDEXER_ROWS)`` rows, passes of ``ENGINE_TILE_BYTES``
-                       (``core.indexer_tiles.topk_rows_bytes``: ``8 M tile + 77 M k``, context
-                       ``max_model_len``)
+indexer_workspace      the replicated indexer's top-k workspace (``indexer.tiled.TopkWorkspace``),
+                       every block of a step in it: blocks of up to ``min(step rows, INDEXER_ROWS)``
+                       rows, passes of ``ENGINE_TILE_BYTES`` (``core.indexer_tiles``:
+                       ``8 M (k + tile) + 16 M k`` at its largest M, context ``max_model_len``)
 replica_store          ``window x max_num_seqs x layers x W`` (``sparkinfer.vllm.replica_budget``;
                        its window depends on what the other buffers left)
 =====================  ====================================================================
@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkinfer.comm.slab import SlabLayout
-from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS, topk_rows_bytes
+from sparkinfer.core.indexer_tiles import engine_workspace_bytes
 
 SLAB_DEPTH = 2  # exchanges in flight in the slabs (a group's exchange and the next one)
 SEND_SHARE = 16  # device sizing: the send slab (gathered steps only) holds capacity / SEND_SHARE per pair
@@ -101,8 +101,7 @@ class SelectedSizing:
             "exchange_index": 2 * 4 * slab.capacity,
             "attention_out": max(1, self.max_batch) * self.rows * self.heads * (LATENT_DIM + 1) * 4,
             "stashed_records": self.step_rows * self.record_bytes,
-            "indexer_workspace": topk_rows_bytes(min(self.step_rows, INDEXER_ROWS), self.topk,
-                                                 max(self.max_model_len, self.topk), ENGINE_TILE_BYTES),
+            "indexer_workspace": engine_workspace_bytes(self.step_rows, self.topk, self.max_model_len),
         }
 
     @property

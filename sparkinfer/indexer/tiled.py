@@ -5,15 +5,15 @@ list: entries ``row_start[m] .. row_start[m] + row_len[m] - 1`` of ``token_slots
 ``token_ids`` (the ids selection reports and the tie rule orders; default the index j in the list).
 Each pass scores list positions [j0, j0 + tile) of every row in one launch, as int64 selection keys
 (``topk.pack_keys``), into columns k.. of a work buffer whose first k columns hold the running
-top-k keys; ``torch.topk`` over the buffer keeps the k best (unsorted: one sort at the end). The keys are distinct per row (the id
+top-k keys; ``torch.topk`` over the buffer keeps the k best (unsorted, but sorted in the last pass). The keys are distinct per row (the id
 is in them; only INT64_MIN, "nothing", repeats), so the top-k of (top-k so far, tile) is the top-k
 of everything scored so far: after the last pass it equals ``select_topk`` over the whole [M, T]
 score matrix, ids and order, bit for bit.
 
-Memory per call: the work buffer int64 [M, k + tile] and topk's outputs [M, k] (+ the torch
-scorer's float64 [M, Hi, tile] temporaries; every byte of a Triton call: ``core.indexer_tiles``,
-which patch 0008 reserves), whatever the context length: ``tile`` is fixed by
-``tile_bytes`` and M, never by T. Launches per call: one scoring launch and one topk per pass;
+Memory per call: the work buffer int64 [M, k + tile] and topk's outputs [M, k] (``TopkWorkspace``;
++ the torch scorer's float64 [M, Hi, tile] temporaries; every byte of a Triton call:
+``core.indexer_tiles``, which patch 0008 reserves), whatever the context length: ``tile`` is fixed
+by ``tile_bytes`` and M, never by T. Given a workspace and an output a call allocates nothing. Launches per call: one scoring launch and one topk per pass;
 passes = ceil(max_len / tile), from the host's step plan (``max_len``), not from a device read.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sparkinfer.core.indexer_tiles import TILE_BYTES, pick_tile
+from sparkinfer.core.indexer_tiles import TILE_BYTES, pass_workspace_bytes, pick_tile
 
 from .topk import _NONE, pack_keys, unpack_keys
 
@@ -55,6 +55,32 @@ class RowLists:
                     token_ids=self.token_ids, max_len=self.max_len)
 
 
+class TopkWorkspace:
+    """The buffers a tiled top-k call works in, carved from one flat int64 buffer:
+
+        work  int64 [M, k + tile]   the running top-k keys, then a pass's scored keys
+        top   int64 [M, k]          topk's values
+        at    int64 [M, k]          topk's indices (unused, but topk writes them)
+
+    A serving engine makes one at start, sized for every call of its steps
+    (``core.indexer_tiles.engine_workspace_bytes``, what patch 0008 reserves), so that a step's
+    calls allocate none of it; a direct call without one gets one of its exact size."""
+
+    def __init__(self, nbytes: int, device):
+        self.buffer = torch.empty(nbytes // 8, dtype=torch.int64, device=device)
+
+    def take(self, m: int, k: int, tile: int):
+        """(work, top, at) for a call of M rows, top-k, passes of ``tile`` positions."""
+        n_work = m * (k + tile)
+        need = n_work + 2 * m * k
+        if need > self.buffer.numel():
+            raise ValueError(f"the top-k workspace holds {8 * self.buffer.numel()} bytes, a call of {m} rows, k {k} "
+                             f"and passes of {tile} needs {8 * need}: size it with core.indexer_tiles.workspace_bytes "
+                             "for the largest rows, k and context of its calls")
+        b = self.buffer
+        return b[:n_work].view(m, k + tile), b[n_work:n_work + m * k].view(m, k), b[n_work + m * k:need].view(m, k)
+
+
 def plan_rows(requests: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], num_rows: int) -> RowLists:
     """RowLists (host tensors) from, per request, (its rows int [m_r], the cache rows int64 [L_r] of
     the positions it scores, their token ids int [L_r] or None for 0..L_r-1). Rows in no request
@@ -83,16 +109,18 @@ def one_list(m: int, n: int, device) -> dict:
 
 def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len: int, token_slots=None,
                       token_ids=None, backend: str = "auto", with_scores: bool = False,
-                      tile_bytes: int | None = None, check_values: bool = True):
+                      tile_bytes: int | None = None, check_values: bool = True,
+                      workspace: TopkWorkspace | None = None, out: torch.Tensor | None = None):
     """Top-k of every row of a step in one batched call -> ids int32 [M, k] (with_scores: and their
     float32 scores [M, k]), best first (score descending, then token id ascending), -1 / -inf
     padded where a row has fewer than k positions with token id <= pos[m].
 
-    q float32/bf16 [M, Hi, 128], w [M, Hi], records uint8 [R, 132], pos int64 [M]; row_start,
+    q float32/bf16/float8_e4m3fn [M, Hi, 128], w [M, Hi], records uint8 [R, 132], pos int64 [M]; row_start,
     row_len, token_slots, token_ids, max_len as in ``RowLists`` (all tensors on one device);
     tile_bytes (default TILE_BYTES) bounds a pass's columns and changes no result. On a
     GPU nothing here reads the device unless check_values (the default; a serving step passes
-    False after validating its plan once).
+    False after validating its plan once). ``workspace`` (``TopkWorkspace``) and ``out`` (int32
+    [M, k], any strides: the ids are written there) make the call allocate nothing.
     """
     from sparkinfer.attention.dispatch import pick_backend
 
@@ -109,9 +137,11 @@ def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len
     hi = q.shape[1]
     tile = pick_tile(m, max_len, 8 if backend == "triton" else 8 * (3 * hi + 4),
                      TILE_BYTES if tile_bytes is None else tile_bytes)
-    work = torch.full((m, k + tile), _NONE, dtype=torch.int64, device=q.device)
-    top = torch.full((m, k), _NONE, dtype=torch.int64, device=q.device)
-    at = torch.empty((m, k), dtype=torch.int64, device=q.device)
+    if workspace is None:
+        workspace = TopkWorkspace(pass_workspace_bytes(m, k, tile), q.device)
+    work, top, at = workspace.take(m, k, tile)
+    work.fill_(_NONE)
+    top.fill_(_NONE)  # what a call without a pass (max_len 0) returns
     groups = None if backend == "triton" else _row_groups(row_start, row_len)
     for j0 in range(0, max_len, tile):
         if backend == "triton":
@@ -120,10 +150,12 @@ def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len
             score_keys_pass(q, w, records, pos, row_start, row_len, token_slots, token_ids, work, j0, k, tile)
         else:
             _torch_keys_pass(q, w, records, pos, groups, token_slots, token_ids, work, j0, k, tile)
-        torch.topk(work, k, dim=1, largest=True, sorted=False, out=(top, at))
-        work[:, :k].copy_(top)
-    # rank order once at the end: the keys are distinct (but INT64_MIN), so the order is unique
-    return unpack_keys(torch.sort(top, dim=1, descending=True).values, with_scores)
+        last = j0 + tile >= max_len
+        # rank order in the last pass only: the keys are distinct (but INT64_MIN), so the order is unique
+        torch.topk(work, k, dim=1, largest=True, sorted=last, out=(top, at))
+        if not last:
+            work[:, :k].copy_(top)
+    return unpack_keys(top, with_scores, out)
 
 
 def _check_rows(m, records, pos, row_start, row_len, token_slots, token_ids, max_len, check_values):

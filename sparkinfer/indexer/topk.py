@@ -32,10 +32,14 @@ def pack_keys(scores: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     return keys.masked_fill(scores == float("-inf"), _NONE)
 
 
-def unpack_keys(top: torch.Tensor, with_scores: bool):
-    """The selected int64 keys [M, k] -> ids int32 [M, k] (-1 at INT64_MIN), and with_scores their
-    float32 scores (-inf at the padding)."""
-    ids = torch.where(top == _NONE, torch.full_like(top, -1), _LOW - (top & _LOW)).to(torch.int32)
+def unpack_keys(top: torch.Tensor, with_scores: bool, out: torch.Tensor | None = None):
+    """The selected int64 keys [M, k] -> ids int32 [M, k] (-1 at INT64_MIN; written into ``out``, an
+    int32 [M, k] view, when given: no temporary), and with_scores their float32 scores (-inf at the
+    padding)."""
+    ids = torch.empty(top.shape, dtype=torch.int32, device=top.device) if out is None else out
+    # the key's low word 2**32 - 1 - id, narrowed to int32 (two's complement), is -1 - id, and 0 at
+    # INT64_MIN: its complement is the id, or -1
+    ids.copy_(top).bitwise_not_()
     if not with_scores:
         return ids
     ordered = (top >> 32).to(torch.int32)

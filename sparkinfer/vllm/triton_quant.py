@@ -9,9 +9,10 @@ this kernel reads each group once and writes only the two outputs. Bit for bit t
     q = clamp(x / scale, -448, 448)
 
 with IEEE division (``div_rn``: Triton's ``/`` may be approximate on a GPU), the power-of-two round
-done on the bits (an approximate ``log2`` could land one binade low), NaN kept by the clamp so
-that the indexer's finiteness check still sees it, and the fp8 bytes encoded in the kernel
-(``_e4m3_bits``).
+done on the bits (an approximate ``log2`` could land one binade low), NaN kept by the max and the
+clamp (a group holding a NaN or an infinity has a NaN or infinite scale, which vLLM's indexer
+folds into the head weights: there ``run_indexer``'s finiteness check sees it), and the fp8 bytes
+encoded in the kernel (``_e4m3_bits``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ def _group_quant_kernel(x_ptr, s_xn, q_ptr, s_qn, scale_ptr, s_sn, N, GROUP: tl.
     rows = rn < N
     x = tl.load(x_ptr + rn[:, None].to(tl.int64) * s_xn + rc[None, :], mask=rows[:, None], other=0.0).to(tl.float32)
     floor = tl.full((BLOCK_N,), 1e-4, tl.float32)
-    scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), 1), floor), tl.full((BLOCK_N,), 448.0, tl.float32))
+    # NaN propagated by the max and the floor (a GPU's max.f32 drops it by default): a group holding a
+    # NaN gets a NaN scale, as in the twin, and the indexer's check sees it in the weights it scales
+    amax = tl.reduce(tl.abs(x), 1, _max_nan)
+    scale = tl.div_rn(tl.maximum(amax, floor, propagate_nan=tl.PropagateNan.ALL),
+                      tl.full((BLOCK_N,), 448.0, tl.float32))
     if UE8M0:  # up to the next power of two: a positive normal float with its mantissa carried (an
         # infinite or NaN scale stays as it is, so that q is NaN there as in the twin)
         bits = scale.to(tl.int32, bitcast=True)
@@ -41,6 +46,11 @@ def _group_quant_kernel(x_ptr, s_xn, q_ptr, s_qn, scale_ptr, s_sn, N, GROUP: tl.
     q = tl.clamp(tl.div_rn(x, scale[:, None] + tl.zeros_like(x)), -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
     tl.store(q_ptr + rn[:, None].to(tl.int64) * s_qn + rc[None, :], _e4m3_bits(q), mask=rows[:, None])
     tl.store(scale_ptr + rn.to(tl.int64) * s_sn + g, scale, mask=rows)
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
