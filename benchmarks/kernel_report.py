@@ -256,6 +256,12 @@ def roofline() -> list[dict]:
     rows.append(_row("paging_scatter_rows", "a decode step's 16 x 4 records into the strided cache",
                      {"records": B * R}, B * R * 368 * 2 + B * R * 8, 0, "none",
                      "latency-bound (47 KB): a launch per cache write"))
+    union_rows = B * R * K  # the workspace's rows at the largest union (no MTP overlap)
+    rows.append(_row("paging_copy_rows", "selected workspace patch: the step's 16 x 4 own records into "
+                     f"{union_rows:,} union rows (masked)", {"rows": union_rows, "patched": B * R},
+                     union_rows + B * R * (8 + 8 + 2 * 368), 0, "none",
+                     "latency-bound (the mask, 131 KB, and 47 KB of records): a launch per layer, where the "
+                     "torch form gathered, selected and copied every row (~3 x 48 MB)"))
     heads, index_dim = 32, 128
     rows.append(_row("indexer_q_quant", "16 x 4 rows x 32 heads x 128 bf16 -> fp8 + a scale per head",
                      {"rows": B * R, "heads": heads}, B * R * heads * (index_dim * 3 + 4), 0, "none",

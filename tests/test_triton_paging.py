@@ -126,3 +126,42 @@ def test_torch_scatter_rows_direct_call_refuses_a_null_block_slot():
     cache = _layer(_backing(width=32), 32, False)
     with pytest.raises(ValueError, match="null block"):
         torch_scatter_rows(cache, torch.tensor([20, NULL_BLOCK * 16 + 1]), torch.zeros(2, 32, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("width", [368, 432])
+@pytest.mark.parametrize("n", [1, 7, 300])
+@pytest.mark.parametrize("form", ["masked", "listed"])
+def test_copy_rows_equals_the_torch_twin_and_touches_only_taken_rows(monkeypatch, dev, width, n, form):
+    """The workspace patch's row copy: masked (the workspace's own and kept rows) and listed (the
+    replica store's rows) give the torch twin's bytes; rows not taken keep theirs, and an index of a
+    row not taken is never followed (out of range there: the kernel does not read it)."""
+    from sparkinfer.vllm.paged_sparse_mla import copy_rows
+
+    g = torch.Generator().manual_seed(n + width)
+    src = torch.randint(0, 256, (50, width), generator=g, dtype=torch.uint8)
+    dst = torch.randint(0, 256, (n + 5, width), generator=g, dtype=torch.uint8)
+    src_rows = torch.randint(0, 50, (n,), generator=g)
+    if form == "masked":
+        mask = torch.rand(n, generator=g) < 0.3
+        kwargs = dict(mask=mask)
+        dst = dst[:n]
+    else:
+        mask = torch.ones(n, dtype=torch.bool)
+        kwargs = dict(dst_rows=torch.randperm(n + 5, generator=g)[:n])
+    monkeypatch.setenv("SPARKINFER_FORCE_GPU_IMPLS", "0")
+    want = dst.clone()
+    copy_rows(want, src, src_rows, **kwargs)
+    expect = dst.clone()
+    at = kwargs.get("dst_rows", torch.arange(n))
+    expect[at[mask]] = src[src_rows[mask]]  # the rule, by boolean indexing
+    assert torch.equal(want, expect)
+    monkeypatch.setenv("SPARKINFER_FORCE_GPU_IMPLS", "1")
+    got = dst.clone().to(dev)
+    if form == "masked":  # a row not taken may carry any index: it is never read
+        src_rows = torch.where(mask, src_rows, 1 << 40)
+    kwargs = {k: v.to(dev) for k, v in kwargs.items()}
+    with host_reads.count_allocations() as made:
+        triton_paging.copy_rows(got, src.to(dev), src_rows.to(dev), kwargs.get("mask"), kwargs.get("dst_rows"))
+    assert not _ours(made)
+    assert torch.equal(got.cpu(), want)

@@ -117,6 +117,30 @@ def test_vllm_indexer_custom_op_runs_the_replicated_indexer():
     assert bool((got[: md.num_actual_tokens, 0] >= 0).all())
 
 
+def test_indexer_q_quantization_shares_its_buffers_inside_vllms_forward(monkeypatch):
+    """On the GPU path the indexer's q quantization writes into the shape's shared buffers while vLLM
+    runs a forward (its indexer op consumes them in the layer): a repeated call allocates nothing and
+    gives the same bytes as a direct call, which returns tensors of its own."""
+    pytest.importorskip("vllm")
+    from vllm.config import VllmConfig
+    from vllm.forward_context import set_forward_context
+
+    from sparkinfer.vllm import host_reads
+    from sparkinfer.vllm.replicated_indexer import quant_q_fp8
+
+    monkeypatch.setenv(impls.FORCE_ENV, "1")
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(0))
+    want, other = quant_q_fp8(x, 128, use_ue8m0=True), quant_q_fp8(x, 128, use_ue8m0=True)
+    assert want[0] is not other[0]
+    with set_forward_context({}, VllmConfig()):
+        first = quant_q_fp8(x, 128, use_ue8m0=True)
+        with host_reads.count_allocations() as made:
+            again = quant_q_fp8(x, 128, use_ue8m0=True)
+    assert not made, dict(made)
+    assert again[0] is first[0] and again[1] is first[1]
+    assert torch.equal(again[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(again[1], want[1])
+
+
 def _indexer_inputs(seed=0, block_size=16, seq_lens=(37, 5), index_heads=2, bad_q=None):
     """A paged replicated indexer cache (strided like vLLM's block-outermost layout) and a step with a
     prefill chunk of request 0 and one decode row of request 1; ``bad_q`` (a float) is planted in one

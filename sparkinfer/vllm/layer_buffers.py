@@ -7,12 +7,14 @@ of ``host_reads`` books). Here they are kept per name, device and shape, the las
 of each, and handed out again: a call's buffers are overwritten by the next call of the same name
 and shape. So only what the layer consumes before that next call may live here (an attention
 output is up-projected or LSE-merged in its layer); the launches are stream-ordered, so on a GPU
-the layer's reads come before the next layer's writes. Only the forward's forms (the ones given
-``checks``) use them: a direct call returns tensors of its own.
+the layer's reads come before the next layer's writes. Only the forward's forms use them (the
+ones given ``checks``; the indexer's q quantization, which vLLM's indexer calls with its own
+arguments, inside vLLM's forward context: ``in_forward``): a direct call returns tensors of its own.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 
 import torch
@@ -50,3 +52,17 @@ def decode_buffers(m: int, h: int, k: int, device):
 def topk_rows_buffer(m: int, k: int, device) -> torch.Tensor:
     """int64 [M, K]: the cache rows of a layer's top-k (``triton_paging.topk_rows``)."""
     return shared("topk_rows", (m, k), device, lambda: torch.empty((m, k), dtype=torch.int64, device=device))
+
+
+def in_forward() -> bool:
+    """Whether vLLM is running a forward (its forward context is set); False where vLLM is not loaded."""
+    context = sys.modules.get("vllm.forward_context")
+    return context is not None and context.is_forward_context_available()
+
+
+def indexer_q_buffers(n: int, d: int, group_size: int, device):
+    """(q float8_e4m3fn [N, D], scales float32 [N, D // group_size]): the indexer's quantized q, which
+    the layer's indexer op consumes (the scales are folded into its weights first)."""
+    return shared("indexer_q", (n, d, group_size), device, lambda: (
+        torch.empty((n, d), dtype=torch.float8_e4m3fn, device=device),
+        torch.empty((n, d // group_size), dtype=torch.float32, device=device)))

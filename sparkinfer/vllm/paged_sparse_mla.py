@@ -105,6 +105,28 @@ def scatter_rows(kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor
     kv_cache[block, offset] = torch.where(valid[:, None], rows, kv_cache[NULL_BLOCK, 0])
 
 
+def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: torch.Tensor, mask: torch.Tensor | None = None,
+              dst_rows: torch.Tensor | None = None) -> None:
+    """``dst[dst_rows[i]] = src[src_rows[i]]`` (``dst[i]`` without ``dst_rows``) for every i with
+    ``mask[i]`` (every i without a mask): dst, src [*, W], src_rows / dst_rows int [N], mask bool [N].
+    One kernel on a GPU (``triton_paging.copy_rows``: only the taken rows are read and written); the
+    torch twin is fixed-shape device work, no host read (rows not taken are rewritten with
+    themselves, so their src_rows / dst_rows must still be in range)."""
+    from sparkinfer.vllm.impls import kernel_backend
+
+    if kernel_backend(dst.device) == "triton" and dst.stride(-1) == 1 and src.stride(-1) == 1:
+        from sparkinfer.vllm import triton_paging
+
+        triton_paging.copy_rows(dst, src, src_rows, mask, dst_rows)
+        return
+    value = src[src_rows]
+    if dst_rows is None:
+        head = dst[: value.shape[0]]
+        head.copy_(value if mask is None else torch.where(mask[:, None], value, head))
+    else:
+        dst[dst_rows] = value if mask is None else torch.where(mask[:, None], value, dst[dst_rows])
+
+
 def write_cache_records(fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent, rope=None, checks=None) -> None:
     """Encode ``latent [N, D]`` (and ``rope [N, 64]``) as ``fmt`` records into ``kv_cache [num_blocks,
     block_size, W]`` at ``slots [N]`` (-1 = skip): in place through the format's writer when the cache

@@ -84,9 +84,12 @@ def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = Fa
 
     if (kernel_backend(x.device) == "triton" and x.dim() == 2 and x.stride(-1) == 1 and not column_major_scales
             and group_size & (group_size - 1) == 0):
+        from sparkinfer.vllm import layer_buffers
         from sparkinfer.vllm.triton_quant import group_quant_fp8
 
-        return group_quant_fp8(x, group_size, use_ue8m0)
+        # in vLLM's forward the layer's indexer op consumes them: the shape's shared buffers
+        out = layer_buffers.indexer_q_buffers(*x.shape, group_size, x.device) if layer_buffers.in_forward() else None
+        return group_quant_fp8(x, group_size, use_ue8m0, out=out)
     groups = x.float().reshape(-1, x.shape[-1] // group_size, group_size)
     scale = groups.abs().amax(dim=-1).clamp(min=1e-4) / E4M3_MAX
     if use_ue8m0:  # up to the next power of two, on the bits: an fp32 log2 rounds a scale one ulp above a

@@ -58,6 +58,7 @@ from sparkinfer.comm.pack import Shard
 from sparkinfer.comm.ring import PrefetchRing, prefix_union
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.plan import build_planes, mtp_union, workspace_slots
+from sparkinfer.vllm.paged_sparse_mla import copy_rows
 
 
 @dataclass
@@ -237,11 +238,10 @@ class SelectedDecode:
         patch = group["patch"]
         own = patch["own"]
         rows = ws[: own.shape[0]]  # workspace row b * U' + u of union entry (b, u)
-        value = new_records[patch["new_rows"]]
+        # only the patched rows are touched (own and kept are disjoint: before and from the context)
+        copy_rows(rows, new_records, patch["new_rows"], own)
         if patch["kept"] is not None:
-            value = torch.where(patch["kept"][:, None], self._replicas.store[layer][patch["store_rows"]], value)
-            own = own | patch["kept"]
-        rows.copy_(torch.where(own[:, None], value, rows))
+            copy_rows(rows, self._replicas.store[layer], patch["store_rows"], patch["kept"])
         workspace = out = lse = None
         if self.backend == "triton" and self.checks is not None:  # the forward's form: the shape's shared
             # buffers, consumed by the layer before the next call (``layer_buffers``)

@@ -47,6 +47,7 @@ from sparkinfer.core.replicas import ReplicaWindow
 from sparkinfer.vllm import impls, replica_budget, reservations, step_plan
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
+from sparkinfer.vllm.paged_sparse_mla import copy_rows
 from sparkinfer.vllm.step_path import StepPath
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,7 @@ class SelectedRuntime:
             self._records[kv_cache.data_ptr()] = records
         if self._step_replicas is not None and self._step_replicas[1] is not None:
             rows, tokens = self._step_replicas[1]
-            self._replica_store[idx][rows] = records[tokens]
+            copy_rows(self._replica_store[idx], records, tokens, dst_rows=rows)
 
     def _dsa_layers(self) -> dict[int, object]:
         """Model layer index -> attention layer (its ``kv_cache`` is the layer's record cache)."""

@@ -15,6 +15,9 @@ for bit (``TRITON_INTERPRET=1`` on CPU).
 * ``scatter_rows``: rows [N, W] -> kv_cache [num_blocks, block_size, W] (any strides, last dim
   contiguous) at slots int [N]; -1 skips; a slot in vLLM's null block or outside the cache is
   skipped and flagged ``cache_slots``.
+* ``copy_rows``: dst [*, W] row ``dst_rows[i]`` (``i`` without them) <- src [*, W] row ``src_rows[i]``
+  for every i with ``mask[i]`` (every i without one): the selected path's workspace patch (the step's
+  own records, the replicas kept) touches only the rows it patches, not the whole workspace.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import triton.language as tl
 
 TOPK_BLOCK_M, TOPK_BLOCK_K, TOPK_WARPS = 4, 256, 4
 SCATTER_BLOCK_N, SCATTER_WARPS = 4, 4
+COPY_BLOCK_N, COPY_WARPS = 4, 4
 
 
 @triton.jit
@@ -95,11 +99,43 @@ def scatter_rows(kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor
             BLOCK_W=triton.next_power_of_2(width), num_warps=SCATTER_WARPS)
 
 
+@triton.jit
+def _copy_rows_kernel(dst_ptr, s_dst, dst_rows_ptr, src_ptr, s_src, src_rows_ptr, mask_ptr, N, W,
+                      HAS_DST_ROWS: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_W: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    take = rn < N
+    if HAS_MASK:
+        take = take & (tl.load(mask_ptr + rn, mask=take, other=0) != 0)
+    src = tl.load(src_rows_ptr + rn, mask=take, other=0).to(tl.int64)
+    if HAS_DST_ROWS:
+        dst = tl.load(dst_rows_ptr + rn, mask=take, other=0).to(tl.int64)
+    else:
+        dst = rn.to(tl.int64)
+    rw = tl.arange(0, BLOCK_W)
+    m = take[:, None] & (rw[None, :] < W)
+    v = tl.load(src_ptr + src[:, None] * s_src + rw[None, :], mask=m)
+    tl.store(dst_ptr + dst[:, None] * s_dst + rw[None, :], v, mask=m)
+
+
 _TOPK_SIG = dict(s_tm="i32", s_tk="i32", M="i32", K="i32", table_ptr="*i32", s_tab="i32", max_blocks="i32",
                  out_ptr="*i64", s_om="i32", flag_ptr="*i32", block_size="i32", dcp_rank="i32", dcp_world="i32",
                  interleave="i32", row_s0="i64", row_s1="i64")
 _SCATTER_SIG = dict(s0="i64", s1="i64", num_blocks="i32", block_size="i32", null_block="i32", slots_ptr="*i64",
                     N="i32", s_row="i32", W="i32", flag_ptr="*i32")
+
+
+def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: torch.Tensor, mask: torch.Tensor | None = None,
+              dst_rows: torch.Tensor | None = None) -> None:
+    """The module docstring's ``copy_rows``: dst and src [*, W] with a contiguous last dim, src_rows,
+    dst_rows int [N], mask bool [N]; rows not taken are neither read nor written."""
+    n, width = src_rows.shape[0], dst.shape[1]
+    if n:
+        dummy = src_rows
+        _copy_rows_kernel[(triton.cdiv(n, COPY_BLOCK_N),)](
+            dst, dst.stride(0), dummy if dst_rows is None else dst_rows, src, src.stride(0), src_rows,
+            dummy if mask is None else mask, n, width, HAS_DST_ROWS=dst_rows is not None, HAS_MASK=mask is not None,
+            BLOCK_N=COPY_BLOCK_N, BLOCK_W=triton.next_power_of_2(width), num_warps=COPY_WARPS)
 
 
 def _ordered(fn, sig: dict) -> dict:
@@ -109,7 +145,9 @@ def _ordered(fn, sig: dict) -> dict:
 def compile_specs() -> list[dict]:
     """Every launch configuration the wrappers use, for compiling without a GPU (OWNERSHIP.md): the
     top-k kernel for int32 top-k (the indexer's buffer) and int64 token_req; the scatter for record
-    bytes (656-byte fp8_ds_mla rows: the widest) and bf16 [latent ; rope] rows."""
+    bytes (656-byte fp8_ds_mla rows: the widest) and bf16 [latent ; rope] rows; the row copy of the
+    selected path's workspace patch (432-byte records, the widest of its formats), masked, and
+    unmasked into listed rows (the replica store)."""
     specs = []
     topk = dict(_TOPK_SIG, topk_ptr="*i32", req_ptr="*i64", BLOCK_M="constexpr", BLOCK_K="constexpr")
     specs.append(dict(name="paging_topk_rows", fn=_topk_rows_kernel, signature=_ordered(_topk_rows_kernel, topk),
@@ -121,4 +159,11 @@ def compile_specs() -> list[dict]:
                           signature=_ordered(_scatter_rows_kernel, sig),
                           constexprs={"BLOCK_N": SCATTER_BLOCK_N, "BLOCK_W": triton.next_power_of_2(width)},
                           num_warps=SCATTER_WARPS, num_stages=1))
+    for name, dst_rows, mask in (("paging_copy_rows[masked]", False, True), ("paging_copy_rows[listed]", True, False)):
+        sig = dict(dst_ptr="*u8", s_dst="i32", dst_rows_ptr="*i64", src_ptr="*u8", s_src="i32", src_rows_ptr="*i64",
+                   mask_ptr="*i1", N="i32", W="i32", HAS_DST_ROWS="constexpr", HAS_MASK="constexpr",
+                   BLOCK_N="constexpr", BLOCK_W="constexpr")
+        specs.append(dict(name=name, fn=_copy_rows_kernel, signature=_ordered(_copy_rows_kernel, sig),
+                          constexprs={"HAS_DST_ROWS": dst_rows, "HAS_MASK": mask, "BLOCK_N": COPY_BLOCK_N,
+                                      "BLOCK_W": 512}, num_warps=COPY_WARPS, num_stages=1))
     return specs

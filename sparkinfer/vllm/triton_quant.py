@@ -74,12 +74,14 @@ def _e4m3_bits(q):
     return byte.to(tl.uint8)
 
 
-def group_quant_fp8(x: torch.Tensor, group_size: int, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def group_quant_fp8(x: torch.Tensor, group_size: int, ue8m0: bool, out=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(q float8_e4m3fn [N, D], scale float32 [N, D // group_size]) of ``x`` [N, D] (last dim contiguous,
-    D a multiple of ``group_size``, a power of two), by the rule in the module docstring."""
+    D a multiple of ``group_size``, a power of two), by the rule in the module docstring; into ``out``
+    (contiguous tensors of those shapes) when given."""
     n, d = x.shape
-    q = torch.empty((n, d), dtype=torch.float8_e4m3fn, device=x.device)  # written as its bytes
-    scale = torch.empty((n, d // group_size), dtype=torch.float32, device=x.device)
+    q, scale = out if out is not None else (
+        torch.empty((n, d), dtype=torch.float8_e4m3fn, device=x.device),  # written as its bytes
+        torch.empty((n, d // group_size), dtype=torch.float32, device=x.device))
     if n:
         _group_quant_kernel[(triton.cdiv(n, BLOCK_N), d // group_size)](
             x, x.stride(0), q.view(torch.uint8), q.stride(0), scale, scale.stride(0), n, GROUP=group_size, BLOCK_N=BLOCK_N,
