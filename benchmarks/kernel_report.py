@@ -8,8 +8,9 @@ sm_120 and sm_90, without a GPU; and a roofline figure per kernel at GLM-5.2 sha
 Compiled kernels:
 
 * Triton: every entry of ``compile_specs()`` of ``sparkinfer.attention.triton_decode``,
-  ``sparkinfer.indexer.triton_scores``, ``sparkinfer.vllm.triton_paging`` and
-  ``sparkinfer.vllm.triton_quant`` (the wrappers' launch configurations; contract in
+  ``sparkinfer.indexer.triton_scores``, ``sparkinfer.vllm.triton_paging``,
+  ``sparkinfer.vllm.triton_plan`` and ``sparkinfer.vllm.triton_quant`` (the wrappers' launch
+  configurations; contract in
   OWNERSHIP.md), compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``;
   its PTX then goes through the same ptxas Triton uses (``-v``) for registers and spills; shared
   memory is Triton's (dynamic) allocation.
@@ -49,7 +50,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)  # sparkinfer from this checkout (build flags, compile_specs)
 ARCHS = (120, 90)
 TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.indexer.triton_scores",
-                  "sparkinfer.vllm.triton_paging", "sparkinfer.vllm.triton_quant")
+                  "sparkinfer.vllm.triton_paging", "sparkinfer.vllm.triton_plan", "sparkinfer.vllm.triton_quant")
 
 # ---- hardware -------------------------------------------------------------------------------------
 # Peaks in bytes/s and FLOP/s (an FMA is 2 FLOPs), dense (no sparsity).
@@ -262,6 +263,15 @@ def roofline() -> list[dict]:
                      union_rows + B * R * (8 + 8 + 2 * 368), 0, "none",
                      "latency-bound (the mask, 131 KB, and 47 KB of records): a launch per layer, where the "
                      "torch form gathered, selected and copied every row (~3 x 48 MB)"))
+    # a Full layer's group plan over B x R x K entries (E): patch reads topk, union, remap (12 B) and
+    # writes slots, own, new rows, kept, store rows (14 B); planes re-read the union and write req,
+    # local, slot of the entries that move (at most E, 12 B)
+    rows.append(_row("plan_patch+plan_planes", f"a Full layer's group plan: {union_rows:,} union entries "
+                     f"of 16 requests, DCP{D}", {"entries": union_rows, "dcp": D},
+                     union_rows * (12 + 14 + 4 + 12), 0, "none",
+                     "latency-bound (5.5 MB over 16 and 64 CTAs): two launches per Full layer after the "
+                     "union kernel, where the torch form made ~75", covers=[
+                         "plan_patch[plain]", "plan_patch[rep]", "plan_planes[plain]", "plan_planes[rep]"]))
     heads, index_dim = 32, 128
     rows.append(_row("indexer_q_quant", "16 x 4 rows x 32 heads x 128 bf16 -> fp8 + a scale per head",
                      {"rows": B * R, "heads": heads}, B * R * heads * (index_dim * 3 + 4), 0, "none",

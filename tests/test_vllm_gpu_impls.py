@@ -237,9 +237,12 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
     which other positions share its tile). The all-gather is simulated by every rank's packed
     candidates in rank order."""
     from sparkinfer.core.topology import DcpLayout
+    from sparkinfer.vllm import host_reads
+    from sparkinfer.vllm.device_checks import DeviceChecks
     from sparkinfer.vllm.impls import kernel_backend
     from sparkinfer.vllm.indexer_scoring import ShardedScoring
-    from sparkinfer.vllm.replicated_indexer import ReplicatedIndexerMetadata, run_indexer, shard_step_candidates
+    from sparkinfer.vllm.replicated_indexer import (ReplicatedIndexerMetadata, _host_layout, run_indexer,
+                                                    shard_step_candidates)
 
     monkeypatch.setenv(impls.FORCE_ENV, forced)
     dev = torch.device(device)
@@ -261,6 +264,15 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
         md.sharded = ShardedScoring(rank, layout, lambda t: torch.cat(packed))
         run_indexer(cache, md, q, k, w, got, 8)
         assert torch.equal(got, want), rank
+    # the forward's form (device checks, the builder's host copies): the same top-k, and with the GPU
+    # implementations no host read in sparkinfer code
+    md.checks, md.key_plans = DeviceChecks(dev), {}
+    md.host_qsl, md.host_seq_lens = _host_layout(md)
+    got = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
+    with host_reads.count_reads() as reads:
+        run_indexer(cache, md, q, k, w, got, 8)
+    assert torch.equal(got, want)
+    assert backend == "torch" or not [r for r in reads if "|sparkinfer:" in r], reads
 
 
 def test_decode_exchange_writes_a_row_limited_ring_view():

@@ -62,8 +62,14 @@ def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monk
         # (a send region as large as the receive region per destination)
         region = -(-4 * 512 * 368 // 256) * 256
         flags = -(-(3 + 4) * 2 * 64 // 256) * 256  # arrive, ack, abort, landed x 4 layers; 2 peers; 64 B lines
+        # the group plan of 2 requests x 256 entries, DCP2: union, remap, slots, new / store rows (int32), own
+        # and kept (bool), the union kernel's scratch (a 512-slot table and two columns per request),
+        # counts, sends, planes (3 x 2 sources) and their counts
+        e = 2 * 256
+        plan = 4 * (5 * e + 2 * (2 * 512 + 2 * 256) + 2 + 2 * 2 + 3 * 2 * e + 2 * 2) + 2 * e
         want = {"prefetch_ring": 4 * 2849 * 368, "exchange_recv": flags + 2 * region, "exchange_send": 2 * 2 * region,
-                "exchange_index": 8 * 512, "replica_store": store}  # the start-up proof's device-sized unpack
+                "exchange_index": 8 * 512, "group_plan": plan,  # exchange_index: the start-up proof's unpack
+                "replica_store": store}
         assert eng["held"] == want  # measured from the runtime's tensors
         # the step's transient buffers are reserved, not held between steps
         transient = ("attention_out", "stashed_records", "indexer_workspace")

@@ -127,9 +127,10 @@ def _check_planes(planes, world: int, device) -> int:
         raise ValueError(f"planes.count must be int32 [{world}, {world}], got {count.dtype} {tuple(count.shape)}")
     for name in ("req", "local", "slot"):
         t = getattr(planes, name)
-        if t.shape != (world, world, C) or t.dtype != torch.int32 or not t.is_contiguous():
-            raise ValueError(f"planes.{name} must be contiguous int32 [{world}, {world}, {C}], "
-                             f"got {t.dtype} {tuple(t.shape)}")
+        # each (src, dst) list contiguous; a plan's lists may share memory (vllm.group_plan)
+        if t.shape != (world, world, C) or t.dtype != torch.int32 or t.stride(2) != 1:
+            raise ValueError(f"planes.{name} must be int32 [{world}, {world}, {C}] with contiguous lists, "
+                             f"got {t.dtype} {tuple(t.shape)} strides {t.stride()}")
         if t.device != device:
             raise ValueError(f"planes.{name} is on {t.device}, the shard on {device}")
     return C

@@ -68,6 +68,13 @@ def _as_blocks(l: int, t, block_size: int) -> torch.Tensor:
     return t
 
 
+@lru_cache(maxsize=8)
+def _layer_ptr_table(ptrs: tuple, device: torch.device) -> torch.Tensor:
+    """int64 [L] of the layers' addresses on ``device``: the caches never move, so a step's shard
+    finds the table of its caches here instead of copying it to the device again."""
+    return torch.tensor(ptrs, dtype=torch.int64, device=device)
+
+
 @dataclass(frozen=True)
 class Shard:
     """One rank's paged record cache (see module docstring for the row rule)."""
@@ -100,8 +107,7 @@ class Shard:
         if self.block_table.device != first.device:
             raise ValueError("block_table and cache must be on the same device")
         object.__setattr__(self, "layers", layers)  # uint8 [n_blocks, block_size, width] each
-        object.__setattr__(self, "layer_ptrs", torch.tensor([t.data_ptr() for t in layers], dtype=torch.int64,
-                                                            device=first.device))
+        object.__setattr__(self, "layer_ptrs", _layer_ptr_table(tuple(t.data_ptr() for t in layers), first.device))
 
     @property
     def width(self) -> int:

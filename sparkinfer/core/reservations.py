@@ -28,6 +28,13 @@ indexer_workspace      the replicated indexer's top-k workspace (``indexer.tiled
                        every block of a step in it: blocks of up to ``min(step rows, INDEXER_ROWS)``
                        rows, passes of ``ENGINE_TILE_BYTES`` (``core.indexer_tiles``:
                        ``8 M (k + tile) + 16 M k`` at its largest M, context ``max_model_len``)
+group_plan             a Full layer's plan of its group (``sparkinfer.vllm.group_plan``), ``E = max_batch x
+                       R x K`` entries: union, remap and workspace slots int32 ``[E]``, the union
+                       kernel's scratch int32 ``[max_batch x union_scratch_ints(R x K)]``, counts
+                       ``[max_batch]``, the workspace patch (own / kept bool ``[E]``, new / store rows
+                       int32 ``[E]``), sends per request and source ``[max_batch, dcp]``, the planes
+                       (req / local / slot int32 ``[dcp, E]``: every destination's list from one
+                       source is the same, count ``[dcp, dcp]``)
 replica_store          ``window x max_num_seqs x layers x W`` (``sparkinfer.vllm.replica_budget``;
                        its window depends on what the other buffers left)
 =====================  ====================================================================
@@ -91,6 +98,11 @@ class SelectedSizing:
         return SlabLayout(self.dcp, self.record_bytes, capacity=cap, max_layers=self.prefetch_depth + 1,
                           depth=SLAB_DEPTH, send_capacity=send)
 
+    def group_plan_bytes(self) -> int:
+        """The ``group_plan`` row of the table."""
+        b, e, d = max(1, self.max_batch), max(1, self.max_batch) * self.union_rows, self.dcp
+        return 4 * (3 * e + b * union_scratch_ints(self.union_rows) + b + 2 * e + b * d + 3 * d * e + d * d) + 2 * e
+
     def buffers(self) -> dict[str, int]:
         """Bytes per rank of every buffer but the replica store, by name."""
         slab = self.slab()
@@ -102,12 +114,23 @@ class SelectedSizing:
             "attention_out": max(1, self.max_batch) * self.rows * self.heads * (LATENT_DIM + 1) * 4,
             "stashed_records": self.step_rows * self.record_bytes,
             "indexer_workspace": engine_workspace_bytes(self.step_rows, self.topk, self.max_model_len),
+            "group_plan": self.group_plan_bytes(),
         }
 
     @property
     def step_rows(self) -> int:
         """The most rows a step holds: a decode step's ``max_batch x R`` or vLLM's token budget."""
         return max(max(1, self.max_batch) * self.rows, self.step_tokens)
+
+
+def union_scratch_ints(n: int) -> int:
+    """int32 scratch one request of ``n = R x K`` top-k entries needs in the union kernel
+    (``csrc/include/sparkinfer/union.h``, ``workspace_ints``): a table of the power of two >= 2n
+    slots (keys and values), then two per-entry columns."""
+    cap = 2
+    while cap < 2 * n:
+        cap <<= 1
+    return 2 * cap + 2 * n
 
 
 EXCHANGE_BUFFERS = ("exchange_recv", "exchange_send", "exchange_index")

@@ -48,16 +48,19 @@ def workspace_ints(n: int) -> int:
     return w
 
 
-def _call(entry, topk: torch.Tensor, validate: bool, *extra):
-    """Allocate the outputs and scratch on topk's device and run ``entry`` on them."""
+def _call(entry, topk: torch.Tensor, validate: bool, *extra, out=None):
+    """Run ``entry`` on topk's device: into ``out`` = (union, remap, counts, scratch), contiguous int32
+    tensors of at least the sizes below (a caller's preallocated buffers), else into new ones."""
     b, r, k = check_topk(topk, validate)
     per_request = workspace_ints(r * k)  # range check before any allocation
     dev = topk.device
     topk = topk.contiguous()
-    uni = torch.empty((b, r * k), dtype=torch.int32, device=dev)
-    remap = torch.empty((b, r, k), dtype=torch.int32, device=dev)
-    counts = torch.empty((b,), dtype=torch.int32, device=dev)
-    ws = torch.empty((max(b * per_request, 1),), dtype=torch.int32, device=dev)
+    if out is None:
+        out = (torch.empty((b, r * k), dtype=torch.int32, device=dev),
+               torch.empty((b, r, k), dtype=torch.int32, device=dev),
+               torch.empty((b,), dtype=torch.int32, device=dev),
+               torch.empty((max(b * per_request, 1),), dtype=torch.int32, device=dev))
+    uni, remap, counts, ws = out
     args = [native.ptr(topk), b, r, k, native.ptr(uni), native.ptr(remap), native.ptr(counts),
             native.ptr(ws), ws.numel(), *extra]
     # Locals keep the buffers alive through the call; on a GPU the caching allocator
@@ -66,15 +69,15 @@ def _call(entry, topk: torch.Tensor, validate: bool, *extra):
     return uni, remap, counts
 
 
-def mtp_union_host(topk: torch.Tensor, validate: bool = True):
-    """The host twin of the CUDA union kernel; ``topk`` must be a CPU tensor."""
+def mtp_union_host(topk: torch.Tensor, validate: bool = True, out=None):
+    """The host twin of the CUDA union kernel; ``topk`` must be a CPU tensor (``out``: ``_call``)."""
     if isinstance(topk, torch.Tensor) and topk.device.type != "cpu":
         raise ValueError(f"mtp_union_host needs a CPU tensor, got one on {topk.device}")
-    return _call(_host().si_union_host_run, topk, validate)
+    return _call(_host().si_union_host_run, topk, validate, out=out)
 
 
-def mtp_union_cuda(topk: torch.Tensor, validate: bool = True):
-    """The CUDA union kernel on ``topk``'s device and current stream."""
+def mtp_union_cuda(topk: torch.Tensor, validate: bool = True, out=None):
+    """The CUDA union kernel on ``topk``'s device and current stream (``out``: ``_call``)."""
     lib = _cuda()
     if lib is None:
         raise RuntimeError("the CUDA library with si_union_cuda_run is not built "
@@ -82,4 +85,4 @@ def mtp_union_cuda(topk: torch.Tensor, validate: bool = True):
     if not (isinstance(topk, torch.Tensor) and topk.is_cuda):
         raise ValueError("mtp_union_cuda needs a CUDA tensor")
     with torch.cuda.device(topk.device):
-        return _call(lib.si_union_cuda_run, topk, validate, native.stream_handle(topk.device))
+        return _call(lib.si_union_cuda_run, topk, validate, native.stream_handle(topk.device), out=out)

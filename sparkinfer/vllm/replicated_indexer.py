@@ -156,97 +156,76 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
 
 def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: torch.Tensor,
                           weights: torch.Tensor, index_topk: int, sharded: ShardedScoring, backend: str):
-    """This rank's candidates for every row of the step, over the positions it owns:
-    (scores float32 [T, k], positions int32 [T, k]), -inf / -1 past a row's owned causal prefix."""
-    from sparkinfer.indexer import shard_candidates
+    """This rank's candidates for every row of the step, over the positions it owns: (scores float32
+    [T, k], positions int32 [T, k]), -inf / -1 past a row's owned causal prefix. One batched top-k per
+    block of rows over the step's lists of owned positions (``_step_rows``), k the model's on every
+    rank (the all-gather's shape), no host read given the forward's ``md.checks``."""
+    from sparkinfer.indexer import indexer_topk_rows
 
     n = md.num_actual_tokens
     dev = kv_cache.device
+    records, lists = _step_rows(kv_cache, md, sharded)
     scores = torch.full((n, index_topk), float("-inf"), device=dev)
     ids = torch.full((n, index_topk), -1, dtype=torch.int32, device=dev)
-    for rows, pos, t, keys, slots in _request_keys(kv_cache, md, sharded):
-        if t.numel() == 0:  # this rank owns none of the request's positions yet
-            continue
-        s, i = shard_candidates(q_fp8[rows].float(), weights[rows].float(), keys, t, pos, index_topk,
-                                token_slots=slots, backend=backend)
-        scores[rows], ids[rows] = s, i
+    pos = md.positions[:n].to(dev)
+    for b0 in range(0, n if lists.max_len else 0, INDEXER_ROWS):  # blocks of rows: the reserved workspace
+        b = slice(b0, min(n, b0 + INDEXER_ROWS))
+        _, scores[b] = indexer_topk_rows(q_fp8[b], weights[b].float(), records, pos[b], index_topk,
+                                         row_start=lists.row_start[b], row_len=lists.row_len[b],
+                                         max_len=lists.max_len, token_slots=lists.token_slots,
+                                         token_ids=lists.token_ids, backend=backend, with_scores=True,
+                                         check_values=md.checks is None, tile_bytes=ENGINE_TILE_BYTES,
+                                         workspace=md.workspace,
+                                         out=ids[b])
     return scores, ids
 
 
-def _request_keys(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: ShardedScoring):
-    """Per request of the step (sharded scoring), on the cache's device: (its rows (a slice), their
-    causal positions, the positions scored int64 [L] (this rank's share of its prefix ``0 .. seq_lens[r]``),
-    cache rows holding their keys, their rows in those). The keys are read in place (``row_view``):
-    a copy of the pages would read and write the whole prefix's keys again, more than a sharded
-    scorer reads. The plan comes from the host copies (``host_qsl``, ``host_seq_lens``) and is made
-    once per step and cache layout, on the first indexer layer and with device work only: every
-    indexer layer's cache has the same shape and strides, so only the view of its storage is new."""
-    from sparkinfer.vllm.paged_sparse_mla import compact_pages, row_view
-
-    dev = kv_cache.device
-    key = (dev, tuple(kv_cache.shape), kv_cache.stride(), kv_cache.storage_offset() % 4, sharded.rank, sharded.layout)
-    plan = md.key_plans.get(key)
-    if plan is None:
-        block_size, width = kv_cache.shape[1], md.block_table.shape[1]
-        qsl, seq_lens = _host_layout(md)
-        plan = []
-        for r in range(md.num_reqs):
-            if qsl[r + 1] == qsl[r]:
-                continue
-            rows = slice(int(qsl[r]), int(qsl[r + 1]))
-            seq_len = int(seq_lens[r])
-            t = sharded.owned(seq_len).to(dev)
-            # positions past the table (an upper bound's tail) are masked by the rows' positions
-            blocks = md.block_table[r].to(device=dev, dtype=torch.int64)[(t // block_size).clamp(max=width - 1)]
-            slots = blocks * block_size + t % block_size
-            in_place = row_view(kv_cache, slots)
-            plan.append((rows, md.positions[rows].to(dev), t, slots, None if in_place is None else in_place[1]))
-        md.key_plans[key] = plan
-    view = row_view(kv_cache, None)
-    for rows, pos, t, slots, at in plan:
-        if at is not None:
-            yield rows, pos, t, view[0], at
-        else:
-            pages, local, _ = compact_pages(kv_cache, slots)
-            yield rows, pos, t, pages.view(-1, kv_cache.shape[-1]), local
-
-
-def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata):
+def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: ShardedScoring | None = None):
     """The whole step as one batched top-k (``indexer_topk_rows``): (records uint8 [*, 132], RowLists
     on the cache's device). Row m of request r scores list entries ``row_start[m] ..
-    + seq_lens[r]``: the cache rows of r's positions ``0 .. seq_lens[r] - 1`` (ids = the position),
-    masked past the row's own position. Planned once per step and cache layout (the step's
-    indexer layers share it; the builder plans it for its layers' layout, so a layer only looks it
-    up) from the host copies: row_start, row_len and max_len on the host, one copy to the device;
-    the slots from the block table on the device, read in place (``row_view``; the touched pages
-    are copied only where the strides do not allow it)."""
+    + row_len[m]``: the cache rows of r's positions ``0 .. seq_lens[r] - 1`` (ids = the position) or,
+    scored ``sharded``, of the ones this rank owns (``token_ids``: those positions), masked past the
+    row's own position. Planned once per step and cache layout (the step's indexer layers share it;
+    the builder plans it for its layers' layout, so a layer only looks it up) from the host copies:
+    row_start, row_len and max_len on the host, one copy to the device; the slots from the block
+    table on the device, read in place (``row_view``; the touched pages are copied only where the
+    strides do not allow it)."""
     from sparkinfer.indexer import RowLists
     from sparkinfer.vllm import step_plan
     from sparkinfer.vllm.paged_sparse_mla import compact_pages, row_view
 
     dev = kv_cache.device
-    key = ("rows", dev, tuple(kv_cache.shape), kv_cache.stride(), kv_cache.storage_offset() % 4)
+    share = None if sharded is None else (sharded.rank, sharded.layout)
+    key = ("rows", dev, tuple(kv_cache.shape), kv_cache.stride(), kv_cache.storage_offset() % 4, share)
     plan = md.key_plans.get(key)
     if plan is None:
         block_size, width = kv_cache.shape[1], md.block_table.shape[1]
         qsl, seq_lens = _host_layout(md)
         n = md.num_actual_tokens
         row_start, row_len = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-        slots, at = [], 0
+        slots, ids, at = [], [], 0
         for r in range(md.num_reqs):
             if qsl[r + 1] == qsl[r]:
                 continue
             length = int(seq_lens[r])
+            if sharded is None:
+                t = torch.arange(length, device=dev)
+            else:
+                t = sharded.owned(length).to(dev)
+                ids.append(t)
+                length = sharded.layout.local_len(length, sharded.rank)
             row_start[qsl[r]:qsl[r + 1]], row_len[qsl[r]:qsl[r + 1]] = at, length
-            t = torch.arange(length, device=dev)
             # positions past the table (an upper bound's tail) are masked by the rows' positions
             blocks = md.block_table[r].to(device=dev, dtype=torch.int64)[(t // block_size).clamp(max=width - 1)]
             slots.append(blocks * block_size + t % block_size)
             at += length
         slots = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64, device=dev)
+        token_ids = None
+        if sharded is not None:
+            token_ids = torch.cat(ids).to(torch.int32) if ids else torch.zeros(0, dtype=torch.int32, device=dev)
         start, length = step_plan.to_device(dev, row_start, row_len)
         in_place = row_view(kv_cache, slots)
-        lists = RowLists(start, length.to(torch.int32), None if in_place is None else in_place[1], None,
+        lists = RowLists(start, length.to(torch.int32), None if in_place is None else in_place[1], token_ids,
                          int(row_len.max(initial=0)))
         plan = md.key_plans[key] = (lists, slots if in_place is None else None)
     lists, slots = plan
@@ -337,8 +316,8 @@ def indexer_backend():
                                            self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,
                                            checks=device_checks.for_device(table.device), workspace=self.workspace)
             cache = self._layer_cache()
-            if cache is not None and md.sharded is None:  # the step's rows planned here, not in a layer
-                _step_rows(cache, md)
+            if cache is not None:  # the step's rows planned here, not in a layer
+                _step_rows(cache, md, md.sharded)
             return md
 
         def _layer_cache(self):

@@ -57,7 +57,7 @@ from sparkinfer.comm.exchange import ExchangeStats, SelectedExchange
 from sparkinfer.comm.pack import Shard
 from sparkinfer.comm.ring import PrefetchRing, prefix_union
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
-from sparkinfer.plan import build_planes, mtp_union, workspace_slots
+from sparkinfer.vllm.group_plan import GroupPlan, patch_and_planes, plan_reference
 from sparkinfer.vllm.paged_sparse_mla import copy_rows
 
 
@@ -100,6 +100,10 @@ class SelectedDecode:
         self.R, self.K, self.U, self.max_batch = rows, topk, U, max_batch
         self.depth, self.scale, self.backend, self.checks = depth, scale, backend, checks
         self.ring = PrefetchRing(exchange, depth, rows=max(max_batch * U, gather_rows))
+        # a decode step's Full-layer plans, held from engine start (None: this decoder gathers only)
+        self.plan = GroupPlan(dcp, max_batch=max_batch, rows=rows, topk=topk, device=self.ring.buf.device,
+                              backend="triton" if backend == "triton" else "torch") if max_batch else None
+        self._decode_row_start = torch.arange(max_batch, device=self.ring.buf.device) * rows  # b * R
         self._shard: Shard | None = None
         self._context: torch.Tensor | None = None
         self._query_lens: torch.Tensor | None = None  # None: a decode step of R rows per request
@@ -136,7 +140,7 @@ class SelectedDecode:
         self._context = context.to(torch.int64)
         if query_lens is None:
             self._query_lens = None
-            self._row_start = torch.arange(B, device=context.device) * self.R
+            self._row_start = self._decode_row_start[:B]
         else:
             self._query_lens = query_lens.to(torch.int64)
             self._row_start = torch.cumsum(self._query_lens, 0) - self._query_lens
@@ -153,13 +157,15 @@ class SelectedDecode:
         if topk.shape != (B * R, K) or topk.dtype != torch.int32:
             raise ValueError(f"topk must be int32 [{B * R}, {K}] (B={B} requests x R={R} rows), "
                              f"got {topk.dtype} {tuple(topk.shape)}")
-        if self.checks is not None:
-            self.checks.flag("selected_topk", topk < -1)
-        union, remap, counts = mtp_union(topk.view(B, R, K), validate=self.checks is None)
-        layers = [layer] + self.pattern.prefetch_targets(layer, self.pattern.num_layers)
         # device sizing (the GPU path): planes of a fixed capacity covering every batch, no host read
         capacity = self.max_batch * self.U if self.ring.exchange.sizing == "device" else B * self.U
-        self._start_group(layers, union, counts, capacity, workspace_slots(remap, self.U), None)
+        args = (self._context, self._row_start, self._replicas)
+        if self.checks is not None:  # the forward's form: three launches into the plan's buffers
+            slots, patch, planes = self.plan.build(topk.contiguous(), *args, capacity, self.checks)
+        else:
+            slots, patch, planes = plan_reference(topk, *args, self.dcp, R, capacity, validate=True)
+        layers = [layer] + self.pattern.prefetch_targets(layer, self.pattern.num_layers)
+        self._start_group(layers, planes, slots, patch, None)
 
     def gather(self) -> None:
         """Plan a gathered step: every layer's whole prefix of every request, chunk by chunk."""
@@ -171,28 +177,16 @@ class SelectedDecode:
             raise ValueError(f"a gathered step of {B} requests x {T} tokens needs {B * T} workspace rows, the "
                              f"ring holds {self.ring.buf.shape[1]}: take the stock path")
         base = torch.repeat_interleave(torch.arange(B, device=union.device) * T, self._query_lens)
-        self._start_group(list(range(self.pattern.num_layers)), union, counts, B * self.dcp.max_local_len(T),
-                          base, "host")
+        patch, planes = patch_and_planes(union, counts, self._context, self._row_start, self._replicas, self.dcp,
+                                         B * self.dcp.max_local_len(T), validate=True)
+        self._start_group(list(range(self.pattern.num_layers)), planes, base, patch, "host")
 
-    def _start_group(self, layers, union, counts, capacity: int, slots, sizing) -> None:
-        """Exchange ``union`` (int32 [B, U'], workspace row ``b * U' + u``) of ``layers`` in chunks of
-        ``depth + 1``; ``slots``: the rows' workspace slots (decode) or per-row base ``b * U'`` to add
-        to each layer's top-k (gathered). The step's own tokens are held: patched, not moved.
-        Fixed-shape device work: the patches are masks over the ``B * U'`` workspace rows."""
-        B, width = union.shape
-        own = (union >= self._context[:, None]) & (union >= 0)
-        local = own
+    def _start_group(self, layers, planes, slots, patch, sizing) -> None:
+        """Exchange ``planes`` (workspace row ``b * U' + u`` of union entry (b, u)) of ``layers`` in
+        chunks of ``depth + 1``; ``slots``: the rows' workspace slots (decode) or per-row base ``b * U'``
+        to add to each layer's top-k (gathered); ``patch``: the rows of the step's own tokens and of the
+        replica window, held (patched, not moved) on every rank (``group_plan.patch_and_planes``)."""
         rep = self._replicas
-        # workspace row b * U' + u of each own-step token <- its token row start[b] + (t - context[b])
-        new_rows = torch.where(own, self._row_start[:, None] + union.long() - self._context[:, None], 0)
-        patch = {"own": own.reshape(-1), "new_rows": new_rows.reshape(-1), "kept": None}
-        if rep is not None:  # the window every rank keeps: held for every destination, copied from the store
-            kept = (union >= rep.lo[:, None]) & (union < self._context[:, None]) & (union >= 0)
-            local = own | kept
-            patch["kept"] = kept.reshape(-1)
-            patch["store_rows"] = torch.where(kept, rep.base[:, None] + union.long() % rep.window, 0).reshape(-1)
-        held = local[None].expand(self.dcp.world_size, B, width)
-        planes = build_planes(union, counts, self.dcp, capacity, held=held, validate=self.checks is None)
         chunks = [layers[i:i + self.depth + 1] for i in range(0, len(layers), self.depth + 1)]
         if rep is None:
             moves = True

@@ -180,7 +180,10 @@ class SelectedRuntime:
             rows = step.write_rows()
             kept = np.flatnonzero(rows >= 0)  # on the host, once per step, not once per layer's write
             dev = self._replica_store[0].device
-            self._step_replicas = (step, tuple(step_plan.to_device(dev, rows[kept], kept)) if kept.size else None)
+            # the rows this step writes and the window's bounds reach the device in one copy, here
+            lo, base, write_rows, tokens = step_plan.to_device(dev, step.lo, step.slot.clip(min=0) * step.window,
+                                                               rows[kept], kept)
+            self._step_replicas = (step, (write_rows, tokens) if kept.size else None, (lo, base))
             all_local, fetched_below = step.all_local, step.lo.tolist()
         path = self.path.choose(query_lens, contexts, all_local=all_local, fetched_below=fetched_below).path
         self.selected = path != "stock"
@@ -313,7 +316,7 @@ class SelectedRuntime:
             cache = layers[0].kv_cache
             self.decoder.begin_step([layers[i].kv_cache for i in range(self.num_layers)], md.block_table,
                                     cache.shape[1], md.context, md.query_lens if gathered else None,
-                                    self._local_replicas(md.context.device))
+                                    self._local_replicas())
             if gathered:
                 self.decoder.gather()
             self._step = step
@@ -332,14 +335,13 @@ class SelectedRuntime:
                                 self.decoder.exchanges - self._exchanges[0], self.decoder.skipped - self._exchanges[1])
         return out
 
-    def _local_replicas(self, device):
-        """The step's replica map for the executor (None without replicas)."""
+    def _local_replicas(self):
+        """The step's replica map for the executor (None without replicas), its bounds uploaded by ``choose``."""
         if self._step_replicas is None:
             return None
         from sparkinfer.vllm.selected_decode import LocalReplicas
 
-        step = self._step_replicas[0]
-        lo, base = step_plan.to_device(device, step.lo, step.slot.clip(min=0) * step.window)
+        step, _, (lo, base) = self._step_replicas
         return LocalReplicas(self._replica_store, lo, base, step.window, bool(step.all_local))
 
 
@@ -397,7 +399,7 @@ def engine_memory(worker=None) -> dict:
     store = sum(t.numel() for t in rt._replica_store or [])
     exchange = rt.decoder.ring.exchange
     held = {"prefetch_ring": rt.decoder.ring.buf.numel(), **exchange.fabric.held_bytes(),
-            "exchange_index": exchange.index_bytes()}
+            "exchange_index": exchange.index_bytes(), "group_plan": rt.decoder.plan.nbytes}
     reserved = rt.sizing.buffers()
     if store:
         held["replica_store"] = reserved["replica_store"] = store
