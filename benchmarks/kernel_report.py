@@ -158,7 +158,8 @@ def _merge(m: int, h: int, listed: int, shape: str) -> dict:
     flops = 2 * s * m * h * LATENT + 4 * s * m * h
     return _row("sparse_mla_merge_splits", shape, {"M": m, "H": h, "splits": s}, nbytes, flops, "fp32",
                 "memory- or launch-bound (fp32 CUDA cores, a few FLOPs per byte): near the floor; "
-                "together with compact and decode under 28.7 us per call", covers=["sparse_mla_merge_splits"])
+                "together with compact and decode under 28.7 us per call",
+                covers=["sparse_mla_merge_splits", "sparse_mla_merge_splits[bf16]"])
 
 
 def _qw_bytes(m: int) -> int:

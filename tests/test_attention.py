@@ -27,6 +27,7 @@ import triton.language as tl
 
 from sparkinfer.attention import merge_lse, sparse_mla_decode, sparse_mla_decode_torch
 from sparkinfer.attention.triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
+from sparkinfer.attention.triton_decode import _bf16_bits
 from sparkinfer.formats import MAIN_FORMATS, get_format
 
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -184,11 +185,59 @@ def test_merge_kernel_equals_merge_lse():
     po[:, 1, 2] = 0
     out, lse = torch.empty(m, h, 512), torch.empty(m, h)
     _merge_splits_kernel[(m, h)](po, pl, out, lse, h, s, po.stride(0), po.stride(1), po.stride(2), pl.stride(0),
-                                 pl.stride(1), out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=MAX_SPLITS)
+                                 pl.stride(1), out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=MAX_SPLITS,
+                                 OUT_BF16=False)
     ref_out, ref_lse = merge_lse(po, pl)
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(lse, ref_lse, **TOL)
     assert torch.all(out[1, 2] == 0) and lse[1, 2] == -math.inf
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("name", MAIN_FORMATS)
+def test_a_bf16_output_is_the_fp32_one_rounded(name, splits):
+    """bf16 queries into a bf16 output (the engine's form for a bf16 model): the merge kernel rounds
+    the output (one split merges to itself exactly), bit for bit torch's round of the fp32 output
+    (nearest, ties to even); the LSE is unchanged. A workspace without partials is refused."""
+    fmt = get_format(name)
+    q_nope, q_rope, records, indices = make_case(fmt, m=3, h=5, k=70, seed=12, q_dtype=torch.bfloat16)
+    want, want_lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton",
+                                       num_splits=splits)
+    out = torch.full((3, 5, 512), float("nan"), dtype=torch.bfloat16)
+    got, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", num_splits=splits,
+                                 out=out)
+    assert got is out
+    assert torch.equal(out.view(torch.int16), want.to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(lse, want_lse)
+    if splits == 1:
+        from sparkinfer.attention.triton_decode import DecodeWorkspace
+
+        with pytest.raises(ValueError, match="bf16_out=True"):
+            sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", out=out,
+                              workspace=DecodeWorkspace.allocate(3, 5, 70, 1, "cpu"))
+
+
+@triton.jit
+def _round_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, _bf16_bits(tl.load(x_ptr + i)))
+
+
+def test_bf16_rounding_on_the_bits_equals_torch():
+    """``_bf16_bits`` against torch's fp32 -> bf16 on the edges: ties to even either way, the largest
+    finite values (rounding to inf), infinities, NaN, subnormals, signed zeros, and random values."""
+    edges = torch.tensor([0x3F808000, 0x3F818000, 0x3F80C000, 0x3F807FFF, 0x7F7FFFFF, 0x7F7F7FFF, 0x7F800000,
+                          0xFF800000 - 2**32, 0x7FC00000, 0x7F800001, 0x00008000, 0x00018000, 0x00000001,
+                          0x80000000 - 2**32, 0, 0xBF808000 - 2**32], dtype=torch.int64).to(torch.int32)
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([edges.view(torch.float32), torch.randn(240, generator=g) * 10 ** torch.randint(-30, 30, (240,),
+                                                                                                      generator=g)])
+    out = torch.empty(256, dtype=torch.int16)
+    _round_kernel[(1,)](x, out, N=256)
+    want = x.to(torch.bfloat16).view(torch.int16)
+    nan = torch.isnan(x)
+    assert torch.equal(out[~nan], want[~nan])
+    assert bool((out[nan] == 0x7FC0).all())
 
 
 def test_432_outer_scale_is_honoured():
@@ -324,3 +373,6 @@ def test_gpu_kernel_matches_float64(name):
     out, lse = sparse_mla_decode(q_nope.to(dev), q_rope.to(dev), records.to(dev), fmt, indices.to(dev), scale)
     torch.testing.assert_close(out.cpu().double(), ref[0], **TRITON_TOL)
     torch.testing.assert_close(lse.cpu().double(), ref[1], **TRITON_TOL)
+    bf16 = torch.empty(out.shape, dtype=torch.bfloat16, device=dev)  # the merge kernel's rounding, compiled
+    sparse_mla_decode(q_nope.to(dev), q_rope.to(dev), records.to(dev), fmt, indices.to(dev), scale, out=bf16)
+    assert torch.equal(bf16.view(torch.int16), out.to(torch.bfloat16).view(torch.int16))

@@ -114,7 +114,7 @@ def _merge_case(row, dev, smoke):
     lse = torch.empty(m, h, device=dev)
     return lambda: T._merge_splits_kernel[(m, h)](
         po, pl, out, lse, h, s, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=T.MAX_SPLITS, num_warps=T.MERGE_WARPS)
+        out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=T.MAX_SPLITS, OUT_BF16=False, num_warps=T.MERGE_WARPS)
 
 
 def _indexer_inputs(row, dev, smoke):

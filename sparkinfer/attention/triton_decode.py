@@ -183,6 +183,16 @@ def _store_chunk(out_ptr, acc, inv_l, cols, hmask):
 
 
 @triton.jit
+def _bf16_bits(x):
+    """fp32 ``x`` rounded to bf16 (nearest, ties to even; NaN to the canonical 0x7FC0) as int16 bits,
+    the same on a GPU and in the interpreter (whose fp32 -> bf16 cast truncates)."""
+    b = x.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = tl.where(x != x, 0x7FC0, r)
+    return r.to(tl.uint16).to(tl.int16, bitcast=True)
+
+
+@triton.jit
 def _sparse_mla_decode_kernel(
     qn_ptr, qr_ptr, rec_ptr, idx_ptr, cnt_ptr, out_ptr, lse_ptr,
     H, num_splits, rec_stride, qk_scale, outer_scale,
@@ -298,8 +308,10 @@ def _compact_kernel(idx_ptr, s_idx_m, s_idx_k, K, cidx_ptr, s_cidx_m, cnt_ptr, B
 @triton.jit
 def _merge_splits_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, H, S,
                          s_po_s, s_po_m, s_po_h, s_pl_s, s_pl_m, s_out_m, s_out_h, s_lse_m,
-                         BLOCK_S: tl.constexpr):
-    """merge_lse of S partials for one (m, h): lse = ln sum_s e^lse_s, out = sum_s e^(lse_s - lse) out_s."""
+                         BLOCK_S: tl.constexpr, OUT_BF16: tl.constexpr):
+    """merge_lse of S partials for one (m, h): lse = ln sum_s e^lse_s, out = sum_s e^(lse_s - lse) out_s;
+    OUT_BF16: out is bf16, written as its rounded bits (one partial merges to itself exactly, so a
+    bf16 output of one split is this kernel's rounding too)."""
     m = tl.program_id(0)
     h = tl.program_id(1)
     ss = tl.arange(0, BLOCK_S)
@@ -314,7 +326,10 @@ def _merge_splits_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, H, S,
     for s in range(0, S):
         ws = tl.sum(tl.where(ss == s, w, 0.0), axis=0)
         acc += ws * tl.load(po_ptr + s * s_po_s + m * s_po_m + h * s_po_h + d)
-    tl.store(out_ptr + m * s_out_m + h * s_out_h + d, acc)
+    if OUT_BF16:
+        tl.store(out_ptr + m * s_out_m + h * s_out_h + d, _bf16_bits(acc))
+    else:
+        tl.store(out_ptr + m * s_out_m + h * s_out_h + d, acc)
     seen = total > 0
     tl.store(lse_ptr + m * s_lse_m + h, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")))
 
@@ -349,7 +364,8 @@ class DecodeWorkspace:
     """Device buffers of one decode shape (M rows, H heads, K indices per row, S splits).
 
     indices int32 [M, K] (compacted), counts int32 [M], partial_out fp32 [S, M, H, 512] and
-    partial_lse fp32 [S, M, H] (None when S == 1: the kernel writes the outputs directly).
+    partial_lse fp32 [S, M, H] (None when S == 1 and the output is fp32: the kernel writes the
+    outputs directly; a bf16 output always goes through the merge kernel, which rounds it).
     """
 
     indices: torch.Tensor
@@ -358,11 +374,11 @@ class DecodeWorkspace:
     partial_lse: torch.Tensor | None
 
     @classmethod
-    def allocate(cls, m: int, h: int, k: int, num_splits: int, device) -> "DecodeWorkspace":
+    def allocate(cls, m: int, h: int, k: int, num_splits: int, device, bf16_out: bool = False) -> "DecodeWorkspace":
         if not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}] (the merge kernel's block), got {num_splits}")
         f32 = dict(dtype=torch.float32, device=device)
-        many = num_splits > 1
+        many = num_splits > 1 or bf16_out
         return cls(torch.empty((m, k), dtype=torch.int32, device=device),
                    torch.empty((m,), dtype=torch.int32, device=device),
                    torch.empty((num_splits, m, h, LATENT_DIM), **f32) if many else None,
@@ -377,7 +393,7 @@ class DecodeWorkspace:
         want = {"indices": ((m, k), torch.int32), "counts": ((m,), torch.int32)}
         if self.partial_out is not None:
             s = self.partial_out.shape[0]
-            if not 2 <= s <= MAX_SPLITS:
+            if not 1 <= s <= MAX_SPLITS:
                 raise ValueError(f"workspace has {s} splits; at most {MAX_SPLITS} (the merge kernel's block)")
             want.update(partial_out=((s, m, h, LATENT_DIM), torch.float32),
                         partial_lse=((s, m, h), torch.float32))
@@ -390,9 +406,10 @@ class DecodeWorkspace:
                                  f"got {got}; build it with DecodeWorkspace.allocate(M, H, K, S, device)")
 
 
-def _check_output(name: str, t, shape, device) -> torch.Tensor:
-    if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device != device or t.stride(-1) != 1:
-        raise ValueError(f"{name} must be float32 {shape} on {device} with a contiguous last dim, got "
+def _check_output(name: str, t, shape, device, dtypes=(torch.float32,)) -> torch.Tensor:
+    if tuple(t.shape) != shape or t.dtype not in dtypes or t.device != device or t.stride(-1) != 1:
+        kinds = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name} must be {kinds} {shape} on {device} with a contiguous last dim, got "
                          f"{t.dtype} {tuple(t.shape)} on {t.device}")
     return t
 
@@ -404,20 +421,25 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     """Launch the kernels on already-validated inputs; see ``sparse_mla_decode`` for the contract.
 
     outer_scale is the per-cache constant S of the 432 format (ignored by the others). out
-    (float32 [M, H, 512]), lse (float32 [M, H]) and workspace (whose S wins over num_splits) are
-    optional preallocated buffers.
+    (float32 or bfloat16 [M, H, 512]: a bf16 model's attention needs no cast after it, the merge
+    kernel rounds the output), lse (float32 [M, H]) and workspace (whose S wins over num_splits; with
+    partials for a bf16 output) are optional preallocated buffers.
     """
     m, h = q_nope.shape[:2]
     k = indices.shape[1]
     dev = q_nope.device
+    out = torch.empty((m, h, LATENT_DIM), dtype=torch.float32, device=dev) if out is None \
+        else _check_output("out", out, (m, h, LATENT_DIM), dev, (torch.float32, torch.bfloat16))
+    bf16_out = out.dtype == torch.bfloat16
     if workspace is None:
         splits = num_splits or default_num_splits(m, h, k, dev)
-        workspace = DecodeWorkspace.allocate(m, h, k, splits, dev)
+        workspace = DecodeWorkspace.allocate(m, h, k, splits, dev, bf16_out)
     else:
         workspace.check(m, h, k, dev)
+        if bf16_out and workspace.partial_out is None:
+            raise ValueError("a bf16 output is rounded by the merge kernel: build the workspace with "
+                             "DecodeWorkspace.allocate(M, H, K, S, device, bf16_out=True)")
     splits = workspace.num_splits
-    out = torch.empty((m, h, LATENT_DIM), dtype=torch.float32, device=dev) if out is None \
-        else _check_output("out", out, (m, h, LATENT_DIM), dev)
     lse = torch.empty((m, h), dtype=torch.float32, device=dev) if lse is None \
         else _check_output("lse", lse, (m, h), dev)
     if m == 0 or h == 0:
@@ -427,7 +449,8 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     _compact_kernel[(m,)](indices, indices.stride(0), indices.stride(1), k, workspace.indices,
                           workspace.indices.stride(0), workspace.counts, BLOCK=COMPACT_BLOCK,
                           num_warps=COMPACT_WARPS)
-    po, pl = (workspace.partial_out, workspace.partial_lse) if splits > 1 else (out.unsqueeze(0), lse.unsqueeze(0))
+    merged = workspace.partial_out is not None
+    po, pl = (workspace.partial_out, workspace.partial_lse) if merged else (out.unsqueeze(0), lse.unsqueeze(0))
     _sparse_mla_decode_kernel[(m, triton.cdiv(h, BLOCK_H), splits)](
         q_nope, q_rope, records, workspace.indices, workspace.counts, po, pl,
         h, splits, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
@@ -436,11 +459,11 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
         **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda"), num_warps=NUM_WARPS[lay.name],
         num_stages=NUM_STAGES,
     )
-    if splits > 1:
+    if merged:  # a bf16 output is stored as its rounded bits (``_bf16_bits``)
         _merge_splits_kernel[(m, h)](
-            po, pl, out, lse, h, splits, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-            out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=MAX_SPLITS,
-            num_warps=MERGE_WARPS)
+            po, pl, out.view(torch.int16) if bf16_out else out, lse, h, splits, po.stride(0), po.stride(1),
+            po.stride(2), pl.stride(0), pl.stride(1), out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=MAX_SPLITS,
+            OUT_BF16=bf16_out, num_warps=MERGE_WARPS)
     return out, lse
 
 
@@ -464,7 +487,8 @@ def compile_specs() -> list[dict]:
     """Every launch configuration the wrapper uses, for compiling without a GPU (OWNERSHIP.md).
 
     The decode kernel per record format with bf16 queries (the engine's dtype) and fp32 queries
-    (the CPU twin's and the tests'), at the default precision; the compaction and merge kernels.
+    (the CPU twin's and the tests'), at the default precision; the compaction kernel; the merge
+    kernel into fp32 and bf16 outputs.
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
@@ -480,8 +504,10 @@ def compile_specs() -> list[dict]:
                "s_cidx_m": "i32", "cnt_ptr": "*i32", "BLOCK": "constexpr"}
         specs.append(dict(name=f"sparse_mla_compact[{idx_type[1:]}]", fn=_compact_kernel, signature=sig,
                           constexprs={"BLOCK": COMPACT_BLOCK}, num_warps=COMPACT_WARPS, num_stages=1))
-    sig = {n: ("*fp32" if n.endswith("_ptr") else "i32") for n in _merge_splits_kernel.arg_names}
-    sig["BLOCK_S"] = "constexpr"
-    specs.append(dict(name="sparse_mla_merge_splits", fn=_merge_splits_kernel, signature=sig,
-                      constexprs={"BLOCK_S": MAX_SPLITS}, num_warps=MERGE_WARPS, num_stages=1))
+    for bf16_out in (False, True):  # fp32 and bf16 outputs
+        sig = {n: ("*fp32" if n.endswith("_ptr") else "i32") for n in _merge_splits_kernel.arg_names}
+        sig.update(BLOCK_S="constexpr", OUT_BF16="constexpr", **({"out_ptr": "*i16"} if bf16_out else {}))
+        specs.append(dict(name="sparse_mla_merge_splits" + ("[bf16]" if bf16_out else ""), fn=_merge_splits_kernel,
+                          signature=sig, constexprs={"BLOCK_S": MAX_SPLITS, "OUT_BF16": bf16_out},
+                          num_warps=MERGE_WARPS, num_stages=1))
     return specs

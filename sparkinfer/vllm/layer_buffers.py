@@ -35,18 +35,22 @@ def shared(name: str, key: tuple, device, make):
     return held
 
 
-def decode_buffers(m: int, h: int, k: int, device):
-    """(``DecodeWorkspace``, out float32 [M, H, 512], lse float32 [M, H]) of a Triton decode call of M
-    rows, H heads and K indices."""
+def decode_buffers(m: int, h: int, k: int, device, q_dtype=torch.float32):
+    """(``DecodeWorkspace``, out [M, H, 512], lse float32 [M, H]) of a Triton decode call of M rows, H
+    heads and K indices; out in bf16 for bf16 queries (the merge kernel rounds it: no cast after the
+    layer's attention; the workspace then has its partials even for one split), else float32."""
     from sparkinfer.attention.triton_decode import DecodeWorkspace, default_num_splits
     from sparkinfer.core.layouts import LATENT_DIM
 
-    def make():
-        f32 = dict(dtype=torch.float32, device=device)
-        return (DecodeWorkspace.allocate(m, h, k, default_num_splits(m, h, k, torch.device(device)), device),
-                torch.empty((m, h, LATENT_DIM), **f32), torch.empty((m, h), **f32))
+    out_dtype = torch.bfloat16 if q_dtype == torch.bfloat16 else torch.float32
 
-    return shared("decode", (m, h, k), device, make)
+    def make():
+        splits = default_num_splits(m, h, k, torch.device(device))
+        return (DecodeWorkspace.allocate(m, h, k, splits, device, out_dtype == torch.bfloat16),
+                torch.empty((m, h, LATENT_DIM), dtype=out_dtype, device=device),
+                torch.empty((m, h), dtype=torch.float32, device=device))
+
+    return shared("decode", (m, h, k, out_dtype), device, make)
 
 
 def topk_rows_buffer(m: int, k: int, device) -> torch.Tensor:

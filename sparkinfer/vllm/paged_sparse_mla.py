@@ -236,7 +236,8 @@ def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch
 def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str,
                      topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, scale: float,
                      dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None):
-    """(out float32 [M, H, 512], lse float32 [M, H]) of each row over its top-k records in the paged cache.
+    """(out [M, H, 512], lse float32 [M, H]) of each row over its top-k records in the paged cache (out
+    bf16 for bf16 queries in the forward's Triton form, else float32).
 
     q_nope [M, H, 512] (absorbed), q_rope [M, H, 64]; kv_cache uint8 [num_blocks, block_size, record];
     see ``sparkinfer.attention.sparse_mla_decode`` for the attention and LSE definitions. The kernel
@@ -260,7 +261,7 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     if checks is not None and backend == "triton":  # the forward's form: the shape's shared buffers
         from sparkinfer.vllm.layer_buffers import decode_buffers
 
-        workspace, out, lse = decode_buffers(*q_nope.shape[:2], rows.shape[1], q_nope.device)
+        workspace, out, lse = decode_buffers(*q_nope.shape[:2], rows.shape[1], q_nope.device, q_nope.dtype)
     return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=backend,
                              check_indices=checks is None, out=out, lse=lse, workspace=workspace)
 

@@ -212,8 +212,9 @@ class SelectedDecode:
 
     def attend(self, layer: int, q_nope: torch.Tensor, q_rope: torch.Tensor, new_records: torch.Tensor,
                topk: torch.Tensor | None = None):
-        """(out float32 [N, H, 512], lse float32 [N, H]) of this rank's heads at ``layer`` for the step's
-        N token rows; ``topk`` int [N, K] (logical positions) only in a gathered step."""
+        """(out [N, H, 512], lse float32 [N, H]) of this rank's heads at ``layer`` for the step's N token
+        rows (out bf16 for bf16 queries in the forward's Triton form, else float32); ``topk`` int [N, K]
+        (logical positions) only in a gathered step."""
         group = self._group.pop(layer, None)
         if group is None:
             raise ValueError(f"layer {layer} has no plan: call full_layer() for layer "
@@ -241,7 +242,7 @@ class SelectedDecode:
             # buffers, consumed by the layer before the next call (``layer_buffers``)
             from sparkinfer.vllm.layer_buffers import decode_buffers
 
-            workspace, out, lse = decode_buffers(*q_nope.shape[:2], slots.shape[1], q_nope.device)
+            workspace, out, lse = decode_buffers(*q_nope.shape[:2], slots.shape[1], q_nope.device, q_nope.dtype)
         out, lse = sparse_mla_decode(q_nope, q_rope, ws, self.fmt, slots, self.scale, backend=self.backend,
                                      check_indices=self.checks is None, out=out, lse=lse, workspace=workspace)
         self.ring.release(layer)
