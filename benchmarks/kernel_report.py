@@ -10,8 +10,8 @@ Compiled kernels:
 * Triton: every entry of ``compile_specs()`` of ``sparkinfer.attention.triton_decode``,
   ``sparkinfer.indexer.triton_scores``, ``sparkinfer.vllm.triton_paging``,
   ``sparkinfer.vllm.triton_plan`` and ``sparkinfer.vllm.triton_quant`` (the wrappers' launch
-  configurations; contract in
-  OWNERSHIP.md), compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``;
+  configurations: dicts of name, fn, signature, constexprs, num_warps, num_stages), compiled with
+  ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``;
   its PTX then goes through the same ptxas Triton uses (``-v``) for registers and spills; shared
   memory is Triton's (dynamic) allocation.
 * csrc/: every ``csrc/cuda/*.cu`` through ``nvcc -Xptxas -v -cubin`` with the build's flags

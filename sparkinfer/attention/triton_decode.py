@@ -484,7 +484,7 @@ _DECODE_SIG = {
 
 
 def compile_specs() -> list[dict]:
-    """Every launch configuration the wrapper uses, for compiling without a GPU (OWNERSHIP.md).
+    """Every launch configuration the wrapper uses, for compiling without a GPU (benchmarks/kernel_report.py).
 
     The decode kernel per record format with bf16 queries (the engine's dtype) and fp32 queries
     (the CPU twin's and the tests'), at the default precision; the compaction kernel; the merge

@@ -168,7 +168,9 @@ class SelectedExchange:
         self._in_flight: list[Pending] = []  # started, not finished; oldest first
         self._region_shards: list = []  # per slot, the device-sized unpack's view of the region
         self._zeros: torch.Tensor | None = None  # int32 zeros, its request column
-        self._ranges: dict[int, torch.Tensor] = {}  # J -> int32 arange(J)
+        # J -> int32 arange(J) for every exchange's layer count, made here so no step allocates one
+        self._ranges = {J: torch.arange(J, dtype=torch.int32, device=fabric.device)
+                        for J in range(1, self.layout.max_layers + 1)}
 
     def exchange(self, planes, shard: P.Shard, layers, workspace: torch.Tensor,
                  sizing: str | None = None) -> ExchangeStats:
@@ -289,8 +291,6 @@ class SelectedExchange:
         return 0 if not self._region_shards else 4 * (self.layout.capacity + self._zeros.shape[0])
 
     def _layer_range(self, J: int) -> torch.Tensor:
-        if J not in self._ranges:
-            self._ranges[J] = torch.arange(J, dtype=torch.int32, device=self.fabric.device)
         return self._ranges[J]
 
     def _count(self, p: Pending, src: int, dst: int, whole: bool):

@@ -52,11 +52,8 @@ class PrefetchRing:
         only (a device-sized exchange needs planes covering its workspace, so a ring sized for
         larger gathered steps hands decode exchanges a view of ``B * U`` rows)."""
         s = self._free_slots(layers)
-        key = tuple(layers)
-        if key not in self._layer_ids:  # a model's layer groups are fixed: built once, then reused
-            self._layer_ids[key] = torch.tensor(key, dtype=torch.int32, device=self.buf.device)
         ws = self.buf[s: s + len(layers)] if rows is None else self.buf[s: s + len(layers), :rows]
-        pending = self.exchange.start(planes, shard, self._layer_ids[key], ws, sizing)
+        pending = self.exchange.start(planes, shard, self._ids(layers), ws, sizing)
         self._assign(s, layers)
         for j, layer in enumerate(layers):
             self._pending[layer] = (pending, j)
@@ -65,7 +62,15 @@ class PrefetchRing:
     def reserve(self, layers: list[int]) -> None:
         """Ring slots for ``layers`` with no exchange: every record they need is already local (the
         caller fills the workspaces), so nothing is packed, copied or waited for."""
+        self._ids(layers)  # a later step's exchange of them then finds their ids made
         self._assign(self._free_slots(layers), layers)
+
+    def _ids(self, layers: list[int]) -> torch.Tensor:
+        """int32 ``layers`` on the device: a model's layer groups are fixed, so built once, then reused."""
+        key = tuple(layers)
+        if key not in self._layer_ids:
+            self._layer_ids[key] = torch.tensor(key, dtype=torch.int32, device=self.buf.device)
+        return self._layer_ids[key]
 
     def _free_slots(self, layers: list[int]) -> int:
         """First of the ``len(layers)`` consecutive slots the layers take next (checked free)."""

@@ -164,7 +164,7 @@ def score_keys_pass(q, w, records, pos, row_start, row_len, token_slots, token_i
 
 def compile_specs() -> list[dict]:
     """The launch configurations ``indexer_scores_triton`` and ``score_keys_pass`` use in the engine,
-    for GLM-5.2's 32 index heads (BLOCK_H 32), as OWNERSHIP.md's contract: name, fn, signature,
+    for GLM-5.2's 32 index heads (BLOCK_H 32), as kernel_report.py reads them: name, fn, signature,
     constexprs, num_warps, num_stages. The score matrix through token slots with a causal mask; the
     key pass of the tiled top-k with per-row lists, without token ids (replicated scoring) and with
     them (sharded scoring); each for fp32 and bf16 q, and the engine's key pass for fp8 q (its bytes).

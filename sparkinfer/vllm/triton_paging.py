@@ -143,7 +143,7 @@ def _ordered(fn, sig: dict) -> dict:
 
 
 def compile_specs() -> list[dict]:
-    """Every launch configuration the wrappers use, for compiling without a GPU (OWNERSHIP.md): the
+    """Every launch configuration the wrappers use, for compiling without a GPU (benchmarks/kernel_report.py): the
     top-k kernel for int32 top-k (the indexer's buffer) and int64 token_req; the scatter for record
     bytes (656-byte fp8_ds_mla rows: the widest) and bf16 [latent ; rope] rows; the row copy of the
     selected path's workspace patch (432-byte records, the widest of its formats), masked, and

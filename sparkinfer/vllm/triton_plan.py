@@ -133,7 +133,7 @@ def planes(union, context, lo, sends, interleave: int, world: int, max_batch: in
 
 def compile_specs() -> list[dict]:
     """Every launch configuration the wrappers use at GLM-5.2's decode (U = 4 x 2048: blocks of
-    ``PLAN_BLOCK``), for compiling without a GPU (OWNERSHIP.md): DCP4, with and without replicas,
+    ``PLAN_BLOCK``), for compiling without a GPU (benchmarks/kernel_report.py): DCP4, with and without replicas,
     16 requests."""
     specs = []
     for rep in (False, True):

@@ -90,7 +90,7 @@ def group_quant_fp8(x: torch.Tensor, group_size: int, ue8m0: bool, out=None) -> 
 
 
 def compile_specs() -> list[dict]:
-    """Every launch configuration the wrapper uses, for compiling without a GPU (OWNERSHIP.md): GLM-5.2's
+    """Every launch configuration the wrapper uses, for compiling without a GPU (benchmarks/kernel_report.py): GLM-5.2's
     indexer q (bf16, groups of 128 = one head, ue8m0 scales) and fp32 q (the CPU twin's dtype)."""
     specs = []
     for elem in ("bf16", "fp32"):
