@@ -84,9 +84,7 @@ class GroupPlan:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (
-            self.union, self.remap, self.counts, self.scratch, self.slots, self.new_rows, self.store_rows, self.own,
-            self.kept, self.sends, self.count, self.req, self.local, self.slot))
+        return sum(t.nbytes for t in vars(self).values() if isinstance(t, torch.Tensor))
 
     def build(self, topk: torch.Tensor, context: torch.Tensor, row_start: torch.Tensor, replicas, capacity: int,
               checks):

@@ -213,7 +213,7 @@ def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: S
             else:
                 t = sharded.owned(length).to(dev)
                 ids.append(t)
-                length = sharded.layout.local_len(length, sharded.rank)
+                length = t.numel()
             row_start[qsl[r]:qsl[r + 1]], row_len[qsl[r]:qsl[r + 1]] = at, length
             # positions past the table (an upper bound's tail) are masked by the rows' positions
             blocks = md.block_table[r].to(device=dev, dtype=torch.int64)[(t // block_size).clamp(max=width - 1)]

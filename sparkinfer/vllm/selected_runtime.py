@@ -103,7 +103,8 @@ class SelectedRuntime:
         self.keep_records = False  # the step's cache writes are stashed (selected) or kept (replicas)
         self.replicas: ReplicaWindow | None = None  # built at the first step (auto needs the caches)
         self._replica_store: list[torch.Tensor] | None = None  # per layer uint8 [slots * window, W]
-        # (StepReplicas, None or (store rows, token rows) int64 on the store's device) of the step being built
+        # (None or (store rows, token rows) int64 on the store's device, the executor's LocalReplicas) of the
+        # step being built
         self._step_replicas = None
         self._layer_of: dict[int, int] | None = None  # kv_cache data_ptr -> model layer
     def _policy(self, hf, stock: StockDcpShape):
@@ -183,7 +184,10 @@ class SelectedRuntime:
             # the rows this step writes and the window's bounds reach the device in one copy, here
             lo, base, write_rows, tokens = step_plan.to_device(dev, step.lo, step.slot.clip(min=0) * step.window,
                                                                rows[kept], kept)
-            self._step_replicas = (step, (write_rows, tokens) if kept.size else None, (lo, base))
+            from sparkinfer.vllm.selected_decode import LocalReplicas
+
+            self._step_replicas = ((write_rows, tokens) if kept.size else None,
+                                   LocalReplicas(self._replica_store, lo, base, step.window, bool(step.all_local)))
             all_local, fetched_below = step.all_local, step.lo.tolist()
         path = self.path.choose(query_lens, contexts, all_local=all_local, fetched_below=fetched_below).path
         self.selected = path != "stock"
@@ -203,8 +207,8 @@ class SelectedRuntime:
         records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens], checks=checks)
         if self.selected:
             self._records[kv_cache.data_ptr()] = records
-        if self._step_replicas is not None and self._step_replicas[1] is not None:
-            rows, tokens = self._step_replicas[1]
+        if self._step_replicas is not None and self._step_replicas[0] is not None:
+            rows, tokens = self._step_replicas[0]
             copy_rows(self._replica_store[idx], records, tokens, dst_rows=rows)
 
     def _dsa_layers(self) -> dict[int, object]:
@@ -316,7 +320,7 @@ class SelectedRuntime:
             cache = layers[0].kv_cache
             self.decoder.begin_step([layers[i].kv_cache for i in range(self.num_layers)], md.block_table,
                                     cache.shape[1], md.context, md.query_lens if gathered else None,
-                                    self._local_replicas())
+                                    None if self._step_replicas is None else self._step_replicas[1])
             if gathered:
                 self.decoder.gather()
             self._step = step
@@ -334,15 +338,6 @@ class SelectedRuntime:
             self._charge.finish(self.decoder.step_stats().records_recv, self.fmt.record_bytes,
                                 self.decoder.exchanges - self._exchanges[0], self.decoder.skipped - self._exchanges[1])
         return out
-
-    def _local_replicas(self):
-        """The step's replica map for the executor (None without replicas), its bounds uploaded by ``choose``."""
-        if self._step_replicas is None:
-            return None
-        from sparkinfer.vllm.selected_decode import LocalReplicas
-
-        step, _, (lo, base) = self._step_replicas
-        return LocalReplicas(self._replica_store, lo, base, step.window, bool(step.all_local))
 
 
 @dataclass
