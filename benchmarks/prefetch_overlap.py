@@ -15,12 +15,16 @@ rank runs the same), with the step's wall time.
 * ``overlap``: per-layer arrival (the default): F waits for F's section only, the Shared sections
   land while F and the layers before them compute.
 
+``--sizing device`` runs the GPU path's form instead: no copy thread; the calling thread stores
+F's sections into the peers' regions and the fabric's side thread (the CUDA fabric's side stream)
+the Shared ones (``packed``: the calling thread stores everything).
+
 The cost model's chunk formula (``costmodel.chunk_exposed_us``) is fitted from the two runs without
 compute (``packed`` waits ``fixed + J x`` in total, ``overlap`` at F ``fixed + x``) and then
 predicts the total wait at each compute time. These are HOST-FABRIC numbers (memcpy by a copy
 thread between processes sharing a few CPU cores), a check of the protocol, not of PCIe.
 
-    python benchmarks/prefetch_overlap.py --compute-ms 0 1 2 5 --steps 30
+    python benchmarks/prefetch_overlap.py --compute-ms 0 1 2 5 --steps 30 [--sizing device]
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ FMT = "nvfp4_ds_mla:fp8-rope-368"
 BLOCK = 64
 
 
-def _rank(rank, world, batch, rows, topk, context, compute_ms, steps, warmup):
+def _rank(rank, world, batch, rows, topk, context, compute_ms, steps, warmup, sizing):
     import torch.distributed as dist
 
     from sparkinfer.comm.exchange import SelectedExchange
@@ -75,7 +79,7 @@ def _rank(rank, world, batch, rows, topk, context, compute_ms, steps, warmup):
             for mode in ("packed", "overlap"):
                 fabrics.append(HostFabric(SlabLayout(world, W, capacity=batch * rows * topk, max_layers=L, depth=2),
                                           timeout_s=60))
-                ex = SelectedExchange(fabrics[-1], "host", layer_arrival=mode == "overlap")
+                ex = SelectedExchange(fabrics[-1], sizing, layer_arrival=mode == "overlap")
                 dec = SelectedDecode(ex, fmt, DcpLayout(world, 1), pattern, max_batch=batch, rows=rows, topk=topk,
                                      depth=L - 1, scale=0.07, backend="torch")
                 runs[mode] = (dec, [], [], [])  # decoder, (start, end) of each layer's get, issue times, step s
@@ -128,6 +132,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compute-ms", type=float, nargs="+", default=[0.0, 1.0, 2.0, 5.0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--sizing", choices=("host", "device"), default="host",
+                    help="host: copy-thread copies per section; device: the GPU path's form, F's sections stored "
+                         "by the calling thread, the Shared sections by the fabric's side thread")
     args = ap.parse_args(argv)
     if 0.0 not in args.compute_ms:
         args.compute_ms = [0.0] + args.compute_ms  # the fit needs the runs without compute
@@ -135,9 +142,9 @@ def main(argv=None) -> int:
     from sparkinfer.core import costmodel as cm
 
     res = run_ranks(_rank, WORLD, args.batch, args.rows, args.topk, args.context, args.compute_ms, args.steps,
-                    args.warmup, timeout_s=1800, pg_timeout_s=600)[0]
+                    args.warmup, args.sizing, timeout_s=1800, pg_timeout_s=600)[0]
     J = len(PATTERN)
-    print(f"host fabric, {WORLD} ranks, pattern {PATTERN} (depth {J - 1}: one exchange of {J} layers), "
+    print(f"host fabric, {args.sizing}-sized, {WORLD} ranks, pattern {PATTERN} (depth {J - 1}: one exchange of {J} layers), "
           f"batch {args.batch} x {args.rows} rows x top-k {args.topk}, {FMT}, "
           f"{res[('overlap', 0.0)]['bytes'] / 1e6:.2f} MB sent per rank per step; rank 0, p50 of {args.steps} steps")
     print("wait L<l>: time in layer l's ring get inside attend; F net: F's wait after the last rank queued its "

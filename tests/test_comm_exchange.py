@@ -88,9 +88,9 @@ def _rank_main(rank, world):
                 fabric.close()
             dist.barrier()
 
-    def exchange_cases(cases, layers, fabric, overlap=True, sizing="host"):
+    def exchange_cases(cases, layers, fabric, overlap=True, sizing="host", layer_arrival=True):
         """Run several exchanges, two in flight at a time when ``overlap``; compare every result."""
-        ex = SelectedExchange(fabric, sizing)
+        ex = SelectedExchange(fabric, sizing, layer_arrival)
         if sizing == "device":
             layers = torch.tensor(layers, dtype=torch.int32)
         send_ptr = fabric._send.data_ptr()
@@ -117,6 +117,9 @@ def _rank_main(rank, world):
         cases = [make_case(world, width, seed=s, **kw) for s in (21, 22, 23)]
         scenario(f"device_{width}", lambda f: exchange_cases(cases, [0, 2], f, sizing="device"),
                  SlabLayout(world, width, capacity=48, max_layers=2, depth=2))
+    cases = [make_case(world, 368, seed=s) for s in (24, 25, 26)]
+    scenario("device_packed", lambda f: exchange_cases(cases, [0, 1, 3], f, sizing="device", layer_arrival=False),
+             SlabLayout(world, 368, capacity=48, max_layers=3, depth=2))
 
     def mixed(f):
         """Host- and device-sized exchanges interleaved on one fabric, two in flight."""
@@ -146,11 +149,25 @@ def _rank_main(rank, world):
         wss = [_ws_for(c, [0, 1]) for c in cases]
         dev = SelectedExchange(f, "device")
         dev.exchange(cases[0].planes, cases[0].shard(rank), layers, wss[0])  # the eager call
+        side, queue_side = [], f.on_side_stream  # the Shared sections run on the side thread: guard them there
+
+        def guarded(fn):
+            def run():
+                with HotPathGuard() as s:
+                    fn()
+                side.append(s)
+            return run
+        f.on_side_stream = lambda seq, fn: queue_side(seq, guarded(fn))
         with HotPathGuard() as g:
             p1 = dev.start(cases[1].planes, cases[1].shard(rank), layers, wss[1])
             p2 = dev.start(cases[2].planes, cases[2].shard(rank), layers, wss[2])
             dev.finish(p1)
             dev.finish(p2)
+        f.on_side_stream = queue_side
+        assert len(side) == 2  # both exchanges' side work ran, and finished before finish() returned
+        for s in side:
+            g.host_reads += s.host_reads
+            g.new_buffers += s.new_buffers
         diffs = [_diff(ws, c.expected_workspace(rank, [0, 1])) for c, ws in zip(cases, wss)]
         with HotPathGuard() as h:
             dev.exchange(cases[1].planes, cases[1].shard(rank), layers, _ws_for(cases[1], [0, 1]), sizing="host")
@@ -291,30 +308,39 @@ def _rank_main(rank, world):
         return out
     scenario("decode_ring", decode_ring, SlabLayout(world, 432, capacity=48, max_layers=4, depth=2))
 
-    def held_sections(f):
-        """Every rank holds back the copies of its Shared layers' sections (and the regions' arrive)
-        of one layered exchange (F + 3 Shared layers): F's get must return while they are held,
-        with F's records complete; a get that waited for them would time out. Then the held
-        copies are issued and the Shared layers land byte for byte too."""
+    def held_sections(f, sizing):
+        """Every rank holds back its Shared layers' sections (and the regions' arrive) of one
+        layered exchange (F + 3 Shared layers): the host-sized copies, or the device-sized side
+        work. F's get must return while they are held, with F's records complete; a get that
+        waited for them would time out. Then the held work is issued and the Shared layers land
+        byte for byte too."""
         from sparkinfer.comm.ring import PrefetchRing
 
         case = make_case(world, 368, n_layers=4, seed=61)
-        ring = PrefetchRing(SelectedExchange(f), depth=3, rows=case.full.shape[1] * case.union.shape[1])
-        issue, held = f.copy, []
+        ring = PrefetchRing(SelectedExchange(f, sizing), depth=3, rows=case.full.shape[1] * case.union.shape[1])
+        held = []
+        if sizing == "host":
+            issue = f.copy
 
-        def holding(seq, dst, nbytes, offset=0, layer=None, src_offset=0):
-            if layer == 0:
-                issue(seq, dst, nbytes, offset, layer, src_offset)
-            else:
-                held.append((seq, dst, nbytes, offset, layer, src_offset))
-        f.copy = holding
+            def holding(seq, dst, nbytes, offset=0, layer=None, src_offset=0):
+                if layer == 0:
+                    issue(seq, dst, nbytes, offset, layer, src_offset)
+                else:
+                    held.append((seq, dst, nbytes, offset, layer, src_offset))
+            f.copy = holding
+        else:
+            issue = f.on_side_stream
+            f.on_side_stream = lambda seq, fn: held.append((seq, fn))
         group, rows = [0, 1, 2, 3], case.delivered(rank)
         ring.prefetch(case.planes, case.shard(rank), group)
         t = time.monotonic()
         first = _diff(ring.get(0)[None, rows], case.expected_workspace(rank, [0])[:, rows])
         waited, n_held = time.monotonic() - t, len(held)
-        dist.barrier()  # every rank's F returned before any rank issues its held sections
-        f.copy = issue
+        dist.barrier()  # every rank's F returned before any rank issues its held work
+        if sizing == "host":
+            f.copy = issue
+        else:
+            f.on_side_stream = issue
         for args in held:
             issue(*args)
         out = [first, n_held, waited]
@@ -322,8 +348,9 @@ def _rank_main(rank, world):
             out.append(_diff(ring.get(layer)[None, rows], case.expected_workspace(rank, [layer])[:, rows]))
             ring.release(layer)
         return out
-    scenario("held_sections", held_sections, SlabLayout(world, 368, capacity=48, max_layers=4, depth=2),
-             timeout_s=10.0)
+    for sizing in ("host", "device"):
+        scenario(f"held_sections_{sizing}", lambda f: held_sections(f, sizing),
+                 SlabLayout(world, 368, capacity=48, max_layers=4, depth=2), timeout_s=10.0)
 
     def prefill_ring(f):
         from sparkinfer.comm.ring import PrefetchRing, prefill_planes
@@ -403,9 +430,11 @@ def test_random_planes_layered_replay(outcomes, width):
             assert rounds == 1 and sent > 0 and recv > 0
 
 
-@pytest.mark.parametrize("width", [368, 656, 37])
-def test_device_sized_exchange_matches_gather(outcomes, width):
-    for rank, runs in _ok(outcomes, f"device_{width}"):
+@pytest.mark.parametrize("variant", ["368", "656", "37", "packed"])
+def test_device_sized_exchange_matches_gather(outcomes, variant):
+    """Layered (J = 2: F's section on the caller's stream, the other on the side stream) at three
+    widths, and packed (``layer_arrival=False``, J = 3: one arrival per region)."""
+    for rank, runs in _ok(outcomes, f"device_{variant}"):
         assert len(runs) == 3
         for diff, rounds, sent, recv in runs:
             assert diff == "equal", f"rank {rank}: {diff}"
@@ -485,14 +514,19 @@ def test_decode_ring_layered_prefetch(outcomes):
         assert all(d == "equal" for _, d in runs), f"rank {rank}: {runs}"
 
 
-def test_full_layer_get_does_not_wait_for_the_shared_sections(outcomes):
+@pytest.mark.parametrize("sizing", ["host", "device"])
+def test_full_layer_get_does_not_wait_for_the_shared_sections(outcomes, sizing):
     """F's get returned (F's rows equal the gather) while every rank held its Shared layers'
-    copies: the held copies are issued only after it returns, so a get that waited for them would
-    have timed out (the scenario's 10 s) and failed on every rank, as it does with
-    ``layer_arrival=False``. The held sections then delivered every layer."""
-    for rank, (first, n_held, waited, *layers) in _ok(outcomes, "held_sections"):
+    sections (host sizing: their copies; device sizing: the side work packing them): the held work
+    is issued only after it returns, so a get that waited for it would have timed out (the
+    scenario's 10 s) and failed on every rank, as it does with ``layer_arrival=False``. The held
+    work then delivered every layer."""
+    for rank, (first, n_held, waited, *layers) in _ok(outcomes, f"held_sections_{sizing}"):
         assert first == "equal", f"rank {rank}: {first}"
-        assert n_held >= 3 * (WORLD - 1) + (WORLD - 1)  # 3 Shared sections per non-empty pair + 3 arrives
+        if sizing == "host":  # 3 Shared sections per non-empty pair + 3 arrives
+            assert n_held >= 3 * (WORLD - 1) + (WORLD - 1)
+        else:  # one side job for the exchange
+            assert n_held == 1
         assert waited < 10.0
         assert layers == ["equal"] * 4, f"rank {rank}: {layers}"
 

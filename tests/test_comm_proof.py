@@ -30,9 +30,10 @@ def _rank(rank, world):
         if fault == "corrupt" and rank == 2:  # what rank 2 stores into a peer's region lands flipped
             signal = fabric.signal_arrival
 
-            def flip_then_signal(seq, dst, signal=signal, fabric=fabric):
-                fabric.peer_region(seq, dst).bitwise_xor_(1)
-                signal(seq, dst)
+            def flip_then_signal(seq, dst, layer=None, signal=signal, fabric=fabric):
+                if not layer:  # the region's first signal (F's section, or all of it): flipped once
+                    fabric.peer_region(seq, dst).bitwise_xor_(1)
+                signal(seq, dst, layer)
             fabric.signal_arrival = flip_then_signal
         if fault == "lost" and rank == 2:  # rank 2's copy thread never runs its copies
             fabric._jobs.put = lambda job: None

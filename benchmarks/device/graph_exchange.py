@@ -7,7 +7,9 @@ Full layer and its three Shared layers in one exchange (``--layers`` 4), ``--wid
 Per rank: one eager exchange, then the same call captured in a CUDA graph; three new plans (new
 unions, new caches) are copied into the captured buffers and each replay's workspace is checked
 against the gather from the unsharded cache; then ``--iters`` back-to-back replays and eager calls
-are timed. Prints one JSON object (also written to ``--json``).
+are timed, and ``--iters`` eager calls split into F's layer ready (``finish_layer(0)``: F's
+sections, stored on the compute stream) and every layer ready (the Shared sections, stored on the
+side stream). Prints one JSON object (also written to ``--json``).
 
 Without CUDA (``--host``, what the dry run uses) the same protocol runs on the host fabric at the
 shapes given, eagerly only: no capture, so ``graph`` is null.
@@ -30,6 +32,21 @@ def _to(case, rank, dev):
     shard = Shard(sh.cache.to(dev), sh.block_table.to(dev), sh.block_size)
     planes = type(p)(p.count.to(dev), p.req.to(dev), p.local.to(dev), p.slot.to(dev), p.overflow)
     return shard, planes
+
+
+def _mark(cuda: bool):
+    """A point in time: an event on the compute stream (CUDA), else the host clock."""
+    if not cuda:
+        return time.perf_counter()
+    import torch
+
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e
+
+
+def _us(a, b) -> float:
+    return (b - a) * 1e6 if isinstance(a, float) else a.elapsed_time(b) * 1e3
 
 
 def _rank(rank, world, args):
@@ -108,13 +125,33 @@ def _rank(rank, world, args):
             sync()
             return (time.perf_counter() - t0) / n * 1e6
 
+        def first_layer_split(n):
+            """Median (F's layer ready, whole exchange ready) in us from the start of an eager
+            exchange: with per-layer arrival F's section lands first while the Shared layers'
+            sections are still moving on the side stream."""
+            split = []
+            for _ in range(n):
+                dist.barrier()
+                sync()
+                marks = [_mark(cuda)]
+                p = ex.start(planes, shard, layers, ws)
+                ex.finish_layer(p, 0)
+                marks.append(_mark(cuda))
+                ex.finish(p)
+                marks.append(_mark(cuda))
+                sync()
+                split.append([_us(marks[0], m) for m in marks[1:]])
+            return [round(sorted(v)[n // 2], 1) for v in zip(*split)]
+
         n = args["iters"]
         eager_us = timed(eager, n)
         graph_us = timed(replay, n) if cuda else None
+        first_us, whole_us = first_layer_split(n)
         remote = int(planes.count.sum() - planes.count.diagonal().sum())  # records that crossed processes
         recv = int(planes.count[:, rank].sum() - planes.count[rank, rank])
         return {"rank": rank, "correct": correct, "eager_us": round(eager_us, 1),
                 "graph_us": None if graph_us is None else round(graph_us, 1),
+                "first_layer_ready_us": first_us, "all_layers_ready_us": whole_us,
                 "records_in": recv * J, "bytes_in": recv * J * W, "remote_records_all_pairs": remote * J}
     finally:
         fabric.close()

@@ -277,7 +277,8 @@ if os.path.exists(p):
     g = json.load(open(p))
     print(f"\n-- graph_exchange ({g['fabric']}, {g['world']} processes, B {g['batch']} x U {g['union']}, "
           f"{g['layers']} layers, {g['width']} B): correct {g['all_correct']}, eager {g['eager_us_max']} us, "
-          f"graph replay {g['graph_us_max']} us")
+          f"graph replay {g['graph_us_max']} us, F ready {max(r['first_layer_ready_us'] for r in g['ranks'])} us "
+          f"of {max(r['all_layers_ready_us'] for r in g['ranks'])} us")
 p = os.path.join(tmp, "graph_decode_step.json")
 if os.path.exists(p):
     g = json.load(open(p))

@@ -18,7 +18,12 @@ instead of blocking, so the exchange overlaps compute:
 * device-side sizing (``peer_region`` / ``wait_peer_free`` / ``signal_arrival``): no copy
   engine; the pack kernel on the compute stream stores straight into dst's IPC-mapped segment
   (P2P writes over PCIe), then a signal kernel on the same stream fences system-wide and writes
-  ``arrive``. Every size is read on the device, so the sequence is graph-capturable as is.
+  ``arrive``. Every size is read on the device, so the sequence is graph-capturable as is;
+* side stream (``on_side_stream`` / ``join_side_stream``): the Shared layers' sections of a
+  device-sized exchange are packed and signalled on one more stream, forked from the compute
+  stream after F's sections and joined back (an event per slot) when the exchange finishes, so
+  F's attention runs while they move. Fork and join are event waits between the two streams,
+  which graph capture records as graph edges.
 
 ``cuda.bindings`` (package ``cuda-python``, the ``cuda`` extra) is imported only here, when the
 fabric is built. Peer access is checked first: a node without P2P (IOMMU on, ACS not cleared)
@@ -144,6 +149,8 @@ class CudaFabric(Fabric):
         # re-runs the copies without this Python code)
         self.copied_bytes = [0] * self.world
         self.copies = [0] * self.world  # non-empty copies issued to each dst (monotonic)
+        self._side = torch.cuda.Stream(self.device)
+        self._side_done = [torch.cuda.Event() for _ in range(layout.depth)]  # per slot: its side work ended
         self._err = torch.zeros(1, dtype=torch.int32).pin_memory()
         khz = _ok(rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrClockRate, self.device.index),
                   "cudaDeviceGetAttribute(clock rate)")
@@ -291,14 +298,25 @@ class CudaFabric(Fabric):
                                               self._seq_ptr(seq), self.layout.depth, dst, self._timeout_cycles,
                                               self._err.data_ptr(), self._stream()), "release wait")
 
-    def signal_arrival(self, seq, dst):
+    def signal_arrival(self, seq, dst, layer=None):
         self._check()
-        # arrive[rank] is "every exchange up to seq landed": join the last copy-engine copy to dst
-        # first (a join into the compute stream, no fork, so graph capture stays one stream)
+        # flags are "every exchange up to seq": join the last copy-engine copy to dst first (a join
+        # into the issuing stream, no fork of a copy stream)
         if dst in self._last_copy:
             _ok(self._rt.cudaStreamWaitEvent(self._stream_int(), self._last_copy[dst], 0), "cudaStreamWaitEvent")
-        _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[dst], ARRIVE, self.rank),
+        kind = ARRIVE if layer is None else LANDED + layer
+        _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[dst], kind, self.rank),
                                             self._seq_ptr(seq), self._stream()), "arrive signal")
+
+    def on_side_stream(self, seq, fn):
+        self._check()
+        self._side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._side):
+            fn()
+        self._side_done[self.layout.slot(seq)].record(self._side)
+
+    def join_side_stream(self, seq):
+        torch.cuda.current_stream(self.device).wait_event(self._side_done[self.layout.slot(seq)])
 
     def close(self):
         """Drain the copy streams, close the peers' IPC mappings, free the segment (before the
@@ -308,6 +326,7 @@ class CudaFabric(Fabric):
         self._closed = True
         rt = self._rt
         torch.cuda.synchronize(self.device)
+        self._side.synchronize()
         for s in self._streams.values():
             rt.cudaStreamSynchronize(s)
             rt.cudaStreamDestroy(s)

@@ -28,7 +28,7 @@ One exchange = one or more rounds; round ``seq`` on rank r:
 Sequence numbers are monotonic per (src, dst), so a region is never overwritten before its
 consumer released it, and ``depth`` exchanges can be in flight (``start`` ... ``finish``).
 
-Per-layer arrival (``layer_arrival``, the default; host sizing). A layered exchange carries a Full
+Per-layer arrival (``layer_arrival``, the default). A layered exchange carries a Full
 layer and the Shared layers after it, but each layer is needed at its own attention: F right
 away, Shared layer j after the compute of the j layers before it. So step 2 copies each block's
 layer sections ``[n, width]`` (the packed block is layer-major, so section j is contiguous), each
@@ -40,8 +40,12 @@ sections 0..j only and unpacks them; ``finish`` unpacks the rest, waits for the 
 The bytes and the workspace rows are those of the one packed copy; only the completion is split:
 F waits for F's records and the Shared sections land while F computes. Cost: ``J`` copies and
 signals per pair instead of one (``docs/design/transport.md``, "Prefetch that overlaps").
-Device sizing keeps one arrival per region (its stores run in the compute stream: nothing to
-overlap); ``finish_layer`` then completes the whole region.
+A device-sized exchange (below) splits the same way: F's sections are stored into every
+destination's region on the caller's stream, each followed by ``landed[0]``; the Shared layers'
+sections and the arrivals go to the fabric's side stream (``Fabric.on_side_stream``: a CUDA stream
+forked after F's sections, a thread on the host fabric), layer by layer across destinations, so
+F's attention runs while they move. ``finish`` joins that side work back before the planes it reads
+can be rewritten, and any later exchange whose flags could overtake it joins it first.
 
 Sizing. With ``sizing="host"`` (the default) the count plane is read on the host once per
 exchange: each copy-engine copy moves exactly the packed bytes, the sources' blocks lie one after
@@ -148,8 +152,8 @@ def _check_sizing(sizing: str) -> str:
 class SelectedExchange:
     """Runs the protocol above on a fabric; allocates nothing per call on its own (slabs live in
     the fabric). ``sizing``: "host" or "device" (module docstring), the default of every call;
-    ``layer_arrival``: host-sized exchanges of several layers signal each layer's section (module
-    docstring); False: one copy and one arrival per pair (a layer's wait waits for all of them).
+    ``layer_arrival``: exchanges of several layers signal each layer's section (module docstring);
+    False: one copy (or store) and one arrival per pair (a layer's wait waits for all of them).
 
     Sequence numbers and the in-flight queue are per fabric, so one fabric has one exchange."""
 
@@ -168,6 +172,7 @@ class SelectedExchange:
         self._in_flight: list[Pending] = []  # started, not finished; oldest first
         self._region_shards: list = []  # per slot, the device-sized unpack's view of the region
         self._zeros: torch.Tensor | None = None  # int32 zeros, its request column
+        self._side_seq = 0  # newest exchange whose side work was not joined yet (0: none)
         # J -> int32 arange(J) for every exchange's layer count, made here so no step allocates one
         self._ranges = {J: torch.arange(J, dtype=torch.int32, device=fabric.device)
                         for J in range(1, self.layout.max_layers + 1)}
@@ -210,6 +215,7 @@ class SelectedExchange:
         # not overtake an older exchange still in flight: a chunked exchange finishes them all.
         while self._in_flight and (rounds > 1 or len(self._in_flight) + rounds > lay.depth):
             self.finish(self._in_flight[0])
+        self._join_side()  # the copy thread's flags must not overtake side work still queued
         stats = ExchangeStats()
         if rounds > 1:
             if self.chunked == 0:
@@ -245,26 +251,64 @@ class SelectedExchange:
                              "exchange needs C >= B * U so that no count can overflow (build the planes with it)")
         while self._in_flight and len(self._in_flight) + 1 > lay.depth:
             self.finish(self._in_flight[0])
-        p = Pending(planes, shard, layers, workspace, None, 0, 0, C)  # one arrival per region
+        J = layers.shape[0]
+        p = Pending(planes, shard, layers, workspace, None, 0, 0, C, layered=self.layer_arrival and J > 1)
         t = time.perf_counter()
         P.direct(shard, layers, planes.req[r, r], planes.local[r, r], planes.slot[r, r], planes.count[r, r], C,
                  workspace)
         p.stats.direct_s = time.perf_counter() - t
+        if not p.layered:
+            self._join_side()  # its arrive must not overtake side work still queued
         self.seq += 1
         p.seq = seq = self.seq
-        J = layers.shape[0]
+        head = slice(0, 1) if p.layered else slice(0, J)  # what goes on the caller's stream
+        sections = []  # (dst, its plane lists, its region as [J, capacity, width]) for the side stream
         for dst in rotated_peers(r, self.world):
             t = time.perf_counter()
             f.wait_peer_free(seq, dst)
             t1 = time.perf_counter()
-            P.direct(shard, layers, planes.req[r, dst], planes.local[r, dst], planes.slot[r, dst],
-                     planes.count[r, dst], C, self._as_workspace(f.peer_region(seq, dst), J))
-            f.signal_arrival(seq, dst)
+            lists = (planes.req[r, dst], planes.local[r, dst], planes.slot[r, dst], planes.count[r, dst])
+            region = self._as_workspace(f.peer_region(seq, dst), J)
+            P.direct(shard, layers[head], *lists, C, region[head])
+            f.signal_arrival(seq, dst, 0 if p.layered else None)
+            sections.append((dst, lists, region))
             p.stats.copy_s += t1 - t
             p.stats.pack_s += time.perf_counter() - t1
+        if p.layered:
+            t = time.perf_counter()
+            f.on_side_stream(seq, self._side_sections(seq, shard, layers, sections, C))
+            self._side_seq = seq
+            p.stats.pack_s += time.perf_counter() - t
         p.stats.rounds = 1
         self._in_flight.append(p)
         return p
+
+    def _join_side(self, upto: int | None = None) -> None:
+        """What is issued next follows the side work of exchanges up to ``upto`` (default: all so
+        far). Flags are "up to seq", so a later exchange's flag must not be written before an
+        older one's sections; and the side work reads the planes, which the next step rewrites."""
+        if self._side_seq:
+            upto = self._side_seq if upto is None else min(upto, self._side_seq)
+            self.fabric.join_side_stream(upto)
+            if upto == self._side_seq:
+                self._side_seq = 0
+
+    def _side_sections(self, seq: int, shard: P.Shard, layers: torch.Tensor, sections: list, C: int):
+        """The side work of a layered device-sized exchange: the Shared layers' sections, layer by
+        layer across destinations (every destination's section j before j + 1, as the host-sized
+        copies), each followed by ``landed[j]``, then every destination's ``arrive``. The views are
+        made here, on the caller's thread, so the side work only launches kernels."""
+        f, J = self.fabric, layers.shape[0]
+        work = [(j, dst, layers[j:j + 1], lists, region[j:j + 1])
+                for j in range(1, J) for dst, lists, region in sections]
+
+        def run():
+            for j, dst, layer, lists, region in work:
+                P.direct(shard, layer, *lists, C, region)
+                f.signal_arrival(seq, dst, j)
+            for dst, _, _ in sections:
+                f.signal_arrival(seq, dst)
+        return run
 
     def _as_workspace(self, region: torch.Tensor, J: int) -> torch.Tensor:
         """A receive region as a device-sized exchange fills it: uint8 [J, capacity, width]."""
@@ -289,9 +333,6 @@ class SelectedExchange:
     def index_bytes(self) -> int:
         """Bytes of the device-sized unpack's index tables (identity block table and zero column)."""
         return 0 if not self._region_shards else 4 * (self.layout.capacity + self._zeros.shape[0])
-
-    def _layer_range(self, J: int) -> torch.Tensor:
-        return self._ranges[J]
 
     def _count(self, p: Pending, src: int, dst: int, whole: bool):
         """Records of (src, dst) in this round: the plane entry itself (device-side, graph-safe) for
@@ -356,15 +397,17 @@ class SelectedExchange:
             offsets = host_offsets(shares, r)
         for j in range(p.unpacked, upto) if p.layered else [None]:
             for src in peers:
-                if j is not None and not shares[src]:
+                if j is not None and p.counts is not None and not shares[src]:
                     continue  # no section from src: nothing to wait for before the region's arrive
                 t = time.perf_counter()
                 f.wait_arrival(p.seq, src, j)
                 t1 = time.perf_counter()
                 if p.counts is None:  # device sizing: the unpack kernel reads the count (0 is a no-op)
                     shard, zeros = self._region_shard(p.seq, p.hi)
-                    P.direct(shard, self._layer_range(J), zeros, p.planes.slot[src, r], p.planes.slot[src, r],
-                             p.planes.count[src, r], p.hi, p.workspace)
+                    layers, ws = ((self._ranges[J], p.workspace) if j is None else
+                                  (self._ranges[J][j:j + 1], p.workspace[j:j + 1]))
+                    P.direct(shard, layers, zeros, p.planes.slot[src, r], p.planes.slot[src, r],
+                             p.planes.count[src, r], p.hi, ws)
                 elif shares[src]:
                     n, off = shares[src], offsets[src] * J * W
                     slot, count = p.planes.slot[src, r, p.lo:p.hi], self._count(p, src, r, whole)
@@ -381,6 +424,8 @@ class SelectedExchange:
     def _finish_round(self, p: Pending, whole: bool) -> ExchangeStats:
         f, r = self.fabric, self.rank
         self._unpack(p, p.layers.shape[0], whole)
+        if p.layered and p.counts is None:  # what follows waits for its side work
+            self._join_side(p.seq)
         peers = list(reversed(rotated_peers(r, self.world)))
         if p.layered:  # the region's arrive follows its last section (and stands for 0-record sources)
             for src in peers:

@@ -22,15 +22,22 @@ sender writes straight into the destination's receive region instead of its send
 
     wait_peer_free(seq, dst)   as wait_recv_free, ordered before the caller's next writes
     peer_region(seq, dst)      dst's shared receive region for the slot of seq, writable here
-    signal_arrival(seq, dst)   arrive[rank] = seq in dst's segment, after the writes before it
+    signal_arrival(seq, dst, layer=None)
+                               arrive[rank] = seq in dst's segment (``layer``: landed[layer][rank]),
+                               after the writes before it
+    on_side_stream(seq, fn)    run ``fn`` (more ``peer_region`` writes and ``signal_arrival``s of
+                               exchange seq) after everything issued so far, without holding up
+                               what the caller issues next: the Shared layers' sections
+    join_side_stream(seq)      what the caller issues next follows the side work of exchanges <= seq
 
     copied_bytes, copies       list[int] per dst: bytes this rank's copies moved there and how many
                                non-empty copies (monotonic; the demo checks them against the byte
                                accounting)
 
-Host fabric: these block the calling thread or queue work on the copy thread. CUDA fabric: they
-enqueue stream waits, copies and flag writes, so the same call sequence is asynchronous and
-graph-capturable. No protocol decision lives in a fabric.
+Host fabric: these block the calling thread or queue work on the copy thread (side work: on a
+side thread). CUDA fabric: they enqueue stream waits, copies and flag writes (side work: on a side
+stream forked from and joined back into the compute stream), so the same call sequence is
+asynchronous and graph-capturable. No protocol decision lives in a fabric.
 """
 
 from __future__ import annotations
@@ -94,7 +101,13 @@ class Fabric(abc.ABC):
     def wait_peer_free(self, seq: int, dst: int) -> None: ...
 
     @abc.abstractmethod
-    def signal_arrival(self, seq: int, dst: int) -> None: ...
+    def signal_arrival(self, seq: int, dst: int, layer: int | None = None) -> None: ...
+
+    @abc.abstractmethod
+    def on_side_stream(self, seq: int, fn) -> None: ...
+
+    @abc.abstractmethod
+    def join_side_stream(self, seq: int) -> None: ...
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -9,6 +9,10 @@ Stands in for the CUDA fabric on CPU machines and in tests, running the same pro
 * copy thread: the copy engine. ``copy()`` queues (seq, dst, nbytes, offset, layer, src_offset);
   the thread copies the bytes into dst's segment, then release-stores ``arrive[rank] = seq``
   (``landed[layer][rank] = seq`` for one layer's section) there, jobs in queue order;
+* side thread: the CUDA fabric's side stream. ``on_side_stream(seq, fn)`` queues ``fn`` (a
+  device-sized exchange's Shared-layer sections: stores into peer segments and their flags); it
+  runs after the caller's earlier work and concurrently with what the caller does next, jobs in
+  queue order, and ``join_side_stream(seq)`` waits for it;
 * flags: int64 words with acquire/release atomics (``flags.py``); waits time out after
   ``timeout_s`` and then raise on this rank and write ``abort`` into every peer's segment, so peers
   blocked on this rank raise too, naming who was missing, instead of hanging.
@@ -67,6 +71,10 @@ class HostFabric(Fabric):
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._copy_loop, name=f"si-copy-r{self.rank}", daemon=True)
         self._thread.start()
+        self._side_jobs: queue.Queue = queue.Queue()
+        self._side_done = 0  # last seq whose side work finished (jobs run in seq order)
+        self._side = threading.Thread(target=self._side_loop, name=f"si-side-r{self.rank}", daemon=True)
+        self._side.start()
 
     def _map_segments(self, paths: list[str], group) -> None:
         """Map every rank's receive segment (this rank's file created first, then the peers')."""
@@ -120,6 +128,24 @@ class HostFabric(Fabric):
                 with self._cv:
                     self._copied[dst] = seq
                     self._cv.notify_all()
+
+    def _side_loop(self):
+        while True:
+            job = self._side_jobs.get()
+            if job is None:
+                return
+            seq, fn = job
+            try:
+                if self._error is None:
+                    fn()
+            except BaseException as e:
+                self._error = self._error or e
+                if not isinstance(e, FabricError):  # a fabric failure already told the peers
+                    log.error("rank %d: side work of exchange %d failed: %r", self.rank, seq, e)
+                    self._abort(list(range(self.world)), [self.rank])
+            with self._cv:
+                self._side_done = seq
+                self._cv.notify_all()
 
     def _check(self):
         if self._closed:
@@ -196,11 +222,23 @@ class HostFabric(Fabric):
     def wait_peer_free(self, seq, dst):
         self.wait_recv_free(seq, dst)
 
-    def signal_arrival(self, seq, dst):
+    def signal_arrival(self, seq, dst, layer=None):
         self._check()
-        # arrive[rank] is "every exchange up to seq landed": older copies still queued go first
+        # flags are "every exchange up to seq": older copies to dst still queued go first
         self._wait_copied(dst, seq)
-        flags.store(self._flags[dst], self.layout.flag_index(ARRIVE, self.rank), seq)
+        kind = ARRIVE if layer is None else LANDED + layer
+        flags.store(self._flags[dst], self.layout.flag_index(kind, self.rank), seq)
+
+    def on_side_stream(self, seq, fn):
+        self._check()
+        self._side_jobs.put((seq, fn))
+
+    def join_side_stream(self, seq):
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._side_done >= seq or self._error is not None,
+                                     timeout=self.timeout_s):
+                self._fail(f"its own side work of exchange {seq} did not finish", [self.rank])
+        self._check()
 
     # --- failure -------------------------------------------------------------------------------
     def _abort(self, ranks: list[int], missing: list[int]):
@@ -236,6 +274,8 @@ class HostFabric(Fabric):
             return
         self._closed = True
         self._jobs.put(None)
+        self._side_jobs.put(None)
         self._thread.join(timeout=self.timeout_s)
+        self._side.join(timeout=self.timeout_s)
         self._flags = self._segments = None  # unmaps: the files are already unlinked
         self._send = None
