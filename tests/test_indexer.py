@@ -186,6 +186,34 @@ def test_sharded_candidates_merge_to_replicated_topk():
         assert torch.equal(merged, replicated), (world, interleave)
 
 
+def test_key_merge_equals_the_score_merge():
+    """``all_gather_merge`` (the engine's: int64 keys in ``MergeBuffers``, one top-k) against
+    ``merge_candidates`` (scores and ids, ``select_topk``) on candidates with tied scores, -0.0 and
+    padding, the all-gather simulated in rank order; buffers of fewer rows than a call give buffers
+    of its size, the same answer."""
+    from sparkinfer.indexer import MergeBuffers, all_gather_merge
+    from sparkinfer.indexer.topk import pack_keys
+
+    g = torch.Generator().manual_seed(9)
+    world, m, k = 3, 5, 6
+    scores = torch.randint(-3, 3, (world, m, k), generator=g).float()  # many ties across ranks
+    scores[0, 0, 0] = -0.0
+    ids = torch.stack([torch.randperm(40, generator=g)[: m * k].view(m, k) * world + r for r in range(world)])
+    ids = ids.to(torch.int32)
+    pad = torch.rand(world, m, k, generator=g) < 0.3
+    scores, ids = scores.masked_fill(pad, float("-inf")), ids.masked_fill(pad, -1)
+    want = merge_candidates(scores, ids, k)
+    every = pack_keys(scores, ids.clamp(min=0)).view(world * m, k)
+    for rows in (m, m - 2):
+        for rank in range(world):
+            views = MergeBuffers(world, rows, k, "cpu").take(m)
+            views.mine.copy_(every[rank * m:(rank + 1) * m])
+            out = torch.full((m, k + 2), 7, dtype=torch.int32)
+            got = all_gather_merge(views, lambda into, mine: into.copy_(every), out[:, :k])
+            assert got.data_ptr() == out.data_ptr() and torch.equal(got, want), (rows, rank)
+            assert bool((out[:, k:] == 7).all())
+
+
 def test_cache_write_and_topk():
     layers = [0, 1, 2, 6, 10]
     cache = ReplicatedIndexerCache(layers, capacity=64)

@@ -241,6 +241,8 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
     from sparkinfer.vllm.device_checks import DeviceChecks
     from sparkinfer.vllm.impls import kernel_backend
     from sparkinfer.vllm.indexer_scoring import ShardedScoring
+    from sparkinfer.indexer import MergeBuffers, TopkWorkspace
+    from sparkinfer.indexer.topk import unpack_keys
     from sparkinfer.vllm.replicated_indexer import (ReplicatedIndexerMetadata, _host_layout, run_indexer,
                                                     shard_step_candidates)
 
@@ -255,24 +257,39 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
     layout = DcpLayout(world, interleave)
     packed = []
     for rank in range(world):
-        scores, ids = shard_step_candidates(cache, md, q, w, 8, ShardedScoring(rank, layout, None), backend)
-        packed.append(torch.cat([scores.view(torch.int32), ids], dim=1))
-    owned_rows = [t[t >= 0].cpu() for t in (p[:, 8:] for p in packed)]
+        keys = torch.empty(md.num_actual_tokens, 8, dtype=torch.int64, device=dev)
+        packed.append(shard_step_candidates(cache, md, q, w, 8, ShardedScoring(rank, layout, None), backend, keys))
+    owned_rows = [t[t >= 0].cpu() for t in (unpack_keys(p, False) for p in packed)]
     assert all(bool((layout.owner_and_local(t.long())[0] == r).all()) for r, t in enumerate(owned_rows))
+    every = torch.cat(packed)  # every rank's candidates in rank order: the all-gather's result
+    gather = lambda out, t: out.copy_(every)  # noqa: E731
     for rank in range(world):
         got = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
-        md.sharded = ShardedScoring(rank, layout, lambda t: torch.cat(packed))
+        md.sharded = ShardedScoring(rank, layout, gather)
         run_indexer(cache, md, q, k, w, got, 8)
         assert torch.equal(got, want), rank
-    # the forward's form (device checks, the builder's host copies): the same top-k, and with the GPU
-    # implementations no host read in sparkinfer code
+    # the forward's form (device checks, the builder's host copies, its workspace and merge buffers for
+    # fewer rows than the step's, then for all of them): the same top-k; with the GPU implementations
+    # no host read in sparkinfer code and, with buffers that fit, no allocation at all, else only the
+    # merge buffers of the step's size
     md.checks, md.key_plans = DeviceChecks(dev), {}
     md.host_qsl, md.host_seq_lens = _host_layout(md)
-    got = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
-    with host_reads.count_reads() as reads:
-        run_indexer(cache, md, q, k, w, got, 8)
-    assert torch.equal(got, want)
-    assert backend == "torch" or not [r for r in reads if "|sparkinfer:" in r], reads
+    n = md.num_actual_tokens
+    for rows in (n - 1, n):
+        md.merge, md.workspace = MergeBuffers(world, rows, 8, dev), TopkWorkspace(1 << 20, dev)
+        got = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
+        run_indexer(cache, md, q, k, w, got, 8)  # plans the step's rows (the builder does, before a layer)
+        with host_reads.count_reads() as reads, host_reads.count_allocations() as made:
+            run_indexer(cache, md, q, k, w, got, 8)
+        assert torch.equal(got, want)
+        assert backend == "torch" or not [r for r in reads if "|sparkinfer:" in r], reads
+        allocs = {key: c for key, c in made.items() if "|alloc|" in key}
+        if backend == "torch":  # the float64 reference scorer allocates its temporaries
+            continue
+        if rows == n:
+            assert not allocs, allocs
+        else:
+            assert allocs == {"layer|alloc|sparkinfer:indexer/sharded.py:__init__:empty": 1}, allocs
 
 
 def test_decode_exchange_writes_a_row_limited_ring_view():

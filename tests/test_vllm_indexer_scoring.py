@@ -26,8 +26,13 @@ def dcp_group(monkeypatch):
     pytest.importorskip("vllm")
     import vllm.distributed.parallel_state as ps
 
-    group = NS(rank_in_group=2, all_gather=lambda t, dim=0: torch.cat([t] * 4, dim=dim))
+    group = NS(rank_in_group=2, device_group="the DCP group's device group", gathered_over=[])
+
+    def all_gather_single(out, t, group=None, gathered_over=group.gathered_over):  # four ranks, the same rows
+        gathered_over.append(group)
+        out.copy_(torch.cat([t] * 4))
     monkeypatch.setattr(ps, "get_dcp_group", lambda: group)
+    monkeypatch.setattr(torch.distributed, "all_gather_single", all_gather_single)
     return group
 
 
@@ -45,7 +50,9 @@ def test_settings(dcp_group):
     assert share.rank == 2 and (share.layout.world_size, share.layout.interleave) == (4, 2)
     owned = share.owned(40)
     assert owned.tolist() == [t for t in range(40) if (t // 2) % 4 == 2]
-    assert share.all_gather(torch.ones(3, 2)).shape == (12, 2)
+    out = torch.zeros(12, 2)
+    share.all_gather_into(out, torch.ones(3, 2))  # into the caller's buffer, over the group's device group
+    assert bool((out == 1).all()) and dcp_group.gathered_over == [dcp_group.device_group]
     # nothing to shard: DCP 1, or the indexer not replicated (vLLM's own format on CUDA)
     assert IndexerScoring(_config("sharded", dcp=1)).for_step(pos) is None
     assert IndexerScoring(_config("sharded", dtype="fp8_ds_mla")).for_step(pos) is None

@@ -63,3 +63,11 @@ def engine_workspace_bytes(step_rows: int, k: int, max_model_len: int) -> int:
     """The engine's indexer workspace: every block of a step of ``step_rows`` rows (vLLM's token
     budget), top-``k``, context up to ``max_model_len``."""
     return workspace_bytes(min(step_rows, INDEXER_ROWS), k, max(max_model_len, k), ENGINE_TILE_BYTES)
+
+
+def merge_bytes(world: int, rows: int, k: int) -> int:
+    """A sharded step's merge (``indexer.sharded.MergeBuffers``) of ``rows`` rows over ``world``
+    ranks' top-``k`` int64 keys: this rank's [M, k], the gathered and the side-by-side [M, world k],
+    topk's values and indices [M, k]."""
+    return 8 * rows * k * (2 * world + 3)
+

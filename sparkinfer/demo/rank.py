@@ -49,7 +49,8 @@ from sparkinfer.core.replicas import ReplicaWindow
 from sparkinfer.core.reuse import ReuseTracker
 from sparkinfer.core.topology import GLM52_PATTERN, DcpLayout
 from sparkinfer.formats import get_format
-from sparkinfer.indexer import all_gather_merge, indexer_topk, shard_candidates
+from sparkinfer.indexer import MergeBuffers, all_gather_merge, indexer_topk, shard_candidates
+from sparkinfer.indexer.topk import pack_keys
 from sparkinfer.plan import build_planes, mtp_union, workspace_slots
 
 from .config import DemoConfig
@@ -128,12 +129,9 @@ def _sharded_topk(q, w, keys, pos, k: int, dcp: DcpLayout, rank: int, world: int
     of ``keys`` uint8 [P, 132], and one all-gather of every rank's candidates merges them."""
     owned = dcp.token_of(rank, torch.arange(dcp.local_len(keys.shape[0], rank)))
     scores, ids = shard_candidates(q, w, keys[owned], owned, pos, k, backend="torch")
-
-    def all_gather(x):
-        out = [torch.empty_like(x) for _ in range(world)]
-        dist.all_gather(out, x)
-        return torch.cat(out)
-    return all_gather_merge(scores, ids, k, all_gather)
+    views = MergeBuffers(world, q.shape[0], k, q.device).take(q.shape[0])
+    views.mine.copy_(pack_keys(scores, ids.clamp(min=0)))  # -inf (padding) packs to INT64_MIN
+    return all_gather_merge(views, lambda out, x: dist.all_gather_single(out, x))
 
 
 def _gather_rows(rows: list[list[int]], world: int) -> np.ndarray:

@@ -23,7 +23,7 @@ from sparkinfer.attention.dispatch import pick_backend
 
 from .cache import ReplicatedIndexerCache
 from .reference import indexer_scores_torch, indexer_topk_torch
-from .sharded import all_gather_merge, merge_candidates, shard_candidates
+from .sharded import MergeBuffers, all_gather_merge, merge_candidates, shard_candidates
 from .tiled import RowLists, TopkWorkspace, indexer_topk_rows, one_list, plan_rows
 from .topk import select_topk
 from .validate import check_index_inputs
@@ -53,4 +53,5 @@ def indexer_topk(q, w, records, pos, k: int, token_slots=None, *, backend: str =
 
 
 __all__ = ["indexer_topk", "indexer_topk_rows", "plan_rows", "RowLists", "TopkWorkspace", "indexer_scores", "indexer_topk_torch",
-           "indexer_scores_torch", "select_topk", "ReplicatedIndexerCache", "shard_candidates", "merge_candidates", "all_gather_merge"]
+           "indexer_scores_torch", "select_topk", "ReplicatedIndexerCache", "shard_candidates", "merge_candidates", "all_gather_merge",
+           "MergeBuffers"]

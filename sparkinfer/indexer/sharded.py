@@ -6,13 +6,20 @@ the ranks merge all candidates into the global top-k. With the same scoring
 and the same tie rule this equals the replicated indexer's top-k, which every
 rank computes alone from the whole cache; tests/test_indexer_multiproc.py
 checks that across processes.
+
+``merge_candidates`` merges (score, id) candidates, the reference; the engine's
+sharded scoring merges them as the int64 keys its top-k already selects on
+(``all_gather_merge`` over ``MergeBuffers``: one all-gather, one top-k, no
+allocation), tested equal to it and to the replicated top-k.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .topk import select_topk
+from .topk import select_topk, unpack_keys
 
 
 def shard_candidates(q, w, local_records, local_token_ids, pos, k: int, *, token_slots=None,
@@ -48,13 +55,56 @@ def merge_candidates(scores: torch.Tensor, ids: torch.Tensor, k: int) -> torch.T
     return select_topk(flat_scores, k, flat_ids.clamp(min=0))
 
 
-def all_gather_merge(scores: torch.Tensor, ids: torch.Tensor, k: int, all_gather) -> torch.Tensor:
-    """The global top-k int32 [M, k] from this rank's candidates (``shard_candidates``'s float32
-    [M, k'] scores, int32 [M, k'] ids) and every other rank's: one all-gather of int32 [M, 2k'] (the
-    score bits beside the ids). ``all_gather``: int32 [M, 2k'] -> [P * M, 2k'] in rank order."""
-    m, kk = scores.shape
-    got = all_gather(torch.cat([scores.view(torch.int32), ids.to(torch.int32)], dim=1))
-    if got.shape[0] % max(m, 1) or got.shape[1:] != (2 * kk,):
-        raise ValueError(f"all_gather must return [P * {m}, {2 * kk}], got {tuple(got.shape)}")
-    got = got.view(-1, m, 2 * kk)
-    return merge_candidates(got[..., :kk].contiguous().view(torch.float32), got[..., kk:].contiguous(), k)
+class MergeBuffers:
+    """The buffers of a sharded merge, carved from one flat int64 buffer for calls of up to ``rows``
+    rows of ``world`` ranks' top-``k`` candidates (keys in ``topk.pack_keys`` order):
+
+        mine      int64 [M, k]           this rank's candidates (the all-gather's input)
+        gathered  int64 [world * M, k]   every rank's, in rank order
+        flat      int64 [M, world * k]   a row's candidates from every rank side by side
+        top, at   int64 [M, k]           topk's values and indices
+
+    A serving engine makes one at start for its decode steps' rows, so that their merge allocates
+    nothing (``core.reservations``: ``indexer_merge``); a call of more rows (a prefill chunk, never
+    captured) gets buffers of its exact size."""
+
+    def __init__(self, world: int, rows: int, k: int, device):
+        from sparkinfer.core.indexer_tiles import merge_bytes
+
+        self.world, self.rows, self.k = world, rows, k
+        self.buffer = torch.empty(merge_bytes(world, rows, k) // 8, dtype=torch.int64, device=device)
+
+    def take(self, m: int) -> "MergeViews":
+        if m > self.rows:
+            return MergeBuffers(self.world, m, self.k, self.buffer.device).take(m)
+        w, k, b = self.world, self.k, self.buffer
+        sizes = (m * k, w * m * k, w * m * k, m * k, m * k)
+        offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        mine, gathered, flat, top, at = (b[offsets[i]:offsets[i + 1]] for i in range(len(sizes)))
+        return MergeViews(mine.view(m, k), gathered.view(w * m, k), flat.view(m, w * k), top.view(m, k),
+                          at.view(m, k))
+
+
+@dataclass
+class MergeViews:
+    """One merge's views of ``MergeBuffers`` (shapes there)."""
+
+    mine: torch.Tensor
+    gathered: torch.Tensor
+    flat: torch.Tensor
+    top: torch.Tensor
+    at: torch.Tensor
+
+
+def all_gather_merge(views: MergeViews, all_gather_into, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The global top-k int32 [M, k] (written into ``out``, an int32 [M, k] view, when given) from
+    this rank's candidate keys, in ``views.mine``, and every other rank's: one all-gather of int64
+    [M, k] (``all_gather_into(gathered [P * M, k], mine [M, k])``, rank order), then one top-k over
+    each row's P x k candidates. Keys are distinct and padding is INT64_MIN, so the answer is the
+    top-k of the union on every rank (``merge_candidates`` is the same merge from scores and ids)."""
+    m, k = views.mine.shape
+    p = views.gathered.shape[0] // max(m, 1)
+    all_gather_into(views.gathered, views.mine)
+    views.flat.view(m, p, k).copy_(views.gathered.view(p, m, k).transpose(0, 1))
+    torch.topk(views.flat, k, dim=1, largest=True, sorted=True, out=(views.top, views.at))
+    return unpack_keys(views.top, False, out)

@@ -110,10 +110,13 @@ def one_list(m: int, n: int, device) -> dict:
 def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len: int, token_slots=None,
                       token_ids=None, backend: str = "auto", with_scores: bool = False,
                       tile_bytes: int | None = None, check_values: bool = True,
-                      workspace: TopkWorkspace | None = None, out: torch.Tensor | None = None):
+                      workspace: TopkWorkspace | None = None, out: torch.Tensor | None = None,
+                      as_keys: bool = False):
     """Top-k of every row of a step in one batched call -> ids int32 [M, k] (with_scores: and their
     float32 scores [M, k]), best first (score descending, then token id ascending), -1 / -inf
-    padded where a row has fewer than k positions with token id <= pos[m].
+    padded where a row has fewer than k positions with token id <= pos[m]. ``as_keys``: the
+    selected int64 keys [M, k] instead (``topk.pack_keys``; INT64_MIN padding), written into
+    ``out`` (int64 [M, k]) when given: a sharded step's candidates (``sharded.all_gather_merge``).
 
     q float32/bf16/float8_e4m3fn [M, Hi, 128], w [M, Hi], records uint8 [R, 132], pos int64 [M]; row_start,
     row_len, token_slots, token_ids, max_len as in ``RowLists`` (all tensors on one device);
@@ -155,6 +158,8 @@ def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len
         torch.topk(work, k, dim=1, largest=True, sorted=last, out=(top, at))
         if not last:
             work[:, :k].copy_(top)
+    if as_keys:
+        return top.clone() if out is None else out.copy_(top)
     return unpack_keys(top, with_scores, out)
 
 

