@@ -128,8 +128,8 @@ def _buffers(record: int, dcp: int, mtp: bool) -> int:
     """The selected path's buffers per GPU by hand (the table of sparkinfer/core/reservations.py):
     a 512 MiB ring of 4 slots (depth 3), receive slabs of 2 slots x 4 layers x (16 requests x R x
     2048) records over all sources, a send slab of 1/16 of that per pair (gathered steps only), the
-    unpack's two int32 index columns, the attention output of 16 heads, a Full layer's group plan; none
-    at DCP1."""
+    unpack's two int32 index columns, the attention output of 16 heads, the sharded indexer's merge, a
+    Full layer's group plan; none at DCP1."""
     if dcp == 1:
         return 0
     rows = 1 + 3 * mtp
@@ -149,7 +149,9 @@ def _buffers(record: int, dcp: int, mtp: bool) -> int:
     n = rows * 2048
     table = 1 << (2 * n - 1).bit_length()
     plan = 4 * (5 * cap + 16 * (2 * table + 2 * n) + 16 + 16 * dcp + 3 * dcp * cap + dcp * dcp) + 2 * cap
-    return ring + recv + send + 8 * cap + 16 * rows * 16 * 513 * 4 + stash + indexer + plan
+    # the sharded indexer's merge of 16 x R rows of k 2048 int64 keys: own, gathered, side by side, topk's two
+    merge = 8 * 16 * rows * 2048 * (1 + 2 * dcp + 2)
+    return ring + recv + send + 8 * cap + 16 * rows * 16 * 513 * 4 + stash + indexer + merge + plan
 
 
 def _replica_reserved(kv_bytes: int, dcp: int, record: int = 368, mtp: bool = True) -> int:
