@@ -16,6 +16,10 @@ WORLD = 4
 def _rank(rank, world):
     import torch
 
+    import ctypes
+
+    from sparkinfer.comm import flags
+    from sparkinfer.comm import pack as P
     from sparkinfer.comm.exchange import SelectedExchange
     from sparkinfer.comm.host_fabric import HostFabric
     from sparkinfer.comm.proof import agreed_proof
@@ -25,16 +29,17 @@ def _rank(rank, world):
     layout = SelectedSizing(dcp=world, record_bytes=368, max_num_seqs=2, rows=1, topk=16, prefetch_depth=1,
                             pool_mb=1, heads=1, sizing="host").slab()
     out = {}
+    move = P.direct
     for fault in ("none", "corrupt", "lost"):
         fabric = HostFabric(layout, timeout_s=1.5)
-        if fault == "corrupt" and rank == 2:  # what rank 2 stores into a peer's region lands flipped
-            signal = fabric.signal_arrival
-
-            def flip_then_signal(seq, dst, layer=None, signal=signal, fabric=fabric):
-                if not layer:  # the region's first signal (F's section, or all of it): flipped once
-                    fabric.peer_region(seq, dst).bitwise_xor_(1)
-                signal(seq, dst, layer)
-            fabric.signal_arrival = flip_then_signal
+        if fault == "corrupt" and rank == 2:  # what rank 2's moves store into a peer's region lands flipped
+            def flip_then_publish(*args, arrive=None, **kwargs):
+                move(*args, **kwargs)
+                if arrive is not None:  # into a peer's region (args[7]): flip it, then publish it
+                    args[7].bitwise_xor_(1)
+                    flag, seq = arrive
+                    flags._lib().si_comm_flag_store(flag, ctypes.c_int64.from_address(seq).value)
+            P.direct = flip_then_publish
         if fault == "lost" and rank == 2:  # rank 2's copy thread never runs its copies
             fabric._jobs.put = lambda job: None
         t0 = time.monotonic()
@@ -42,6 +47,7 @@ def _rank(rank, world):
             proven, failed = agreed_proof(SelectedExchange(fabric))
             out[fault] = (proven, {r: v.split(":")[0] for r, v in failed.items()}, time.monotonic() - t0)
         finally:
+            P.direct = move
             fabric.close()
     return out
 

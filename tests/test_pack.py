@@ -253,6 +253,23 @@ def test_pack_signals_arrival_after_its_records_unless_the_word_is_set():
         P.pack(shard, layers, req, local, count, cap, out, arrive=(flag.data_ptr() + 4, seq.data_ptr()))
 
 
+def test_direct_into_a_peer_region_signals_arrival_after_its_records():
+    """A device-sized exchange's move into a peer's region publishes it itself, as a pack does: the
+    flag carries seq after the records, and not at all once the word is set."""
+    shard, layers, req, local, slot, count, cap = _case()
+    flag, seq = torch.zeros(1, dtype=torch.int64), torch.tensor([7], dtype=torch.int64)
+    ws, want = (torch.zeros(2, cap + 3, 368, dtype=torch.uint8) for _ in range(2))
+    err = _word()
+    P.direct(shard, layers, req, local, slot, count, cap, ws, err=err, arrive=(flag.data_ptr(), seq.data_ptr()))
+    P.direct_reference(shard, layers, req, local, slot, 6, want)
+    assert int(flag) == 7 and int(err) == 0 and torch.equal(ws, want)
+    seq[0] = 8
+    bad = slot.clone()
+    bad[2] = cap + 3  # outside the region's rows
+    P.direct(shard, layers, req, local, bad, count, cap, ws, err=err, arrive=(flag.data_ptr(), seq.data_ptr()))
+    assert int(flag) == 7 and F.decode_error(int(err))["check"] == F.CHECK_SLOT
+
+
 def test_timed_out_wait_sets_the_word_and_the_unpack_consumes_nothing():
     lib = _twins()
     stride = 8
@@ -317,6 +334,17 @@ def test_cuda_error_words_and_arrival_match_the_host_twin():
         torch.cuda.synchronize()
         assert int(derr) == 0 and int(dflag) == seq
     assert torch.equal(dout.cpu()[: 2 * 6 * 368].view(2, 6, 368), P.pack_reference(shard, layers, req, local, 6))
+    # a direct move into a region signals the same way (the device-sized exchange's)
+    dws = torch.zeros(2, cap + 3, 368, dtype=torch.uint8, device=dev)
+    want = torch.zeros(2, cap + 3, 368, dtype=torch.uint8)
+    P.direct_reference(shard, layers, req, local, slot, 6, want)
+    for seq in (12, 13):
+        dseq.fill_(seq)
+        P.direct(dshard, layers.to(dev), req.to(dev), local.to(dev), slot.to(dev), count.to(dev), cap, dws, err=derr,
+                 arrive=(dflag.data_ptr(), dseq.data_ptr()))
+        torch.cuda.synchronize()
+        assert int(derr) == 0 and int(dflag) == seq
+    assert torch.equal(dws.cpu(), want)
     # a set (pinned host) word: the unpack on the device consumes nothing, like the twin
     perr = torch.tensor([F.error_word(F.ERR_TIMEOUT, F.CHECK_WAIT, F.OP_WAIT, 1)], dtype=torch.int32).pin_memory()
     ws = torch.zeros(2, cap + 3, 368, dtype=torch.uint8, device=dev)

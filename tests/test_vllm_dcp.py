@@ -178,16 +178,21 @@ def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, **kwargs):
         gc.collect()
 
 
-# Loaded by every spawned TP worker (PYTHONPATH): rank 1's device-sized stores into its peer's region
-# land with their low bit flipped, as over a broken P2P link (tests/test_comm_proof.py's fault).
+# Loaded by every spawned TP worker (PYTHONPATH): rank 1's device-sized moves into its peer's region
+# land with their low bit flipped, as over a broken P2P link (tests/test_comm_proof.py's fault), and
+# are published after the flip.
 _CORRUPT_FABRIC = """
-import sparkinfer.comm.host_fabric as hf
-_signal = hf.HostFabric.signal_arrival
-def _flip_then_signal(self, seq, dst):
-    if self.rank == 1:
-        self.peer_region(seq, dst).bitwise_xor_(1)
-    return _signal(self, seq, dst)
-hf.HostFabric.signal_arrival = _flip_then_signal
+import ctypes
+import torch.distributed as dist
+from sparkinfer.comm import flags, pack
+_move = pack.direct
+def _flip_then_publish(*args, arrive=None, **kwargs):
+    _move(*args, **kwargs)
+    if arrive is not None:  # a move into a peer's region (args[7]): rank 1's lands flipped, then published
+        if dist.get_rank() == 1:
+            args[7].bitwise_xor_(1)
+        flags._lib().si_comm_flag_store(arrive[0], ctypes.c_int64.from_address(arrive[1]).value)
+pack.direct = _flip_then_publish
 """
 
 

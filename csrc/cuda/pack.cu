@@ -106,14 +106,16 @@ int32_t si_pack_unpack_cuda(const uint8_t* packed, int32_t n_layers, const int32
   return launch(m, count, cap, err, nullptr, nullptr, nullptr, stream);
 }
 
+// `flag`, `seq`, `done` as for a pack: a direct move straight into a peer's region (a device-sized
+// exchange, rows at their workspace slots) publishes it the same way.
 int32_t si_pack_direct_cuda(SI_PACK_CACHE_PARAMS, const int32_t* layers, int32_t n_layers, const int32_t* req,
                             const int32_t* local, const int32_t* slot, const int32_t* count, int64_t cap,
                             int64_t width, uint8_t* ws, int64_t ws_layer_stride, int64_t ws_rows, int32_t* err,
-                            void* stream) {
+                            int64_t* flag, const int64_t* seq, unsigned* done, void* stream) {
   const si_pack_move m = si_pack_move_direct(SI_PACK_CACHE_ARGS, layers, n_layers, req, local, slot, width,
                                              si_pack_ws{ws, ws_layer_stride, ws_rows});
-  if (si_pack_check_args(m, cap, count) || !err) return SI_ERR_ARG;
-  return launch(m, count, cap, err, nullptr, nullptr, nullptr, stream);
+  if (si_pack_check_args(m, cap, count) || !err || (flag && (!seq || !done))) return SI_ERR_ARG;
+  return launch(m, count, cap, err, flag, seq, done, stream);
 }
 
 }  // extern "C"

@@ -3,8 +3,9 @@
 // items instead of a grid. Like the kernels, each call reads the record count
 // from memory (`count`, clamped to `cap` by si_pack_count), skips everything
 // when the error word `err` is already set, records an out-of-range count or
-// index in it (first error wins, layout in common.h) and, for a pack with a
-// `flag`, release-stores *seq there after the records when no error is set.
+// index in it (first error wins, layout in common.h) and, for a pack or a
+// direct move with a `flag` (into a peer's region), release-stores *seq there
+// after the records when no error is set.
 // `err` may be null (the eager host path): then only the returned status
 // (SI_ERR_RANGE when the count or any index was out of range; the offending
 // records are skipped, never written) reports errors, and the flag is stored
@@ -61,10 +62,11 @@ int32_t si_pack_unpack_host(const uint8_t* packed, int32_t n_layers, const int32
 
 int32_t si_pack_direct_host(SI_PACK_CACHE_PARAMS, const int32_t* layers, int32_t n_layers, const int32_t* req,
                             const int32_t* local, const int32_t* slot, const int32_t* count, int64_t cap,
-                            int64_t width, uint8_t* ws, int64_t ws_layer_stride, int64_t ws_rows, int32_t* err) {
+                            int64_t width, uint8_t* ws, int64_t ws_layer_stride, int64_t ws_rows, int32_t* err,
+                            int64_t* flag, const int64_t* seq) {
   return run(si_pack_move_direct(SI_PACK_CACHE_ARGS, layers, n_layers, req, local, slot, width,
                                  si_pack_ws{ws, ws_layer_stride, ws_rows}),
-             count, cap, err, nullptr, nullptr);
+             count, cap, err, flag, seq);
 }
 
 }  // extern "C"

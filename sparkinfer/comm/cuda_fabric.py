@@ -15,10 +15,12 @@ instead of blocking, so the exchange overlaps compute:
   the next fabric call raises :class:`FabricError` naming that peer (the GPU never hangs);
 * sequence numbers live in device memory, one word per slot, bumped by ``depth`` on the compute
   stream when a round starts, so flag kernels read the right value in any stream order;
-* device-side sizing (``peer_region`` / ``wait_peer_free`` / ``signal_arrival``): no copy
-  engine; the pack kernel on the compute stream stores straight into dst's IPC-mapped segment
-  (P2P writes over PCIe), then a signal kernel on the same stream fences system-wide and writes
-  ``arrive``. Every size is read on the device, so the sequence is graph-capturable as is;
+* device-side sizing (``peer_region`` / ``wait_peer_free`` / ``arrival_flag``): no copy
+  engine; the direct-move kernel on the compute stream stores straight into dst's IPC-mapped
+  segment (P2P writes over PCIe) and publishes them itself: its CTAs fence system-wide, the last
+  release-stores the flag ``arrival_flag`` names (``signal_arrival``, a one-thread kernel, only
+  for a flag that follows earlier moves and carries no data). Every size is read on the device,
+  so the sequence is graph-capturable as is;
 * side stream (``on_side_stream`` / ``join_side_stream``): the Shared layers' sections of a
   device-sized exchange are packed and signalled on one more stream, forked from the compute
   stream after F's sections and joined back (an event per slot) when the exchange finishes, so
@@ -307,6 +309,13 @@ class CudaFabric(Fabric):
         kind = ARRIVE if layer is None else LANDED + layer
         _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[dst], kind, self.rank),
                                             self._seq_ptr(seq), self._stream()), "arrive signal")
+
+    def arrival_flag(self, seq, dst, layer=None):
+        self._check()
+        if dst in self._last_copy:  # as in signal_arrival: the copy-engine copies to dst first
+            _ok(self._rt.cudaStreamWaitEvent(self._stream_int(), self._last_copy[dst], 0), "cudaStreamWaitEvent")
+        kind = ARRIVE if layer is None else LANDED + layer
+        return self._flag_addr(self._peer_ptr[dst], kind, self.rank), self._seq_ptr(seq)
 
     def on_side_stream(self, seq, fn):
         self._check()

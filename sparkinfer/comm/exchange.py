@@ -41,7 +41,7 @@ The bytes and the workspace rows are those of the one packed copy; only the comp
 F waits for F's records and the Shared sections land while F computes. Cost: ``J`` copies and
 signals per pair instead of one (``docs/design/transport.md``, "Prefetch that overlaps").
 A device-sized exchange (below) splits the same way: F's sections are stored into every
-destination's region on the caller's stream, each followed by ``landed[0]``; the Shared layers'
+destination's region on the caller's stream, each publishing ``landed[0]``; the Shared layers'
 sections and the arrivals go to the fabric's side stream (``Fabric.on_side_stream``: a CUDA stream
 forked after F's sections, a thread on the host fabric), layer by layer across destinations, so
 F's attention runs while they move. ``finish`` joins that side work back before the planes it reads
@@ -55,7 +55,9 @@ kernels, and a CUDA graph cannot replay a copy whose size changes, so ``sizing="
 reads a plane on the host: steps 1-2 become "wait until dst released the region, gather the
 records straight into dst's region at their workspace rows ``slot[r, dst]`` (SM stores over P2P on
 the CUDA fabric; the region is shaped like dst's workspace, and a union row has exactly one owner,
-so the sources never collide), signal ``arrive[r] = seq``", and unpacking copies those rows from
+so the sources never collide); that move itself publishes them (``arrive[r] = seq``, or a layer's
+``landed``, release-stored after a system-scope fence in the kernel that wrote the records:
+``Fabric.arrival_flag``)", and unpacking copies those rows from
 the region into the workspace. Every kernel reads its count from the plane in place, and there is
 exactly one round. That requires planes whose capacity covers every possible count (``C >= B *
 U``, the workspace rows: a pair can never carry more than the whole union) and a region of at least
@@ -269,8 +271,9 @@ class SelectedExchange:
             t1 = time.perf_counter()
             lists = (planes.req[r, dst], planes.local[r, dst], planes.slot[r, dst], planes.count[r, dst])
             region = self._as_workspace(f.peer_region(seq, dst), J)
-            P.direct(shard, layers[head], *lists, C, region[head])
-            f.signal_arrival(seq, dst, 0 if p.layered else None)
+            # the move publishes what it wrote itself: fence, then release-store the flag
+            P.direct(shard, layers[head], *lists, C, region[head],
+                     arrive=f.arrival_flag(seq, dst, 0 if p.layered else None))
             sections.append((dst, lists, region))
             p.stats.copy_s += t1 - t
             p.stats.pack_s += time.perf_counter() - t1
@@ -296,7 +299,7 @@ class SelectedExchange:
     def _side_sections(self, seq: int, shard: P.Shard, layers: torch.Tensor, sections: list, C: int):
         """The side work of a layered device-sized exchange: the Shared layers' sections, layer by
         layer across destinations (every destination's section j before j + 1, as the host-sized
-        copies), each followed by ``landed[j]``, then every destination's ``arrive``. The views are
+        copies), each published by its own move (``landed[j]``), then every destination's ``arrive``. The views are
         made here, on the caller's thread, so the side work only launches kernels."""
         f, J = self.fabric, layers.shape[0]
         work = [(j, dst, layers[j:j + 1], lists, region[j:j + 1])
@@ -304,9 +307,8 @@ class SelectedExchange:
 
         def run():
             for j, dst, layer, lists, region in work:
-                P.direct(shard, layer, *lists, C, region)
-                f.signal_arrival(seq, dst, j)
-            for dst, _, _ in sections:
+                P.direct(shard, layer, *lists, C, region, arrive=f.arrival_flag(seq, dst, j))
+            for dst, _, _ in sections:  # no data of its own: the sections' moves published theirs
                 f.signal_arrival(seq, dst)
         return run
 

@@ -25,6 +25,11 @@ sender writes straight into the destination's receive region instead of its send
     signal_arrival(seq, dst, layer=None)
                                arrive[rank] = seq in dst's segment (``layer``: landed[layer][rank]),
                                after the writes before it
+    arrival_flag(seq, dst, layer=None)
+                               (flag, seq) int64 addresses for the kernel that writes dst's region
+                               to publish it itself (``pack.direct(..., arrive=)``): that flag, and
+                               a word holding seq; what is issued next follows the copies still
+                               queued to dst, as in ``signal_arrival``
     on_side_stream(seq, fn)    run ``fn`` (more ``peer_region`` writes and ``signal_arrival``s of
                                exchange seq) after everything issued so far, without holding up
                                what the caller issues next: the Shared layers' sections
@@ -102,6 +107,9 @@ class Fabric(abc.ABC):
 
     @abc.abstractmethod
     def signal_arrival(self, seq: int, dst: int, layer: int | None = None) -> None: ...
+
+    @abc.abstractmethod
+    def arrival_flag(self, seq: int, dst: int, layer: int | None = None) -> tuple[int, int]: ...
 
     @abc.abstractmethod
     def on_side_stream(self, seq: int, fn) -> None: ...

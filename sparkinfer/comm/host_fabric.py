@@ -20,6 +20,7 @@ Stands in for the CUDA fabric on CPU machines and in tests, running the same pro
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
 import threading
@@ -71,6 +72,7 @@ class HostFabric(Fabric):
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._copy_loop, name=f"si-copy-r{self.rank}", daemon=True)
         self._thread.start()
+        self._seq_words = (ctypes.c_int64 * layout.depth)()  # per slot: the seq a move's arrival stores
         self._side_jobs: queue.Queue = queue.Queue()
         self._side_done = 0  # last seq whose side work finished (jobs run in seq order)
         self._side = threading.Thread(target=self._side_loop, name=f"si-side-r{self.rank}", daemon=True)
@@ -228,6 +230,15 @@ class HostFabric(Fabric):
         self._wait_copied(dst, seq)
         kind = ARRIVE if layer is None else LANDED + layer
         flags.store(self._flags[dst], self.layout.flag_index(kind, self.rank), seq)
+
+    def arrival_flag(self, seq, dst, layer=None):
+        self._check()
+        self._wait_copied(dst, seq)
+        slot = self.layout.slot(seq)
+        self._seq_words[slot] = seq  # read by the move that signals (it runs before seq + depth can start)
+        kind = ARRIVE if layer is None else LANDED + layer
+        return (self._flags[dst].data_ptr() + 8 * self.layout.flag_index(kind, self.rank),
+                ctypes.addressof(self._seq_words) + 8 * slot)
 
     def on_side_stream(self, seq, fn):
         self._check()

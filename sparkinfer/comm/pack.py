@@ -29,8 +29,8 @@ arrival wait timed out. Without ``err`` the host path raises at once and the CUD
 word per device that :func:`check_cuda_errors` turns into an exception. Records are never
 silently dropped.
 
-Arrival. ``pack(..., arrive=(flag, seq))`` (a pack straight into a peer's region) makes the pack
-kernel itself publish the region: after every record landed its last CTA fences system-wide and
+Arrival. ``pack(..., arrive=(flag, seq))`` or ``direct(..., arrive=(flag, seq))`` (records straight
+into a peer's region) makes the kernel that wrote them publish the region: after every record landed its last CTA fences system-wide and
 release-stores the int64 at address ``seq`` into the int64 at address ``flag`` (the peer's arrival
 flag), unless the error word is set. The CTA counter it needs is one device word per flag, kept
 here (allocated on the first eager call of a flag, before any graph capture).
@@ -164,7 +164,8 @@ def _host():
     lib = native.declare(native.host_lib(), {
         "si_pack_pack_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _vp, _vp, _vp],
         "si_pack_unpack_host": [_vp, _i32, _vp, _i64, _i64, _vp, _vp, _i64, _i64, _vp],
-        "si_pack_direct_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64, _vp],
+        "si_pack_direct_host": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64, _vp, _vp,
+                                              _vp],
     })
     lib.si_pack_grid_host.argtypes, lib.si_pack_grid_host.restype = [_i64, _i32, _i32], _i64
     return lib
@@ -178,7 +179,8 @@ def _cuda():
     native.declare(lib, {
         "si_pack_pack_cuda": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _i64, _i64, _vp, _vp, _vp, _vp, _vp, _vp],
         "si_pack_unpack_cuda": [_vp, _i32, _vp, _i64, _i64, _vp, _vp, _i64, _i64, _vp, _vp],
-        "si_pack_direct_cuda": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64, _vp, _vp],
+        "si_pack_direct_cuda": _CACHE_ARGS + [_vp, _i32, _vp, _vp, _vp, _vp, _i64, _i64, _vp, _i64, _i64, _vp, _vp,
+                                              _vp, _vp, _vp],
     })
     lib.si_pack_grid_cuda.argtypes, lib.si_pack_grid_cuda.restype = [_i64, _i32], _i64
     return lib
@@ -209,7 +211,7 @@ def _done_counter(device, flag: int) -> int:
     words, index = _counters.setdefault(device, (torch.zeros(256, dtype=torch.int32, device=device), {}))
     if flag not in index:
         if len(index) == words.numel():
-            raise RuntimeError(f"more than {words.numel()} arrival flags signalled by pack kernels on {device}")
+            raise RuntimeError(f"more than {words.numel()} arrival flags signalled by move kernels on {device}")
         index[flag] = len(index)
     return words.data_ptr() + 4 * index[flag]
 
@@ -226,7 +228,7 @@ def _err_arg(err, device):
 
 
 def _arrive_args(arrive, device) -> list:
-    """[flag, seq(, done counter)] addresses of a pack's arrival signal, or Nones."""
+    """[flag, seq(, done counter)] addresses of a move's arrival signal, or Nones."""
     if arrive is None:
         return [None, None] + ([None] if device.type == "cuda" else [])
     flag, seq = (int(a) for a in arrive)
@@ -317,21 +319,23 @@ def unpack(packed: torch.Tensor, n_layers: int, count, cap: int, slot, ws: torch
 
 
 def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int, ws: torch.Tensor, *,
-           err: torch.Tensor | None = None) -> None:
-    """``ws[j, slot[i]] <- shard record (req[i], local[i]) of layers[j]``: own records, no slab."""
+           err: torch.Tensor | None = None, arrive: tuple[int, int] | None = None) -> None:
+    """``ws[j, slot[i]] <- shard record (req[i], local[i]) of layers[j]``: own records, no slab, or
+    a device-sized exchange's records straight into a peer's region (``ws`` its view, ``arrive``
+    its arrival flag: module docstring)."""
     dev, width, J = shard.device, shard.width, layers.shape[0]
     _check_ws(ws, J, width)
     for name, t in (("layers", layers), ("req", req), ("local", local), ("slot", slot)):
         _check_index(name, t, J if name == "layers" else cap, dev)
     n_ptr, _keep = _count_arg(count, dev)
-    word = _err_arg(err, dev)
+    word, sig = _err_arg(err, dev), _arrive_args(arrive, dev)
     if dev.type == "cuda":
         st = _cuda().si_pack_direct_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
                                          n_ptr, cap, width, _ws_ptr(ws), ws.stride(0), ws.shape[1],
-                                         word or native.ptr(_err_word(dev)), _stream(dev))
+                                         word or native.ptr(_err_word(dev)), *sig, _stream(dev))
     else:
         st = _host().si_pack_direct_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
-                                         n_ptr, cap, width, _ws_ptr(ws), ws.stride(0), ws.shape[1], word)
+                                         n_ptr, cap, width, _ws_ptr(ws), ws.stride(0), ws.shape[1], word, *sig)
     _status("direct", st, word)
 
 

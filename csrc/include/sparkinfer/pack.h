@@ -25,7 +25,7 @@
 // Every index is bounds-checked; a bad one leaves the record untouched and is reported in the
 // error word (layout in common.h) instead of reading or writing out of bounds.
 //
-// Arrival signal (pack only, optional): after every record of the launch has landed, store *seq
+// Arrival signal (pack and direct, optional): after every record of the launch has landed, store *seq
 // into the int64 `flag` (a peer's arrival flag) with release semantics at system scope. The
 // kernel's CTAs each fence system-wide after their stores and count themselves on a device-local
 // counter (`done`, zero before the launch, left zero after it); the last one fences again and
