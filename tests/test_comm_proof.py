@@ -38,7 +38,7 @@ def _rank(rank, world):
                 if arrive is not None:  # into a peer's region (args[7]): flip it, then publish it
                     args[7].bitwise_xor_(1)
                     flag, seq = arrive
-                    flags._lib().si_comm_flag_store(flag, ctypes.c_int64.from_address(seq).value)
+                    flags.store_at(flag, ctypes.c_int64.from_address(seq).value)
             P.direct = flip_then_publish
         if fault == "lost" and rank == 2:  # rank 2's copy thread never runs its copies
             fabric._jobs.put = lambda job: None

@@ -191,7 +191,7 @@ def _flip_then_publish(*args, arrive=None, **kwargs):
     if arrive is not None:  # a move into a peer's region (args[7]): rank 1's lands flipped, then published
         if dist.get_rank() == 1:
             args[7].bitwise_xor_(1)
-        flags._lib().si_comm_flag_store(arrive[0], ctypes.c_int64.from_address(arrive[1]).value)
+        flags.store_at(arrive[0], ctypes.c_int64.from_address(arrive[1]).value)
 pack.direct = _flip_then_publish
 """
 

@@ -301,18 +301,13 @@ class CudaFabric(Fabric):
                                               self._err.data_ptr(), self._stream()), "release wait")
 
     def signal_arrival(self, seq, dst, layer=None):
+        _call(self._lib.si_comm_signal_cuda(*self.arrival_flag(seq, dst, layer), self._stream()), "arrive signal")
+
+    def arrival_flag(self, seq, dst, layer=None):
         self._check()
         # flags are "every exchange up to seq": join the last copy-engine copy to dst first (a join
         # into the issuing stream, no fork of a copy stream)
         if dst in self._last_copy:
-            _ok(self._rt.cudaStreamWaitEvent(self._stream_int(), self._last_copy[dst], 0), "cudaStreamWaitEvent")
-        kind = ARRIVE if layer is None else LANDED + layer
-        _call(self._lib.si_comm_signal_cuda(self._flag_addr(self._peer_ptr[dst], kind, self.rank),
-                                            self._seq_ptr(seq), self._stream()), "arrive signal")
-
-    def arrival_flag(self, seq, dst, layer=None):
-        self._check()
-        if dst in self._last_copy:  # as in signal_arrival: the copy-engine copies to dst first
             _ok(self._rt.cudaStreamWaitEvent(self._stream_int(), self._last_copy[dst], 0), "cudaStreamWaitEvent")
         kind = ARRIVE if layer is None else LANDED + layer
         return self._flag_addr(self._peer_ptr[dst], kind, self.rank), self._seq_ptr(seq)

@@ -32,7 +32,12 @@ def _addr(words: torch.Tensor, index: int) -> int:
 
 def store(words: torch.Tensor, index: int, value: int) -> None:
     """Release-store ``value`` into int64 word ``index`` of shared ``words``."""
-    _lib().si_comm_flag_store(_addr(words, index), value)
+    store_at(_addr(words, index), value)
+
+
+def store_at(address: int, value: int) -> None:
+    """Release-store ``value`` into the shared int64 at ``address``."""
+    _lib().si_comm_flag_store(address, value)
 
 
 def load(words: torch.Tensor, index: int) -> int:

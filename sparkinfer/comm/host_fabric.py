@@ -225,14 +225,11 @@ class HostFabric(Fabric):
         self.wait_recv_free(seq, dst)
 
     def signal_arrival(self, seq, dst, layer=None):
-        self._check()
-        # flags are "every exchange up to seq": older copies to dst still queued go first
-        self._wait_copied(dst, seq)
-        kind = ARRIVE if layer is None else LANDED + layer
-        flags.store(self._flags[dst], self.layout.flag_index(kind, self.rank), seq)
+        flags.store_at(self.arrival_flag(seq, dst, layer)[0], seq)
 
     def arrival_flag(self, seq, dst, layer=None):
         self._check()
+        # flags are "every exchange up to seq": older copies to dst still queued go first
         self._wait_copied(dst, seq)
         slot = self.layout.slot(seq)
         self._seq_words[slot] = seq  # read by the move that signals (it runs before seq + depth can start)

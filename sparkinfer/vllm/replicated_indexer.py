@@ -247,6 +247,11 @@ def _host_layout(md: ReplicatedIndexerMetadata):
             md.seq_lens.cpu().numpy().astype(np.int64))
 
 
+def _drafts(vllm_config) -> int:
+    spec = vllm_config.speculative_config
+    return spec.num_speculative_tokens if spec is not None else 0
+
+
 _workspaces: dict = {}  # device -> the process's TopkWorkspace (the builders of its indexer layers share one)
 
 
@@ -258,8 +263,7 @@ def _engine_workspace(vllm_config, device):
     from sparkinfer.core.indexer_tiles import engine_workspace_bytes
     from sparkinfer.indexer import TopkWorkspace
 
-    spec = vllm_config.speculative_config
-    drafts = spec.num_speculative_tokens if spec is not None else 0
+    drafts = _drafts(vllm_config)
     nbytes = engine_workspace_bytes(vllm_config.scheduler_config.max_num_batched_tokens,
                                     vllm_config.model_config.hf_config.index_topk,
                                     vllm_config.model_config.max_model_len + drafts + 1)
@@ -279,8 +283,7 @@ def _engine_merge(vllm_config, device):
     ``indexer_merge``."""
     from sparkinfer.indexer import MergeBuffers
 
-    spec = vllm_config.speculative_config
-    rows = vllm_config.scheduler_config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec is not None else 0))
+    rows = vllm_config.scheduler_config.max_num_seqs * (1 + _drafts(vllm_config))
     world, k = vllm_config.parallel_config.decode_context_parallel_size, vllm_config.model_config.hf_config.index_topk
     key = str(torch.device(device))
     held = _merges.get(key)
