@@ -27,7 +27,7 @@ def _rank(rank, world):
 
     # the engine's own layout (host sizing on CPU: a send slab), small: 2 requests x 1 x 16 rows
     layout = SelectedSizing(dcp=world, record_bytes=368, max_num_seqs=2, rows=1, topk=16, prefetch_depth=1,
-                            pool_mb=1, heads=1, sizing="host").slab()
+                            pool_mb=1, sizing="host").slab()
     out = {}
     move = P.direct
     for fault in ("none", "corrupt", "lost"):

@@ -42,7 +42,11 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     assert res["exchange_send"] == 2 * 4 * _align(4 * (cap // 16) * 368)
     assert res["exchange_index"] == 8 * cap
     assert res["prefetch_ring"] == 4 * (512 * MIB // (4 * 368)) * 368
-    assert res["attention_out"] == 16 * 4 * 16 * 513 * 4  # 64 heads / TP4
+    # the attention arena: a step of 8,192 rows (vLLM's batched tokens), 64 heads (16 per TP rank, gathered
+    # over DCP4), bf16 output [M, H, 512] and its LSE; a block of 1,024 rows' top-k rows (int64), compacted
+    # indices, counts and fp32 partials; the indexer's fp8 q (32 heads x 128) and its scales
+    assert res["attention_workspace"] == (8192 * 64 * 512 * 2 + 8192 * 64 * 4 + 1024 * 2048 * (8 + 4) + 4 * 1024
+                                          + 1024 * 64 * 513 * 4 + 8192 * 32 * (128 + 4))
     # a gathered step holds up to vLLM's 8,192 batched tokens (`vllm serve`'s default on this node)
     assert res["stashed_records"] == 8192 * 368
     # the top-k workspace of the engine's 512-row blocks, k 2048, a pass of 64 MiB / (8 B x 512 rows) =
@@ -107,10 +111,13 @@ def test_indexer_workspace_is_what_a_topk_call_allocates(m, k, n, tile_bytes):
         call(m, n, 2 * k, workspace=ws)()
 
 
-def test_nothing_is_reserved_without_a_selected_path():
-    for argv in (["--dcp", "1"], ["--indexer", "sharded"]):
+def test_only_the_attention_arena_is_reserved_without_a_selected_path():
+    """DCP1 and a sharded indexer: no selected path, and vLLM's own indexer op (no indexer q in the
+    arena); the arena's heads are a TP rank's 16 at DCP1, the gathered 64 under DCP4."""
+    for argv, heads in ((["--dcp", "1"], 16), (["--indexer", "sharded"], 64)):
         d = _plan_json("--profile", "glm52-tp4-dcp4-mtp3-368", *argv)
-        assert d["reservations"] == {} and d["reserved_bytes"] == 0
+        want = 8192 * heads * (512 * 2 + 4) + 1024 * 2048 * (8 + 4) + 4 * 1024 + 1024 * heads * 513 * 4
+        assert d["reservations"] == {"attention_workspace": want} and d["reserved_bytes"] == want
 
 
 def _config(mode="auto", dcp=4, dtype="nvfp4_368", seqs=16, window="auto", device="cuda", pool_mb=512, depth=3):
@@ -118,22 +125,30 @@ def _config(mode="auto", dcp=4, dtype="nvfp4_368", seqs=16, window="auto", devic
     cfg = SparkinferConfig(mode=mode, replica_window=window, pool_mb=pool_mb, prefetch_depth=depth)
     return ns(parallel_config=ns(decode_context_parallel_size=dcp, tensor_parallel_size=4),
               cache_config=ns(cache_dtype=dtype), additional_config={"sparkinfer": cfg.as_dict()},
-              device_config=ns(device_type=device), scheduler_config=ns(max_num_seqs=seqs),
+              device_config=ns(device_type=device), scheduler_config=ns(max_num_seqs=seqs, max_num_batched_tokens=8192),
               speculative_config=ns(num_speculative_tokens=3),
-              model_config=ns(max_model_len=1 << 20, hf_config=ns(num_hidden_layers=78, num_attention_heads=64,
-                                                                     index_topk=2048)))
+              model_config=ns(max_model_len=1 << 20, dtype="bfloat16",
+                              hf_config=ns(num_hidden_layers=78, num_attention_heads=64, index_topk=2048,
+                                           index_n_heads=32, index_head_dim=128)))
 
 
-@pytest.mark.parametrize("kwargs", [dict(dcp=1), dict(mode="stock"), dict(dtype="auto")])
-def test_engine_reserves_nothing_where_the_selected_path_cannot_run(kwargs):
-    assert reservations.reserved_bytes(_config(**kwargs), 10 << 30) == 0
+@pytest.mark.parametrize("kwargs", [dict(dcp=1), dict(mode="stock")])
+def test_engine_reserves_only_the_arena_where_the_selected_path_cannot_run(kwargs):
+    cfg = _config(**kwargs)
+    arena = reservations.attention_workspace(cfg)
+    assert reservations.reservations(cfg, 10 << 30) == {"attention_workspace": arena.nbytes}
+    assert arena.index_heads == 0  # vLLM's own indexer op quantizes its q
+
+
+def test_engine_reserves_nothing_without_a_record_format():
+    assert reservations.reserved_bytes(_config(dtype="auto"), 10 << 30) == 0
 
 
 def test_engine_reservations_are_the_buffers_then_the_store_of_the_rest():
     cfg = _config()
     mem = 10 << 30
     res = reservations.reservations(cfg, mem)
-    buffers = reservations.sizing(cfg).buffers()
+    buffers = {"attention_workspace": reservations.attention_workspace(cfg).nbytes, **reservations.sizing(cfg).buffers()}
     assert {k: v for k, v in res.items() if k != "replica_store"} == buffers
     assert res["replica_store"] == replica_budget.reserved_bytes(cfg, mem - sum(buffers.values()))
     assert reservations.reserved_bytes(cfg, mem) == sum(res.values())
@@ -153,7 +168,7 @@ def test_a_step_larger_than_the_ring_caps_the_batch():
     """max_batch = ring slot rows // (R x K): a 16 MiB pool holds 2 requests of 4 x 2048 rows per
     slot at depth 0 (a larger decode step runs stock), and the slab capacity follows it."""
     s = SelectedSizing(dcp=4, record_bytes=368, max_num_seqs=16, rows=4, topk=2048, prefetch_depth=0, pool_mb=16,
-                       heads=16, sizing="device")
+                       sizing="device")
     assert s.slot_rows == 16 * MIB // 368 and s.max_batch == 5 and s.slab().capacity == 5 * 8192
     assert exchange_bytes(s.buffers()) == s.slab().segment_bytes + s.slab().send_bytes + 8 * 5 * 8192
 

@@ -124,14 +124,24 @@ def _tokens_that_fit(kv_bytes: int, record: int, dcp: int, mtp: bool) -> int:
     return kv_bytes // per_block * granule
 
 
+def _arena(dcp: int) -> int:
+    """The attention arena (sparkinfer/core/attention_workspace.py), held in every mode: a bf16
+    output and fp32 LSE for 8,192 rows (vLLM's batched tokens) x 16 heads per TP rank gathered over
+    DCP, a 1,024-row block's int64 top-k rows, int32 indices, counts and fp32 partials [1,024, H,
+    512 + 1]; under DCP > 1 sparkinfer's indexer quantizes its q (32 heads x 128 fp8 + a scale)."""
+    heads = 16 * dcp
+    index_q = 8192 * 32 * (128 + 4) if dcp > 1 else 0
+    return 8192 * heads * (2 * 512 + 4) + 1024 * 2048 * (8 + 4) + 4 * 1024 + 1024 * heads * 513 * 4 + index_q
+
+
 def _buffers(record: int, dcp: int, mtp: bool) -> int:
-    """The selected path's buffers per GPU by hand (the table of sparkinfer/core/reservations.py):
-    a 512 MiB ring of 4 slots (depth 3), receive slabs of 2 slots x 4 layers x (16 requests x R x
-    2048) records over all sources, a send slab of 1/16 of that per pair (gathered steps only), the
-    unpack's two int32 index columns, the attention output of 16 heads, the sharded indexer's merge, a
-    Full layer's group plan; none at DCP1."""
+    """The buffers per GPU by hand: the attention arena, then the selected path's (the table of
+    sparkinfer/core/reservations.py): a 512 MiB ring of 4 slots (depth 3), receive slabs of 2 slots x
+    4 layers x (16 requests x R x 2048) records over all sources, a send slab of 1/16 of that per pair
+    (gathered steps only), the unpack's two int32 index columns, the sharded indexer's merge, a Full
+    layer's group plan; at DCP1 the arena alone."""
     if dcp == 1:
-        return 0
+        return _arena(dcp)
     rows = 1 + 3 * mtp
 
     def align(n):
@@ -151,15 +161,15 @@ def _buffers(record: int, dcp: int, mtp: bool) -> int:
     plan = 4 * (5 * cap + 16 * (2 * table + 2 * n) + 16 + 16 * dcp + 3 * dcp * cap + dcp * dcp) + 2 * cap
     # the sharded indexer's merge of 16 x R rows of k 2048 int64 keys: own, gathered, side by side, topk's two
     merge = 8 * 16 * rows * 2048 * (1 + 2 * dcp + 2)
-    return ring + recv + send + 8 * cap + 16 * rows * 16 * 513 * 4 + stash + indexer + merge + plan
+    return _arena(dcp) + ring + recv + send + 8 * cap + stash + indexer + merge + plan
 
 
 def _replica_reserved(kv_bytes: int, dcp: int, record: int = 368, mtp: bool = True) -> int:
-    """What patched vLLM reserves under DCP > 1: the buffers, then replica_window auto's store: the
+    """What patched vLLM reserves: the buffers, then under DCP > 1 replica_window auto's store: the
     whole 262,144-token store for 16 requests x 78 layers x 368/432 B is far above a fifth of what
-    the buffers left, so a fifth of that; DCP1: none."""
+    the buffers left, so a fifth of that; DCP1: no store."""
     b = _buffers(record, dcp, mtp)
-    return b + (kv_bytes - b) // 5 if dcp > 1 else 0
+    return b + (kv_bytes - b) // 5 if dcp > 1 else b
 
 
 @pytest.mark.parametrize("name,record,dcp,mtp", [("glm52-tp4-dcp4-mtp3-368", 368, 4, True),
@@ -179,8 +189,8 @@ def test_kv_budget_check_is_the_capacity_core(name, record, dcp, mtp, glm, capsy
     assert rc == 2 and err.startswith("sparkinfer serve: vllm.max_model_len:") and f"{want:,}" in err
     # ... and the budget that just holds 262,144 tokens (bytes from the hand count) passes, less fails
     need = 262144 // dcp * (78 + mtp) * record + 262144 * (21 + mtp) * 132
-    if dcp > 1:
-        need = _buffers(record, dcp, mtp) + need * 5 // 4  # the buffers, then the replica store takes a fifth
+    # the buffers, then under DCP > 1 the replica store takes a fifth
+    need = _buffers(record, dcp, mtp) + (need * 5 // 4 if dcp > 1 else need)
     assert dry_run(capsys, "--profile", name, glm(), "--kv-gb", f"{(need + 64) / GIB!r}")[0] == 0
     assert dry_run(capsys, "--profile", name, glm(), "--kv-gb", f"{(need - 64) / GIB!r}")[0] == 2
     if dcp > 1:  # without replicas the whole budget but the buffers holds records

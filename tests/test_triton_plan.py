@@ -124,7 +124,7 @@ def test_the_plan_holds_what_its_reservation_says(dcp, seqs, rows, topk):
     from sparkinfer.plan import _native
 
     sizing = SelectedSizing(dcp=dcp, record_bytes=368, max_num_seqs=seqs, rows=rows, topk=topk, prefetch_depth=3,
-                            pool_mb=512, heads=16, sizing="device")
+                            pool_mb=512, sizing="device")
     plan = GroupPlan(DcpLayout(dcp, 1), max_batch=sizing.max_batch, rows=rows, topk=topk, device="meta",
                      backend="triton")
     assert plan.nbytes == sizing.buffers()["group_plan"]

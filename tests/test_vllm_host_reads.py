@@ -92,30 +92,48 @@ def test_probe_counts_the_checked_forms_and_not_the_hot_path(monkeypatch):
     assert sum(planted.values()) == 1
 
 
-def test_the_forward_form_allocates_nothing_once_its_shape_recurs(monkeypatch):
-    """With the GPU implementations forced, a layer's attention (``paged_sparse_mla`` given ``checks``)
-    makes its buffers on the first call of a shape and none on the next: the decode kernel's scratch,
-    output and LSE and the top-k's rows come from ``layer_buffers``, which hands the same tensors out
-    again while the shape recurs and keeps the last ``KEPT`` shapes."""
+def test_the_forward_form_allocates_nothing_within_the_reserved_arena(monkeypatch, caplog):
+    """With the GPU implementations forced and the attention arena reserved for a step of 3 rows, a
+    layer's attention (``paged_sparse_mla`` given ``checks``) allocates nothing: the output and LSE,
+    the decode kernel's scratch and the top-k's rows are views of the arena, for that step, a smaller
+    one and, with blocks of 2 rows (``BLOCK_ROWS`` patched), a step attended block by block. Each
+    equals the direct (validated, allocating) form. A step larger than the arena still runs, in a
+    larger arena, and says once that those bytes are outside the KV budget."""
     monkeypatch.setenv("SPARKINFER_FORCE_GPU_IMPLS", "1")
+    from sparkinfer.core import attention_workspace
+    from sparkinfer.core.attention_workspace import AttentionWorkspace
     from sparkinfer.vllm import layer_buffers
     from sparkinfer.vllm.device_checks import DeviceChecks
     from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla
 
     cache, topk, table, q = _paged_inputs()
     token_req, checks = torch.zeros(3, dtype=torch.int64), DeviceChecks("cpu")
-    call = lambda: paged_sparse_mla(*q, cache, "nvfp4_368", topk, token_req, table, 0.1, 0, 2, 1, checks=checks)
-    first = [t.clone() for t in call()]
-    with host_reads.count_allocations() as made:
-        again = call()
-    assert not made, dict(made)
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
-    make = lambda: torch.empty(1)
-    held = [layer_buffers.shared("t", (i,), "cpu", make) for i in range(layer_buffers.KEPT)]
-    assert layer_buffers.shared("t", (0,), "cpu", make) is held[0]  # recurs: the same buffer
-    layer_buffers.shared("t", (layer_buffers.KEPT,), "cpu", make)  # one shape more evicts the oldest, (1,)
-    assert layer_buffers.shared("t", (0,), "cpu", make) is held[0]
-    assert layer_buffers.shared("t", (1,), "cpu", make) is not held[1]
+
+    def both(rows):
+        args = (q[0][:rows], q[1][:rows], cache, "nvfp4_368", topk[:rows], token_req[:rows], table, 0.1, 0, 2, 1)
+        want = paged_sparse_mla(*args)
+        with host_reads.count_allocations() as made:
+            got = paged_sparse_mla(*args, checks=checks)
+        return want, got, made
+
+    monkeypatch.setattr(layer_buffers, "_arenas", {})
+    layout = AttentionWorkspace(rows=3, heads=2, topk=8, out_bytes=4)
+    arena = layer_buffers.reserve(layout.segments(), "cpu")
+    assert layer_buffers.held_bytes("cpu") == layout.nbytes == arena.buf.numel()
+    for rows, block in ((3, 1024), (2, 1024), (3, 2)):
+        monkeypatch.setattr(attention_workspace, "BLOCK_ROWS", block)
+        want, got, made = both(rows)
+        assert not made, (rows, block, dict(made))
+        assert got[0].data_ptr() == arena.buf.data_ptr()  # the output is the arena's first segment
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (rows, block)
+    monkeypatch.setattr(attention_workspace, "BLOCK_ROWS", 1024)
+    caplog.set_level("WARNING", logger=layer_buffers.__name__)
+    layer_buffers.reserve(AttentionWorkspace(rows=2, heads=2, topk=8, out_bytes=4).segments(), "cpu")
+    want, got, made = both(3)
+    assert made and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert "outside the KV budget" in caplog.text
+    caplog.clear()
+    assert not both(3)[2] and not caplog.text  # the grown arena holds it from then on
 
 
 def test_device_checks_raise_a_step_later_naming_the_check():

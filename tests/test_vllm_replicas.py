@@ -40,7 +40,10 @@ def _remote_below(lo: int, rank: int, world: int) -> int:
 def _ledger_and_memory(worker=None):
     from sparkinfer.vllm.selected_runtime import engine_memory, replica_memory, transport_ledger
 
-    return {"ledger": transport_ledger(), "memory": replica_memory(), "engine": engine_memory()}
+    from sparkinfer.vllm.selected_runtime import SelectedRuntime
+
+    rows = SelectedRuntime.current().vllm_config.scheduler_config.max_num_batched_tokens
+    return {"ledger": transport_ledger(), "memory": replica_memory(), "engine": engine_memory(), "step_tokens": rows}
 
 
 def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monkeypatch):
@@ -67,13 +70,19 @@ def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monk
         # counts, sends, planes (3 x 2 sources) and their counts
         e = 2 * 256
         plan = 4 * (5 * e + 2 * (2 * 512 + 2 * 256) + 2 + 2 * 2 + 3 * 2 * e + 2 * 2) + 2 * e
-        want = {"prefetch_ring": 4 * 2849 * 368, "exchange_recv": flags + 2 * region, "exchange_send": 2 * 2 * region,
+        # the attention arena: fp32 output and LSE of a step's rows (vLLM's token budget) x 2 heads (1 per TP
+        # rank gathered over DCP2), a block's int64 top-k rows, int32 indices, counts and fp32 partials [1,024
+        # rows, 2, 513], the indexer's fp8 q (2 heads x 128) and scales
+        m = p["step_tokens"]
+        b = min(1024, m)
+        arena = m * 2 * (4 * 512 + 4) + b * 256 * (8 + 4) + 4 * b + 1024 * 2 * 513 * 4 + m * 2 * (128 + 4)
+        want = {"attention_workspace": arena, "prefetch_ring": 4 * 2849 * 368, "exchange_recv": flags + 2 * region, "exchange_send": 2 * 2 * region,
                 "exchange_index": 8 * 512, "group_plan": plan,  # exchange_index: the start-up proof's unpack
                 "replica_store": store}
         assert eng["held"] == want  # measured from the runtime's tensors
         # the step's transient buffers are reserved, not held between steps; the sharded merge's only
         # where indexer_scoring may pick sharded (auto without a node profile: never)
-        transient = ("attention_out", "stashed_records", "indexer_workspace", "indexer_merge")
+        transient = ("stashed_records", "indexer_workspace", "indexer_merge")
         assert {k: v for k, v in eng["reserved"].items() if k not in transient} == want
         reserved = sum(eng["reserved"].values())
         assert budget - reserved - 2**20 < eng["kv_bytes"] <= budget - reserved  # within a block of what is left

@@ -117,20 +117,22 @@ def profile_from_args(args: argparse.Namespace) -> CapacityProfile:
 def reservations(args: argparse.Namespace) -> dict[str, int]:
     """{buffer: bytes per rank} that patched vLLM reserves out of the KV budget for this plan (the
     engine's own rules, ``sparkinfer.vllm.reservations``; the profile's sparkinfer settings, the
-    defaults without one); {} where the selected path cannot run (DCP1, stock, a sharded indexer)."""
+    defaults without one): the attention arena always (a record format), the selected path's buffers
+    where it can run (not at DCP1, in stock mode or with a sharded indexer)."""
     from sparkinfer.cli import serve
 
     prof = profile_from_args(args)
-    if prof.indexer != "replicated":
-        return {}  # the selected path needs every rank's top-k
     data = getattr(args, "profile_data", None) or {"vllm": {}, "sparkinfer": {}}
+    if prof.indexer != "replicated":  # vLLM's own sharded indexer: stock DCP, no selected path
+        data = {**data, "sparkinfer": {**data["sparkinfer"], "mode": "stock"}}
     vllm = {**data["vllm"], "tensor_parallel_size": prof.tp, "decode_context_parallel_size": prof.dcp,
             "kv_cache_dtype": layout(prof.record_format).name, "max_num_seqs": args.max_num_seqs}
     vllm.pop("speculative_config", None)
     if prof.mtp:
         vllm["speculative_config"] = {"method": "mtp", "num_speculative_tokens": prof.mtp}
     geo = prof.geometry
-    hf = {"num_hidden_layers": geo.num_layers, "num_attention_heads": geo.num_heads, "index_topk": geo.topk}
+    hf = {"num_hidden_layers": geo.num_layers, "num_attention_heads": geo.num_heads, "index_topk": geo.topk,
+          "index_n_heads": geo.index_heads, "index_head_dim": geo.index_dim}
     return serve.reservations({**data, "vllm": vllm}, hf, prof.kv_bytes)[0]
 
 

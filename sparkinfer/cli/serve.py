@@ -438,19 +438,21 @@ def engine_config(data: dict, cfg: dict) -> SimpleNamespace:
         scheduler_config=SimpleNamespace(max_num_seqs=v.get("max_num_seqs"),
                                          max_num_batched_tokens=v.get("max_num_batched_tokens") or SERVE_BATCHED_TOKENS),
         speculative_config=SimpleNamespace(num_speculative_tokens=k) if k else None,
-        model_config=SimpleNamespace(max_model_len=v.get("max_model_len") or 0, hf_config=SimpleNamespace(**cfg)))
+        model_config=SimpleNamespace(max_model_len=v.get("max_model_len") or 0, hf_config=SimpleNamespace(**cfg),
+                                     dtype=v.get("dtype") or cfg.get("torch_dtype") or "bfloat16"))
 
 
 def reservations(data: dict, cfg: dict, kv_bytes: int) -> tuple[dict[str, int], str]:
     """({buffer: bytes per GPU}, the replica store's line) that patched vLLM reserves out of
     ``kv_bytes`` of KV memory per GPU, by its own rules (``sparkinfer.vllm.reservations``, patch
-    0008): the selected path's buffers, then the replica store (``replica_budget``)."""
+    0008): the attention arena, the selected path's buffers, then the replica store (``replica_budget``)."""
     from sparkinfer.vllm import replica_budget as rb
     from sparkinfer.vllm import reservations as rs
 
     vcfg = engine_config(data, cfg)
     if not rb.selected_path_possible(vcfg):
-        return {}, "replica store: none (replica_window 0, or no selected path: DCP1, stock mode or a stock format)"
+        return rs.reservations(vcfg, kv_bytes), ("replica store: none (replica_window 0, or no selected path: DCP1, "
+                                                 "stock mode or a stock format)")
     if vcfg.scheduler_config.max_num_seqs is None:
         raise ProfileError("vllm.max_num_seqs", "the selected path's buffers and the replica store are sized by it; "
                                                 "set it (or sparkinfer.mode = stock)")

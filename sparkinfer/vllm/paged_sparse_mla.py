@@ -205,11 +205,12 @@ def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
 
 
 def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor,
-                    dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None):
+                    dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None, out=None):
     """(rows of ``kv_cache``, int [M, K] row of each top-k position in them, -1 where unused or remote):
     what the attention kernels read (``topk_to_slots`` then ``row_view``; the pages copied out by
     ``compact_pages`` when the cache has no row view). The forward's form (``checks``) on a GPU is
-    one kernel (``triton_paging.topk_rows``) from the top-k straight to rows.
+    one kernel (``triton_paging.topk_rows``) from the top-k straight to rows, into ``out`` (int64
+    [M, K]) when given.
 
     The strided pages are read in place: copying the pages a top-k touches moves up to the whole
     shard per layer, many times the k records attention reads. int64 rows: the view spans the cache.
@@ -221,10 +222,8 @@ def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch
     if checks is not None and strides is not None and kernel_backend(kv_cache.device) == "triton":
         from sparkinfer.vllm import triton_paging
 
-        from sparkinfer.vllm.layer_buffers import topk_rows_buffer
-
         rows = triton_paging.topk_rows(topk, token_req, block_table, bs, *strides, checks.word("topk_position"),
-                                       dcp_rank, dcp_world, interleave, out=topk_rows_buffer(*topk.shape, topk.device))
+                                       dcp_rank, dcp_world, interleave, out=out)
         return row_view(kv_cache, None)[0], rows
     slots = topk_to_slots(topk, token_req, block_table, bs, dcp_rank, dcp_world, interleave, checks=checks)
     if strides is not None:
@@ -243,7 +242,8 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     see ``sparkinfer.attention.sparse_mla_decode`` for the attention and LSE definitions. The kernel
     is ``sparkinfer.vllm.impls.kernel_backend``'s: Triton on a GPU or when forced, else torch.
     ``checks``: the forward's form, without host reads (``topk_to_slots``) and, on the Triton path,
-    into the shape's shared buffers (``layer_buffers``: consumed before the next call).
+    in blocks of rows into views of the attention arena (``layer_buffers``: consumed before the next
+    call).
     """
     from sparkinfer.attention import sparse_mla_decode
     from sparkinfer.formats import get_format
@@ -254,14 +254,19 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     if kv_cache.dim() != 3 or kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != fmt.record_bytes:
         raise ValueError(f"kv_cache must be uint8 [num_blocks, block_size, {fmt.record_bytes}] for {fmt.name}, "
                          f"got {kv_cache.dtype} {tuple(kv_cache.shape)}")
-    records, rows = topk_cache_rows(kv_cache, topk, token_req, block_table, dcp_rank, dcp_world, interleave,
-                                    checks=checks)
+    dcp = (dcp_rank, dcp_world, interleave)
     backend = kernel_backend(kv_cache.device)
-    workspace = out = lse = None
-    if checks is not None and backend == "triton":  # the forward's form: the shape's shared buffers
-        from sparkinfer.vllm.layer_buffers import decode_buffers
+    if checks is not None and backend == "triton" and row_strides(kv_cache) is not None:
+        # the forward's form: block by block, every buffer a view of the attention arena
+        from sparkinfer.vllm.layer_buffers import attend_in_blocks
 
-        workspace, out, lse = decode_buffers(*q_nope.shape[:2], rows.shape[1], q_nope.device, q_nope.dtype)
+        def attend_block(a, b, out, lse, block):
+            records, rows = topk_cache_rows(kv_cache, topk[a:b], token_req[a:b], block_table, *dcp, checks=checks,
+                                            out=block.topk_rows)
+            sparse_mla_decode(q_nope[a:b], q_rope[a:b], records, fmt, rows, scale, backend=backend,
+                              check_indices=False, out=out, lse=lse, workspace=block.workspace)
+
+        return attend_in_blocks(q_nope, topk.shape[1], attend_block)
+    records, rows = topk_cache_rows(kv_cache, topk, token_req, block_table, *dcp, checks=checks)
     return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=backend,
-                             check_indices=checks is None, out=out, lse=lse, workspace=workspace)
-
+                             check_indices=checks is None)

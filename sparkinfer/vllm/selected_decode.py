@@ -237,14 +237,18 @@ class SelectedDecode:
         copy_rows(rows, new_records, patch["new_rows"], own)
         if patch["kept"] is not None:
             copy_rows(rows, self._replicas.store[layer], patch["store_rows"], patch["kept"])
-        workspace = out = lse = None
-        if self.backend == "triton" and self.checks is not None:  # the forward's form: the shape's shared
-            # buffers, consumed by the layer before the next call (``layer_buffers``)
-            from sparkinfer.vllm.layer_buffers import decode_buffers
+        if self.backend == "triton" and self.checks is not None:  # the forward's form: block by block into
+            # views of the attention arena, consumed by the layer before the next call (``layer_buffers``)
+            from sparkinfer.vllm.layer_buffers import attend_in_blocks
 
-            workspace, out, lse = decode_buffers(*q_nope.shape[:2], slots.shape[1], q_nope.device, q_nope.dtype)
-        out, lse = sparse_mla_decode(q_nope, q_rope, ws, self.fmt, slots, self.scale, backend=self.backend,
-                                     check_indices=self.checks is None, out=out, lse=lse, workspace=workspace)
+            def attend_block(a, b, out, lse, block):
+                sparse_mla_decode(q_nope[a:b], q_rope[a:b], ws, self.fmt, slots[a:b], self.scale, backend=self.backend,
+                                  check_indices=False, out=out, lse=lse, workspace=block.workspace)
+
+            out, lse = attend_in_blocks(q_nope, slots.shape[1], attend_block)
+        else:
+            out, lse = sparse_mla_decode(q_nope, q_rope, ws, self.fmt, slots, self.scale, backend=self.backend,
+                                         check_indices=self.checks is None)
         self.ring.release(layer)
         group["left"] -= 1
         if group["left"] == 0 and group["chunks"]:  # the ring is free again: the group's next layers

@@ -385,17 +385,20 @@ def replica_memory(worker=None) -> dict:
 
 def engine_memory(worker=None) -> dict:
     """This worker's KV cache bytes, the buffers patch 0008 reserved for it (``reserved``: name ->
-    bytes, from ``reservations.sizing``; the replica store as allocated) and what the runtime
-    actually holds (``held``: measured from its tensors), for ``LLM.collective_rpc(engine_memory)``;
-    empty without a runtime."""
+    bytes, from ``reservations``; the replica store as allocated) and what the worker actually
+    holds (``held``: measured from its tensors, the attention arena's included), for
+    ``LLM.collective_rpc(engine_memory)``; empty without a runtime."""
     rt = SelectedRuntime.current()
     if rt is None or rt.decoder is None:
         return {}
+    from sparkinfer.vllm import layer_buffers
+
     store = sum(t.numel() for t in rt._replica_store or [])
     exchange = rt.decoder.ring.exchange
-    held = {"prefetch_ring": rt.decoder.ring.buf.numel(), **exchange.fabric.held_bytes(),
+    held = {"attention_workspace": layer_buffers.held_bytes(rt.decoder.ring.buf.device),
+            "prefetch_ring": rt.decoder.ring.buf.numel(), **exchange.fabric.held_bytes(),
             "exchange_index": exchange.index_bytes(), "group_plan": rt.decoder.plan.nbytes}
-    reserved = rt.sizing.buffers()
+    reserved = {"attention_workspace": reservations.attention_workspace(rt.vllm_config).nbytes, **rt.sizing.buffers()}
     if store:
         held["replica_store"] = reserved["replica_store"] = store
     return {"kv_bytes": rt._kv_bytes(), "reserved": reserved, "held": held}

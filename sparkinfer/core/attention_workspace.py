@@ -1,0 +1,112 @@
+"""The attention arena's layout: every buffer a layer's sparse-MLA attention (and the sparkinfer
+indexer's q quantization) writes and consumes inside the layer, in one device allocation (torch-free).
+
+Why an arena made at engine start: vLLM measures the memory a forward takes in its profile run,
+and there the attention returns before any kernel (no metadata). Whatever the attention allocates
+inside a forward is in no memory vLLM measured; sized by the step's rows, at GLM-5.2's main profile
+(8,192 tokens x 64 heads, k 2,048) one prefill chunk's output and scratch came to ~1.7 GiB per rank
+on top of the KV cache. So the bytes are laid out here, reserved out of the KV budget
+(``sparkinfer.vllm.reservations``: ``attention_workspace``), allocated once by the worker at
+engine start (``sparkinfer.vllm.layer_buffers.reserve``) and handed out as views.
+
+The output and LSE cover a step's rows; the decode kernel's scratch covers one block of
+``BLOCK_ROWS`` rows (the forward attends a larger step block by block), which is what keeps the
+scratch independent of the chunk size. Segments, each from a 256-byte boundary (M = ``rows``,
+H = ``heads``, K = ``topk``, B = ``BLOCK_ROWS``, N = ``rows x index_heads``):
+
+==============  ========================================================================
+out             [M, H, 512], bf16 for a bf16 model (the merge kernel rounds into it), else fp32
+lse             float32 [M, H]
+topk_rows       int64 [B, K]: a block's cache rows of its top-k (``triton_paging.topk_rows``)
+indices         int32 [B, K]: the decode kernel's compacted indices
+counts          int32 [B]
+partial_out     float32 [S x m <= BLOCK_ROWS, H, 512]: the S splits' partial outputs of an m-row
+                block (a small block takes more splits, at most BLOCK_ROWS // m: ``layer_buffers``)
+partial_lse     float32 [S x m <= BLOCK_ROWS, H]
+indexer_q       float8 [N, index_dim]: the indexer's quantized q (vLLM quantizes it per head row)
+indexer_scales  float32 [N, index_dim / index_group]
+==============  ========================================================================
+
+Heads: stock DCP replicates the queries over the DCP group (vLLM all-gathers them), so a rank
+attends ``heads per TP rank x DCP`` heads; the selected path attends its own, fewer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BLOCK_ROWS = 1024  # rows one decode launch takes: the scratch is sized by it, not by the step
+ALIGN = 256
+LATENT_DIM = 512
+
+
+def _up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class AttentionWorkspace:
+    rows: int  # the most query rows one layer attends in a step
+    heads: int  # query heads a rank attends (stock DCP: heads per TP rank x DCP)
+    topk: int
+    out_bytes: int  # 2: a bf16 model's output; 4: fp32
+    index_heads: int = 0  # the sparkinfer indexer's q rows per token (0: vLLM's own indexer serves)
+    index_dim: int = 128
+    index_group: int = 128  # the quantization group of the indexer's q (vLLM's is its head dim)
+
+    def __post_init__(self):
+        for name in ("rows", "heads", "topk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AttentionWorkspace.{name} must be >= 1, got {getattr(self, name)}")
+        if self.out_bytes not in (2, 4):
+            raise ValueError(f"AttentionWorkspace.out_bytes must be 2 (bf16) or 4 (fp32), got {self.out_bytes}")
+        if self.index_heads and self.index_dim % self.index_group:
+            raise ValueError(f"index_dim {self.index_dim} is not a multiple of index_group {self.index_group}")
+
+    @property
+    def block_rows(self) -> int:
+        return min(BLOCK_ROWS, self.rows)
+
+    def segments(self) -> dict[str, int]:
+        """Bytes of every segment, in arena order (the table above)."""
+        m, h, k, b = self.rows, self.heads, self.topk, self.block_rows
+        n = m * self.index_heads
+        return {"out": m * h * LATENT_DIM * self.out_bytes, "lse": 4 * m * h, "topk_rows": 8 * b * k,
+                "indices": 4 * b * k, "counts": 4 * b, "partial_out": 4 * BLOCK_ROWS * h * LATENT_DIM,
+                "partial_lse": 4 * BLOCK_ROWS * h, "indexer_q": n * self.index_dim,
+                "indexer_scales": 4 * n * (self.index_dim // self.index_group)}
+
+    @property
+    def nbytes(self) -> int:
+        return arena_bytes(self.segments())
+
+
+def call_plan(m: int, h: int, k: int, out_bytes: int, splits_for) -> tuple[dict[str, int], list[tuple[int, int, int]]]:
+    """({segment: bytes} one attention call of M rows, H heads and K indices needs, [(a, b, S)]: its
+    blocks of at most ``BLOCK_ROWS`` rows [a, b) and their splits). ``splits_for(n)`` is the decode
+    kernel's choice for n rows (one wave of the GPU); a block of n rows takes at most
+    ``BLOCK_ROWS // n``, so its partials fit the layout's. Partials are written for S > 1, and for
+    a bf16 output always (the merge kernel rounds it)."""
+    blocks = []
+    for a in range(0, m, BLOCK_ROWS):
+        n = min(m, a + BLOCK_ROWS) - a
+        blocks.append((a, a + n, max(1, min(splits_for(n), BLOCK_ROWS // n))))
+    rows = max((b - a for a, b, _ in blocks), default=0)
+    partial = max(((b - a) * s for a, b, s in blocks if s > 1 or out_bytes == 2), default=0)
+    return ({"out": m * h * LATENT_DIM * out_bytes, "lse": 4 * m * h, "topk_rows": 8 * rows * k,
+             "indices": 4 * rows * k, "counts": 4 * rows, "partial_out": 4 * partial * h * LATENT_DIM,
+             "partial_lse": 4 * partial * h}, blocks)
+
+
+def offsets(segments: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """{segment: (byte offset, bytes)} of an arena holding ``segments`` in order, every offset a
+    multiple of ``ALIGN``."""
+    at, out = 0, {}
+    for name, size in segments.items():
+        out[name] = (at, size)
+        at += _up(size)
+    return out
+
+
+def arena_bytes(segments: dict[str, int]) -> int:
+    return sum(_up(size) for size in segments.values())

@@ -1,0 +1,56 @@
+"""The attention arena's layout (sparkinfer/core/attention_workspace.py): every call the engine can make
+fits what engine start reserved, whatever the GPU's SM count, and the segments do not overlap."""
+
+import pytest
+
+from sparkinfer.attention.triton_decode import MAX_SPLITS, num_splits_for
+from sparkinfer.core.attention_workspace import ALIGN, BLOCK_ROWS, AttentionWorkspace, call_plan, offsets
+
+
+@pytest.mark.parametrize("rows, heads, topk, out_bytes", [(64, 64, 2048, 2), (1000, 16, 2048, 2), (8192, 64, 2048, 2),
+                                                          (2500, 4, 256, 4), (1, 1, 16, 4)])
+def test_every_call_within_the_engine_limits_fits_the_layout(rows, heads, topk, out_bytes):
+    """A call of m <= rows rows, h <= heads heads and the layout's top-k (the selected path attends
+    fewer heads than stock DCP's gathered ones) needs no segment larger than the layout's, with the
+    decode kernel's splits of an RTX PRO 6000 (188 SMs), an H200 (132) or the CPU (1); its blocks
+    cover [0, m) in order, none over BLOCK_ROWS, and a block's partials never exceed BLOCK_ROWS rows."""
+    layout = AttentionWorkspace(rows, heads, topk, out_bytes)
+    have = layout.segments()
+    ms = sorted(m for m in {*range(1, 301), *range(1, rows + 1, 97), rows, BLOCK_ROWS + 1, 2 * BLOCK_ROWS - 1}
+                if m <= rows)
+    for sms in (188, 132, None):
+        for h in {heads, max(1, heads // 4)}:
+            split = (lambda n: 1) if sms is None else (lambda n: num_splits_for(n, h, topk, sms))
+            for m in ms:
+                need, blocks = call_plan(m, h, topk, out_bytes, split)
+                over = {k: (v, have[k]) for k, v in need.items() if v > have[k]}
+                assert not over, (sms, h, m, over)
+                assert [a for a, _, _ in blocks] == list(range(0, m, BLOCK_ROWS)) and blocks[-1][1] == m
+                assert all(b - a <= BLOCK_ROWS and 1 <= s <= MAX_SPLITS and (b - a) * s <= max(BLOCK_ROWS, b - a)
+                           for a, b, s in blocks)
+
+
+def test_a_bf16_output_always_has_partials_and_small_blocks_take_more_splits():
+    need, blocks = call_plan(1, 64, 2048, 2, lambda n: num_splits_for(n, 64, 2048, 188))
+    assert blocks == [(0, 1, 8)]  # 188 SMs over 4 head blocks: 47 wanted, 2048 // 256 = 8 at most
+    assert need["partial_out"] == 4 * 8 * 64 * 512
+    need, _ = call_plan(2048, 64, 2048, 2, lambda n: 1)
+    assert need["partial_out"] == 4 * BLOCK_ROWS * 64 * 512  # one split still goes through the merge (bf16)
+    assert call_plan(2048, 64, 2048, 4, lambda n: 1)[0]["partial_out"] == 0  # fp32: the kernel writes the output
+
+
+def test_segments_are_aligned_and_disjoint():
+    layout = AttentionWorkspace(8192, 64, 2048, 2, index_heads=32, index_dim=128, index_group=128)
+    at = offsets(layout.segments())
+    spans = sorted(at.values())
+    assert all(o % ALIGN == 0 for o, _ in spans)
+    assert all(o1 + n1 <= o2 for (o1, n1), (o2, _) in zip(spans, spans[1:]))
+    assert layout.nbytes >= spans[-1][0] + spans[-1][1] and layout.nbytes - sum(layout.segments().values()) < 9 * ALIGN
+    assert layout.segments()["indexer_q"] == 8192 * 32 * 128 and layout.segments()["indexer_scales"] == 4 * 8192 * 32
+
+
+@pytest.mark.parametrize("bad", [dict(rows=0), dict(out_bytes=3), dict(index_heads=2, index_dim=100)])
+def test_bad_layouts_say_which_field(bad):
+    kw = {**dict(rows=8, heads=4, topk=16, out_bytes=4), **bad}
+    with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
+        AttentionWorkspace(**kw)
