@@ -116,7 +116,7 @@ def test_cli_prints_spec_figures(capsys):
     want = capacity_plan(profile())
     for s in ("7,268", "2,904", "10,172", f"{want.kv_tokens:,}"):
         assert s in out
-    cli_main(["plan", "--format", "656", "--indexer", "sharded", "--kv-bytes", "123456789"])
+    cli_main(["plan", "--format", "656", "--indexer", "sharded", "--kv-bytes", "1234567890"])
     out = capsys.readouterr().out
     assert "12,956" in out and "726" in out
 

@@ -52,9 +52,9 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     # the top-k workspace of the engine's 512-row blocks, k 2048, a pass of 64 MiB / (8 B x 512 rows) =
     # 16,384 positions: the work buffer, top + topk's indices (fewer rows take wider passes in no more bytes)
     assert res["indexer_workspace"] == 8 * 512 * (2048 + 16384) + 2 * 8 * 512 * 2048
-    # the sharded merge of a decode step's 16 x 4 rows, k 2048 int64 keys: this rank's, the 4 ranks'
-    # gathered and side by side, topk's values and indices
-    assert res["indexer_merge"] == 8 * 64 * 2048 * (1 + 4 + 4 + 2)
+    # the sharded merge of 512 rows (a decode step's 16 x 4, or a 512-row block of a prefill chunk), k 2048
+    # int64 keys: this rank's, the 4 ranks' gathered and side by side, topk's values and indices
+    assert res["indexer_merge"] == 8 * 512 * 2048 * (1 + 4 + 4 + 2)
     # a Full layer's group plan over e = 131,072 entries: union, remap, slots, new / store rows int32, own
     # and kept bool, the union kernel's scratch (a 16,384-slot table, two columns) per request, counts,
     # sends [16, 4], the planes (req / local / slot per source) and their counts

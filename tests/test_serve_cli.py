@@ -159,8 +159,9 @@ def _buffers(record: int, dcp: int, mtp: bool) -> int:
     n = rows * 2048
     table = 1 << (2 * n - 1).bit_length()
     plan = 4 * (5 * cap + 16 * (2 * table + 2 * n) + 16 + 16 * dcp + 3 * dcp * cap + dcp * dcp) + 2 * cap
-    # the sharded indexer's merge of 16 x R rows of k 2048 int64 keys: own, gathered, side by side, topk's two
-    merge = 8 * 16 * rows * 2048 * (1 + 2 * dcp + 2)
+    # the sharded indexer's merge of 512 rows (a prefill chunk's block; a decode step's 16 x R are fewer) of k
+    # 2048 int64 keys: own, gathered, side by side, topk's two
+    merge = 8 * 512 * 2048 * (1 + 2 * dcp + 2)
     return _arena(dcp) + ring + recv + send + 8 * cap + stash + indexer + merge + plan
 
 

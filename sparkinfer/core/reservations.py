@@ -29,10 +29,11 @@ indexer_workspace      the replicated indexer's top-k workspace (``indexer.tiled
                        every block of a step in it: blocks of up to ``min(step rows, INDEXER_ROWS)``
                        rows, passes of ``ENGINE_TILE_BYTES`` (``core.indexer_tiles``:
                        ``8 M (k + tile) + 16 M k`` at its largest M, context ``max_model_len``)
-indexer_merge          the sharded indexer's merge buffers (``indexer.sharded.MergeBuffers``) for a
-                       decode step's ``max_num_seqs x R`` rows: int64 keys ``[M, k]`` x 3 and
-                       ``[M, dcp x k]`` x 2 (``core.indexer_tiles.merge_bytes``); held wherever
-                       ``indexer_scoring`` may pick sharded, reserved at every DCP > 1
+indexer_merge          the sharded indexer's merge buffers (``indexer.sharded.MergeBuffers``) for
+                       ``M = max(max_num_seqs x R, INDEXER_ROWS)`` rows (a decode step, or one block
+                       of a larger step, which is scored and merged block by block): int64 keys
+                       ``[M, k]`` x 3 and ``[M, dcp x k]`` x 2 (``core.indexer_tiles.merge_bytes``);
+                       held wherever ``indexer_scoring`` may pick sharded, reserved at every DCP > 1
 group_plan             a Full layer's plan of its group (``sparkinfer.vllm.group_plan``), ``E = max_batch x
                        R x K`` entries: union, remap and workspace slots int32 ``[E]``, the union
                        kernel's scratch int32 ``[max_batch x union_scratch_ints(R x K)]``, counts
@@ -53,7 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkinfer.comm.slab import SlabLayout
-from sparkinfer.core.indexer_tiles import engine_workspace_bytes, merge_bytes
+from sparkinfer.core.indexer_tiles import INDEXER_ROWS, engine_workspace_bytes, merge_bytes
 
 SLAB_DEPTH = 2  # exchanges in flight in the slabs (a group's exchange and the next one)
 SEND_SHARE = 16  # device sizing: the send slab (gathered steps only) holds capacity / SEND_SHARE per pair
@@ -116,7 +117,8 @@ class SelectedSizing:
             "exchange_index": 2 * 4 * slab.capacity,
             "stashed_records": self.step_rows * self.record_bytes,
             "indexer_workspace": engine_workspace_bytes(self.step_rows, self.topk, self.max_model_len),
-            "indexer_merge": merge_bytes(self.dcp, self.max_num_seqs * self.rows, self.topk) if self.dcp > 1 else 0,
+            "indexer_merge": (merge_bytes(self.dcp, max(self.max_num_seqs * self.rows, INDEXER_ROWS), self.topk)
+                              if self.dcp > 1 else 0),
             "group_plan": self.group_plan_bytes(),
         }
 

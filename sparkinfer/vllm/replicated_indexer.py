@@ -150,36 +150,41 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
             if ids is not out:
                 out.copy_(ids)
         return topk_indices_buffer
-    views = (md.merge or MergeBuffers(sharded.layout.world_size, n, index_topk, dev)).take(n)
-    shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend, views.mine)
-    out = topk_indices_buffer[:n, :index_topk]
-    merged = all_gather_merge(views, sharded.all_gather_into, out if out.dtype == torch.int32 else None)
-    if merged is not out:
-        out.copy_(merged)
+    # blocks of rows, each scored, gathered and merged in the engine's merge buffers: a prefill chunk
+    # needs no more than a decode step (one all-gather per block, the same on every rank)
+    merge = md.merge or MergeBuffers(sharded.layout.world_size, min(n, INDEXER_ROWS), index_topk, dev)
+    for b0 in range(0, n, merge.rows):
+        b = slice(b0, min(n, b0 + merge.rows))
+        views = merge.take(b.stop - b0)
+        shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend, views.mine, b)
+        out = topk_indices_buffer[b, :index_topk]
+        merged = all_gather_merge(views, sharded.all_gather_into, out if out.dtype == torch.int32 else None)
+        if merged is not out:
+            out.copy_(merged)
     return topk_indices_buffer
 
 
 def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: torch.Tensor,
                           weights: torch.Tensor, index_topk: int, sharded: ShardedScoring, backend: str,
-                          keys: torch.Tensor) -> torch.Tensor:
-    """This rank's candidates for every row of the step, over the positions it owns, written into
-    ``keys`` int64 [T, k] and returned: the selected keys (``indexer.topk.pack_keys``: score and
-    position), INT64_MIN past a row's owned causal prefix. One batched top-k per block of rows over
-    the step's lists of owned positions (``_step_rows``), k the model's on every rank (the
-    all-gather's shape), no host read given the forward's ``md.checks``."""
+                          keys: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+    """This rank's candidates for the step's ``rows`` (all of them by default), over the positions it
+    owns, written into ``keys`` int64 [len(rows), k] and returned: the selected keys
+    (``indexer.topk.pack_keys``: score and position), INT64_MIN past a row's owned causal prefix. One
+    batched top-k per block of rows over the step's lists of owned positions (``_step_rows``), k the
+    model's on every rank (the all-gather's shape), no host read given the forward's ``md.checks``."""
     from sparkinfer.indexer import indexer_topk_rows
 
-    n = md.num_actual_tokens
+    rows = slice(0, md.num_actual_tokens) if rows is None else rows
     records, lists = _step_rows(kv_cache, md, sharded)
-    pos = md.positions[:n].to(kv_cache.device)
+    pos = md.positions[:md.num_actual_tokens].to(kv_cache.device)
     # every block runs, also where this rank owns no position (max_len 0: all padding)
-    for b0 in range(0, n, INDEXER_ROWS):  # blocks of rows: the reserved workspace
-        b = slice(b0, min(n, b0 + INDEXER_ROWS))
+    for b0 in range(rows.start, rows.stop, INDEXER_ROWS):  # blocks of rows: the reserved workspace
+        b = slice(b0, min(rows.stop, b0 + INDEXER_ROWS))
         indexer_topk_rows(q_fp8[b], weights[b].float(), records, pos[b], index_topk,
                           row_start=lists.row_start[b], row_len=lists.row_len[b], max_len=lists.max_len,
                           token_slots=lists.token_slots, token_ids=lists.token_ids, backend=backend,
                           check_values=md.checks is None, tile_bytes=ENGINE_TILE_BYTES, workspace=md.workspace,
-                          out=keys[b], as_keys=True)
+                          out=keys[b0 - rows.start:b.stop - rows.start], as_keys=True)
     return keys
 
 
@@ -279,12 +284,12 @@ _merges: dict = {}  # device -> the process's MergeBuffers (its builders share o
 
 def _engine_merge(vllm_config, device):
     """The sharded merge's buffers for every decode step of this engine (``max_num_seqs`` requests of
-    1 + drafts rows, the model's top-k over the DCP group), made at engine start; larger steps
-    (prefill chunks) get their own (``MergeBuffers.take``). The bytes are ``core.reservations``'
-    ``indexer_merge``."""
+    1 + drafts rows, the model's top-k over the DCP group) and for each ``INDEXER_ROWS`` block of a
+    larger step (a prefill chunk is merged block by block), made at engine start. The bytes are
+    ``core.reservations``' ``indexer_merge``."""
     from sparkinfer.indexer import MergeBuffers
 
-    rows = vllm_config.scheduler_config.max_num_seqs * (1 + _drafts(vllm_config))
+    rows = max(vllm_config.scheduler_config.max_num_seqs * (1 + _drafts(vllm_config)), INDEXER_ROWS)
     world, k = vllm_config.parallel_config.decode_context_parallel_size, vllm_config.model_config.hf_config.index_topk
     key = str(torch.device(device))
     held = _merges.get(key)
