@@ -206,6 +206,19 @@ def test_choose_indexer_picks_the_cheaper_predicted_step(rtx, batch, rows):
     assert cm.choose_indexer(rtx, 1e12, 1, 1) == "replicated"  # DCP 1: nothing to shard
 
 
+def test_a_step_of_more_rows_than_a_merge_block_pays_an_all_gather_per_block(rtx):
+    """The engine merges sharded candidates in blocks of INDEXER_ROWS rows (its reserved buffers):
+    8,192 rows pay 16 all-gathers' fixed cost for the same bytes; a decode step's rows pay one."""
+    from sparkinfer.core import accounting as acc
+    from sparkinfer.core.indexer_tiles import INDEXER_ROWS
+
+    for rows, blocks in ((64, 1), (INDEXER_ROWS, 1), (INDEXER_ROWS + 1, 2), (8192, 16)):
+        one_gather = cm.merge_us(acc.sharded_topk_merge(rows, 2048, 4), rtx)
+        saved = rows * 100_000 * 0.75 * rtx.index_ns_per_token * 1e-3
+        assert cm.scoring_saving_us(rtx, rows * 100_000, rows, 4) == pytest.approx(
+            saved - one_gather - (blocks - 1) * rtx.collective_us)
+
+
 def test_published_residuals_within_5pct(rtx):
     """The shipped RTX profile reproduces every published run within 5% (doc table)."""
     rows = cm.residual_table(rtx)

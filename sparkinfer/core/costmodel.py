@@ -69,6 +69,7 @@ from dataclasses import asdict, dataclass, fields
 
 from sparkinfer.core import accounting as acc
 from sparkinfer.core.geometry import GLM52, ModelGeometry
+from sparkinfer.core.indexer_tiles import INDEXER_ROWS
 from sparkinfer.core.layouts import layout as record_layout
 from sparkinfer.core.replicas import write_hbm_bytes
 
@@ -362,12 +363,15 @@ def scoring_saving_us(p: NodeProfile, rows_context: float, rows_total: int, dcp:
 
     rows_context  sum over the step's query rows of the tokens each row scores (its causal prefix)
     rows_total    query rows of the step (the candidate all-gather carries k per row)
-    Scoring a ``1/dcp`` share saves ``(1 - 1/dcp)`` of the scoring time and costs one all-gather.
+    Scoring a ``1/dcp`` share saves ``(1 - 1/dcp)`` of the scoring time and costs the candidates'
+    all-gather: one per ``INDEXER_ROWS`` rows (the engine merges a larger step block by block in
+    its reserved buffers, ``replicated_indexer.run_indexer``), the bytes the same.
     """
     if dcp == 1 or rows_total == 0:
         return 0.0
     saved = rows_context * (1.0 - 1.0 / dcp) * p.index_ns_per_token * 1e-3
-    return saved - merge_us(acc.sharded_topk_merge(rows_total, geom.topk, dcp), p)
+    blocks = -(-rows_total // INDEXER_ROWS)
+    return saved - merge_us(acc.sharded_topk_merge(rows_total, geom.topk, dcp), p) - (blocks - 1) * p.collective_us
 
 
 def choose_indexer(p: NodeProfile, rows_context: float, rows_total: int, dcp: int,
