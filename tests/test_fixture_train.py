@@ -29,3 +29,19 @@ def test_induction_targets_point_after_the_last_earlier_trigram():
     assert t[6] == 3  # (5, 6, 7) ended at 2: its next token is at 3
     assert t[7] == -1  # (6, 7, 9) is new
     assert t[10] == 4 and w[4] == 5  # (6, 7, 8) ended at 3: the key is 4
+
+
+def test_a_carried_topics_file_is_the_corpus_and_its_hash_tells(tmp_path, monkeypatch):
+    """``SPARKINFER_FIXTURE_TOPICS`` (the GPU run carries CPython 3.11.7's file): this Python's own
+    file gives the same corpus and hash; one changed topic changes the hash, which is what
+    benchmarks/device/train_fixture.sh checks before it trains."""
+    import pydoc_data.topics
+
+    own = data.corpus_sha256()
+    monkeypatch.setenv(data.TOPICS_ENV, pydoc_data.topics.__file__)
+    assert data.corpus_sha256() == own and data.topics() == dict(sorted(pydoc_data.topics.topics.items()))
+    changed = dict(pydoc_data.topics.topics, assert_="changed")
+    path = tmp_path / "topics.py"
+    path.write_text(f"topics = {changed!r}\n")
+    monkeypatch.setenv(data.TOPICS_ENV, str(path))
+    assert data.topics()["assert_"] == "changed" and data.corpus_sha256() != own
