@@ -59,6 +59,38 @@ def test_run_indexer_matches_reference_per_request():
     assert bool((buf[n:] == 99).all())  # rows beyond the step are left alone
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_the_step_rows_plan_makes_the_same_device_ops_for_any_request_count(sharded):
+    """The builder's plan of the indexer's lists (``_step_rows``) is fixed device work, whatever the
+    requests: 2 and 16 decode requests make the same allocations (a per-request loop made ~8 each),
+    and each request's list is its prefix's cache slots (replicated) or the slots of the positions this
+    rank owns (sharded, rank 1 of 2)."""
+    from sparkinfer.core.topology import DcpLayout
+    from sparkinfer.vllm import host_reads
+    from sparkinfer.vllm.indexer_scoring import ShardedScoring
+    from sparkinfer.vllm.replicated_indexer import _step_rows
+
+    bs, layout = 4, DcpLayout(2, 1)
+    share = ShardedScoring(1, layout, None) if sharded else None
+    made = {}
+    for reqs in (2, 16):
+        seq_lens = torch.arange(reqs) % 5 + 3
+        qsl = torch.arange(reqs + 1)
+        token_req, pos = token_layout(qsl, seq_lens, reqs)
+        table = torch.arange(reqs * 2, dtype=torch.int32).flip(0).view(reqs, 2)
+        cache = torch.zeros(reqs * 2, bs, 132, dtype=torch.uint8)
+        md = ReplicatedIndexerMetadata(reqs, reqs, token_req, pos, seq_lens, table, torch.zeros(reqs, dtype=torch.int64))
+        with host_reads.count_allocations() as allocs:
+            _, lists = _step_rows(cache, md, share)
+        made[reqs] = sum(v for k, v in allocs.items() if "|alloc|" in k)
+        for r in range(reqs):
+            owned = [p for p in range(int(seq_lens[r])) if not sharded or layout.owner_and_local(p)[0] == 1]
+            at, n = int(lists.row_start[r]), int(lists.row_len[r])
+            assert lists.token_slots[at:at + n].tolist() == [int(table[r, p // bs]) * bs + p % bs for p in owned]
+            assert lists.token_ids is None if not sharded else lists.token_ids[at:at + n].tolist() == owned
+    assert made[2] == made[16] > 0, made
+
+
 def test_float_cache_attention_matches_float64():
     pytest.importorskip("vllm")
     from sparkinfer.vllm.sparse_mla_backend import float_cache_attention

@@ -210,28 +210,27 @@ def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: S
         block_size, width = kv_cache.shape[1], md.block_table.shape[1]
         qsl, seq_lens = _host_layout(md)
         n = md.num_actual_tokens
-        row_start, row_len = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-        slots, ids, at = [], [], 0
-        for r in range(md.num_reqs):
-            if qsl[r + 1] == qsl[r]:
-                continue
-            length = int(seq_lens[r])
-            if sharded is None:
-                t = torch.arange(length, device=dev)
-            else:
-                t = sharded.owned(length).to(dev)
-                ids.append(t)
-                length = t.numel()
-            row_start[qsl[r]:qsl[r + 1]], row_len[qsl[r]:qsl[r + 1]] = at, length
-            # positions past the table (an upper bound's tail) are masked by the rows' positions
-            blocks = md.block_table[r].to(device=dev, dtype=torch.int64)[(t // block_size).clamp(max=width - 1)]
-            slots.append(blocks * block_size + t % block_size)
-            at += length
-        slots = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64, device=dev)
-        token_ids = None
-        if sharded is not None:
-            token_ids = torch.cat(ids).to(torch.int32) if ids else torch.zeros(0, dtype=torch.int32, device=dev)
-        start, length = step_plan.to_device(dev, row_start, row_len)
+        # on the host: the requests with rows in this step, the keys each scores (its whole prefix, or the
+        # positions this rank owns) and where its list starts; every row of a request scores its list
+        reqs = np.flatnonzero(qsl[1:md.num_reqs + 1] > qsl[:md.num_reqs])
+        lens = seq_lens[reqs] if sharded is None else np.array(
+            [sharded.layout.local_len(int(s), sharded.rank) for s in seq_lens[reqs]], dtype=np.int64)
+        starts = np.cumsum(lens) - lens
+        start_of, len_of = np.zeros(md.num_reqs, np.int64), np.zeros(md.num_reqs, np.int64)
+        start_of[reqs], len_of[reqs] = starts, lens
+        token_req = np.repeat(np.arange(md.num_reqs), qsl[1:md.num_reqs + 1] - qsl[:md.num_reqs])[:n]
+        row_start, row_len = start_of[token_req], len_of[token_req]
+        total = int(lens.sum())
+        # on the device, the same ops whatever the request count: entry e of the lists is index i of
+        # request r's list, position t (i itself, or the i-th position this rank owns)
+        req, first, count, start, length = step_plan.to_device(dev, reqs, starts, lens, row_start, row_len)
+        r = torch.repeat_interleave(req, count, output_size=total)
+        i = torch.arange(total, device=dev) - torch.repeat_interleave(first, count, output_size=total)
+        t = i if sharded is None else sharded.layout.token_of(sharded.rank, i)
+        # positions past the table (an upper bound's tail) are masked by the rows' positions
+        blocks = md.block_table.to(device=dev, dtype=torch.int64)[r, (t // block_size).clamp(max=width - 1)]
+        slots = blocks * block_size + t % block_size
+        token_ids = None if sharded is None else t.to(torch.int32)
         in_place = row_view(kv_cache, slots)
         lists = RowLists(start, length.to(torch.int32), None if in_place is None else in_place[1], token_ids,
                          int(row_len.max(initial=0)))
