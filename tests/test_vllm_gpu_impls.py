@@ -118,9 +118,9 @@ def test_vllm_indexer_custom_op_runs_the_replicated_indexer():
 
 
 def test_indexer_q_quantization_shares_its_buffers_inside_vllms_forward(monkeypatch):
-    """On the GPU path the indexer's q quantization writes into the shape's shared buffers while vLLM
-    runs a forward (its indexer op consumes them in the layer): a repeated call allocates nothing and
-    gives the same bytes as a direct call, which returns tensors of its own."""
+    """On the GPU path the indexer's q quantization writes into the attention arena while vLLM runs a
+    forward (its indexer op consumes it in the layer): a repeated call allocates nothing, writes the
+    same memory and gives the same bytes as a direct call, which returns tensors of its own."""
     pytest.importorskip("vllm")
     from vllm.config import VllmConfig
     from vllm.forward_context import set_forward_context
@@ -137,7 +137,7 @@ def test_indexer_q_quantization_shares_its_buffers_inside_vllms_forward(monkeypa
         with host_reads.count_allocations() as made:
             again = quant_q_fp8(x, 128, use_ue8m0=True)
     assert not made, dict(made)
-    assert again[0] is first[0] and again[1] is first[1]
+    assert again[0].data_ptr() == first[0].data_ptr() and again[1].data_ptr() == first[1].data_ptr()
     assert torch.equal(again[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(again[1], want[1])
 
 
