@@ -352,3 +352,14 @@ def test_cuda_error_words_and_arrival_match_the_host_twin():
     torch.cuda.synchronize()
     assert not ws.any() and F.decode_error(int(perr))["peer"] == 1
     assert P.grid_ctas(10**5, 4) == 8 * torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def test_a_device_and_its_index_share_one_error_word(monkeypatch):
+    """``cuda`` and ``cuda:<current>`` are one device to the per-device caches: the kernels found the
+    error word under the tensors' ``cuda:0`` while ``check_cuda_errors("cuda")`` read another word,
+    so a set flag went unseen and stopped the next test's kernels (the first GPU run)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert native.device_key("cuda") == native.device_key(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    assert native.device_key("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert native.device_key("cuda") == torch.device("cuda", 1) != native.device_key("cuda:0")

@@ -250,8 +250,12 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
     dev = torch.device(device)
     backend = kernel_backend(dev)
     cache, md, q, k, w = (t.to(dev) if isinstance(t, torch.Tensor) else t for t in _indexer_inputs(seed=5))
-    md = ReplicatedIndexerMetadata(md.num_actual_tokens, md.num_reqs, md.token_req, md.positions, md.seq_lens,
-                                   md.block_table.to(dev), md.slot_mapping.to(dev))
+    if dev.type == "cuda":  # .to() made the strided view contiguous: vLLM's layout again, as on the CPU
+        backing = torch.zeros(*cache.shape[:2], 200, dtype=torch.uint8, device=dev)
+        backing[:, :, :132] = cache
+        cache = backing[:, :, :132]
+    md = ReplicatedIndexerMetadata(md.num_actual_tokens, md.num_reqs, md.token_req, md.positions.to(dev),
+                                   md.seq_lens, md.block_table.to(dev), md.slot_mapping.to(dev))  # as the builder's
     want = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
     run_indexer(cache, md, q, k, w, want, 8)  # also writes this step's keys
     layout = DcpLayout(world, interleave)

@@ -156,6 +156,42 @@ def test_device_checks_raise_a_step_later_naming_the_check():
         checks.poll()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_contiguous_cache_write_in_the_forwards_form_allocates_nothing(device):
+    """A contiguous cache (DCP1, or a layer's own tensor) is written in place by the format's encoder:
+    in the forward's form the slot range is flagged through the checks' own scalars, with no read and
+    no temporary (a bool mask per write before; the first GPU run found it). An out-of-range slot
+    is refused by the host encoder; the CUDA one skips it and the check raises a step later."""
+    from sparkinfer.formats import get_format
+    from sparkinfer.vllm.device_checks import DeviceCheckError, DeviceChecks
+
+    g = torch.Generator().manual_seed(4)
+    fmt = get_format("indexer_fp8")
+    cache = torch.zeros(6, 16, 132, dtype=torch.uint8, device=device)
+    want = cache.clone()
+    keys = torch.randn(5, 128, generator=g).to(device)
+    slots = torch.tensor([3, 17, -1, 95, 40], device=device)
+    fmt.write(want, slots, keys)  # the direct call: checked on the host
+    checks = DeviceChecks(device)
+    checks.poll()
+    with host_reads.count_reads() as reads, host_reads.count_allocations() as made:
+        fmt.write(cache, slots, keys, checks=checks)
+    assert not reads and not {k: v for k, v in made.items() if "|alloc|" in k}, (reads, made)
+    assert torch.equal(cache, want)
+    checks.poll()
+    checks.poll()  # nothing flagged
+    bad = torch.tensor([3, 96], device=device)  # 96: one past the cache
+    if device == "cpu":  # the host encoder refuses the call outright
+        with pytest.raises(RuntimeError, match="out of range"):
+            fmt.write(cache, bad, keys[:2], checks=checks)
+        return
+    fmt.write(cache, bad, keys[:2], checks=checks)  # slot 3 rewritten with its own bytes, 96 skipped
+    assert torch.equal(cache, want)
+    checks.poll()
+    with pytest.raises(DeviceCheckError, match="cache_slots"):
+        checks.poll()
+
+
 def test_strided_write_in_place_equals_the_page_copy():
     """``write_cache_records`` into a strided view (scatter_rows: -1 rows rewrite the null block's
     first record with itself) gives exactly the bytes of writing contiguous copies of the pages."""

@@ -50,8 +50,17 @@ def _us(a, b) -> float:
 
 
 def _rank(rank, world, args):
+    import faulthandler
+
     import torch
     import torch.distributed as dist
+
+    # a rank that hangs prints where (every thread's stack) before the caller's deadline
+    faulthandler.dump_traceback_later(args["timeout_s"] - 15, exit=False)
+    t_start = time.perf_counter()
+
+    def say(what):  # progress on stderr: the stage's log shows how far each rank got
+        print(f"[rank {rank} +{time.perf_counter() - t_start:6.1f} s] {what}", file=sys.stderr, flush=True)
 
     from sparkinfer.comm.exchange import SelectedExchange
     from sparkinfer.comm.slab import SlabLayout
@@ -72,7 +81,10 @@ def _rank(rank, world, args):
     cap = B * U  # device sizing: planes cover the whole workspace, one round
     cases = [make_case(world, W, batch=B, seq_len=args["seq_len"], union_len=U, n_layers=J, block_size=64,
                        seed=s, held_frac=0.05) for s in (1, 2, 3, 4)]
-    fabric = Fab(SlabLayout(world, W, capacity=cap, max_layers=J, depth=2), timeout_s=60)
+    say(f"cases made (B {B} x U {U}, {J} layers, {W} B)")
+    # a wait that never sees its flag fails the step (and names the peer) well inside the deadline
+    fabric = Fab(SlabLayout(world, W, capacity=cap, max_layers=J, depth=2), timeout_s=args["wait_s"])
+    say("fabric up")
     layers_list = list(range(J))
     try:
         ex = SelectedExchange(fabric, "device")
@@ -102,12 +114,14 @@ def _rank(rank, world, args):
         eager()
         sync()
         correct = {"eager": check(cases[0])}
+        say(f"eager exchange done, correct {correct['eager']}")
         replay = eager
         if cuda:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 ex.exchange(planes, shard, layers, ws)
             replay = graph.replay
+            say("captured")
         correct["replays"] = []
         for case in cases[1:]:
             load(case)
@@ -115,6 +129,7 @@ def _rank(rank, world, args):
             replay()
             sync()
             correct["replays"].append(check(case))
+            say(f"replay {len(correct['replays'])} correct {correct['replays'][-1]}")
 
         def timed(fn, n):
             dist.barrier()
@@ -145,8 +160,11 @@ def _rank(rank, world, args):
 
         n = args["iters"]
         eager_us = timed(eager, n)
+        say(f"{n} eager exchanges timed: {eager_us:.1f} us each")
         graph_us = timed(replay, n) if cuda else None
+        say(f"{n} replays timed: {graph_us} us each")
         first_us, whole_us = first_layer_split(n)
+        say("first-layer split timed")
         remote = int(planes.count.sum() - planes.count.diagonal().sum())  # records that crossed processes
         recv = int(planes.count[:, rank].sum() - planes.count[rank, rank])
         return {"rank": rank, "correct": correct, "eager_us": round(eager_us, 1),
@@ -168,6 +186,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--host", action="store_true", help="host fabric, eager only (no CUDA needed)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--timeout", type=float, default=100.0,
+                    help="seconds the ranks have in all (run_gpu_checks.sh gives the stage 120)")
+    ap.add_argument("--wait-timeout", type=float, default=15.0, help="the fabric's flag-wait timeout")
     a = ap.parse_args()
     import torch
 
@@ -177,8 +198,8 @@ def main() -> int:
         print("no CUDA device: run with --host for the host-fabric protocol check", file=sys.stderr)
         return 2
     args = {"host": a.host, "batch": a.batch, "union": a.union, "seq_len": a.seq_len, "layers": a.layers,
-            "width": a.width, "iters": a.iters}
-    ranks = run_ranks(_rank, a.world, args, timeout_s=300, pg_timeout_s=120)
+            "width": a.width, "iters": a.iters, "timeout_s": a.timeout, "wait_s": a.wait_timeout}
+    ranks = run_ranks(_rank, a.world, args, timeout_s=a.timeout, pg_timeout_s=a.timeout - 10)
     ok = all(r["correct"]["eager"] and all(r["correct"]["replays"]) for r in ranks)
     graph = [r["graph_us"] for r in ranks if r["graph_us"] is not None]
     out = {"check": "device-sized exchange, CUDA graph capture and replay" if not a.host else

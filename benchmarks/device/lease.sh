@@ -10,6 +10,7 @@
 #
 # Device tool:
 #   run(command="bash benchmarks/device/lease.sh", carry=[".whl-gpu", ".fixture-corpus"], timeout_s=595)
+# (arguments go to run_gpu_checks.sh: a second, shorter call repeats what failed with --only STAGES)
 # .whl-gpu: transformers 5.19.0 (the CPU venv's; the image's 5.17 has another GlmMoeDsa), installed
 # here into /tmp/site; .fixture-corpus: CPython 3.11.7's pydoc topics (train_fixture.sh's header).
 #
@@ -41,7 +42,7 @@ TRAIN_S=${LEASE_TRAIN_S:-220}
 TRAIN_PID=$!
 
 OUT=$WORK/gpu GPU_CHECKS_WAIT_FOR=$WORK/train.done GPU_CHECKS_BUDGET_S=${GPU_CHECKS_BUDGET_S:-530} \
-  bash benchmarks/device/run_gpu_checks.sh
+  bash benchmarks/device/run_gpu_checks.sh "$@"  # e.g. --only tests,graph_exchange
 rc=$?
 
 if kill -0 "$TRAIN_PID" 2>/dev/null; then  # only if the checks ended early: its timeout ends it otherwise

@@ -33,7 +33,8 @@ want=$($PY -c "import json; print(json.load(open('sparkinfer/fixture/model/recip
 got=$($PY -c "from sparkinfer.fixture import data; print(data.corpus_sha256())") || exit 2
 [ "$want" = "$got" ] || { echo "corpus sha256 $got is not the shipped fixture's $want: carry CPython 3.11.7's topics.py"; exit 2; }
 
-recipe=(--init-from sparkinfer/fixture/model --mix copy --supervise-heads --supervise-copy --batch "$BATCH"
+INIT_FROM=${INIT_FROM:-sparkinfer/fixture/model}  # or an earlier lease's model (carried with the corpus)
+recipe=(--init-from "$INIT_FROM" --mix copy --supervise-heads --supervise-copy --batch "$BATCH"
         --lr 2e-3 --device "$DEVICE" --threads 4)
 t0=$(date +%s)
 $PY -m sparkinfer.fixture.train "$WORK/probe" "${recipe[@]}" --dense-steps 30 --sparse-steps 0 \

@@ -59,11 +59,12 @@ __device__ void encode_indexer(const float* key, uint8_t* rec) {
 
 __global__ void encode_kernel(int32_t fmt, const float* __restrict__ latent, const float* __restrict__ rope,
                               int64_t n, const int64_t* __restrict__ slots, uint8_t* __restrict__ cache,
-                              int64_t stride, float outer_scale, int32_t scale_format) {
+                              int64_t num_slots, int64_t stride, float outer_scale, int32_t scale_format) {
   const int64_t i = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
   if (i >= n) return;
   const int64_t slot = slots ? slots[i] : i;
-  if (slot < 0) return;  // whole warp leaves together: shuffles stay converged
+  // -1: skip; past the cache: skip too (the caller's device check flags it; the host twin refuses it)
+  if (slot < 0 || slot >= num_slots) return;  // whole warp leaves together: shuffles stay converged
   uint8_t* rec = cache + slot * stride;
   const float* lat = latent + i * si::latent_dim(fmt);
   const float* rp = rope ? rope + i * si::kRopeDim : nullptr;
@@ -72,7 +73,7 @@ __global__ void encode_kernel(int32_t fmt, const float* __restrict__ latent, con
   else encode_indexer(lat, rec);
 }
 
-__global__ void decode_kernel(int32_t fmt, const uint8_t* __restrict__ cache, int64_t stride,
+__global__ void decode_kernel(int32_t fmt, const uint8_t* __restrict__ cache, int64_t num_slots, int64_t stride,
                               const int64_t* __restrict__ idx, int64_t n, float* __restrict__ latent,
                               float* __restrict__ rope, float outer_scale) {
   const int64_t i = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
@@ -82,7 +83,7 @@ __global__ void decode_kernel(int32_t fmt, const uint8_t* __restrict__ cache, in
   const int64_t slot = idx ? idx[i] : i;
   float* lat = latent + i * ld;
   float* rp = rope ? rope + i * rd : nullptr;
-  if (slot < 0) {
+  if (slot < 0 || slot >= num_slots) {  // past the cache: zeros, as -1 (never a read outside it)
     for (int j = l; j < ld; j += kWarp) lat[j] = 0.0f;
     for (int j = l; rp && j < rd; j += kWarp) rp[j] = 0.0f;
     return;
@@ -110,23 +111,25 @@ int32_t launch_status() { return cudaGetLastError() == cudaSuccess ? SI_OK : SI_
 // Same arguments as the host twin (records_host.cpp), all pointers on the
 // device, plus the stream. Slot ranges are checked by the Python binding.
 extern "C" int32_t si_records_encode_cuda(int32_t fmt, const float* latent, const float* rope, int64_t n,
-                                          const int64_t* slots, uint8_t* cache, int64_t stride,
-                                          float outer_scale, int32_t scale_format, cudaStream_t stream) {
+                                          const int64_t* slots, uint8_t* cache, int64_t num_slots,
+                                          int64_t stride, float outer_scale, int32_t scale_format,
+                                          cudaStream_t stream) {
   if (si::record_bytes(fmt) == 0 || n < 0 || stride < si::record_bytes(fmt)) return SI_ERR_ARG;
   if (n == 0) return SI_OK;
   const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  encode_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(fmt, latent, rope, n, slots, cache, stride,
-                                                                        outer_scale, scale_format);
+  encode_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(fmt, latent, rope, n, slots, cache,
+                                                                        num_slots, stride, outer_scale, scale_format);
   return launch_status();
 }
 
-extern "C" int32_t si_records_decode_cuda(int32_t fmt, const uint8_t* cache, int64_t stride, const int64_t* idx,
+extern "C" int32_t si_records_decode_cuda(int32_t fmt, const uint8_t* cache, int64_t num_slots, int64_t stride,
+                                          const int64_t* idx,
                                           int64_t n, float* latent, float* rope, float outer_scale,
                                           cudaStream_t stream) {
   if (si::record_bytes(fmt) == 0 || n < 0 || stride < si::record_bytes(fmt)) return SI_ERR_ARG;
   if (n == 0) return SI_OK;
   const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  decode_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(fmt, cache, stride, idx, n, latent, rope,
-                                                                        outer_scale);
+  decode_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(fmt, cache, num_slots, stride, idx, n,
+                                                                        latent, rope, outer_scale);
   return launch_status();
 }

@@ -198,6 +198,7 @@ _cuda_err: dict = {}
 
 
 def _err_word(device) -> torch.Tensor:
+    device = native.device_key(device)
     if device not in _cuda_err:
         _cuda_err[device] = torch.zeros(1, dtype=torch.int32, device=device)
     return _cuda_err[device]
@@ -208,6 +209,7 @@ _counters: dict = {}  # device -> (uint32-as-int32 [256] CTA counters, {flag add
 
 def _done_counter(device, flag: int) -> int:
     """Address of the zeroed CTA counter of arrival flag ``flag`` on ``device`` (CUDA)."""
+    device = native.device_key(device)
     words, index = _counters.setdefault(device, (torch.zeros(256, dtype=torch.int32, device=device), {}))
     if flag not in index:
         if len(index) == words.numel():
@@ -241,7 +243,7 @@ def _arrive_args(arrive, device) -> list:
 def check_cuda_errors(device) -> None:
     """Raise if a move on ``device`` without its own ``err`` saw a bad index or count since the last
     check (syncs; a test and eager-path helper: the engine reads its fabric's word a step later)."""
-    err = _err_word(torch.device(device))
+    err = _err_word(device)
     code = int(err.item())
     if code:
         err.zero_()

@@ -151,14 +151,15 @@ class RecordFormat:
             raise ValueError(f"slots/indices must be a 1-D integer tensor of length {n}")
         if slots.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"slots/indices must be int32 or int64, got {slots.dtype}")
+        if slots.device != device:
+            raise ValueError("slots/indices must be on the cache's device")
+        slots = slots.to(torch.int64).contiguous()
         if checks is not None:
-            checks.flag("cache_slots", (slots < -1) | (slots >= num_slots))
+            checks.flag_outside("cache_slots", slots, -1, num_slots)
         elif slots.numel() and (int(slots.min()) < -1 or int(slots.max()) >= num_slots):
             raise ValueError(f"slots/indices must lie in [-1, {num_slots}); got range "
                              f"[{int(slots.min())}, {int(slots.max())}]")
-        if slots.device != device:
-            raise ValueError("slots/indices must be on the cache's device")
-        return slots.to(torch.int64).contiguous()
+        return slots
 
     @staticmethod
     def _backend(backend: str, device: torch.device) -> str:

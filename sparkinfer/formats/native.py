@@ -3,7 +3,9 @@
 C ABI (csrc/host/records_host.cpp, csrc/cuda/records.cu):
     si_records_encode(fmt, latent*, rope*, n, slots*|NULL, cache*, num_slots, stride, S, scale_format)
     si_records_decode(fmt, cache*, num_slots, stride, idx*|NULL, n, latent*, rope*, S)
-    si_records_encode_cuda / si_records_decode_cuda: the same on device pointers plus a stream.
+    si_records_encode_cuda / si_records_decode_cuda: the same on device pointers plus a stream (a slot
+        past num_slots is skipped / decoded as zeros there: the forward's device check flags it,
+        where the host twin refuses the call).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ def _cuda():
         raise RuntimeError("tensors are on a GPU but the sparkinfer CUDA library is not built: "
                            "run `python -m sparkinfer.native.build --require-cuda` (needs nvcc)")
     return declare(lib, {
-        "si_records_encode_cuda": [_i32, _p, _p, _i64, _p, _p, _i64, _f32, _i32, _p],
-        "si_records_decode_cuda": [_i32, _p, _i64, _p, _i64, _p, _p, _f32, _p],
+        "si_records_encode_cuda": [_i32, _p, _p, _i64, _p, _p, _i64, _i64, _f32, _i32, _p],
+        "si_records_decode_cuda": [_i32, _p, _i64, _i64, _p, _i64, _p, _p, _f32, _p],
     })
 
 
@@ -50,7 +52,7 @@ def encode(fmt, latent: torch.Tensor, rope, cache: torch.Tensor, slots) -> None:
     n = latent.shape[0]
     if cache.device.type == "cuda":
         st = _cuda().si_records_encode_cuda(fmt.fmt_id, ptr(latent), _opt(rope), n, _opt(slots), ptr(cache),
-                                            fmt.record_bytes, fmt.outer_scale, fmt.scale_format_id,
+                                            cache.shape[0], fmt.record_bytes, fmt.outer_scale, fmt.scale_format_id,
                                             stream_handle(cache.device))
     else:
         st = _host().si_records_encode(fmt.fmt_id, ptr(latent), _opt(rope), n, _opt(slots), ptr(cache),
@@ -64,8 +66,8 @@ def gather(fmt, cache: torch.Tensor, idx):
     latent = torch.empty(n, fmt.value_dim, dtype=torch.float32, device=cache.device)
     rope = torch.empty(n, fmt.rope_dim, dtype=torch.float32, device=cache.device) if fmt.rope_dim else None
     if cache.device.type == "cuda":
-        st = _cuda().si_records_decode_cuda(fmt.fmt_id, ptr(cache), fmt.record_bytes, _opt(idx), n, ptr(latent),
-                                            _opt(rope), fmt.outer_scale, stream_handle(cache.device))
+        st = _cuda().si_records_decode_cuda(fmt.fmt_id, ptr(cache), cache.shape[0], fmt.record_bytes, _opt(idx), n,
+                                            ptr(latent), _opt(rope), fmt.outer_scale, stream_handle(cache.device))
     else:
         st = _host().si_records_decode(fmt.fmt_id, ptr(cache), cache.shape[0], fmt.record_bytes, _opt(idx), n,
                                        ptr(latent), _opt(rope), fmt.outer_scale)

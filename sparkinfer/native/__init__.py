@@ -59,6 +59,18 @@ def ptr(tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(tensor.data_ptr())
 
 
+def device_key(device):
+    """``device`` as the torch.device a per-device cache is keyed by: ``cuda`` and ``cuda:0`` (the
+    current device) are one device, and a cache keyed by both would hold two error words, one that a
+    kernel sets and one that the check reads (seen on the first GPU run)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def stream_handle(device) -> ctypes.c_void_p:
     """The current torch CUDA stream of ``device`` as a ``cudaStream_t``."""
     import torch

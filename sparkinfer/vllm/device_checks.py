@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from sparkinfer import native
 from sparkinfer.vllm.host_reads import host_array
 
 # check name -> what it means and what to do about it
@@ -43,6 +44,8 @@ class DeviceChecks:
         self.flags = torch.zeros(len(CHECKS), dtype=torch.int32, device=self.device)
         self._any = torch.zeros((), dtype=torch.bool, device=self.device)
         self._sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        self._min = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._max = torch.zeros((), dtype=torch.int64, device=self.device)
         pinned = self.device.type == "cuda"
         self._host = torch.zeros(len(CHECKS), dtype=torch.int32, pin_memory=pinned)
         self._host_words = host_array(self._host)  # shares the pinned memory: reading it is not a tensor read
@@ -58,6 +61,17 @@ class DeviceChecks:
         """OR ``bad.any()`` (a bool tensor of any shape, on the device) into check ``name``'s word,
         through a preallocated scalar: no temporary."""
         torch.any(bad, out=self._any)
+        self.word(name).bitwise_or_(self._any)
+
+    def flag_outside(self, name: str, t: torch.Tensor, lo: int, hi: int) -> None:
+        """OR "an element of int64 ``t`` lies outside [lo, hi)" into check ``name``'s word, through
+        preallocated scalars: no temporary (a bool mask of ``t``'s size would be one per call)."""
+        if t.numel() == 0:
+            return
+        torch.aminmax(t, out=(self._min, self._max))
+        torch.lt(self._min, lo, out=self._any)
+        self.word(name).bitwise_or_(self._any)
+        torch.ge(self._max, hi, out=self._any)
         self.word(name).bitwise_or_(self._any)
 
     def flag_nonfinite(self, name: str, t: torch.Tensor) -> None:
@@ -90,7 +104,7 @@ _per_device: dict = {}
 
 def for_device(device) -> DeviceChecks:
     """This process's checks on ``device``."""
-    key = str(torch.device(device))
+    key = str(native.device_key(device))
     if key not in _per_device:
         _per_device[key] = DeviceChecks(device)
     return _per_device[key]

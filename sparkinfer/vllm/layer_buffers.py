@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sparkinfer import native
 from sparkinfer.core.attention_workspace import LATENT_DIM, arena_bytes, call_plan, offsets
 
 log = logging.getLogger(__name__)
@@ -57,19 +58,19 @@ _arenas: dict[str, Arena] = {}  # device -> the process's arena
 def reserve(segments: dict[str, int], device) -> Arena:
     """Allocate this device's arena at engine start, ``segments`` as reserved out of the KV memory
     (``AttentionWorkspace.segments()``)."""
-    arena = _arenas[str(torch.device(device))] = Arena(segments, device, reserved=True)
+    arena = _arenas[str(native.device_key(device))] = Arena(segments, device, reserved=True)
     return arena
 
 
 def held_bytes(device) -> int:
     """Bytes of ``device``'s arena (0 if none)."""
-    arena = _arenas.get(str(torch.device(device)))
+    arena = _arenas.get(str(native.device_key(device)))
     return 0 if arena is None else arena.buf.numel()
 
 
 def _arena(device, need: dict[str, int]) -> Arena:
     """This device's arena, grown first when it cannot hold ``need`` ({segment: bytes})."""
-    key = str(torch.device(device))
+    key = str(native.device_key(device))
     arena = _arenas.get(key)
     if arena is not None and arena.fits(need):
         return arena

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from sparkinfer import native
 from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS
 from sparkinfer.vllm.indexer_layout import serves_replicated_indexer  # noqa: F401 (patch 0003 calls it here)
 from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scored_steps
@@ -272,7 +273,7 @@ def _engine_workspace(vllm_config, device):
     nbytes = engine_workspace_bytes(vllm_config.scheduler_config.max_num_batched_tokens,
                                     vllm_config.model_config.hf_config.index_topk,
                                     vllm_config.model_config.max_model_len + drafts + 1)
-    key = str(torch.device(device))
+    key = str(native.device_key(device))
     if key not in _workspaces or 8 * _workspaces[key].buffer.numel() < nbytes:
         _workspaces[key] = TopkWorkspace(nbytes, device)
     return _workspaces[key]
@@ -290,7 +291,7 @@ def _engine_merge(vllm_config, device):
 
     rows = max(vllm_config.scheduler_config.max_num_seqs * (1 + _drafts(vllm_config)), INDEXER_ROWS)
     world, k = vllm_config.parallel_config.decode_context_parallel_size, vllm_config.model_config.hf_config.index_topk
-    key = str(torch.device(device))
+    key = str(native.device_key(device))
     held = _merges.get(key)
     if held is None or (held.world, held.k) != (world, k) or held.rows < rows:
         held = _merges[key] = MergeBuffers(world, rows, k, device)
