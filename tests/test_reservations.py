@@ -44,9 +44,11 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     assert res["prefetch_ring"] == 4 * (512 * MIB // (4 * 368)) * 368
     # the attention arena: a step of 8,192 rows (vLLM's batched tokens), 64 heads (16 per TP rank, gathered
     # over DCP4), bf16 output [M, H, 512] and its LSE; a block of 1,024 rows' top-k rows (int64), compacted
-    # indices, counts and fp32 partials; the indexer's fp8 q (32 heads x 128) and its scales
+    # indices, counts and fp32 partials; the indexer's fp8 q (32 heads x 128) and its scales; a cache
+    # write's staging: encoded records (up to 656 B) and fp32 copies of a bf16 latent (512) and rope (64)
     assert res["attention_workspace"] == (8192 * 64 * 512 * 2 + 8192 * 64 * 4 + 1024 * 2048 * (8 + 4) + 4 * 1024
-                                          + 1024 * 64 * 513 * 4 + 8192 * 32 * (128 + 4))
+                                          + 1024 * 64 * 513 * 4 + 8192 * 32 * (128 + 4)
+                                          + 8192 * (656 + 4 * 512 + 4 * 64))
     # a gathered step holds up to vLLM's 8,192 batched tokens (`vllm serve`'s default on this node)
     assert res["stashed_records"] == 8192 * 368
     # the top-k workspace of the engine's 512-row blocks, k 2048, a pass of 64 MiB / (8 B x 512 rows) =

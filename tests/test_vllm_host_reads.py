@@ -192,6 +192,34 @@ def test_contiguous_cache_write_in_the_forwards_form_allocates_nothing(device):
         checks.poll()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_bf16_write_into_a_strided_cache_is_staged_in_the_arena(monkeypatch, device):
+    """The forward's write of a bf16 model's latent and rope into a strided (DCP) cache view: the fp32
+    copies and the encoded rows are arena views (the first GPU run found the encoder's output
+    allocated per layer), and the bytes are the direct call's on the fp32 values."""
+    from sparkinfer.formats import get_format
+    from sparkinfer.vllm import impls
+    from sparkinfer.vllm.device_checks import DeviceChecks
+    from sparkinfer.vllm.paged_sparse_mla import write_cache_records
+
+    monkeypatch.setenv(impls.FORCE_ENV, "1")
+    g = torch.Generator().manual_seed(6)
+    fmt = get_format("nvfp4_368")
+    backing = torch.randint(0, 256, (5, 8, 368 + 100), generator=g, dtype=torch.uint8).to(device)
+    want = backing.clone()
+    slots = torch.tensor([9, -1, 30, 12, 39], device=device)
+    lat = torch.randn(5, 512, generator=g).to(device, torch.bfloat16)
+    rope = torch.randn(5, 1, 64, generator=g).to(device, torch.bfloat16)[:, 0]  # a view, as vLLM's k_pe
+    write_cache_records(fmt, want[:, :, :368], slots, lat.float(), rope.float())
+    checks = DeviceChecks(device)
+    write_cache_records(fmt, backing[:, :, :368], slots, lat, rope, checks=checks)  # the arena may grow here
+    backing.copy_(want)
+    with host_reads.count_allocations() as made:
+        write_cache_records(fmt, backing[:, :, :368], slots, lat, rope, checks=checks)
+    assert not {k: v for k, v in made.items() if "|alloc|" in k}, made
+    assert torch.equal(backing, want)
+
+
 def test_strided_write_in_place_equals_the_page_copy():
     """``write_cache_records`` into a strided view (scatter_rows: -1 rows rewrite the null block's
     first record with itself) gives exactly the bytes of writing contiguous copies of the pages."""

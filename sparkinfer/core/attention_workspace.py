@@ -25,7 +25,16 @@ partial_out     float32 [S x m <= BLOCK_ROWS, H, 512]: the S splits' partial out
 partial_lse     float32 [S x m <= BLOCK_ROWS, H]
 indexer_q       float8 [N, index_dim]: the indexer's quantized q (vLLM quantizes it per head row)
 indexer_scales  float32 [N, index_dim / index_group]
+record_rows     uint8 [M, <= 656]: a cache write's encoded records before their scatter into a
+                strided (DCP) cache view (``paged_sparse_mla.write_cache_records``)
+record_latent   float32 [M, <= 512]: the fp32 copy a cache write encodes from when the model's
+                latent (or indexer key) is bf16 (the encoders read fp32)
+record_rope     float32 [M, 64]: the same for the rope part
 ==============  ========================================================================
+
+The last three are the cache writes' staging (a layer writes its records before it attends, so
+they never overlap the attention's segments): found by the first GPU run, where each layer's
+write allocated its encoded rows (the CPU probe leaves the encoder's output uncounted).
 
 Heads: stock DCP replicates the queries over the DCP group (vLLM all-gathers them), so a rank
 attends ``heads per TP rank x DCP`` heads; the selected path attends its own, fewer.
@@ -38,6 +47,8 @@ from dataclasses import dataclass
 BLOCK_ROWS = 1024  # rows one decode launch takes: the scratch is sized by it, not by the step
 ALIGN = 256
 LATENT_DIM = 512
+ROPE_DIM = 64
+MAX_RECORD_BYTES = 656  # fp8_ds_mla, the widest record a cache write encodes (core.layouts)
 
 
 def _up(n: int) -> int:
@@ -74,7 +85,8 @@ class AttentionWorkspace:
         return {"out": m * h * LATENT_DIM * self.out_bytes, "lse": 4 * m * h, "topk_rows": 8 * b * k,
                 "indices": 4 * b * k, "counts": 4 * b, "partial_out": 4 * BLOCK_ROWS * h * LATENT_DIM,
                 "partial_lse": 4 * BLOCK_ROWS * h, "indexer_q": n * self.index_dim,
-                "indexer_scales": 4 * n * (self.index_dim // self.index_group)}
+                "indexer_scales": 4 * n * (self.index_dim // self.index_group),
+                "record_rows": m * MAX_RECORD_BYTES, "record_latent": 4 * m * LATENT_DIM, "record_rope": 4 * m * ROPE_DIM}
 
     @property
     def nbytes(self) -> int:

@@ -87,17 +87,24 @@ class RecordFormat:
         return recs
 
     # ---- public codec -----------------------------------------------------------
-    def encode(self, latent, rope=None, backend: str = "auto", *, checks=None) -> torch.Tensor:
+    def encode(self, latent, rope=None, backend: str = "auto", *, checks=None, out=None) -> torch.Tensor:
         """latent [N, 512] (indexer: key [N, 128]), rope [N, 64] fp32/bf16 -> uint8 [N, record_bytes].
 
         backend: "auto" (reference on CPU, kernel on GPU), "torch", "host", "cuda". ``checks``: see
-        ``check_values`` (no host read of the values).
+        ``check_values`` (no host read of the values). ``out``: uint8 [N, record_bytes] to encode
+        into (the forward's staging rows) instead of a new tensor.
         """
         latent, rope = self._inputs(latent, rope, checks)
         backend = self._backend(backend, latent.device)
+        if out is not None and (out.dtype != torch.uint8 or tuple(out.shape) != (latent.shape[0], self.record_bytes)
+                                or not out.is_contiguous() or out.device != latent.device):
+            raise ValueError(f"out must be contiguous uint8 [{latent.shape[0]}, {self.record_bytes}] on "
+                             f"{latent.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
         if backend == "torch":
-            return self._encode_ref(latent, rope)
-        out = torch.empty(latent.shape[0], self.record_bytes, dtype=torch.uint8, device=latent.device)
+            ref = self._encode_ref(latent, rope)
+            return ref if out is None else out.copy_(ref)
+        if out is None:
+            out = torch.empty(latent.shape[0], self.record_bytes, dtype=torch.uint8, device=latent.device)
         from . import native
         native.encode(self, latent, rope, out, None)
         return out

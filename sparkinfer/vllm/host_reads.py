@@ -143,8 +143,9 @@ def _patch() -> None:
 
 
 # the record codecs' torch references (sparkinfer.formats), which the GPU implementations still run on
-# CPU: on a GPU ``Format.encode`` allocates its output and launches the CUDA encoder, which allocates
-# nothing, so their temporaries are not counted (and neither is that one output per encode)
+# CPU: on a GPU ``Format.encode`` launches the CUDA encoder, which allocates nothing, so their
+# temporaries are not counted. The reference's output is not either: the forward encodes into the
+# arena's staging rows (``out``), which only the GPU run sees (test_vllm_gpu_impls, cuda)
 CODEC_STANDINS = frozenset({"_encode_ref", "_decode_ref"})
 _FRESH = {"lift_fresh", "lift_fresh_copy"}  # torch.tensor(data): a storage made before the dispatch
 _AFTER_PYTHON = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)

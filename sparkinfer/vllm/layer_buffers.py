@@ -124,6 +124,24 @@ def in_forward() -> bool:
     return context is not None and context.is_forward_context_available()
 
 
+def record_inputs(latent: torch.Tensor, rope):
+    """(latent, rope) as the float32 contiguous tensors the record encoders read: as they are when
+    they already are, else copied into the arena's ``record_latent`` / ``record_rope`` (a bf16
+    model's cache write, in the forward: no allocation)."""
+    def staged(t, name):
+        if t is None or (t.dtype == torch.float32 and t.is_contiguous()):
+            return t
+        view = _arena(t.device, {name: 4 * t.numel()}).view(name, torch.float32, tuple(t.shape))
+        return view.copy_(t)
+
+    return staged(latent, "record_latent"), staged(rope, "record_rope")
+
+
+def record_rows(n: int, width: int, device) -> torch.Tensor:
+    """uint8 [n, width]: a cache write's encoded records on their way into a strided cache."""
+    return _arena(device, {"record_rows": n * width}).view("record_rows", torch.uint8, (n, width))
+
+
 def indexer_q_buffers(n: int, d: int, group_size: int, device):
     """(q float8_e4m3fn [N, D], scales float32 [N, D // group_size]): the indexer's quantized q, which
     the layer's indexer op consumes (the scales are folded into its weights first)."""

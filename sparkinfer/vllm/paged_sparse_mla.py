@@ -130,11 +130,21 @@ def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: torch.Tensor, mask
 def write_cache_records(fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent, rope=None, checks=None) -> None:
     """Encode ``latent [N, D]`` (and ``rope [N, 64]``) as ``fmt`` records into ``kv_cache [num_blocks,
     block_size, W]`` at ``slots [N]`` (-1 = skip): in place through the format's writer when the cache
-    is contiguous, else encoded and scattered into the strided view (``scatter_rows``)."""
+    is contiguous, else encoded and scattered into the strided view (``scatter_rows``). The forward's
+    form (``checks``) stages a bf16 input's fp32 copy and the encoded rows in the attention arena
+    (``layer_buffers``): no allocation."""
+    if checks is None:
+        rows = None
+    else:
+        from sparkinfer.vllm import layer_buffers
+
+        latent, rope = layer_buffers.record_inputs(latent, rope)
+        rows = None if kv_cache.is_contiguous() else layer_buffers.record_rows(latent.shape[0], fmt.record_bytes,
+                                                                               kv_cache.device)
     if kv_cache.is_contiguous():
         fmt.write(kv_cache, slots, latent, rope, checks=checks)
     else:
-        scatter_rows(kv_cache, slots, fmt.encode(latent, rope, checks=checks), checks)
+        scatter_rows(kv_cache, slots, fmt.encode(latent, rope, checks=checks, out=rows), checks)
 
 
 def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):

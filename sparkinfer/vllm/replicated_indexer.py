@@ -127,8 +127,8 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     backend = kernel_backend(dev)
     # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: written in place
     checks = md.checks
-    write_cache_records(fmt, kv_cache, md.slot_mapping[:n].to(device=dev, dtype=torch.int64), k[:n].float(),
-                        checks=checks)
+    write_cache_records(fmt, kv_cache, md.slot_mapping[:n].to(device=dev, dtype=torch.int64),
+                        k[:n] if checks is not None else k[:n].float(), checks=checks)
     if checks is not None:  # the scorer's value checks, without a host read or a temporary. The weights
         # carry q's scales (vLLM's indexer folds them in), and a q group holding a NaN or an infinity
         # has a NaN or infinite scale (``quant_q_fp8``), so checking the weights checks q too
