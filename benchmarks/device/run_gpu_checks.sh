@@ -297,9 +297,10 @@ if os.path.exists(p):
           + (f"; {g['error'][:200]}" if g.get("error") else ""))
 p = os.path.join(tmp, "kernel_timing.json")
 if os.path.exists(p):
-    print("\n-- kernels (median us vs the roofline floor of benchmarks/kernel_report.py)")
+    print("\n-- kernels (median us eager, and replayed in a CUDA graph, vs the roofline floor of benchmarks/kernel_report.py)")
     for r in json.load(open(p))["rows"]:
         got = (f"{r['measured_us']:10.2f} us floor {r['floor_us']:9.2f} {r['frac_of_floor']:6.1%}"
+               + (f" graph {r['graph_us']:9.2f}" if "graph_us" in r else " graph -")
                + (f" target {r['target_floor_us']:8.2f} {r['frac_of_target']:6.1%}" if "frac_of_target" in r else "")
                if "measured_us" in r else (r.get("error") or r.get("note", ""))[:90])
         print(f"{r['kernel'][:28]:28} {r['shape'][:40]:40} {got}")
