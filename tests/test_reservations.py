@@ -115,10 +115,12 @@ def test_indexer_workspace_is_what_a_topk_call_allocates(m, k, n, tile_bytes):
 
 def test_only_the_attention_arena_is_reserved_without_a_selected_path():
     """DCP1 and a sharded indexer: no selected path, and vLLM's own indexer op (no indexer q in the
-    arena); the arena's heads are a TP rank's 16 at DCP1, the gathered 64 under DCP4."""
+    arena); the arena's heads are a TP rank's 16 at DCP1, the gathered 64 under DCP4; a cache write's
+    staging (encoded records up to 656 B, fp32 latent and rope) for 8,192 rows in both."""
     for argv, heads in ((["--dcp", "1"], 16), (["--indexer", "sharded"], 64)):
         d = _plan_json("--profile", "glm52-tp4-dcp4-mtp3-368", *argv)
-        want = 8192 * heads * (512 * 2 + 4) + 1024 * 2048 * (8 + 4) + 4 * 1024 + 1024 * heads * 513 * 4
+        want = (8192 * heads * (512 * 2 + 4) + 1024 * 2048 * (8 + 4) + 4 * 1024 + 1024 * heads * 513 * 4
+                + 8192 * (656 + 4 * 512 + 4 * 64))
         assert d["reservations"] == {"attention_workspace": want} and d["reserved_bytes"] == want
 
 
