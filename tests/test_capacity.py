@@ -1,5 +1,6 @@
 """Capacity planning: the spec's per-token figures, tokens-that-fit against brute force, CLI."""
 
+import json
 import subprocess
 from dataclasses import replace
 import sys
@@ -8,7 +9,7 @@ import pytest
 
 from sparkinfer.cli import main as cli_main
 from sparkinfer.cli import plan as plan_cli
-from sparkinfer.core.capacity import GIB, CapacityProfile, capacity_plan
+from sparkinfer.core.capacity import GIB, CapacityProfile, capacity_plan, freed_tokens
 from sparkinfer.core.geometry import GLM52, ModelGeometry
 
 
@@ -78,6 +79,38 @@ def test_kv_tokens_against_brute_force(tp, dcp, interleave, block, fmt, indexer,
     p = capacity_plan(prof)
     assert p.kv_tokens == brute_kv_tokens(prof)
     assert p.bytes_used <= kv
+
+
+@pytest.mark.parametrize("tp,dcp,interleave,block,fmt,indexer,kv,freed", [
+    (4, 4, 1, 64, "nvfp4_368", "replicated", 5_000_000, 1_000_000),
+    (4, 4, 3, 5, "656", "replicated", 3_000_000, 777_777),
+    (4, 2, 64, 1, "432", "sharded", 2_000_000, 12_345),
+    (1, 1, 1, 1, "nvfp4_368", "replicated", 1000, 10_000_000),  # from no whole block to many
+    (4, 4, 1, 64, "nvfp4_368", "replicated", 5_000_000, 0),
+])
+def test_freed_tokens_is_the_brute_force_gain(tp, dcp, interleave, block, fmt, indexer, kv, freed):
+    """A buffer's price in context (the plan's "tokens of context" column): the tokens dealt one by
+    one that fit once its bytes are given back, less those that fit beside it."""
+    prof = profile(tp=tp, dcp=dcp, interleave=interleave, block_size=block, record_format=fmt,
+                   indexer=indexer, kv_bytes=kv)
+    want = brute_kv_tokens(replace(prof, kv_bytes=kv + freed)) - brute_kv_tokens(prof)
+    assert freed_tokens(capacity_plan(prof), freed) == want
+
+
+def test_plan_prices_every_reservation_in_tokens(capsys):
+    """glm52-tp4-dcp4-mtp3-368: the buffers other than the replica store cost the context between the
+    plain budget's tokens and the tokens beside the buffers; each row is about its bytes / 10,172 B."""
+    assert cli_main(["plan", "--profile", "glm52-tp4-dcp4-mtp3-368", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    held, tokens = d["reservations"], d["reservation_tokens"]
+    assert set(tokens) == set(held)
+    plain = capacity_plan(profile(kv_bytes=d["kv_budget_bytes"]))
+    buffers = sum(b for k, b in held.items() if k != "replica_store")
+    assert freed_tokens(capacity_plan(profile(kv_bytes=d["kv_budget_bytes"] - buffers)), buffers) == (
+        plain.kv_tokens - d["capacity"]["kv_tokens"])
+    granule = 64 * 4
+    for name, b in held.items():  # whole blocks of 256 tokens at ~10,172 B per token per rank
+        assert tokens[name] % granule == 0 and abs(tokens[name] - b / plain.bytes_per_token) <= granule, name
 
 
 def test_replication_costs_capacity():

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from sparkinfer.core import costmodel as cm
-from sparkinfer.core.capacity import GIB, INDEXER_MODES, CapacityPlan, CapacityProfile, capacity_plan, replica_capacity
+from sparkinfer.core.capacity import GIB, INDEXER_MODES, CapacityPlan, CapacityProfile, capacity_plan, freed_tokens, replica_capacity
 from sparkinfer.core.layouts import MAIN_LAYOUTS, layout
 from sparkinfer.core.policy import StepPolicy
 from sparkinfer.core.policy_table import policy_rows
@@ -78,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests sharing the cache, for the per-request max context")
     p.add_argument("--json", action="store_true",
                    help="print JSON: the capacity plan, `reservations` {buffer: bytes per rank} that patched vLLM "
-                        "takes out of the KV budget, and `reserved_bytes`, their sum")
+                        "takes out of the KV budget, `reserved_bytes`, their sum, and `reservation_tokens` {buffer: "
+                        "tokens of context it costs}")
     for _, add_args in _SECTIONS:
         if add_args is not None:
             add_args(p)
@@ -179,12 +180,21 @@ def capacity_section(args: argparse.Namespace, plan: CapacityPlan) -> Section:
     return Section("KV capacity", ("quantity", "value", "how"), rows)
 
 
+def reservation_tokens(plan: CapacityPlan, held: dict[str, int]) -> dict[str, int]:
+    """{buffer: tokens of context it costs} against ``plan`` (the budget less the buffers)."""
+    return {name: freed_tokens(plan, b) for name, b in held.items()}
+
+
 def reservation_section(args: argparse.Namespace, held: dict[str, int]) -> Section:
-    rows = [(name, f"{b / 2**20:,.1f}", f"{b:,}") for name, b in held.items()]
-    rows.append(("reserved_bytes", f"{sum(held.values()) / 2**20:,.1f}", f"{sum(held.values()):,}"))
-    rows.append(("KV tokens that fit beside the buffers", "", f"{capacity_of(args, held).kv_tokens:,}"))
+    plan = capacity_of(args, held)
+    tokens = reservation_tokens(plan, held)
+    rows = [(name, f"{b / 2**20:,.1f}", f"{b:,}", f"{tokens[name]:,}") for name, b in held.items()]
+    total = sum(held.values())
+    rows.append(("reserved_bytes", f"{total / 2**20:,.1f}", f"{total:,}", f"{freed_tokens(plan, total):,}"))
+    rows.append(("KV tokens that fit beside the buffers", "", "", f"{plan.kv_tokens:,}"))
     return Section("sparkinfer buffers reserved out of the KV budget per GPU (patch 0008; the replica store's "
-                   "window comes from what is left)", ("buffer", "MiB", "bytes"), rows)
+                   "window comes from what is left); tokens: the context each costs",
+                   ("buffer", "MiB", "bytes", "tokens of context"), rows)
 
 
 def sections(args: argparse.Namespace) -> list[Section]:
@@ -242,6 +252,7 @@ def as_json(args: argparse.Namespace) -> dict:
     return {"profile": getattr(args, "profile", None), "kv_budget_bytes": profile_from_args(args).kv_bytes,
             "topology": {"tp": prof.tp, "dcp": prof.dcp, "mtp": prof.mtp, "max_num_seqs": args.max_num_seqs},
             "capacity": capacity, "reservations": held, "reserved_bytes": sum(held.values()),
+            "reservation_tokens": reservation_tokens(plan, held),
             "exchange_bytes": exchange_bytes(held)}
 
 

@@ -90,6 +90,13 @@ class CapacityPlan:
         return self.main_bytes_per_token + self.indexer_bytes_per_token_avg
 
 
+def freed_tokens(plan: CapacityPlan, nbytes: int) -> int:
+    """Tokens of context ``nbytes`` per rank costs: how many more whole scheduler blocks of sequence
+    would fit were those bytes given back to ``plan``'s KV budget (what ``sparkinfer plan`` prints
+    beside each reservation: a buffer's price in the capacity DCP is run for)."""
+    return capacity_plan(replace(plan.profile, kv_bytes=plan.profile.kv_bytes + nbytes)).kv_tokens - plan.kv_tokens
+
+
 def rank_bytes(dcp_layout: DcpLayout, seq_len: int, per_local: int, per_token: int) -> int:
     """Bytes on the fullest rank for ``seq_len`` tokens: ``per_local`` for each token it
     owns plus ``per_token`` (replicated data) for every token of the sequence."""
