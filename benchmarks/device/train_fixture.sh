@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train the accuracy fixture on a lent GPU (issue 18: a fixture that copies, so retrieval at depth
-# means something). On the 2-core CPU box the copy path forms too slowly (docs/design/record-formats.md,
+# means something). On the 2-core CPU box the copy path forms too slowly (docs/research/2026-12-02-fixture-copy-attempts.md,
 # copy attempts 1-5: at batch 16 for 1,000 steps, ~70 min, recalled-token top-1 reached 0.06-0.10 and
 # exact recall stayed 0); batch 32+ for thousands of steps is seconds-per-hundred-steps on a GPU.
 #

@@ -1,5 +1,6 @@
 """Selected-record decode and gathered prefill steps inside vLLM's sparse-MLA backend at DCP > 1
-(the hooks of patch 4).
+(driven by ``sparse_mla_backend``; patch 0001 skips vLLM's DCP query gather and LSE combine of such
+a step, patch 0008 starts the runtime at engine start).
 
 One ``SelectedRuntime`` per worker process (``SelectedRuntime.of(vllm_config)`` from the metadata
 builder, ``SelectedRuntime.current()`` from the attention impl; None when the engine can never

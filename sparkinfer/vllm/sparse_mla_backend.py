@@ -28,10 +28,11 @@ CUDA graphs: the builder declares ``AttentionCGSupport.NEVER`` (``impls.CUDA_GRA
 keeps these layers out of its graphs (PIECEWISE) and logs why once per worker.
 
 On CUDA it validates for compute capability 9.x (the H200 test machines) and 12.x (sm_120), and
-0007 puts it first in sm_12x's MLA priorities. Run on CPU only so far (with the GPU implementations
-forced there too, ``tests/test_vllm_gpu_impls.py``); the indexer op over the replicated 64 x
-DCP-token pages is device-agnostic (``replicated_indexer.run_indexer``), but patch 0003 routes only the CPU
-platform to it yet (docs/design/gpu-validation.md, "Branches a GPU node takes").
+0007 puts it first in sm_12x's MLA priorities. Run inside vLLM on CPU only so far (with the GPU
+implementations forced there too, ``tests/test_vllm_gpu_impls.py``); its paged attention ran on an
+H200 against the CPU path (``-m gpu``). The indexer op over the replicated 64 x DCP-token pages is
+device-agnostic (``replicated_indexer.run_indexer``), and patch 0003 routes CUDA to it wherever the
+indexer is replicated (docs/design/gpu-validation.md, "Branches a GPU node takes").
 """
 
 from __future__ import annotations
