@@ -40,6 +40,25 @@ def test_points_are_the_json_rows(run1, measured):
     assert all(f.timing == "eager" for f in measured.fits.values())  # run 1 has no graph_us
 
 
+def test_the_report_params_give_the_points_the_shape_text_gives(run1):
+    """Runs after issue 33 record each row's ``params`` (the kernel report's): the same points as
+    run 1's shape text, and a shape text the fit cannot read no longer matters."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernel_report", f"{kf.RESULTS_DIR}/../../kernel_report.py")
+    kr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kr)
+    params = {(r["kernel"], r["shape"]): r["params"] for r in kr.roofline()}
+    rows = run1["kernel_timing"]["rows"]
+    with_params = [{**r, "params": params[(r["kernel"], r["shape"])], "shape": "decode" * r["shape"].startswith(
+        "decode")} for r in rows]
+    def key(pts):  # a batched decode step's params are M rows over T = the requests' contexts end to end
+        return [(p.term, p.units, p.us) for p in pts]
+
+    assert key(kf._kernel_points(with_params, "x")) == key(kf._kernel_points(rows, "x"))
+    assert len(kf._kernel_points(rows, "x")) == 4
+
+
 def test_fit_reproduces_its_points_within_the_stated_tolerance(measured):
     for term, fit in measured.fits.items():
         for p, r in zip(fit.points, fit.residuals_pct()):

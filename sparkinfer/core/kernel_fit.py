@@ -133,26 +133,36 @@ def gpu_of(device: str) -> str:
     raise ValueError(f"no GPU facts for device {device!r}; known: {[g.name for g in GPUS.values()]}")
 
 
+def _kernel_shape(r: dict) -> tuple[str, int, int] | None:
+    """(term, rows, tokens) of a ``kernels`` stage row at a decode shape, or None: from its
+    ``params`` (the kernel report's, recorded since issue 33), else from its shape text (run 1)."""
+    p, shape = r.get("params"), r["shape"]
+    if r["kernel"] == f"sparse_mla_decode[{ATTN_FORMAT}]":  # not stock's 64 heads over a quarter nor a union
+        if p is not None:  # read once: every row reads its own top-k at 16 heads
+            own = (p["H"], p["K"], p["listed"], p["gathered"] / p["M"]) == (ATTN_HEADS,) + (ATTN_TOPK,) * 3
+            return ("attention", p["M"], ATTN_TOPK) if own else None
+        m = (re.fullmatch(rf"selected: (\d+) req x (\d+) rows, {ATTN_HEADS} heads/rank, top-{ATTN_TOPK}", shape)
+             or re.fullmatch(rf"batch (1): (\d+) rows, {ATTN_HEADS} heads/rank, top-{ATTN_TOPK}", shape))
+        return ("attention", int(m[1]) * int(m[2]), ATTN_TOPK) if m else None
+    if r["kernel"] != "indexer_scores" or not shape.startswith("decode"):
+        return None
+    if p is not None:  # a batched decode step is M rows over the requests' contexts end to end: the same units
+        return "scoring", p["M"], p["T"]
+    m = re.fullmatch(r"decode: one request, (\d+) rows, (\d+)K context", shape)
+    if m:
+        return "scoring", int(m[1]), int(m[2]) * 1024
+    m = re.fullmatch(r"decode step: (\d+) req x (\d+) rows at (\d+)K each \(one batched launch\)", shape)
+    return ("scoring", int(m[1]) * int(m[2]), int(m[3]) * 1024) if m else None  # rows score their own context
+
+
 def _kernel_points(rows: list, source: str) -> list[Point]:
     """Decode-shape points of the ``kernels`` stage (benchmarks/device/kernel_timing.py rows)."""
     out = []
     for r in rows:
-        if "measured_us" not in r:
-            continue
-        timing, us = ("graph", r["graph_us"]) if "graph_us" in r else ("eager", r["measured_us"])
-        shape = r["shape"]
-        if r["kernel"] == f"sparse_mla_decode[{ATTN_FORMAT}]":
-            m = (re.fullmatch(rf"selected: (\d+) req x (\d+) rows, {ATTN_HEADS} heads/rank, top-{ATTN_TOPK}", shape)
-                 or re.fullmatch(rf"batch (1): (\d+) rows, {ATTN_HEADS} heads/rank, top-{ATTN_TOPK}", shape))
-            if m:  # other shapes: stock's 64 heads over a quarter, a union read once
-                out.append(Point("attention", int(m[1]) * int(m[2]), ATTN_TOPK, us, timing, source))
-        elif r["kernel"] == "indexer_scores":
-            m = re.fullmatch(r"decode: one request, (\d+) rows, (\d+)K context", shape)
-            if m:
-                out.append(Point("scoring", int(m[1]), int(m[2]) * 1024, us, timing, source))
-            m = re.fullmatch(r"decode step: (\d+) req x (\d+) rows at (\d+)K each \(one batched launch\)", shape)
-            if m:  # each request's rows score its own context
-                out.append(Point("scoring", int(m[1]) * int(m[2]), int(m[3]) * 1024, us, timing, source))
+        shape = _kernel_shape(r) if "measured_us" in r else None
+        if shape is not None:
+            timing, us = ("graph", r["graph_us"]) if "graph_us" in r else ("eager", r["measured_us"])
+            out.append(Point(*shape, us, timing, source))
     return out
 
 
