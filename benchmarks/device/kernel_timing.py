@@ -262,8 +262,8 @@ def run(smoke: bool = False, only: str | None = None) -> dict:
     for row in kr.roofline():
         if only and only not in row["kernel"]:
             continue
-        rec = {"kernel": row["kernel"], "shape": row["shape"], "floor_us": row["times"][gpu]["floor_us"],
-               "bound": row["times"][gpu]["bound"], "expect": row["expect"]}
+        rec = {"kernel": row["kernel"], "shape": row["shape"], "params": row["params"],
+               "floor_us": row["times"][gpu]["floor_us"], "bound": row["times"][gpu]["bound"], "expect": row["expect"]}
         if "target_floor" in row:
             rec["target_floor_us"] = row["target_floor"][gpu]["floor_us"]
         try:

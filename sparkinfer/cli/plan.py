@@ -23,7 +23,7 @@ from sparkinfer.core import costmodel as cm
 from sparkinfer.core.capacity import GIB, INDEXER_MODES, CapacityPlan, CapacityProfile, capacity_plan, freed_tokens, replica_capacity
 from sparkinfer.core.layouts import MAIN_LAYOUTS, layout
 from sparkinfer.core.policy import StepPolicy
-from sparkinfer.core.policy_table import policy_rows
+from sparkinfer.core.policy_table import decode_rows, policy_rows
 
 HELP = "KV capacity plan: bytes per token per rank, KV tokens that fit, max context"
 
@@ -262,6 +262,32 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=1, help="requests per step for the per-path table")
     p.add_argument("--reuse-new", type=float, default=0.3,
                    help="share of the remote union not yet held, for selected+reuse (default 0.3)")
+    p.add_argument("--kernels", choices=("floor", "measured"), default="floor",
+                   help="kernel terms of the --hw tables: floor (the profile's: kernels at about the hardware's "
+                        "speed) or measured (sparkinfer's kernels as timed on a GPU, scaled to the profile's GPU, "
+                        "sparkinfer/core/kernel_fit.py); measured adds the floor rows to the decode tokens/s table")
+    p.add_argument("--kernel-results", default=None,
+                   help="GPU run JSON (file or folder) that --kernels measured fits (default benchmarks/results/gpu)")
+
+
+def measured_kernels(args: argparse.Namespace):
+    """The kernel fit of ``--kernels measured`` for ``--hw`` (``core.kernel_fit.MeasuredKernels``)."""
+    from sparkinfer.core.kernel_fit import measured_profile
+
+    return measured_profile(cm.load_profile(args.hw), getattr(args, "kernel_results", None))
+
+
+def hw_profiles(args: argparse.Namespace) -> dict[str, cm.NodeProfile]:
+    """{kernels label: node profile} of ``--hw``: floor, and measured under ``--kernels measured``
+    (the profile the other --hw tables use is the last)."""
+    prof = cm.load_profile(args.hw)
+    if getattr(args, "kernels", "floor") != "measured":
+        return {"floor": prof}
+    return {"floor": prof, "measured": measured_kernels(args).profile}
+
+
+def hw_profile(args: argparse.Namespace) -> cm.NodeProfile:
+    return list(hw_profiles(args).values())[-1]
 
 
 def policy_section(args: argparse.Namespace, plan) -> Optional[Section]:
@@ -270,7 +296,7 @@ def policy_section(args: argparse.Namespace, plan) -> Optional[Section]:
     if getattr(args, "hw", None) is None:
         return None
     resolve_args(args)
-    prof = cm.load_profile(args.hw)
+    prof = hw_profile(args)
     rows = policy_rows(prof, batch=args.batch, mtp=args.mtp, record_format=args.format, tp=args.tp,
                        dcp=args.dcp, new_fraction=args.reuse_new)
     table = [(f"{r['context']:,}", r["path"], str(r["depth"]), f"{r['rx_MB']:.1f}",
@@ -284,13 +310,61 @@ def policy_section(args: argparse.Namespace, plan) -> Optional[Section]:
 add_section(policy_section, add_policy_arguments)
 
 
+def decode_section(args: argparse.Namespace, plan: CapacityPlan) -> Optional[Section]:
+    """Predicted decode tokens/s at contexts 0, 64K, 256K and batches 1 and 8, at this DCP size
+    (the policy's path) and at DCP1 with the same TP, per kernel terms (``--kernels``); a column
+    says whether the batch's contexts fit the KV budget at that DCP size. None without ``--hw``."""
+    if getattr(args, "hw", None) is None:
+        return None
+    prof = plan.profile
+    rows = decode_rows(hw_profiles(args), mtp=prof.mtp, record_format=prof.record_format, tp=prof.tp,
+                       dcp=prof.dcp)
+    fits = {d: capacity_plan(replace(prof, dcp=d)).kv_tokens for d in {r["dcp"] for r in rows}}
+    table = [(r["kernels"], str(r["batch"]), f"{r['context']:,}", f"TP{r['tp']}/DCP{r['dcp']}", r["path"],
+              f"{r['step_us'] / 1e3:.2f}", f"{r['tok_s_request']:.1f}", f"{r['tok_s_total']:.1f}",
+              "yes" if r["batch"] * (r["context"] + 1 + prof.mtp) <= fits[r["dcp"]] else "no")
+             for r in rows]
+    accept = f"{cm.MTP_ACCEPT:g} per draft, chain: {cm.tokens_per_step(1 + prof.mtp):.3f} tokens per step" \
+        if prof.mtp else "no MTP: 1 token per step"
+    return Section(f"Predicted decode on {args.hw}, MTP{prof.mtp} ({accept}; the MTP layer priced once per step), "
+                   f"{prof.record_format}; DCP{prof.dcp}: the policy's path without reuse",
+                   ("kernels", "batch", "context", "parallel", "path", "step ms", "tok/s / request", "tok/s total",
+                    "fits KV"), table)
+
+
+def kernel_fit_section(args: argparse.Namespace, plan: CapacityPlan) -> Optional[Section]:
+    """Under ``--kernels measured``: each fitted kernel term on the GPU that measured it and scaled to
+    ``--hw``'s, with its points' largest miss."""
+    if getattr(args, "hw", None) is None or getattr(args, "kernels", "floor") != "measured":
+        return None
+    from sparkinfer.core.kernel_fit import GPUS, SLOPE_SCALING
+
+    m = measured_kernels(args)
+    units = {"attention": "us / (row x 1024 tokens)", "scoring": "ns / (row x token)", "topk": "ns / (row x token)"}
+    per = {"attention": 1.0, "scoring": 1e3, "topk": 1e3}
+    rows = [(t, f"{f.timing}, {len(f.points)}", f"{f.fixed_us:.1f}", f"{f.per_unit_us * per[t]:.4g}",
+             f"{max(abs(r) for r in f.residuals_pct()):.1f}", f"{m.scaled[t][0]:.1f}",
+             f"{m.scaled[t][1] * per[t]:.4g}", f"{units[t]}; slope by {SLOPE_SCALING[t]}")
+            for t, f in m.fits.items()]
+    src, dst = GPUS[m.source_gpu], GPUS[m.target_gpu]
+    return Section(f"Kernel terms fitted to {src.name} timings, scaled to {dst.name} (HBM "
+                   f"x{src.hbm_GBps / dst.hbm_GBps:.3f}, SMs x clock x{src.issue / dst.issue:.3f}; "
+                   "sparkinfer/core/kernel_fit.py)",
+                   ("term", "timing, points", f"fixed us ({src.name})", f"slope ({src.name})", "max miss %",
+                    f"fixed us ({dst.name})", f"slope ({dst.name})", "unit"), rows)
+
+
+add_section(decode_section)
+add_section(kernel_fit_section)
+
+
 def scoring_section(args: argparse.Namespace, plan: CapacityPlan) -> Optional[Section]:
     """Per batch (1, 8, --concurrency): the context from which ``indexer_scoring = auto`` scores a
     step sharded (each GPU its own positions plus one candidate all-gather per indexer layer,
     ``costmodel.sharded_scoring_from``); None without ``--hw`` or at DCP1."""
     if getattr(args, "hw", None) is None or plan.profile.dcp == 1 or plan.profile.indexer != "replicated":
         return None  # the choice needs every key on every GPU
-    prof = cm.load_profile(args.hw)
+    prof = hw_profile(args)
     rows = [(str(b), f"{cm.sharded_scoring_from(prof, b, 1 + args.mtp, plan.profile.dcp):,}")
             for b in sorted({1, 8, args.concurrency})]
     return Section(f"indexer_scoring = auto on {prof.name}, MTP{args.mtp}",

@@ -36,17 +36,19 @@ Per attention layer, with ``x`` the layer's link time for its bytes:
   matches the published observation that deeper rings only cost memory.
   ``chunk <= chunk_packed`` whenever ``s <= c`` (a section's issue cost below one
   layer's compute: ~24 us against ~120 us on the shipped profiles).
-* **indexer**: scoring per Full layer costs ``index_ns_per_token`` per scored
-  token per query row. ``replicated`` scoring: every rank scores the whole
-  context alone (no collective). ``sharded`` scoring: every rank scores the
+* **indexer**: scoring per Full layer costs ``index_call_us`` (the calls' fixed cost, 0 for floor
+  kernels) plus ``index_ns_per_token`` per scored token per query row. ``replicated`` scoring:
+  every rank scores the whole context alone (no collective). ``sharded`` scoring: every rank scores the
   ``1/D`` of the context it owns and the ranks all-gather their top-k candidates
   (upstream's sharded indexer does this over its sharded keys; sparkinfer does it
   over its replicated keys, with the same merged top-k on every rank, so either
   path can follow). The scoring is its own per-step choice, the same for both
   paths, so it cancels out of the stock/selected comparison: ``choose_indexer``
   takes the cheaper (``scoring_saving_us``).
-* **attention**: ``attn_us_per_ktok`` per layer per 1024 selected tokens per row,
-  the same for both paths (stock DCP attends the same top-k, split over ranks).
+* **attention**: ``attn_call_us`` per layer (the call's fixed cost, 0 for floor kernels) plus
+  ``attn_us_per_ktok`` per layer per 1024 selected tokens per row, the same for both paths (stock
+  DCP attends the same top-k, split over ranks). ``core/kernel_fit.py`` fits both kernel terms to
+  sparkinfer's kernels measured on a GPU (``sparkinfer plan --kernels measured``).
 * **replica records** (``StepSpec.held_fraction``, ``core/replicas.py``): the share of the remote
   union a rank holds in its replica store is local like its own shard; the reuse pool's
   ``new_fraction`` applies to the rest, so the share that moves is
@@ -65,7 +67,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 from sparkinfer.core import accounting as acc
 from sparkinfer.core.geometry import GLM52, ModelGeometry
@@ -97,6 +99,8 @@ class NodeProfile:
     mode: str = "auto"  # auto | stock | selected (environment VLLM_SPARKINFER_MODE overrides)
     source: str = ""  # where the numbers come from
     gpu: str = ""  # part of the CUDA device name that auto applies it to ("": none, e.g. an estimate)
+    attn_call_us: float = 0.0  # fixed cost of one layer's sparse-attention call per step (0: floor kernels)
+    index_call_us: float = 0.0  # fixed cost of one Full layer's scoring + top-k per step (0: floor kernels)
 
     def __post_init__(self):
         for f in fields(self):
@@ -117,7 +121,7 @@ class NodeProfile:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ValueError(f"unknown profile fields {unknown}; expected {sorted(names)}")
-        missing = sorted(f.name for f in fields(cls) if f.name not in d and f.name not in ("mode", "source", "gpu"))
+        missing = sorted(f.name for f in fields(cls) if f.name not in d and f.default is MISSING)
         if missing:
             raise ValueError(f"profile is missing fields {missing}")
         return cls(**d)
@@ -321,9 +325,9 @@ def predict(step: StepSpec, p: NodeProfile, path: str, depth: int = 1,
     n_full = len(groups)
     rows_total = step.batch * step.rows
     k_eff = min(step.context + step.rows, geom.topk)
-    attn = n_layers * p.attn_us_per_ktok * rows_total * k_eff / 1024.0
+    attn = n_layers * (p.attn_call_us + p.attn_us_per_ktok * rows_total * k_eff / 1024.0)
     scored = step.context if step.indexer == "replicated" else step.context / step.dcp
-    index = n_full * rows_total * scored * p.index_ns_per_token * 1e-3
+    index = n_full * (p.index_call_us + rows_total * scored * p.index_ns_per_token * 1e-3)
     b = step_bytes(step, geom)
     d = step.dcp
     # the store takes the target layers' records (the MTP layer's are not replicated)
