@@ -123,7 +123,7 @@ def _splits(m: int, h: int, listed: int) -> int:
 
 
 def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None, listed: int = K) -> dict:
-    """Sparse-MLA decode, the attention kernel itself: each row reads its k compacted indices (of the
+    """Sparse-MLA decode, the attention kernel itself: each row reads its k compacted indices (int64, of the
     ``listed`` it was given; k < listed when other ranks' entries are -1) and gathers those records
     (``gathered`` records in all when the rows of a request read their union once), QK over 576
     dims, PV over 512 (absorbed), bf16 MMA with an fp32 accumulator. The engine's default
@@ -132,7 +132,7 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     else the output."""
     gathered = m * k if gathered is None else gathered
     s = _splits(m, h, listed)
-    nbytes = gathered * RECORD[fmt] + m * k * 4 + m * 4 + m * h * (LATENT + ROPE) * 2 + s * m * h * (LATENT + 1) * 4
+    nbytes = gathered * RECORD[fmt] + m * k * 8 + m * 4 + m * h * (LATENT + ROPE) * 2 + s * m * h * (LATENT + 1) * 4
     flops = 2 * m * h * k * (LATENT + ROPE + LATENT)
     mma = 2 * m * h * k * (LATENT + ROPE + 2 * LATENT)
     expect = ("bf16 tensor cores (mma.sync), memory-bound on both GPUs: within 2x of the floor on the H200 "
@@ -142,11 +142,12 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
                 nbytes, flops, "bf16", expect, mma_flops=mma)
 
 
-def _compact(m: int, listed: int, k: int, shape: str) -> dict:
-    """Index compaction ahead of the decode: one CTA per row reads its int32 list and writes the k
-    valid indices to the front of a workspace row and their count."""
+def _compact(m: int, listed: int, k: int, shape: str, listed_bytes: int) -> dict:
+    """Index compaction ahead of the decode: one CTA per row reads its list (the selected path's
+    workspace slots are int32, the stock path's cache rows int64: ``listed_bytes``) and writes the k
+    valid indices (int64) to the front of a workspace row and their count."""
     return _row("sparse_mla_compact", shape, {"M": m, "listed": listed, "valid": k},
-                m * listed * 4 + m * k * 4 + m * 4, 0, "none",
+                m * listed * listed_bytes + m * k * 8 + m * 4, 0, "none",
                 "launch-bound (64 CTAs of 1,024 entries): within ~2 us of an empty launch",
                 covers=["sparse_mla_compact[i32]", "sparse_mla_compact[i64]"])
 
@@ -224,8 +225,8 @@ def roofline() -> list[dict]:
     rows.append(_mla("nvfp4_368", B * R, HEADS, K // D, "stock DCP4: 16 req x 4 rows, 64 heads, 2048 listed, "
                      "512 valid (compacted)"))
     rows.append(_mla("nvfp4_368", R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
-    rows.append(_compact(B * R, K, K, "selected: 16 req x 4 rows x 2048 listed, all valid"))
-    rows.append(_compact(B * R, K, K // D, "stock DCP4: 2048 listed, 512 valid"))
+    rows.append(_compact(B * R, K, K, "selected: 16 req x 4 rows x 2048 listed, all valid", 4))
+    rows.append(_compact(B * R, K, K // D, "stock DCP4: 2048 listed, 512 valid", 8))
     rows.append(_merge(B * R, HEADS_PER_RANK, K, "selected: 16 req x 4 rows, 16 heads/rank, top-2048"))
     rows.append(_merge(R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
     rows.append(_indexer(R, 131072, "decode: one request, 4 rows, 128K context"))

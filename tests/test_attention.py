@@ -135,7 +135,9 @@ def test_bf16_precision_is_coarser_but_sane():
 
 
 def test_compaction_keeps_valid_indices_in_order():
-    """The compaction kernel against torch: int32 and int64 indices, strided, K across its 1024 blocks."""
+    """The compaction kernel against torch: int32 and int64 indices, strided, K across its 1024 blocks.
+    The int64 ones pass 2^31 (just past it, around 2^32, at 2^40: the engine's rows of a strided
+    cache view over 8 GiB) and come out unchanged, int64."""
     from sparkinfer.attention.triton_decode import COMPACT_BLOCK, _compact_kernel
 
     g = torch.Generator().manual_seed(2)
@@ -144,14 +146,56 @@ def test_compaction_keeps_valid_indices_in_order():
     base[torch.rand(4, 2 * k, generator=g) < 0.75] = -1
     base[1] = -1
     base[2, ::2] = torch.arange(k)  # the strided view sees all of row 2
-    for idx in (base[:, ::2], base[:, ::2].int()):
-        cidx = torch.full((4, k), -7, dtype=torch.int32)
+    far = torch.tensor([1 << 31, (1 << 32) - 5_000, 1 << 40])[torch.arange(2 * k) % 3]
+    wide = torch.where(base >= 0, base + far, -1)
+    for idx in (wide[:, ::2], base[:, ::2].int()):
+        cidx = torch.full((4, k), -7, dtype=torch.int64)
         counts = torch.empty(4, dtype=torch.int32)
         _compact_kernel[(4,)](idx, idx.stride(0), idx.stride(1), k, cidx, cidx.stride(0), counts, BLOCK=COMPACT_BLOCK)
         for m in range(4):
-            want = idx[m][idx[m] >= 0].int()
+            want = idx[m][idx[m] >= 0].long()
             assert counts[m] == want.numel()
             assert torch.equal(cidx[m, : want.numel()], want)
+            assert bool((cidx[m, want.numel():] == -7).all())  # past the count: left as it was
+    assert (wide >= 1 << 31).any(axis=1)[[0, 2, 3]].all()  # the int64 case does pass 2^31 in the listed rows
+
+
+def test_decode_reads_records_at_indices_past_2_31():
+    """The decode's record address (records + index x row stride) in int64, for indices >= 2^31, with
+    no large allocation: the records are a strided cache's ``row_view`` (rows 4 bytes apart, as the
+    engine reads them: index 2^31 is byte 8 GiB), handed to the kernel through a tensor whose
+    ``data_ptr()`` lies ``shift`` (> 2^31) rows before its data, so index ``shift + r`` addresses row r of the
+    small view. The output equals, bit for bit, the decode of the same view at indices r, and the
+    float64 oracle. With int32 compacted indices the index would wrap and the kernel read 16 GiB
+    away, so the launch is guarded by the workspace's index width."""
+    from sparkinfer.attention.triton_decode import DecodeWorkspace, sparse_mla_decode_triton
+    from sparkinfer.attention.validate import resolve_layout
+    from sparkinfer.vllm.paged_sparse_mla import row_view
+
+    shift = (1 << 31) + 12_345  # rows: the addresses pass 2^31 x 4 bytes
+
+    class Shifted(torch.Tensor):
+        def data_ptr(self):  # ``shift`` rows of the view before the data
+            return super().data_ptr() - shift * self.stride(0)
+
+    fmt = get_format("nvfp4_368")
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=3, k=40, t=48, seed=14)
+    backing = torch.zeros(6, 2, 8, 384, dtype=torch.uint8)  # [blocks, layers, block_size, record + pad]
+    cache = backing[:, 1, :, :368]  # a layer's strided view, as vLLM's block-outermost layouts make it
+    cache.copy_(records.view(6, 8, 368))  # token t in block t // 8, offset t % 8
+    rows, at = row_view(cache, indices.long())
+    assert rows.stride(0) == 4 and torch.equal(at < 0, indices < 0)
+    far = torch.where(at >= 0, at + shift, -1)
+    assert bool((far[indices >= 0] >= 1 << 31).all())
+    lay = resolve_layout(fmt)
+    scale = 1 / math.sqrt(576)
+    want = sparse_mla_decode_triton(q_nope, q_rope, rows, lay, at, scale, num_splits=1)
+    ws = DecodeWorkspace.allocate(2, 3, 40, 1, "cpu")
+    assert ws.indices.dtype == torch.int64, "compacted indices would wrap past 2^31: not launched (out-of-bounds reads)"
+    got = sparse_mla_decode_triton(q_nope, q_rope, rows.as_subclass(Shifted), lay, far, scale, workspace=ws)
+    assert torch.equal(ws.indices[0, : int((far[0] >= 0).sum())], far[0][far[0] >= 0])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_matches(*got, *oracle(q_nope, q_rope, records, fmt, indices, scale), tol=TRITON_TOL)
 
 
 def test_preallocated_outputs_and_workspace():

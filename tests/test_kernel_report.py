@@ -97,21 +97,22 @@ def test_roofline_arithmetic():
     assert mla["mma_flops"] == 2 * 64 * 16 * 2048 * 1600 == 6_710_886_400
     # splits: ceil(188 SMs / (64 rows x 1 head block)) = 3, under 2048 // 256 = 8 and the merge's 64
     assert mla["params"]["splits"] == 3
-    # records 64*2048*368 + compacted indices 64*2048*4 + counts 64*4 + q 64*16*576*2 (bf16)
+    # records 64*2048*368 + compacted indices (int64) 64*2048*8 + counts 64*4 + q 64*16*576*2 (bf16)
     # + 3 fp32 partials (out + LSE) 3*64*16*513*4
-    assert mla["bytes"] == 48_234_496 + 524_288 + 256 + 1_179_648 + 6_303_744
+    assert mla["bytes"] == 48_234_496 + 1_048_576 + 256 + 1_179_648 + 6_303_744
     h200, pro = mla["times"]["h200"], mla["times"]["rtx_pro_6000"]
     assert h200["mem_us"] == pytest.approx(mla["bytes"] / 4.8e12 * 1e6, abs=1e-3)
     assert pro["mem_us"] == pytest.approx(mla["bytes"] / 1.79e12 * 1e6, abs=1e-3)
     assert pro["tc_bf16_us"] == pytest.approx(6_710_886_400 / 500e12 * 1e6, abs=1e-3)
-    # on bf16 tensor cores it is memory-bound on both GPUs (56.2 MB: 31.4 / 11.7 us)
+    # on bf16 tensor cores it is memory-bound on both GPUs (56.8 MB: 31.7 / 11.8 us)
     assert h200["bound"] == pro["bound"] == "memory" and 11 < h200["floor_us"] < 12 and 31 < pro["floor_us"] < 32
     stock = next(r for r in rows if r["kernel"] == "sparse_mla_decode[nvfp4_368]" and r["params"]["H"] == 64)
     # stock DCP4: of 2048 listed, the 512 of this rank are compacted and read: a quarter of the records
     assert stock["params"]["K"] == 512 and stock["params"]["splits"] == 1
-    assert stock["bytes"] == 64 * 512 * 368 + 64 * 512 * 4 + 64 * 4 + 64 * 64 * 576 * 2 + 64 * 64 * 513 * 4
+    assert stock["bytes"] == 64 * 512 * 368 + 64 * 512 * 8 + 64 * 4 + 64 * 64 * 576 * 2 + 64 * 64 * 513 * 4
     compact = next(r for r in rows if r["kernel"] == "sparse_mla_compact" and r["params"]["valid"] == 512)
-    assert compact["bytes"] == 64 * 2048 * 4 + 64 * 512 * 4 + 64 * 4 and compact["times"]["h200"]["bound"] == "launch"
+    # the stock path's list is its int64 cache rows; the 512 valid ones are written int64
+    assert compact["bytes"] == 64 * 2048 * 8 + 64 * 512 * 8 + 64 * 4 and compact["times"]["h200"]["bound"] == "launch"
     merge = next(r for r in rows if r["kernel"] == "sparse_mla_merge_splits" and r["params"]["M"] == 4)
     # batch 1: ceil(188 / 4) = 47 splits wanted, 8 allowed by 2048 // 256; read 8 partials, write one
     assert merge["params"]["splits"] == 8 and merge["bytes"] == 9 * 4 * 16 * 513 * 4

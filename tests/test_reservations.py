@@ -43,10 +43,11 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     assert res["exchange_index"] == 8 * cap
     assert res["prefetch_ring"] == 4 * (512 * MIB // (4 * 368)) * 368
     # the attention arena: a step of 8,192 rows (vLLM's batched tokens), 64 heads (16 per TP rank, gathered
-    # over DCP4), bf16 output [M, H, 512] and its LSE; a block of 1,024 rows' top-k rows (int64), compacted
-    # indices, counts and fp32 partials; the indexer's fp8 q (32 heads x 128) and its scales; a cache
-    # write's staging: encoded records (up to 656 B) and fp32 copies of a bf16 latent (512) and rope (64)
-    assert res["attention_workspace"] == (8192 * 64 * 512 * 2 + 8192 * 64 * 4 + 1024 * 2048 * (8 + 4) + 4 * 1024
+    # over DCP4), bf16 output [M, H, 512] and its LSE; a block of 1,024 rows' top-k rows and compacted
+    # indices (both int64: cache rows pass 2^31), counts and fp32 partials; the indexer's fp8 q (32 heads
+    # x 128) and its scales; a cache write's staging: encoded records (up to 656 B) and fp32 copies of a
+    # bf16 latent (512) and rope (64)
+    assert res["attention_workspace"] == (8192 * 64 * 512 * 2 + 8192 * 64 * 4 + 1024 * 2048 * (8 + 8) + 4 * 1024
                                           + 1024 * 64 * 513 * 4 + 8192 * 32 * (128 + 4)
                                           + 8192 * (656 + 4 * 512 + 4 * 64))
     # a gathered step holds up to vLLM's 8,192 batched tokens (`vllm serve`'s default on this node)
@@ -119,7 +120,7 @@ def test_only_the_attention_arena_is_reserved_without_a_selected_path():
     staging (encoded records up to 656 B, fp32 latent and rope) for 8,192 rows in both."""
     for argv, heads in ((["--dcp", "1"], 16), (["--indexer", "sharded"], 64)):
         d = _plan_json("--profile", "glm52-tp4-dcp4-mtp3-368", *argv)
-        want = (8192 * heads * (512 * 2 + 4) + 1024 * 2048 * (8 + 4) + 4 * 1024 + 1024 * heads * 513 * 4
+        want = (8192 * heads * (512 * 2 + 4) + 1024 * 2048 * (8 + 8) + 4 * 1024 + 1024 * heads * 513 * 4
                 + 8192 * (656 + 4 * 512 + 4 * 64))
         assert d["reservations"] == {"attention_workspace": want} and d["reserved_bytes"] == want
 

@@ -127,13 +127,13 @@ def _tokens_that_fit(kv_bytes: int, record: int, dcp: int, mtp: bool) -> int:
 def _arena(dcp: int) -> int:
     """The attention arena (sparkinfer/core/attention_workspace.py), held in every mode: a bf16
     output and fp32 LSE for 8,192 rows (vLLM's batched tokens) x 16 heads per TP rank gathered over
-    DCP, a 1,024-row block's int64 top-k rows, int32 indices, counts and fp32 partials [1,024, H,
+    DCP, a 1,024-row block's int64 top-k rows and compacted indices, counts and fp32 partials [1,024, H,
     512 + 1]; under DCP > 1 sparkinfer's indexer quantizes its q (32 heads x 128 fp8 + a scale); a cache
     write's staging for 8,192 rows (encoded records up to 656 B, fp32 latent 512 and rope 64)."""
     heads = 16 * dcp
     index_q = 8192 * 32 * (128 + 4) if dcp > 1 else 0
     staging = 8192 * (656 + 4 * 512 + 4 * 64)
-    return (8192 * heads * (2 * 512 + 4) + 1024 * 2048 * (8 + 4) + 4 * 1024 + 1024 * heads * 513 * 4 + index_q
+    return (8192 * heads * (2 * 512 + 4) + 1024 * 2048 * (8 + 8) + 4 * 1024 + 1024 * heads * 513 * 4 + index_q
             + staging)
 
 

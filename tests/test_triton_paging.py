@@ -72,6 +72,26 @@ def test_topk_rows_equal_the_torch_slots_through_the_row_view(dev, strided, worl
 
 
 @pytest.mark.parametrize("dev", DEVICES)
+def test_topk_rows_past_2_31_are_exact(dev):
+    """Rows of a layer view spanning ~120 GiB of 4-byte rows (a block stride of 2^29 rows, blocks 4..59:
+    rows from 2^31 to ~2^35; no cache allocated, the kernel only computes them) against the torch
+    slots through ``row_view``'s formula, at DCP2: every kept row passes 2^31 and none wraps."""
+    g = torch.Generator().manual_seed(5)
+    bs, row_s0, row_s1 = 16, 1 << 29, 92
+    table = torch.randint(4, 60, (3, 4), generator=g, dtype=torch.int32)
+    token_req = torch.randint(0, 3, (5,), generator=g, dtype=torch.int64)
+    topk = _topk_case(g, 5, 300, 4 * bs * 2, False)
+    for rank in range(2):
+        slots = topk_to_slots(topk, token_req, table, bs, rank, 2, 1)
+        want = torch.where(slots >= 0, (slots // bs) * row_s0 + (slots % bs) * row_s1, -1)
+        checks = DeviceChecks(dev)
+        got = triton_paging.topk_rows(topk.to(dev), token_req.to(dev), table.to(dev), bs, row_s0, row_s1,
+                                      checks.word("topk_position"), rank, 2, 1).cpu()
+        assert torch.equal(got, want) and not bool(checks.flags.any())
+        assert (got >= 0).any() and bool((got[got >= 0] >= 1 << 31).all())
+
+
+@pytest.mark.parametrize("dev", DEVICES)
 def test_topk_rows_writes_only_its_output(dev):
     g = torch.Generator().manual_seed(3)
     cache = _layer(_backing(g=g), 368, True)

@@ -3,7 +3,7 @@
     out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale)
 
 q_nope float32/bf16 [M, H, 512] (absorbed), q_rope [M, H, 64], records uint8
-[T, fmt.record_bytes], indices int32 [M, K] into records (-1 = skip), scale the
+[T, fmt.record_bytes], indices int32/int64 [M, K] into records (-1 = skip), scale the
 softmax scale applied to q . k. Returns out float32 [M, H, 512] and lse float32
 [M, H] = log sum_j exp(scale * q . k_j) (natural log; -inf with a zero output
 for a row without any index). Keys are [latent ; rope], values the latent.

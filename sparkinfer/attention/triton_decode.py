@@ -31,9 +31,15 @@ Three kernels, all launched without a host read:
 3. ``_merge_splits_kernel`` (grid M x H, only when S > 1): the exact LSE merge of the S partials
    (out fp32 [S, M, H, 512], lse fp32 [S, M, H]), the formula of ``merge_lse``.
 
-Workspace (``DecodeWorkspace``): compacted indices int32 [M, K], counts int32 [M], partials
+Workspace (``DecodeWorkspace``): compacted indices int64 [M, K], counts int32 [M], partials
 out fp32 [S, M, H, 512] and lse fp32 [S, M, H] (S > 1 only). A caller that owns one (and the
 outputs) runs the whole decode without allocating.
+
+Index widths: a record index is int64 from the caller's list to the address. The engine's indices
+are rows of a strided cache's ``row_view`` (``vllm.paged_sparse_mla``), 4 bytes apart, so a layer
+view spanning more than 8 GiB has rows past 2^31; the address ``records + index * row stride`` is
+int64 as well. Row offsets into the index buffers (``m * stride``) are int64 too. Positions within
+a row's top-k (the ``ks`` below, a compacted position, the counts) stay int32: bounded by K.
 """
 
 from __future__ import annotations
@@ -201,7 +207,7 @@ def _sparse_mla_decode_kernel(
     FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
 ):
-    m = tl.program_id(0)
+    m = tl.program_id(0).to(tl.int64)  # every row offset below in int64 (module docstring)
     hb = tl.program_id(1)
     split = tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -232,8 +238,8 @@ def _sparse_mla_decode_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         valid = ks < k_hi
-        idx = tl.load(idx_ptr + m * s_idx_m + ks, mask=valid, other=0)
-        row_ptr = rec_ptr + idx.to(tl.int64) * rec_stride
+        idx = tl.load(idx_ptr + m * s_idx_m + ks, mask=valid, other=0)  # int64 (the workspace's)
+        row_ptr = rec_ptr + idx * rec_stride  # int64: idx * stride passes 2^31 (module docstring)
         vm = valid[:, None]
         zero_s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
         if NVFP4:
@@ -290,9 +296,12 @@ def _sparse_mla_decode_kernel(
 
 @triton.jit
 def _compact_kernel(idx_ptr, s_idx_m, s_idx_k, K, cidx_ptr, s_cidx_m, cnt_ptr, BLOCK: tl.constexpr):
-    """Row m of indices [M, K] (int32/int64, -1 = skip) -> its valid entries in order, int32, at the
-    front of cidx[m] (entries past the count are left as they were), and their count in cnt[m]."""
-    m = tl.program_id(0)
+    """Row m of indices [M, K] (int32/int64, -1 = skip) -> its valid entries in order, int64, at the
+    front of cidx[m] (entries past the count are left as they were), and their count in cnt[m].
+
+    The entries are stored as int64 whatever their input width: the engine's (cache rows of a
+    strided view) pass 2^31. ``base`` and ``pos`` are positions within the row, bounded by K: int32."""
+    m = tl.program_id(0).to(tl.int64)
     base = tl.zeros([], tl.int32)
     for k0 in range(0, K, BLOCK):
         ks = k0 + tl.arange(0, BLOCK)
@@ -300,7 +309,7 @@ def _compact_kernel(idx_ptr, s_idx_m, s_idx_k, K, cidx_ptr, s_cidx_m, cnt_ptr, B
         valid = idx >= 0
         flag = valid.to(tl.int32)
         pos = base + tl.cumsum(flag, axis=0) - 1
-        tl.store(cidx_ptr + m * s_cidx_m + pos, idx.to(tl.int32), mask=valid)
+        tl.store(cidx_ptr + m * s_cidx_m + pos, idx.to(tl.int64), mask=valid)
         base += tl.sum(flag, axis=0)
     tl.store(cnt_ptr + m, base)
 
@@ -363,9 +372,10 @@ def default_num_splits(m: int, h: int, k: int, device: torch.device) -> int:
 class DecodeWorkspace:
     """Device buffers of one decode shape (M rows, H heads, K indices per row, S splits).
 
-    indices int32 [M, K] (compacted), counts int32 [M], partial_out fp32 [S, M, H, 512] and
-    partial_lse fp32 [S, M, H] (None when S == 1 and the output is fp32: the kernel writes the
-    outputs directly; a bf16 output always goes through the merge kernel, which rounds it).
+    indices int64 [M, K] (compacted; record indices pass 2^31: the module docstring), counts int32
+    [M] (at most K), partial_out fp32 [S, M, H, 512] and partial_lse fp32 [S, M, H] (None when
+    S == 1 and the output is fp32: the kernel writes the outputs directly; a bf16 output always goes
+    through the merge kernel, which rounds it).
     """
 
     indices: torch.Tensor
@@ -379,7 +389,7 @@ class DecodeWorkspace:
             raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}] (the merge kernel's block), got {num_splits}")
         f32 = dict(dtype=torch.float32, device=device)
         many = num_splits > 1 or bf16_out
-        return cls(torch.empty((m, k), dtype=torch.int32, device=device),
+        return cls(torch.empty((m, k), dtype=torch.int64, device=device),
                    torch.empty((m,), dtype=torch.int32, device=device),
                    torch.empty((num_splits, m, h, LATENT_DIM), **f32) if many else None,
                    torch.empty((num_splits, m, h), **f32) if many else None)
@@ -390,7 +400,7 @@ class DecodeWorkspace:
 
     def check(self, m: int, h: int, k: int, device) -> None:
         """Raise ValueError unless these buffers serve M rows, H heads and K indices on ``device``."""
-        want = {"indices": ((m, k), torch.int32), "counts": ((m,), torch.int32)}
+        want = {"indices": ((m, k), torch.int64), "counts": ((m,), torch.int32)}
         if self.partial_out is not None:
             s = self.partial_out.shape[0]
             if not 1 <= s <= MAX_SPLITS:
@@ -478,7 +488,7 @@ def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: st
 
 
 _DECODE_SIG = {
-    "qn_ptr": "*bf16", "qr_ptr": "*bf16", "rec_ptr": "*u8", "idx_ptr": "*i32", "cnt_ptr": "*i32",
+    "qn_ptr": "*bf16", "qr_ptr": "*bf16", "rec_ptr": "*u8", "idx_ptr": "*i64", "cnt_ptr": "*i32",
     "out_ptr": "*fp32", "lse_ptr": "*fp32", "qk_scale": "fp32", "outer_scale": "fp32",
 }
 
@@ -500,7 +510,7 @@ def compile_specs() -> list[dict]:
             specs.append(dict(name=f"sparse_mla_decode[{lay.short}{q}]", fn=_sparse_mla_decode_kernel,
                               signature=sig, constexprs=c, num_warps=NUM_WARPS[lay.name], num_stages=NUM_STAGES))
     for idx_type in ("*i32", "*i64"):
-        sig = {"idx_ptr": idx_type, "s_idx_m": "i32", "s_idx_k": "i32", "K": "i32", "cidx_ptr": "*i32",
+        sig = {"idx_ptr": idx_type, "s_idx_m": "i32", "s_idx_k": "i32", "K": "i32", "cidx_ptr": "*i64",
                "s_cidx_m": "i32", "cnt_ptr": "*i32", "BLOCK": "constexpr"}
         specs.append(dict(name=f"sparse_mla_compact[{idx_type[1:]}]", fn=_compact_kernel, signature=sig,
                           constexprs={"BLOCK": COMPACT_BLOCK}, num_warps=COMPACT_WARPS, num_stages=1))

@@ -48,7 +48,7 @@ def check_decode_inputs(q_nope, q_rope, records, fmt, indices, scale, check_indi
     if records.stride(1) != 1 or records.stride(0) % 4 != 0 or records.data_ptr() % 4 != 0:
         raise ValueError("records rows must have contiguous bytes and start at 4-byte aligned addresses")
     if indices.dtype not in (torch.int32, torch.int64) or indices.dim() != 2 or indices.shape[0] != m:
-        raise ValueError(f"indices must be int32 [M={m}, K], got {indices.dtype} {tuple(indices.shape)}")
+        raise ValueError(f"indices must be int32 or int64 [M={m}, K], got {indices.dtype} {tuple(indices.shape)}")
     devices = {t.device for t in (q_nope, q_rope, records, indices)}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")

@@ -18,7 +18,8 @@ H = ``heads``, K = ``topk``, B = ``BLOCK_ROWS``, N = ``rows x index_heads``):
 out             [M, H, 512], bf16 for a bf16 model (the merge kernel rounds into it), else fp32
 lse             float32 [M, H]
 topk_rows       int64 [B, K]: a block's cache rows of its top-k (``triton_paging.topk_rows``)
-indices         int32 [B, K]: the decode kernel's compacted indices
+indices         int64 [B, K]: the decode kernel's compacted indices (cache rows of a strided
+                view pass 2^31: ``triton_decode``'s index widths)
 counts          int32 [B]
 partial_out     float32 [S x m <= BLOCK_ROWS, H, 512]: the S splits' partial outputs of an m-row
                 block (a small block takes more splits, at most BLOCK_ROWS // m: ``layer_buffers``)
@@ -83,7 +84,7 @@ class AttentionWorkspace:
         m, h, k, b = self.rows, self.heads, self.topk, self.block_rows
         n = m * self.index_heads
         return {"out": m * h * LATENT_DIM * self.out_bytes, "lse": 4 * m * h, "topk_rows": 8 * b * k,
-                "indices": 4 * b * k, "counts": 4 * b, "partial_out": 4 * BLOCK_ROWS * h * LATENT_DIM,
+                "indices": 8 * b * k, "counts": 4 * b, "partial_out": 4 * BLOCK_ROWS * h * LATENT_DIM,
                 "partial_lse": 4 * BLOCK_ROWS * h, "indexer_q": n * self.index_dim,
                 "indexer_scales": 4 * n * (self.index_dim // self.index_group),
                 "record_rows": m * MAX_RECORD_BYTES, "record_latent": 4 * m * LATENT_DIM, "record_rope": 4 * m * ROPE_DIM}
@@ -106,7 +107,7 @@ def call_plan(m: int, h: int, k: int, out_bytes: int, splits_for) -> tuple[dict[
     rows = max((b - a for a, b, _ in blocks), default=0)
     partial = max(((b - a) * s for a, b, s in blocks if s > 1 or out_bytes == 2), default=0)
     return ({"out": m * h * LATENT_DIM * out_bytes, "lse": 4 * m * h, "topk_rows": 8 * rows * k,
-             "indices": 4 * rows * k, "counts": 4 * rows, "partial_out": 4 * partial * h * LATENT_DIM,
+             "indices": 8 * rows * k, "counts": 4 * rows, "partial_out": 4 * partial * h * LATENT_DIM,
              "partial_lse": 4 * partial * h}, blocks)
 
 

@@ -111,7 +111,7 @@ def attend_in_blocks(q_nope: torch.Tensor, k: int, attend_block):
     for a, b, s in blocks:
         n = b - a
         many = s > 1 or out_dtype == torch.bfloat16
-        ws = DecodeWorkspace(arena.view("indices", torch.int32, (n, k)), arena.view("counts", torch.int32, (n,)),
+        ws = DecodeWorkspace(arena.view("indices", torch.int64, (n, k)), arena.view("counts", torch.int32, (n,)),
                              arena.view("partial_out", torch.float32, (s, n, h, LATENT_DIM)) if many else None,
                              arena.view("partial_lse", torch.float32, (s, n, h)) if many else None)
         attend_block(a, b, out[a:b], lse[a:b], _Block(ws, arena.view("topk_rows", torch.int64, (n, k))))

@@ -216,14 +216,16 @@ def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
 
 def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor,
                     dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None, out=None):
-    """(rows of ``kv_cache``, int [M, K] row of each top-k position in them, -1 where unused or remote):
+    """(rows of ``kv_cache``, int64 [M, K] row of each top-k position in them, -1 where unused or remote):
     what the attention kernels read (``topk_to_slots`` then ``row_view``; the pages copied out by
     ``compact_pages`` when the cache has no row view). The forward's form (``checks``) on a GPU is
     one kernel (``triton_paging.topk_rows``) from the top-k straight to rows, into ``out`` (int64
     [M, K]) when given.
 
     The strided pages are read in place: copying the pages a top-k touches moves up to the whole
-    shard per layer, many times the k records attention reads. int64 rows: the view spans the cache.
+    shard per layer, many times the k records attention reads. int64 rows: the view spans the cache,
+    4 bytes a row, so a layer view over 8 GiB has rows past 2^31 (the decode keeps them int64 to the
+    address: ``attention.triton_decode``).
     """
     from sparkinfer.vllm.impls import kernel_backend
 
@@ -239,7 +241,7 @@ def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch
     if strides is not None:
         return row_view(kv_cache, slots)
     pages, local, _ = compact_pages(kv_cache, slots)
-    return pages.view(-1, kv_cache.shape[-1]), local.to(torch.int32)
+    return pages.view(-1, kv_cache.shape[-1]), local
 
 
 def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str,

@@ -225,10 +225,13 @@ class SelectedDecode:
             if topk is None or topk.dim() != 2 or topk.shape[0] != slots.shape[0]:
                 raise ValueError(f"a gathered step needs each layer's top-k [{slots.shape[0]}, K], got "
                                  f"{None if topk is None else tuple(topk.shape)}")
+            # int32: a workspace row, below the ring's rows per slot (gather() checked B * T against them)
             slots = torch.where(topk >= 0, topk.long() + slots[:, None], -1).to(torch.int32)
         if new_records.dtype != torch.uint8 or new_records.shape != (slots.shape[0], W):
             raise ValueError(f"new_records must be uint8 [{slots.shape[0]}, {W}], "
                              f"got {new_records.dtype} {tuple(new_records.shape)}")
+        # the slots index rows of one ring slot: int32 holds them (2^31 rows of >= 368 B would be a
+        # 790 GB slot); the decode widens them to int64 before the address (attention.triton_decode)
         ws = self.ring.get(layer)
         patch = group["patch"]
         own = patch["own"]

@@ -7,6 +7,13 @@ output; a check of device values ORs into its word of ``device_checks`` with an 
 forward stays free of host reads. ``tests/test_triton_paging.py`` holds them to the torch forms bit
 for bit (``TRITON_INTERPRET=1`` on CPU).
 
+Index widths: positions, slots, cache rows and row numbers are int64 before they meet a stride (a
+row of a strided layer view is 4 bytes, so past 8 GiB its rows pass 2^31). What stays int32 is
+bounded far below 2^31: a position within a top-k row (``rk``, below K), ``max_blocks * block_size``
+(the positions one request's block table covers on a rank, at most the model's context) and
+``num_blocks * block_size`` (the slots of one layer's cache: 2^31 of even the 132-byte indexer
+records would be a 283 GB layer).
+
 * ``topk_rows``: topk int32/int64 [M, K] (logical positions of row m's request, -1 unused), token_req
   int [M], block_table int32 [R, B] -> out int64 [M, K]: the row of each kept position in the cache's
   row view (``row_view``: slot ``b * block_size + i`` is row ``b * row_s0 + i * row_s1``), -1 where
