@@ -46,7 +46,7 @@ def _rank(rank, world, batch, rows, topk, context, compute_ms, steps, warmup, si
 
     from sparkinfer.comm.exchange import SelectedExchange
     from sparkinfer.comm.host_fabric import HostFabric
-    from sparkinfer.comm.slab import SlabLayout
+    from sparkinfer.core.slab import SlabLayout
     from sparkinfer.comm.synthetic import build_shard
     from sparkinfer.core.topology import DcpLayout, IndexSharePattern
     from sparkinfer.formats import get_format

@@ -35,7 +35,7 @@ def _pct(xs, q):
 def _host_rank(rank, world, records, widths, layers, iters, warmup, sizings):
     from sparkinfer.comm.exchange import SelectedExchange
     from sparkinfer.comm.host_fabric import HostFabric
-    from sparkinfer.comm.slab import SlabLayout
+    from sparkinfer.core.slab import SlabLayout
     from sparkinfer.comm.synthetic import make_case
 
     rows = []

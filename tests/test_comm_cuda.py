@@ -24,7 +24,7 @@ def _rank_main(rank, world, width, sizing):
     from sparkinfer.comm.cuda_fabric import CudaFabric
     from sparkinfer.comm.exchange import SelectedExchange
     from sparkinfer.comm.pack import check_cuda_errors
-    from sparkinfer.comm.slab import SlabLayout
+    from sparkinfer.core.slab import SlabLayout
     from sparkinfer.comm.synthetic import make_case
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -64,7 +64,7 @@ def _graph_rank_main(rank, world, width):
     from sparkinfer.comm.cuda_fabric import CudaFabric
     from sparkinfer.comm.exchange import SelectedExchange
     from sparkinfer.comm.pack import check_cuda_errors
-    from sparkinfer.comm.slab import SlabLayout
+    from sparkinfer.core.slab import SlabLayout
     from sparkinfer.comm.synthetic import make_case
 
     torch.cuda.set_device(rank % torch.cuda.device_count())

@@ -70,7 +70,7 @@ def _rank_main(rank, world):
     from sparkinfer.comm.exchange import SelectedExchange
     from sparkinfer.comm.fabric import FabricError
     from sparkinfer.comm.host_fabric import HostFabric
-    from sparkinfer.comm.slab import SlabLayout
+    from sparkinfer.core.slab import SlabLayout
     from sparkinfer.comm.synthetic import make_case
 
     results = {}

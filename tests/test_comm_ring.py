@@ -10,7 +10,7 @@ import torch.distributed as dist
 from sparkinfer.comm.exchange import SelectedExchange
 from sparkinfer.comm.host_fabric import HostFabric
 from sparkinfer.comm.ring import PrefetchRing, decode_groups
-from sparkinfer.comm.slab import SlabLayout
+from sparkinfer.core.slab import SlabLayout
 from sparkinfer.comm.synthetic import make_case
 from sparkinfer.core.topology import IndexSharePattern
 

@@ -10,7 +10,7 @@ from sparkinfer.comm import flags
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkinfer.comm.slab import (ABORT, ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout, chunk_rounds, host_offsets,
+from sparkinfer.core.slab import (ABORT, ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout, chunk_rounds, host_offsets,
                                  rotated_peers)
 
 

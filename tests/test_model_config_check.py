@@ -1,7 +1,8 @@
 """The start-up checks of patched vLLM over plain config dicts (no vLLM, no transformers): the
-GLM-5.2 (glm_moe_dsa) keys vLLM 0.32.0 would misread, the record format against the model, and
-sparkinfer's settings as SparkinferConfigError. tests/test_vllm_startup_faults.py runs the same
-faults through `vllm serve` and checks the transformers emulation against transformers itself."""
+GLM-5.2 (glm_moe_dsa) keys vLLM 0.32.0 would misread, heads and DCP against TP, the record format
+against the model, and sparkinfer's settings as SparkinferConfigError. tests/test_vllm_startup_faults.py
+runs the same faults through `vllm serve` and checks the transformers emulation against transformers
+itself."""
 
 import copy
 
@@ -157,30 +158,64 @@ def test_check_hf_config_raises_one_line_for_glm_only():
 
 class _ModelConfig:
     def __init__(self, hf_config, use_mla):
-        self.hf_config, self._use_mla = hf_config, use_mla
+        self.hf_config, self.use_mla = hf_config, use_mla
 
-    @property
-    def use_mla(self):
-        if self._use_mla is None:
-            raise AssertionError("use_mla read although the cache dtype is not a sparkinfer format")
-        return self._use_mla
+
+def _parallel(tp=1, dcp=1):
+    return _HF({"tensor_parallel_size": tp, "decode_context_parallel_size": dcp})
+
+
+LLAMA = _HF({"model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 2})
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for k in [k for k in __import__("os").environ if k.startswith("VLLM_SPARKINFER_")]:
+        monkeypatch.delenv(k)
+
+
+def _problems(hf=LLAMA, use_mla=False, cache_dtype="auto", tp=1, dcp=1, cli=None, environ=None):
+    return mcc.startup_problems(cli or {}, environ or {}, hf.to_dict(), use_mla=use_mla, cache_dtype=cache_dtype,
+                                tensor_parallel_size=tp, decode_context_parallel_size=dcp)
 
 
 @pytest.mark.parametrize("dtype", ["nvfp4_368", "nvfp4_ds_mla:bf16-rope-432"])
 def test_record_format_needs_mla(dtype):
-    with pytest.raises(SparkinferConfigError, match=f"--kv-cache-dtype {dtype}: .* does not use MLA"):
-        mcc.check_record_format(dtype, _ModelConfig(None, False))
-    mcc.check_record_format(dtype, _ModelConfig(None, True))
-    mcc.check_record_format("auto", _ModelConfig(None, None))  # not a sparkinfer format: use_mla unread
+    (problem,) = _problems(cache_dtype=dtype)
+    assert problem.startswith(f"--kv-cache-dtype {dtype}: ") and "does not use MLA" in problem
+    assert _problems(cache_dtype=dtype, use_mla=True) == []
+    assert _problems(cache_dtype="auto") == []  # not a sparkinfer format: any model
 
 
-def test_check_at_startup_errors_are_config_errors(monkeypatch):
-    for k in [k for k in __import__("os").environ if k.startswith("VLLM_SPARKINFER_")]:
-        monkeypatch.delenv(k)
-    model = _ModelConfig(_Untouchable(), None)
-    assert mcc.check_at_startup({"mode": "selected"}, model, "auto").mode == "selected"
+def test_heads_and_dcp_against_tp():
+    assert _problems(tp=8, dcp=8) == []
+    (problem,) = _problems(tp=3)
+    assert problem == "tensor_parallel_size 3 does not divide the model's 32 attention heads (num_attention_heads)"
+    (problem,) = _problems(tp=4, dcp=8)
+    assert problem == "decode_context_parallel_size 8 must divide tensor_parallel_size 4 (DCP ranks are TP ranks)"
+
+
+def test_every_problem_at_once_glm_only_for_glm():
+    glm = _HF(without(glm52_config(num_attention_heads=64), "scoring_func"))
+    problems = _problems(glm, use_mla=True, tp=3, dcp=3, cli={"mode": "bogus"})
+    assert [p.split()[:2] for p in problems] == [["sparkinfer", "mode"], ["tensor_parallel_size", "3"],
+                                                 ["glm_moe_dsa", "config.json,"]]
+    assert problems[2].endswith('scoring_func missing (vLLM\'s default is softmax expert routing; GLM-MoE-DSA routes '
+                                'with sigmoid): set "scoring_func": "sigmoid"')
+    # the GLM keys are this model type's only: another model with the same keys missing passes
+    assert _problems(_HF(dict(glm.to_dict(), model_type="deepseek_v32")), use_mla=True) == []
+
+
+def test_check_at_startup_errors_are_config_errors(clean_env, monkeypatch):
+    model = _ModelConfig(LLAMA, False)
+    assert mcc.check_at_startup({"mode": "selected"}, model, "auto", _parallel()).mode == "selected"
     with pytest.raises(SparkinferConfigError, match=r"mode \(from --sparkinfer-mode\)"):
-        mcc.check_at_startup({"mode": "bogus"}, model, "auto")
-    monkeypatch.setenv("VLLM_SPARKINFER_MODEE", "selected")
+        mcc.check_at_startup({"mode": "bogus"}, model, "auto", _parallel())
+    # one error, every problem: a bad setting, heads TP does not divide, a record format without MLA
+    with pytest.raises(SparkinferConfigError) as err:
+        mcc.check_at_startup({"mode": "bogus"}, model, "nvfp4_368", _parallel(tp=3))
+    assert str(err.value) == "; ".join(_problems(LLAMA, cache_dtype="nvfp4_368", tp=3, cli={"mode": "bogus"}))
+    assert "\n" not in str(err.value)
+    monkeypatch.setenv("VLLM_SPARKINFER_MODEE", "selected")  # the process environment, as vLLM's
     with pytest.raises(SparkinferConfigError, match="VLLM_SPARKINFER_MODEE"):
-        mcc.check_at_startup({}, model, "auto")
+        mcc.check_at_startup({}, model, "auto", _parallel())

@@ -207,7 +207,7 @@ def test_graph_modes_that_capture_a_sparkinfer_op_are_refused(mode, splitting, b
 
 
 def test_a_fabric_that_cannot_reach_the_caches_is_refused():
-    from sparkinfer.vllm.engine_start import fabric_problem
+    from sparkinfer.vllm.impls import fabric_problem
 
     assert "host fabric moves CPU tensors" in fabric_problem("host", "cuda")
     assert "CUDA fabric needs GPUs" in fabric_problem("cuda", "cpu")

@@ -141,7 +141,7 @@ def _decode_step(dec, rank, caches, replicas=None):
 def _rank_main(rank, world):
     from sparkinfer.comm.exchange import SelectedExchange
     from sparkinfer.comm.host_fabric import HostFabric
-    from sparkinfer.comm.slab import SlabLayout
+    from sparkinfer.core.slab import SlabLayout
     from sparkinfer.core.topology import DcpLayout, IndexSharePattern
     from sparkinfer.vllm.selected_decode import SelectedDecode
 

@@ -9,12 +9,15 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from sparkinfer import config as sc
 from sparkinfer.cli import main as cli_main
 from sparkinfer.cli import serve
+from sparkinfer.config import SparkinferConfigError
+from sparkinfer.vllm import model_config_check as mcc
 
 REPO = Path(__file__).parent.parent
 PROFILES = sorted((REPO / "profiles" / "serve").glob("*.toml"))
@@ -32,7 +35,7 @@ def glm52_config(**changes) -> dict:
            "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 192, "v_head_dim": 256,
            "index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048, "index_topk_pattern": GLM52_PATTERN,
            "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576, "scoring_func": "sigmoid",
-           "indexer_rope_interleave": True}
+           "topk_method": "noaux_tc", "indexer_rope_interleave": True}
     cfg.update(changes)
     return {k: v for k, v in cfg.items() if v is not None}
 
@@ -225,15 +228,9 @@ def test_replica_store_line(glm, capsys):
     assert rc == 2 and err.startswith("sparkinfer serve: sparkinfer.replica_window:") and "does not fit" in err
 
 
-BAD = [  # (config changes, --set overrides, the field the error must name)
-    ({"num_attention_heads": 6}, [], "vllm.tensor_parallel_size"),
-    ({}, ["vllm.tensor_parallel_size=3"], "vllm.tensor_parallel_size"),
-    ({}, ["vllm.tensor_parallel_size=128", "vllm.decode_context_parallel_size=1"], "vllm.tensor_parallel_size"),
-    ({}, ["vllm.decode_context_parallel_size=3"], "vllm.decode_context_parallel_size"),
-    ({"num_attention_heads": 96}, ["vllm.tensor_parallel_size=6", "vllm.decode_context_parallel_size=4"],
-     "vllm.decode_context_parallel_size"),
-    ({"index_topk_pattern": GLM52_PATTERN[:-1]}, [], "index_topk_pattern"),
-    ({"index_topk_pattern": None, "indexer_types": ["full"] * 77}, [], "indexer_types"),
+BAD = [  # (config changes, --set overrides, the field the error must name); start-up refusals: STARTUP
+    ({"model_type": "deepseek_v32", "index_topk_pattern": GLM52_PATTERN[:-1]}, [], "index_topk_pattern"),
+    ({"model_type": "deepseek_v32", "index_topk_pattern": None, "indexer_types": ["full"] * 77}, [], "indexer_types"),
     ({}, ["vllm.compilation_config.max_cudagraph_capture_size=32"],
      "vllm.compilation_config.max_cudagraph_capture_size"),
     ({}, ["vllm.max_num_seqs=17"], "vllm.compilation_config.max_cudagraph_capture_size"),
@@ -246,10 +243,7 @@ BAD = [  # (config changes, --set overrides, the field the error must name)
     ({"max_position_embeddings": 131072, "rope_parameters": {"rope_type": "default", "rope_theta": 8e6}}, [],
      "vllm.max_model_len"),
     ({"num_nextn_predict_layers": 0}, [], "vllm.speculative_config"),
-    ({}, ["sparkinfer.mode=fast"], "sparkinfer.mode"),
-    ({}, ["sparkinfer.pool_mb=0"], "sparkinfer.pool_mb"),
     ({}, ["sparkinfer.window=3"], "sparkinfer.window"),
-    ({}, ["sparkinfer.replica_window=-1"], "sparkinfer.replica_window"),
     ({}, ["vllm.kv_cache_dtype=auto"], "vllm.kv_cache_dtype"),
     ({"index_topk": None}, [], "index_topk"),
     ({}, ["vllm.block_size=0"], "vllm.block_size"),
@@ -271,7 +265,115 @@ def test_bad_field_is_named(changes, sets, field, glm, capsys):
     assert dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm())[0] == 0  # the good one passes
 
 
-def test_other_errors_name_what_to_fix(glm, tmp_path, capsys, monkeypatch):
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "kv_lora_rank": None,
+         "scoring_func": None, "topk_method": None, "indexer_rope_interleave": None}
+SHARED_FIRST = "S" + GLM52_PATTERN[1:]
+GLM52_TYPES = ["full" if c == "F" else "shared" for c in GLM52_PATTERN]  # transformers' indexer_types
+STARTUP = [  # every reason patched vLLM refuses to start (model_config_check.startup_problems), at least once:
+    # (config changes, --set overrides, environment, vLLM's ModelConfig.use_mla, what the reason names)
+    ({"scoring_func": None, "indexer_rope_interleave": None}, [], {}, True,
+     ['scoring_func missing', '"scoring_func": "sigmoid"', 'indexer_rope_interleave missing',
+      '"indexer_rope_interleave": true']),
+    ({"topk_method": "greedy"}, [], {}, True, ["topk_method is 'greedy'", '"topk_method": "noaux_tc"']),
+    ({"index_topk_pattern": GLM52_PATTERN[:-1], "indexer_types": GLM52_TYPES}, [], {}, True,
+     ["index_topk_pattern has 77 characters but num_hidden_layers is 78"]),
+    ({"index_topk_pattern": None, "indexer_types": ["full"] * 77}, [], {}, True, ["expected 78 entries"]),
+    ({"index_topk_pattern": "FFFFSS" + GLM52_PATTERN[6:], "indexer_types": GLM52_TYPES}, [], {}, True,
+     ["IndexShare: vLLM reads FFFFSS"]),
+    ({"index_topk_pattern": SHARED_FIRST, "indexer_types": ["full" if c == "F" else "shared" for c in SHARED_FIRST]},
+     [], {}, True, ["layer 0 has no earlier Full layer"]),
+    ({"first_k_dense_replace": 1, "mlp_layer_types": ["dense"] * 3 + ["sparse"] * 75}, [], {}, True,
+     ['set "first_k_dense_replace": 3']),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, [], {}, True, ["rope_parameters.rope_type is 'linear'"]),
+    ({"attention_bias": True}, [], {}, True, ["attention_bias is true"]),
+    ({"llama_4_scaling": {"beta": 0.1}}, [], {}, True, ["llama_4_scaling is set"]),
+    ({"num_attention_heads": 6}, [], {}, True, ["tensor_parallel_size 4 does not divide the model's 6 attention heads"]),
+    ({}, ["vllm.tensor_parallel_size=3"], {}, True,
+     ["tensor_parallel_size 3 does not divide the model's 64", "decode_context_parallel_size 4 must divide "
+                                                              "tensor_parallel_size 3"]),
+    ({}, ["vllm.decode_context_parallel_size=3"], {}, True, ["decode_context_parallel_size 3 must divide"]),
+    ({}, ["sparkinfer.mode=fast"], {}, True, ["sparkinfer mode (from --sparkinfer-mode)", "'fast'"]),
+    ({}, ["sparkinfer.pool_mb=0"], {}, True, ["sparkinfer pool_mb (from --sparkinfer-pool-mb)"]),
+    ({}, ["sparkinfer.replica_window=-1"], {}, True, ["sparkinfer replica_window"]),
+    ({}, [], {"VLLM_SPARKINFER_MOOD": "auto"}, True, ["VLLM_SPARKINFER_MOOD"]),
+    ({}, ["env.VLLM_SPARKINFER_MODEE=stock"], {}, True, ["VLLM_SPARKINFER_MODEE"]),  # the profile's [env]
+    (LLAMA, [], {}, False, ["--kv-cache-dtype nvfp4_368", "does not use MLA"]),
+]
+PROFILE = "glm52-tp4-dcp4-mtp3-368"
+
+
+class _HF:
+    """transformers' config object as vLLM holds it: attributes plus ``to_dict()``."""
+
+    def __init__(self, d):
+        self.__dict__.update(d)
+
+    def to_dict(self):
+        return dict(self.__dict__)
+
+
+def vllm_refusal(profile: str, cfg: dict, sets: list[str], use_mla: bool, environ: dict) -> str | None:
+    """What patched vLLM's start-up check (the function patch 0002 calls in
+    ``EngineArgs.create_engine_config``) says about the profile's engine: its message, None if it
+    starts. The engine's arguments as vLLM holds them: every sparkinfer field (None = not given),
+    ``hf_config``, ``use_mla``, the cache dtype and the parallel sizes."""
+    data = serve.load_profile(profile)
+    for s in sets:
+        serve.apply_set(data, s)
+    v = data["vllm"]
+    cli = {f: data["sparkinfer"].get(f) for f in sc.FIELD_NAMES}
+    model = SimpleNamespace(hf_config=_HF(cfg), use_mla=use_mla)
+    par = SimpleNamespace(tensor_parallel_size=v["tensor_parallel_size"],
+                          decode_context_parallel_size=v["decode_context_parallel_size"])
+    saved = dict(os.environ)
+    os.environ.update(environ, **data["env"])  # vLLM runs in the caller's environment plus [env]
+    try:
+        mcc.check_at_startup(cli, model, v["kv_cache_dtype"], par)
+    except SparkinferConfigError as e:
+        return str(e)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return None
+
+
+@pytest.mark.parametrize("changes,sets,env,use_mla,names", STARTUP, ids=[str(i) for i in range(len(STARTUP))])
+def test_dry_run_fails_on_what_vllm_refuses_at_startup(changes, sets, env, use_mla, names, glm, capsys, monkeypatch):
+    """The dry run and patched vLLM's start-up check refuse the same engines for the same reasons:
+    each FAIL line is one of the reasons vLLM's one error joins, in its order."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    argv = ["--profile", PROFILE, glm(**changes)]
+    for s in sets:
+        argv += ["--set", s]
+    rc, out, err = dry_run(capsys, *argv)
+    fails = [line.removeprefix("# FAIL: ") for line in out.splitlines() if line.startswith("# FAIL: ")]
+    assert rc == 2 and fails and "# ok:" not in out, (out, err)
+    assert err == f"sparkinfer serve: patched vLLM would refuse to start ({len(fails)} problem(s), the FAIL lines)\n"
+    for part in names:
+        assert any(part in f for f in fails), (part, fails)
+    assert vllm_refusal(PROFILE, glm52_config(**changes), sets, use_mla, env) == "; ".join(fails)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_vllm_starts_what_the_dry_run_passes(name, capsys, glm):
+    """The converse: the profiles the dry run passes, patched vLLM's start-up check passes too."""
+    assert dry_run(capsys, "--profile", name, glm())[0] == 0
+    assert vllm_refusal(name, glm52_config(), [], True, {}) is None
+
+
+def test_patch_0002_calls_the_checker_with_the_engine_arguments():
+    """The start-up check the tests above call is the one patched vLLM runs, with the engine's
+    sparkinfer fields, model config, cache dtype and parallel config."""
+    patch = (REPO / "vllm_patches" / "series" / "0002-sparkinfer-config.patch").read_text()
+    added = "".join(line[1:].strip() for line in patch.splitlines() if line.startswith("+") and
+                    not line.startswith("+++"))
+    assert ("sparkinfer_startup.check_at_startup({f: getattr(self, f\"sparkinfer_{f}\")for f in "
+            "sparkinfer_config.FIELD_NAMES},model_config,cache_config.cache_dtype,parallel_config,)") in added
+    assert "import sparkinfer.vllm.model_config_check as sparkinfer_startup" in added
+
+
+def test_other_errors_name_what_to_fix(glm, tmp_path, capsys):
     model = glm()
     rc, _, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", str(tmp_path / "nowhere"))
     assert rc == 2 and "MODEL" in err and "config.json" in err
@@ -284,10 +386,6 @@ def test_other_errors_name_what_to_fix(glm, tmp_path, capsys, monkeypatch):
     assert rc == 2 and "--set vllm.tensor_parallel_size=VALUE" in err
     rc, _, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", model, "--", "--sparkinfer-mode=stock")
     assert rc == 2 and "--set sparkinfer.mode=VALUE" in err
-    # the caller's environment: an unknown VLLM_SPARKINFER_* name fails here, not in vLLM
-    monkeypatch.setenv("VLLM_SPARKINFER_MOOD", "auto")
-    rc, _, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", model)
-    assert rc == 2 and "VLLM_SPARKINFER_MOOD" in err
 
 
 def test_overrides_and_passthrough(glm, capsys, monkeypatch):

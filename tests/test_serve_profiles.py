@@ -27,7 +27,8 @@ def glm52_dir(tmp_path_factory):
     (d / "config.json").write_text(json.dumps({
         "model_type": "glm_moe_dsa", "num_hidden_layers": 78, "num_attention_heads": 64, "kv_lora_rank": 512,
         "qk_rope_head_dim": 64, "index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048,
-        "index_topk_pattern": GLM52_PATTERN, "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576}))
+        "index_topk_pattern": GLM52_PATTERN, "num_nextn_predict_layers": 1, "max_position_embeddings": 1048576,
+        "scoring_func": "sigmoid", "topk_method": "noaux_tc", "indexer_rope_interleave": True}))
     return d
 
 

@@ -63,7 +63,7 @@ def _rank(rank, world, args):
         print(f"[rank {rank} +{time.perf_counter() - t_start:6.1f} s] {what}", file=sys.stderr, flush=True)
 
     from sparkinfer.comm.exchange import SelectedExchange
-    from sparkinfer.comm.slab import SlabLayout
+    from sparkinfer.core.slab import SlabLayout
     from sparkinfer.comm.synthetic import make_case
 
     cuda = not args["host"]

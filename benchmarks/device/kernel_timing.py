@@ -161,7 +161,7 @@ def _indexer_case(row, dev, smoke):
 
 def _indexer_tiled_case(row, dev, smoke):
     """``indexer_topk_rows``: every row over the whole context through cache slots, top-k (smoke: 16)."""
-    from sparkinfer.indexer import indexer_topk_rows, one_list
+    from sparkinfer.indexer.tiled import indexer_topk_rows, one_list
 
     q, w, records, pos, slots = _indexer_inputs(row, dev, smoke)
     k = 16 if smoke else row["params"]["K"]

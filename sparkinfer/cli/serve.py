@@ -9,8 +9,12 @@ A serve profile is a TOML file in ``profiles/serve/`` (``--profile NAME``, or a 
 * ``[sparkinfer]``: the fields of ``sparkinfer.config`` (passed as ``--sparkinfer-*`` flags);
 * ``[env]`` (optional): environment variables set for vLLM.
 
-Before anything runs, the profile is checked against MODEL's ``config.json``: attention heads
-divisible by TP, DCP dividing TP, an IndexShare pattern as long as the layer count, CUDA graphs
+Before anything runs, the profile is checked against MODEL's ``config.json``. First comes what
+patched vLLM refuses at start-up, by the function it calls there
+(``sparkinfer.vllm.model_config_check.startup_problems``): the sparkinfer settings, attention
+heads divisible by TP, DCP dividing TP, a record format only for an MLA model, a GLM-5.2
+config.json that vLLM 0.32.0 would misread. Each problem prints as a ``# FAIL:`` line and serve
+exits 2 without running vLLM. Then an IndexShare pattern as long as the layer count, CUDA graphs
 covering a full decode step (max_num_seqs x (1 + speculative tokens)), no full CUDA graphs with
 DCP > 1, MTP only with a checkpoint that has the layer, ``max_model_len`` within the model's
 positions and, with ``kv_gb``, within what the KV budget holds less the replica store patched
@@ -38,6 +42,7 @@ from sparkinfer.core.capacity import GIB, CapacityPlan, CapacityProfile, capacit
 from sparkinfer.core.geometry import ModelGeometry
 from sparkinfer.core.layouts import MAIN_LAYOUTS, layout
 from sparkinfer.core.topology import IndexSharePattern
+from sparkinfer.vllm import model_config_check as startup_check
 
 # `sparkinfer` hands what follows "--" to run() as args.extra.
 PASSTHROUGH = True
@@ -202,9 +207,11 @@ def serve_command(model: str, data: dict, extra: list[str] = ()) -> list[str]:
 
 @dataclass
 class Checked:
-    """What validation found: one line per check, and the capacity plan when ``kv_gb`` is set."""
+    """What validation found: one line per check passed, one per problem patched vLLM refuses at
+    start-up (``model_config_check.startup_problems``), and the capacity plan when ``kv_gb`` is set."""
 
     lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
     plan: CapacityPlan | None = None
 
 
@@ -317,37 +324,42 @@ def capacity_profile(data: dict, geometry: ModelGeometry, kv_gb: float) -> Capac
     return CapacityProfile(**capacity_fields(data), kv_bytes=int(kv_gb * GIB), geometry=geometry)
 
 
-def check_sparkinfer(data: dict, environ) -> None:
-    """The [sparkinfer] table as patched vLLM will resolve it (flags over the caller's
-    VLLM_SPARKINFER_* variables, which must all be known names)."""
+def check_sparkinfer(data: dict) -> None:
+    """The [sparkinfer] table names known settings only (there is no ``--sparkinfer-*`` flag for
+    another); their values are checked as patched vLLM resolves them (``startup_problems``)."""
     unknown = sorted(set(data["sparkinfer"]) - set(sc.FIELD_NAMES))
     if unknown:
         raise ProfileError(f"sparkinfer.{unknown[0]}", f"not a sparkinfer setting; known: {', '.join(sc.FIELD_NAMES)}")
-    try:
-        sc.resolve(cli=data["sparkinfer"], environ=environ)
-    except ValueError as e:
-        bad = [f for f in data["sparkinfer"] if f"sparkinfer {f} (" in str(e)]
-        raise ProfileError(f"sparkinfer.{bad[0]}" if bad else "sparkinfer", str(e)) from None
+
+
+def startup_problems(data: dict, cfg: dict, environ) -> list[str]:
+    """What patched vLLM refuses at start-up for this profile and model: its own check
+    (``sparkinfer.vllm.model_config_check.startup_problems``) over the profile's arguments, the
+    config.json and the caller's environment with the profile's ``[env]`` over it."""
+    return startup_check.startup_problems(
+        data["sparkinfer"], {**environ, **data["env"]}, cfg, use_mla=startup_check.uses_mla(cfg),
+        cache_dtype=str(data["vllm"].get("kv_cache_dtype", "auto")),
+        tensor_parallel_size=_int(data, "tensor_parallel_size", 1),
+        decode_context_parallel_size=_int(data, "decode_context_parallel_size", 1))
 
 
 def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) -> Checked:
-    """Check a profile against a model's config dict; raises ProfileError naming the field."""
+    """Check a profile against a model's config dict: a field that cannot be read raises
+    ProfileError naming it; what patched vLLM refuses at start-up is returned as ``problems``
+    (the checks after them are skipped: they size an engine that would not start)."""
     environ = os.environ if environ is None else environ
     out = Checked()
-    check_sparkinfer(data, environ)
+    check_sparkinfer(data)
     tp = _int(data, "tensor_parallel_size", 1)
     dcp = _int(data, "decode_context_parallel_size", 1)
     heads = cfg.get("num_attention_heads")
     if not isinstance(heads, int) or not isinstance(cfg.get("num_hidden_layers"), int):
         raise ProfileError(f"{where}: num_attention_heads", "the config needs num_attention_heads and "
                                                             "num_hidden_layers (integers)")
-    if heads % tp:
-        raise ProfileError("vllm.tensor_parallel_size", f"{tp} does not divide the model's {heads} attention "
-                                                         f"heads ({where}: num_attention_heads)")
+    out.problems = startup_problems(data, cfg, environ)
+    if out.problems:
+        return out
     out.lines.append(f"TP{tp}: {heads} heads, {heads // tp} per GPU")
-    if tp % dcp:
-        raise ProfileError("vllm.decode_context_parallel_size", f"{dcp} must divide tensor_parallel_size {tp} "
-                                                                 f"(DCP ranks are TP ranks)")
     out.lines.append(f"DCP{dcp} divides TP{tp}")
     out.lines.append(check_pattern(cfg, where))
 
@@ -503,6 +515,7 @@ def render(model: str, data: dict, extra: list[str], checked: Checked, profile: 
     about = f" ({data['description']})" if data.get("description") else ""
     lines = [f"# sparkinfer serve: profile {profile}{about}"]
     lines += [f"# ok: {line}" for line in checked.lines]
+    lines += [f"# FAIL: {problem}" for problem in checked.problems]
     flags = {sc.env_var(f): sc.cli_flag(f) for f in data["sparkinfer"]}
     for var in sorted(v for v in environ if v in flags):
         lines.append(f"# {var} in the environment is overridden by the profile's {flags[var]}")
@@ -522,6 +535,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"sparkinfer serve: {e}", file=sys.stderr)
         return 2
     print(render(args.model, data, extra, checked, args.profile), flush=True)
+    if checked.problems:
+        print(f"sparkinfer serve: patched vLLM would refuse to start ({len(checked.problems)} problem(s), the "
+              f"FAIL lines)", file=sys.stderr)
+        return 2
     if args.dry_run:
         return 0
     if shutil.which("vllm") is None:

@@ -1,6 +1,6 @@
 """CUDA fabric: IPC receive segments, one copy-engine stream per peer, device-side flags.
 
-Same slab layout (``slab.py``) and protocol calls as the host fabric; every call enqueues work
+Same slab layout (``core/slab.py``) and protocol calls as the host fabric; every call enqueues work
 instead of blocking, so the exchange overlaps compute:
 
 * receive segment: ``cudaMalloc`` (a whole allocation, so its IPC handle maps exactly it),
@@ -41,10 +41,10 @@ import torch
 import torch.distributed as dist
 
 from sparkinfer import native
+from sparkinfer.core.slab import ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout
 
 from .flags import describe_error
 from .fabric import Fabric, FabricError, PeerAccessError, arrival_barrier, check_same_config
-from .slab import ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 

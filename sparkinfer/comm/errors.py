@@ -8,7 +8,7 @@ that do run on the device leave words behind instead (layouts in ``csrc/include/
   request, ordinal, layer or slot (the record is skipped, never read or written out of bounds);
 * the CUDA fabric's wait word (pinned host int32 the wait kernel stores into, ``comm_flags.cu``):
   ``SI_ERR_RANGE | (1 + peer) << 8`` once a device-side wait spun past ``timeout_s``;
-* the host fabric: its copy thread's failure and the peers' abort words (``slab.py``).
+* the host fabric: its copy thread's failure and the peers' abort words (``core/slab.py``).
 
 ``StepChecks.end_step()`` (after a step's last layer) copies the device words into pinned host
 memory with ``non_blocking`` copies and records an event; ``poll()`` (the next step, before it

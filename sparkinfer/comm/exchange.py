@@ -16,7 +16,7 @@ One exchange = one or more rounds; round ``seq`` on rank r:
 1. pack: for each dst in rotated order (r+1, r+2, ...), wait until the send region of
    (slot, dst) is free, then gather the records ``count[r, dst]`` into it ([J, n, width]);
 2. copy: wait until dst released the receive region this write reuses (exchange seq - depth),
-   then one copy per (r, dst) into r's part of dst's shared receive region (``slab.py``),
+   then one copy per (r, dst) into r's part of dst's shared receive region (``core/slab.py``),
    followed by ``arrive[r] = seq`` there;
 3. own records: copied straight from the shard into the workspace (no slab);
 4. arrive + unpack: for each src, wait for ``arrive[src] >= seq``, scatter its part of the region
@@ -81,9 +81,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sparkinfer.core.slab import chunk_rounds, host_offsets, rotated_peers
+
 from . import pack as P
 from .fabric import Fabric, log
-from .slab import chunk_rounds, host_offsets, rotated_peers
 
 
 class ExchangeOverflow(RuntimeError):

@@ -54,7 +54,7 @@ import time
 
 import torch
 
-from .slab import SlabLayout
+from sparkinfer.core.slab import SlabLayout
 
 log = logging.getLogger("sparkinfer.comm")
 

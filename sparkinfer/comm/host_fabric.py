@@ -3,7 +3,7 @@
 Stands in for the CUDA fabric on CPU machines and in tests, running the same protocol calls:
 
 * receive segment: a file in /dev/shm mapped with ``torch.from_file(shared=True)`` by its owner
-  and every peer (layout in ``slab.py``); the file is unlinked once all ranks mapped it, so nothing
+  and every peer (layout in ``core/slab.py``); the file is unlinked once all ranks mapped it, so nothing
   leaks even if a process dies;
 * send slab: private memory of the rank (only its own copy thread reads it);
 * copy thread: the copy engine. ``copy()`` queues (seq, dst, nbytes, offset, layer, src_offset);
@@ -29,9 +29,10 @@ import uuid
 import torch
 import torch.distributed as dist
 
+from sparkinfer.core.slab import ABORT, ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout
+
 from . import flags
 from .fabric import Fabric, FabricError, arrival_barrier, check_same_config, log
-from .slab import ABORT, ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout
 
 SHM_DIR = "/dev/shm"
 

@@ -12,7 +12,7 @@ prefetch_ring          uint8 ``[depth + 1, slot_rows, W]``: the workspaces of th
                        attended plus ``depth`` prefetched ones; ``slot_rows = pool_mb MiB /
                        ((depth + 1) W)``; a decode step uses ``B x R x K`` rows of a slot, a
                        gathered step ``B x T``
-exchange_recv          the receive segment (``comm.slab``): flags + 2 slots x ``depth + 1``
+exchange_recv          the receive segment (``core.slab``): flags + 2 slots x ``depth + 1``
                        layers x ``capacity`` records, ``capacity = max_batch x R x K``: what one
                        destination can receive in a decode step over all its sources together
                        (the union of its rows), never ``B x R x K`` from every peer
@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkinfer.comm.slab import SlabLayout
+from sparkinfer.core.slab import SlabLayout
 from sparkinfer.core.indexer_tiles import INDEXER_ROWS, engine_workspace_bytes, merge_bytes
 
 SLAB_DEPTH = 2  # exchanges in flight in the slabs (a group's exchange and the next one)

@@ -39,7 +39,7 @@ from sparkinfer.attention import sparse_mla_decode
 from sparkinfer.comm.exchange import SelectedExchange
 from sparkinfer.comm.host_fabric import HostFabric
 from sparkinfer.comm.ring import PrefetchRing
-from sparkinfer.comm.slab import SlabLayout
+from sparkinfer.core.slab import SlabLayout
 from sparkinfer.comm.synthetic import build_shard
 from sparkinfer.core import accounting as acc
 from sparkinfer.core.costmodel import load_profile

@@ -24,7 +24,7 @@ from sparkinfer.attention.dispatch import pick_backend
 from .cache import ReplicatedIndexerCache
 from .reference import indexer_scores_torch, indexer_topk_torch
 from .sharded import MergeBuffers, all_gather_merge, merge_candidates, shard_candidates
-from .tiled import RowLists, TopkWorkspace, indexer_topk_rows, one_list, plan_rows
+from .tiled import RowLists, TopkWorkspace, indexer_topk, indexer_topk_rows, plan_rows
 from .topk import select_topk
 from .validate import check_index_inputs
 
@@ -37,19 +37,6 @@ def indexer_scores(q, w, records, pos=None, token_slots=None, *, backend: str = 
     from .triton_scores import indexer_scores_triton
 
     return indexer_scores_triton(q, w, records, pos, token_slots)
-
-
-def indexer_topk(q, w, records, pos, k: int, token_slots=None, *, backend: str = "auto",
-                 check_values: bool = True):
-    """int32 [M, k] top-k token ids over the causal prefix; see the module docstring. One request:
-    ``indexer_topk_rows`` with every row's list the T tokens (bounded memory at any T)."""
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive int, got {k!r}")
-    if pos is None:
-        raise ValueError("pos is required: row m may only select tokens 0..pos[m]")
-    n_tokens = check_index_inputs(q, w, records, pos, token_slots, check_values)
-    return indexer_topk_rows(q, w, records, pos, k, **one_list(q.shape[0], n_tokens, q.device),
-                             token_slots=token_slots, backend=backend, check_values=False)
 
 
 __all__ = ["indexer_topk", "indexer_topk_rows", "plan_rows", "RowLists", "TopkWorkspace", "indexer_scores", "indexer_topk_torch",

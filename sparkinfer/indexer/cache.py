@@ -22,6 +22,8 @@ import torch
 from sparkinfer.core.layouts import INDEXER_FP8
 from sparkinfer.formats import get_format
 
+from .tiled import indexer_topk
+
 
 class ReplicatedIndexerCache:
     def __init__(self, layers: Sequence[int], capacity: int, device: str | torch.device = "cpu"):
@@ -74,6 +76,4 @@ class ReplicatedIndexerCache:
 
     def topk(self, layer: int, q, w, pos, k: int, token_slots=None, *, backend: str = "auto") -> torch.Tensor:
         """int32 [M, k] global top-k token ids of one sequence at one Full layer (see ``indexer_topk``)."""
-        from . import indexer_topk
-
         return indexer_topk(q, w, self.layer_records(layer), pos, k, token_slots, backend=backend)

@@ -27,6 +27,7 @@ import torch
 from sparkinfer.core.indexer_tiles import TILE_BYTES, pass_workspace_bytes, pick_tile
 
 from .topk import _NONE, pack_keys, unpack_keys
+from .validate import check_index_inputs
 
 _INTS = (torch.int32, torch.int64)
 
@@ -107,6 +108,19 @@ def one_list(m: int, n: int, device) -> dict:
                 row_len=torch.full((m,), n, dtype=torch.int32, device=device), max_len=n)
 
 
+def indexer_topk(q, w, records, pos, k: int, token_slots=None, *, backend: str = "auto",
+                 check_values: bool = True):
+    """int32 [M, k] top-k token ids over the causal prefix (the package docstring). One request:
+    ``indexer_topk_rows`` with every row's list the T tokens (bounded memory at any T)."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if pos is None:
+        raise ValueError("pos is required: row m may only select tokens 0..pos[m]")
+    n_tokens = check_index_inputs(q, w, records, pos, token_slots, check_values)
+    return indexer_topk_rows(q, w, records, pos, k, **one_list(q.shape[0], n_tokens, q.device),
+                             token_slots=token_slots, backend=backend, check_values=False)
+
+
 def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len: int, token_slots=None,
                       token_ids=None, backend: str = "auto", with_scores: bool = False,
                       tile_bytes: int | None = None, check_values: bool = True,
@@ -126,8 +140,6 @@ def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len
     [M, k], any strides: the ids are written there) make the call allocate nothing.
     """
     from sparkinfer.attention.dispatch import pick_backend
-
-    from .validate import check_index_inputs
 
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")

@@ -13,7 +13,6 @@ import functools
 import torch
 
 from sparkinfer import native
-from sparkinfer.plan.union import check_topk
 
 _I32 = ctypes.c_int32
 _P = ctypes.c_void_p
@@ -46,6 +45,22 @@ def workspace_ints(n: int) -> int:
     if w < 0:
         raise ValueError(f"R*K = {n} is outside the union kernel's range")
     return w
+
+
+def check_topk(topk, validate: bool = True) -> tuple[int, int, int]:
+    """Check a top-k tensor's type, dtype and rank; returns (B, R, K). With ``validate`` also
+    its values (ids >= -1), which reads them back (a device sync on a GPU). The union contract's
+    input check (``union.py``), here so the bindings and the torch reference share it."""
+    if not isinstance(topk, torch.Tensor):
+        raise ValueError(f"topk must be a torch.Tensor, got {type(topk).__name__}")
+    if topk.dtype != torch.int32:
+        raise ValueError(f"topk must be int32 [B, R, K], got dtype {topk.dtype}")
+    if topk.dim() != 3:
+        raise ValueError(f"topk must be int32 [B, R, K], got shape {tuple(topk.shape)}")
+    if validate and topk.numel() and bool((topk < -1).any()):
+        bad = int(topk.min())
+        raise ValueError(f"topk holds token id {bad}; ids must be >= 0, with -1 as the only pad")
+    return tuple(topk.shape)
 
 
 def _call(entry, topk: torch.Tensor, validate: bool, *extra, out=None):

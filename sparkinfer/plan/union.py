@@ -29,25 +29,12 @@ import logging
 
 import torch
 
+from sparkinfer.plan import _native
+
 log = logging.getLogger(__name__)
 
 # Pads sort after every real token: token ids are int32, keys are int64.
 _PAD_KEY = 1 << 40
-
-
-def check_topk(topk, validate: bool = True) -> tuple[int, int, int]:
-    """Check a top-k tensor's type, dtype and rank; returns (B, R, K). With ``validate`` also
-    its values (ids >= -1), which reads them back (a device sync on a GPU)."""
-    if not isinstance(topk, torch.Tensor):
-        raise ValueError(f"topk must be a torch.Tensor, got {type(topk).__name__}")
-    if topk.dtype != torch.int32:
-        raise ValueError(f"topk must be int32 [B, R, K], got dtype {topk.dtype}")
-    if topk.dim() != 3:
-        raise ValueError(f"topk must be int32 [B, R, K], got shape {tuple(topk.shape)}")
-    if validate and topk.numel() and bool((topk < -1).any()):
-        bad = int(topk.min())
-        raise ValueError(f"topk holds token id {bad}; ids must be >= 0, with -1 as the only pad")
-    return tuple(topk.shape)
 
 
 def mtp_union_reference(topk: torch.Tensor, validate: bool = True):
@@ -55,7 +42,7 @@ def mtp_union_reference(topk: torch.Tensor, validate: bool = True):
 
     ``validate=False`` skips the value check (no device sync); every id < 0 then counts as a pad,
     as in the native implementations."""
-    b, r, k = check_topk(topk, validate)
+    b, r, k = _native.check_topk(topk, validate)
     n = r * k
     dev = topk.device
     if b == 0 or n == 0:
@@ -97,8 +84,6 @@ def mtp_union(topk: torch.Tensor, validate: bool = True):
     ``validate=False`` skips the check for ids < -1 (a device sync); such ids then count as pads.
     """
     if isinstance(topk, torch.Tensor) and topk.is_cuda:
-        from sparkinfer.plan import _native
-
         if _native.cuda_available():
             return _native.mtp_union_cuda(topk, validate)
         _warn_no_cuda_lib()

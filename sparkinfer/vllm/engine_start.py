@@ -7,7 +7,8 @@ Everything a step needs that can fail is settled here, before the first request:
   ``splitting_ops`` leave one of those ops inside a captured piece (``impls.CUDA_GRAPH_REASON``:
   the ops read host-side step data, which a graph would freeze);
 * a fabric that cannot reach the caches is refused: ``fabric = host`` with the caches on a GPU
-  (the host fabric moves CPU tensors), ``fabric = cuda`` with the caches on the CPU;
+  (the host fabric moves CPU tensors), ``fabric = cuda`` with the caches on the CPU
+  (``impls.fabric_problem``, when ``SelectedRuntime.start`` builds the fabric);
 * the attention arena is allocated (``layer_buffers.reserve``: its bytes were reserved out of the
   KV memory, ``reservations.attention_workspace``), in every mode;
 * the selected path's buffers are allocated (their bytes were reserved out of the KV memory,
@@ -45,19 +46,6 @@ def graph_problem(compilation_config, breakable: bool) -> str | None:
     if compilation_config.mode.name == "VLLM_COMPILE" and missing:
         return (f"cudagraph_mode {mode.name} with splitting_ops {split} leaves {missing} inside captured pieces; "
                 "leave splitting_ops unset (vLLM's default splits them out)")
-    return None
-
-
-def fabric_problem(setting: str, device_type: str) -> str | None:
-    """Why fabric ``setting`` cannot move caches on ``device_type`` ("cuda" / "cpu"); None if it can."""
-    from sparkinfer.vllm.impls import fabric_kind
-
-    kind = fabric_kind(setting, device_type)
-    if kind == "host" and device_type == "cuda":
-        return (f"sparkinfer fabric {setting!r} with the caches on a GPU: the host fabric moves CPU tensors through "
-                "shared memory; set fabric auto or cuda")
-    if kind == "cuda" and device_type != "cuda":
-        return f"sparkinfer fabric {setting!r} with the caches on the CPU: the CUDA fabric needs GPUs; set fabric auto"
     return None
 
 

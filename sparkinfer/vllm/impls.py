@@ -76,6 +76,17 @@ def fabric_kind(setting: str, device) -> str:
     return "cuda" if kind == "cuda" else "host"
 
 
+def fabric_problem(setting: str, device_type: str) -> str | None:
+    """Why fabric ``setting`` cannot move caches on ``device_type`` ("cuda" / "cpu"); None if it can."""
+    kind = fabric_kind(setting, device_type)
+    if kind == "host" and device_type == "cuda":
+        return (f"sparkinfer fabric {setting!r} with the caches on a GPU: the host fabric moves CPU tensors through "
+                "shared memory; set fabric auto or cuda")
+    if kind == "cuda" and device_type != "cuda":
+        return f"sparkinfer fabric {setting!r} with the caches on the CPU: the CUDA fabric needs GPUs; set fabric auto"
+    return None
+
+
 def check_capability(device, what: str) -> None:
     """Refuse a CUDA device outside sm_90 / sm_120 (no-op for CPU tensors), naming the capability."""
     kind = device.type if hasattr(device, "type") else str(device).split(":")[0]

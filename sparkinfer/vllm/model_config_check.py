@@ -1,5 +1,8 @@
-"""Start-up checks of patched vLLM (patch 0002): sparkinfer's settings, the record format against
-the model, and the GLM-5.2 config keys vLLM 0.32.0 would misread.
+"""Start-up checks of patched vLLM (patch 0002): sparkinfer's settings, the heads and the DCP group
+against TP, the record format against the model, and the GLM-5.2 config keys vLLM 0.32.0 would
+misread. ``startup_problems`` is the one list of them: patched vLLM raises it at start-up
+(``check_at_startup``) and ``sparkinfer serve`` prints it before it runs vLLM, so a dry run fails
+on exactly what vLLM would refuse.
 
 vLLM 0.32.0 serves ``model_type: glm_moe_dsa`` with its DeepSeek-V2/V3.2 model code, which reads
 some keys with ``getattr(config, key, default)``. transformers' ``GlmMoeDsaConfig`` does not define
@@ -32,6 +35,7 @@ Torch-free (imported by patched vLLM at start-up).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from sparkinfer import config as sparkinfer_config
@@ -157,25 +161,60 @@ def check_hf_config(hf_config) -> None:
             f"(see README, 'GLM-5.2 config.json'): " + "; ".join(problems))
 
 
-def check_record_format(cache_dtype: str, model_config) -> None:
-    """A sparkinfer record format is one MLA latent + rope record per token: MLA models only.
-    ``model_config.use_mla`` is read only for a sparkinfer format."""
-    if is_sparkinfer_cache_dtype(cache_dtype) and not model_config.use_mla:
-        raise SparkinferConfigError(
-            f"--kv-cache-dtype {cache_dtype}: a sparkinfer record format holds MLA latent records and "
-            f"this model does not use MLA; use --kv-cache-dtype auto (or fp8) for it")
+def uses_mla(cfg: Mapping) -> bool:
+    """vLLM's ``ModelConfig.use_mla`` read off a config.json of the DeepSeek-MLA family it serves
+    (DeepSeek-V2/V3/V3.2, GLM-MoE-DSA): the model has a latent (``kv_lora_rank``)."""
+    return cfg.get("kv_lora_rank") is not None
 
 
-def check_at_startup(cli: Mapping[str, object], model_config, cache_dtype: str):
-    """Everything patched ``EngineArgs.create_engine_config`` checks once: the sparkinfer settings
-    (``sparkinfer.config.resolve``, CLI over ``VLLM_SPARKINFER_*``), the record format against the
-    model and a GLM-5.2 config. Returns the resolved ``SparkinferConfig``."""
+def startup_problems(cli: Mapping[str, object], environ: Mapping[str, str], hf_config: Mapping, *,
+                     use_mla: bool, cache_dtype: str, tensor_parallel_size: int,
+                     decode_context_parallel_size: int) -> list[str]:
+    """Every reason patched vLLM refuses an engine at start-up that its arguments and the model's
+    config already decide, one line each; empty when it starts. Patched vLLM raises them together
+    (``check_at_startup``, patch 0002); ``sparkinfer serve`` prints them before running vLLM.
+
+    * the sparkinfer settings (``sparkinfer.config.resolve``: CLI over ``VLLM_SPARKINFER_*`` in
+      ``environ``; an unknown variable or a bad value names itself);
+    * the attention heads and the DCP group against the tensor-parallel size (vLLM's own refusals,
+      ``ModelConfig.verify_with_parallel_config`` and ``ParallelConfig``, stated here so both
+      callers name them alike);
+    * a sparkinfer record format for a model without MLA;
+    * a GLM-5.2 config.json vLLM 0.32.0 would misread (``glm_config_problems``).
+
+    ``hf_config``: the model's config as a dict (``hf_config.to_dict()`` in vLLM, config.json in
+    serve); ``use_mla`` is vLLM's ``ModelConfig.use_mla`` (``uses_mla`` for a config.json).
+    """
+    problems = []
     try:
-        resolved = sparkinfer_config.resolve(cli)
-    except SparkinferConfigError:
-        raise
+        sparkinfer_config.resolve(cli, environ)
     except ValueError as e:  # resolve reports bad settings as ValueErrors naming them
-        raise SparkinferConfigError(str(e)) from None
-    check_record_format(cache_dtype, model_config)
-    check_hf_config(model_config.hf_config)
-    return resolved
+        problems.append(str(e))
+    tp, dcp = tensor_parallel_size, decode_context_parallel_size
+    heads = hf_config.get("num_attention_heads")
+    if isinstance(heads, int) and heads % tp:
+        problems.append(f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
+                        f"(num_attention_heads)")
+    if tp % dcp:
+        problems.append(f"decode_context_parallel_size {dcp} must divide tensor_parallel_size {tp} "
+                        f"(DCP ranks are TP ranks)")
+    if is_sparkinfer_cache_dtype(cache_dtype) and not use_mla:
+        problems.append(f"--kv-cache-dtype {cache_dtype}: a sparkinfer record format holds MLA latent records and "
+                        f"this model does not use MLA; use --kv-cache-dtype auto (or fp8) for it")
+    if hf_config.get("model_type") == MODEL_TYPE:
+        problems += [f"{MODEL_TYPE} config.json, misread by vLLM 0.32.0 (README, 'GLM-5.2 config.json'): {p}"
+                     for p in glm_config_problems(hf_config)]
+    return problems
+
+
+def check_at_startup(cli: Mapping[str, object], model_config, cache_dtype: str, parallel_config):
+    """What patched ``EngineArgs.create_engine_config`` checks once (``startup_problems`` over the
+    engine's arguments and ``os.environ``): one ``SparkinferConfigError`` listing every problem.
+    Returns the resolved ``SparkinferConfig``."""
+    problems = startup_problems(cli, os.environ, model_config.hf_config.to_dict(), use_mla=model_config.use_mla,
+                                cache_dtype=cache_dtype,
+                                tensor_parallel_size=parallel_config.tensor_parallel_size,
+                                decode_context_parallel_size=parallel_config.decode_context_parallel_size)
+    if problems:
+        raise SparkinferConfigError("; ".join(problems))
+    return sparkinfer_config.resolve(cli)

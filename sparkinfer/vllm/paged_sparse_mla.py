@@ -259,10 +259,9 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     """
     from sparkinfer.attention import sparse_mla_decode
     from sparkinfer.formats import get_format
-    from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
     from sparkinfer.vllm.impls import kernel_backend
 
-    fmt = get_format(canonical_cache_dtype(cache_dtype))
+    fmt = get_format(cache_dtype)  # canonicalizes the short names
     if kv_cache.dim() != 3 or kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != fmt.record_bytes:
         raise ValueError(f"kv_cache must be uint8 [num_blocks, block_size, {fmt.record_bytes}] for {fmt.name}, "
                          f"got {kv_cache.dtype} {tuple(kv_cache.shape)}")

@@ -242,9 +242,7 @@ class SelectedRuntime:
         from sparkinfer.comm.proof import agreed_proof
 
         device = self._dsa_layers()[0].kv_cache.device
-        from sparkinfer.vllm.engine_start import fabric_problem
-
-        why = fabric_problem(self.config.fabric, device.type)
+        why = impls.fabric_problem(self.config.fabric, device.type)
         if why is not None:
             raise ValueError(why)
         kind = impls.fabric_kind(self.config.fabric, device)

@@ -1,4 +1,5 @@
-"""Byte layout of the exchange slabs (torch-free; both fabrics map the same layout).
+"""Byte layout of the exchange slabs (torch-free; both fabrics of ``sparkinfer.comm`` map the same
+layout, and the planning core sizes the buffers from it, ``core.reservations``, so it lives here).
 
 Per rank, for ``depth`` in-flight exchanges ("slots"; exchange number ``seq`` uses slot
 ``seq % depth``) and ``world`` peers::
