@@ -29,6 +29,13 @@ precision the kernel uses (bf16 MMA for sparse MLA, tf32 MMA for the indexer: bo
 and a launch. ``expect`` says what a GPU run must show. benchmarks/device/kernel_timing.py
 times the same shapes on a GPU and divides by these floors.
 
+Issue bound (``issue_bound()``): the instructions a kernel's warps issue at a row's shape, counted in
+its SASS (``cuobjdump -sass``; the PTX without cuobjdump) for sm_120 (the RTX PRO 6000's figure) and
+sm_90 (the H200's): the hot loop's instructions per iteration (found from the control flow: the
+rule above ``parse_sass``) times its iterations under the wrapper's grid (``_launch``, next to the
+row builders), plus the rest once per warp, over the SMs' issue rate (4 schedulers x 1 instruction
+per clock). A kernel whose issue time exceeds its floor cannot reach the floor: the table flags it.
+
 Without nvcc/ptxas (or without Triton's NVIDIA backend) the compile rows say why they are missing.
 """
 
@@ -59,11 +66,17 @@ TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.indexer.trit
 # count 2:4 sparsity: 2,000 dense FP4 -> 1,000 FP8 -> 500 BF16 -> 250 TF32 (to be confirmed by a GPU run).
 # H200: 4.8 TB/s HBM3e, 989 BF16 / 1,979 FP8 / 494 TF32 / 67 fp32 TFLOP/s (datasheet, dense); measured
 # on the lent H200s (/work/.library/device/KINDS.md): ~4.3 TB/s D2D copy, 788 TFLOP/s bf16 GEMM 8192^3.
+# Instruction issue (issue_bound()): an SM of either GPU (Hopper, Blackwell) has 4 warp schedulers, each
+# issuing at most one warp instruction per clock. SM clocks: H200 1,980 MHz, what nvidia-smi read on the lent
+# H200 under load (gpu-validation.md, 2026-12-04; the datasheet's boost clock, an H100 SXM's too); RTX PRO 6000
+# Blackwell 2,617 MHz, the datasheet's boost clock (not measured here). SMs: 188 (glm52-and-hardware.md) and 132.
 HW = {
     "rtx_pro_6000": {"bw": 1.79e12, "bf16": 500e12, "fp8": 1000e12, "tf32": 250e12, "fp32": 125e12, "sms": 188,
-                     "p2p": 55e9},
-    "h200": {"bw": 4.8e12, "bf16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12, "sms": 132, "p2p": None},
+                     "p2p": 55e9, "clock_hz": 2.617e9, "schedulers": 4},
+    "h200": {"bw": 4.8e12, "bf16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12, "sms": 132, "p2p": None,
+             "clock_hz": 1.98e9, "schedulers": 4},
 }
+GPU_OF_ARCH = {120: "rtx_pro_6000", 90: "h200"}  # the compiled arch whose code each GPU's issue figure counts
 LAUNCH_US = 3.0  # a kernel launch + an almost empty grid, order of magnitude: the floor of tiny kernels
 
 # ---- GLM-5.2 shapes at the main profile ---------------------------------------------------------------
@@ -101,17 +114,31 @@ def _times(nbytes: float, flops: float, compute: str, p2p_bytes: float = 0.0, mm
 
 def _row(kernel: str, shape: str, params: dict, nbytes: float, flops: float, compute: str, expect: str,
          p2p_bytes: float = 0.0, target: str | None = None, covers: list | None = None,
-         mma_flops: float | None = None) -> dict:
-    """One roofline row; ``covers``: the compiled kernels (report names) it is the figure of."""
+         mma_flops: float | None = None, launch: dict | None = None) -> dict:
+    """One roofline row; ``covers``: the compiled kernels (report names) it is the figure of; ``launch``:
+    its grid as the wrapper launches it (``_launch``), for the issue-bound figure."""
     row = {"kernel": kernel, "covers": covers or [kernel], "shape": shape, "params": params, "bytes": int(nbytes),
            "flops": int(flops), "compute": compute, "times": _times(nbytes, flops, compute, p2p_bytes, mma_flops),
            "expect": expect}
+    if launch:
+        row["launch"] = launch
     if mma_flops is not None:
         row["mma_flops"] = int(mma_flops)
     if target:  # a cheaper tensor-core precision the kernel could run in (its floor then)
         row["target_floor"] = _times(nbytes, flops, target)
         row["target"] = target
     return row
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _launch(kernel: str, ctas: int, warps: int, iters: int = 0, loop: str = "none") -> dict:
+    """How the wrapper launches ``kernel`` (its compiled report name) at a row's shape: ``ctas`` programs
+    of ``warps`` warps; ``iters`` the iterations of its hot loop (``loop`` says which) summed over the
+    grid, each run by every warp of its CTA. ``issue_bound`` multiplies these by the compiled counts."""
+    return {"kernel": kernel, "ctas": int(ctas), "warps": int(warps), "iters": int(iters), "loop": loop}
 
 
 def _splits(m: int, h: int, listed: int) -> int:
@@ -130,8 +157,19 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     "bf16x2" keeps bf16 queries whole (one QK dot) and splits the fp32 probabilities into hi + lo
     (two PV dots). With S > 1 splits it writes S fp32 partials (out + LSE) for the merge kernel,
     else the output."""
+    from sparkinfer.attention import triton_decode as td
+    from sparkinfer.core.layouts import FP8_DS_MLA, NVFP4_368, NVFP4_432
+
     gathered = m * k if gathered is None else gathered
     s = _splits(m, h, listed)
+    # grid (M, H / BLOCK_H, S); split i walks keys [i kps, min((i + 1) kps, k)) in BLOCK_K tiles
+    # (kps = ceil(ceil(k / S) / BLOCK_K) BLOCK_K, the kernel's k_per_split); rows and head blocks alike
+    kps = _cdiv(_cdiv(k, s), td.BLOCK_K) * td.BLOCK_K
+    tiles = sum(_cdiv(max(0, min(kps, k - i * kps)), td.BLOCK_K) for i in range(s))
+    hb = _cdiv(h, td.BLOCK_H)
+    lay = {x.short: x for x in (NVFP4_368, NVFP4_432, FP8_DS_MLA)}[fmt]
+    launch = _launch(f"sparse_mla_decode[{fmt}]", m * hb * s, td.NUM_WARPS[lay.name], m * hb * tiles,
+                     f"{td.BLOCK_K}-key tiles")
     nbytes = gathered * RECORD[fmt] + m * k * 8 + m * 4 + m * h * (LATENT + ROPE) * 2 + s * m * h * (LATENT + 1) * 4
     flops = 2 * m * h * k * (LATENT + ROPE + LATENT)
     mma = 2 * m * h * k * (LATENT + ROPE + 2 * LATENT)
@@ -139,17 +177,22 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
               "and faster than the upstream sm_12x split-K Triton kernel's 28.7 us per call")
     return _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "listed": listed, "splits": s,
                                                      "record": RECORD[fmt], "gathered": gathered},
-                nbytes, flops, "bf16", expect, mma_flops=mma)
+                nbytes, flops, "bf16", expect, mma_flops=mma, launch=launch)
 
 
 def _compact(m: int, listed: int, k: int, shape: str, listed_bytes: int) -> dict:
     """Index compaction ahead of the decode: one CTA per row reads its list (the selected path's
     workspace slots are int32, the stock path's cache rows int64: ``listed_bytes``) and writes the k
     valid indices (int64) to the front of a workspace row and their count."""
+    from sparkinfer.attention import triton_decode as td
+
+    # grid (M,): each program walks its row's listed entries in blocks of COMPACT_BLOCK
+    launch = _launch(f"sparse_mla_compact[i{8 * listed_bytes}]", m, td.COMPACT_WARPS,
+                     m * _cdiv(listed, td.COMPACT_BLOCK), f"{td.COMPACT_BLOCK}-entry blocks")
     return _row("sparse_mla_compact", shape, {"M": m, "listed": listed, "valid": k},
                 m * listed * listed_bytes + m * k * 8 + m * 4, 0, "none",
                 "launch-bound (64 CTAs of 1,024 entries): within ~2 us of an empty launch",
-                covers=["sparse_mla_compact[i32]", "sparse_mla_compact[i64]"])
+                covers=["sparse_mla_compact[i32]", "sparse_mla_compact[i64]"], launch=launch)
 
 
 def _merge(m: int, h: int, listed: int, shape: str) -> dict:
@@ -157,15 +200,28 @@ def _merge(m: int, h: int, listed: int, shape: str) -> dict:
     s = _splits(m, h, listed)
     nbytes = (s + 1) * m * h * (LATENT + 1) * 4
     flops = 2 * s * m * h * LATENT + 4 * s * m * h
+    from sparkinfer.attention import triton_decode as td
+
+    # grid (M, H): each program loops over the S partials (a bf16 model's output: the [bf16] variant)
+    launch = _launch("sparse_mla_merge_splits[bf16]", m * h, td.MERGE_WARPS, m * h * s, "splits")
     return _row("sparse_mla_merge_splits", shape, {"M": m, "H": h, "splits": s}, nbytes, flops, "fp32",
                 "memory- or launch-bound (fp32 CUDA cores, a few FLOPs per byte): near the floor; "
                 "together with compact and decode under 28.7 us per call",
-                covers=["sparse_mla_merge_splits", "sparse_mla_merge_splits[bf16]"])
+                covers=["sparse_mla_merge_splits", "sparse_mla_merge_splits[bf16]"], launch=launch)
 
 
 def _qw_bytes(m: int) -> int:
     """fp32 index queries and head weights of M rows."""
     return m * INDEX_HEADS * (INDEX_DIM + 1) * 4
+
+
+def _indexer_launch(kernel: str, m: int, positions: int) -> dict:
+    """The indexer kernel's grid over ``positions`` per row: (M, positions / BLOCK_T) programs, each
+    looping over the 128 dims in BLOCK_D slices (the GEMM's K loop, a constant trip count)."""
+    from sparkinfer.indexer import triton_scores as ts
+
+    ctas = m * _cdiv(positions, ts.BLOCK_T)
+    return _launch(kernel, ctas, ts.NUM_WARPS, ctas * (INDEX_DIM // ts.BLOCK_D), f"{ts.BLOCK_D}-dim slices")
 
 
 def _indexer(m: int, t: int, shape: str) -> dict:
@@ -178,7 +234,8 @@ def _indexer(m: int, t: int, shape: str) -> dict:
               "codes) the floor would drop to the target's")
     return _row("indexer_scores", shape, {"M": m, "T": t, "heads": INDEX_HEADS, "dim": INDEX_DIM},
                 nbytes, flops, "tf32", expect, target="fp8",
-                covers=["indexer_scores[q_fp32]", "indexer_scores[q_bf16]"])
+                covers=["indexer_scores[q_fp32]", "indexer_scores[q_bf16]"],
+                launch=_indexer_launch("indexer_scores[q_bf16]", m, t))
 
 
 def _indexer_tiled(m: int, t: int, shape: str) -> dict:
@@ -200,7 +257,9 @@ def _indexer_tiled(m: int, t: int, shape: str) -> dict:
                                             "heads": INDEX_HEADS, "dim": INDEX_DIM, "work_bytes": m * (K + tile) * 8},
                 passes * per_pass, flops, "tf32", expect, target="fp8",
                 covers=["indexer_keys[q_fp32]", "indexer_keys[q_bf16]", "indexer_keys_ids[q_fp32]",
-                        "indexer_keys_ids[q_bf16]"])
+                        "indexer_keys_ids[q_bf16]"],
+                # the engine's key pass (fp8 q), every pass; the issue figure leaves out torch.topk's
+                launch=_indexer_launch("indexer_keys[q_fp8]", m, passes * tile))
 
 
 def _move(kernel: str, n: int, shape: str, peer: bool = False) -> dict:
@@ -215,8 +274,16 @@ def _move(kernel: str, n: int, shape: str, peer: bool = False) -> dict:
                 2 * rec + idx, 0, "none", expect, p2p_bytes=rec if peer else 0.0, covers=["pack.cu:move_kernel"])
 
 
+def _csrc_int(path: str, name: str) -> int:
+    """``constexpr int name = N;`` of csrc/cuda/``path``: a launch constant of a csrc kernel."""
+    with open(os.path.join(REPO, "csrc", "cuda", path)) as f:
+        return int(re.search(rf"constexpr\s+int\s+{name}\s*=\s*(\d+)\s*;", f.read()).group(1))
+
+
 def roofline() -> list[dict]:
     """The roofline rows (module docstring)."""
+    from sparkinfer.vllm import triton_paging as tp
+
     rows = []
     for fmt in RECORD:
         rows.append(_mla(fmt, B * R, HEADS_PER_RANK, K, "selected: 16 req x 4 rows, 16 heads/rank, top-2048"))
@@ -244,10 +311,12 @@ def roofline() -> list[dict]:
                      "latency-bound (one CTA per request, 16 of the SMs busy): a few us, well under a layer",
                      covers=["union.cu:union_kernel"]))
     chunk = 8192
+    per_block = _csrc_int("records.cu", "kWarpsPerBlock")  # one warp per record
     rows.append(_row("records_encode[nvfp4_368]", f"prefill chunk {chunk} tokens", {"tokens": chunk},
                      chunk * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
                      "memory- or instruction-bound (IEEE division per value): 50-100% of the HBM floor",
-                     covers=["records.cu:encode_kernel"]))
+                     covers=["records.cu:encode_kernel"],
+                     launch=_launch("records.cu:encode_kernel", _cdiv(chunk, per_block), per_block)))
     n_gather = B * R * K
     rows.append(_row("records_decode[nvfp4_368]", "gather-decode 16 req x 4 rows x 2048 records to fp32",
                      {"records": n_gather}, n_gather * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
@@ -255,10 +324,13 @@ def roofline() -> list[dict]:
                      covers=["records.cu:decode_kernel"]))
     rows.append(_row("paging_topk_rows", "16 req x 4 rows x 2048 positions -> cache rows", {"rows": B * R, "K": K},
                      n_topk * (4 + 4 + 8), 0, "none",
-                     "latency-bound (2 MiB of int32 in, int64 out): a launch, a few us, per attention layer"))
+                     "latency-bound (2 MiB of int32 in, int64 out): a launch, a few us, per attention layer",
+                     launch=_launch("paging_topk_rows", _cdiv(B * R, tp.TOPK_BLOCK_M) * _cdiv(K, tp.TOPK_BLOCK_K),
+                                    tp.TOPK_WARPS)))
     rows.append(_row("paging_scatter_rows", "a decode step's 16 x 4 records into the strided cache",
                      {"records": B * R}, B * R * 368 * 2 + B * R * 8, 0, "none",
-                     "latency-bound (47 KB): a launch per cache write"))
+                     "latency-bound (47 KB): a launch per cache write",
+                     launch=_launch("paging_scatter_rows[u8]", _cdiv(B * R, tp.SCATTER_BLOCK_N), tp.SCATTER_WARPS)))
     union_rows = B * R * K  # the workspace's rows at the largest union (no MTP overlap)
     rows.append(_row("paging_copy_rows", "selected workspace patch: the step's 16 x 4 own records into "
                      f"{union_rows:,} union rows (masked)", {"rows": union_rows, "patched": B * R},
@@ -292,20 +364,31 @@ _MMA_PTX = re.compile(r"\b(mma\.sync|wgmma\.mma_async|tcgen05\.mma)\b")
 
 
 def _tool(name: str) -> str | None:
+    """A CUDA tool from PATH, CUDA_HOME, or the copy Triton's NVIDIA backend ships (cuobjdump: nvcc's
+    toolkit here has none)."""
     path = shutil.which(name)
     if path:
         return path
     cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     cand = os.path.join(cuda, "bin", name)
-    return cand if os.path.exists(cand) else None
+    if os.path.exists(cand):
+        return cand
+    try:
+        from triton import knobs
+
+        cand = getattr(knobs.nvidia, name.replace("+", "p")).path
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    return cand if cand and os.path.exists(cand) else None
 
 
-def _sass_mma(cubin: str) -> dict:
-    """{function name (mangled): sorted MMA opcodes} from cuobjdump -sass of a cubin."""
+def _sass(cubin: str) -> str:
     tool = _tool("cuobjdump")
-    if tool is None:
-        return {}
-    text = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+    return "" if tool is None else subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+
+
+def _sass_mma(text: str) -> dict:
+    """{function name (mangled): sorted MMA opcodes} from cuobjdump -sass of a cubin."""
     out, fn = {}, None
     for line in text.splitlines():
         m = re.match(r"\s*Function : (\S+)", line)
@@ -315,6 +398,153 @@ def _sass_mma(cubin: str) -> dict:
         elif fn is not None:
             out[fn].update(op for op in _MMA_SASS.findall(line))
     return {f: sorted(ops) for f, ops in out.items()}
+
+
+# ---- instruction issue: hot loops in the compiled code ---------------------------------------------------
+# A kernel's code is a list of (instruction, branch target index or None, conditional). A loop is a
+# backward branch: the instructions from its target (the loop's header label) through the branch;
+# several back edges to one header are one loop, ending at the last. A loop inside another's span is
+# nested in it. The HOT loop is the outermost loop with the most instructions (inner loops included,
+# once): per warp a kernel issues its instructions outside the hot loop once and the hot loop's
+# instructions once per iteration (``_launch``'s iters). Inner loops of the hot loop count once per
+# iteration (their trip counts are not known here: a lower bound), the other loops once. Every
+# instruction of a span counts, taken or not on a given path (both sides of a branch). On SASS each
+# line is one warp instruction; the PTX fallback counts PTX instructions (ptxas expands and folds them).
+# ptxas may unroll a runtime loop into a main loop of u iterations and a remainder loop (the merge
+# kernel's loop over the splits, u = 4): the SASS then has more loops than the PTX, a SASS iteration
+# is not a source iteration, and the kernel gets no issue figure (``issue_bound`` says why). A kernel
+# that branches at run time between whole paths (records.cu's encode: one per format) counts them all.
+
+_SASS_INSN = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
+_PTX_BRA = re.compile(r"^(@!?%\w+\s+)?bra(?:\.uni)?\s+([\w$]+)\s*;")
+
+
+def parse_sass(text: str) -> dict:
+    """{function: code} of ``cuobjdump -sass`` text. The trap after a kernel's EXIT (an unconditional
+    branch to itself) and the padding behind it never run and are dropped."""
+    funcs, fn = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            fn = m.group(1)
+            funcs[fn] = []
+            continue
+        m = _SASS_INSN.match(line)
+        if m and fn is not None:
+            funcs[fn].append((int(m.group(1), 16), m.group(2)))
+    out = {}
+    for fn, insns in funcs.items():
+        at = {addr: i for i, (addr, _) in enumerate(insns)}
+        code = []
+        for i, (_, insn) in enumerate(insns):
+            pred, op = re.match(r"(@!?U?P\w+\s+)?(\S+)", insn).groups()
+            target = None
+            if op.split(".")[0] in ("BRA", "JMP"):
+                hexes = re.findall(r"0x([0-9a-f]+)", insn)
+                target = at.get(int(hexes[-1], 16)) if hexes else None
+            if target == i and pred is None:
+                break
+            code.append((insn, target, pred is not None))
+        out[fn] = code
+    return out
+
+
+def parse_ptx(text: str) -> dict:
+    """{entry: code} of PTX: the statements of each ``.entry``'s body (directives, braces and labels
+    are not instructions; a label names the instruction after it)."""
+    out, fn, depth, labels, code = {}, None, 0, {}, []
+    for raw in text.splitlines():
+        line = raw.split("//")[0].strip()
+        m = re.search(r"\.entry\s+([\w$]+)", line)
+        if m:
+            fn, depth, labels, code = m.group(1), 0, {}, []
+            continue
+        if fn is None or not line:
+            continue
+        if line == "{":
+            depth += 1
+            continue
+        if line == "}":
+            depth -= 1
+            if depth == 0:
+                out[fn] = [(t, labels.get(lab) if lab else None, c) for t, lab, c in code]
+                fn = None
+            continue
+        if depth == 0:
+            continue
+        m = re.match(r"^([\w$]+):$", line)
+        if m:
+            labels[m.group(1)] = len(code)
+            continue
+        if line.startswith(".") or not line.endswith(";"):
+            continue
+        m = _PTX_BRA.match(line)
+        code.append((line, m.group(2) if m else None, bool(m and m.group(1))))
+    return out
+
+
+def find_loops(code: list) -> list[dict]:
+    """The loops of ``code`` (the rule above): start and end index, size, and depth (0: outermost)."""
+    ends = {}
+    for i, (_, target, _) in enumerate(code):
+        if target is not None and target <= i:
+            ends[target] = max(ends.get(target, i), i)
+    spans = sorted(ends.items())
+    return [{"start": a, "end": b, "size": b - a + 1,
+             "depth": sum(1 for c, d in spans if (c, d) != (a, b) and c <= a and b <= d)} for a, b in spans]
+
+
+def loop_profile(code: list, source: str) -> dict:
+    """Instruction count of ``code``, its loops and its hot loop (the rule above); ``source``: "sass" or "ptx"."""
+    loops = find_loops(code)
+    top = [lp for lp in loops if lp["depth"] == 0]
+    hot = max(top, key=lambda lp: lp["size"], default=None)
+    prof = {"count_from": source, "instructions": len(code), "loops": [[lp["start"], lp["end"], lp["depth"]]
+                                                                        for lp in loops]}
+    if hot is None:
+        return {**prof, "hot_body": 0, "hot_inner_loops": 0, "outside": len(code)}
+    inner = sum(1 for lp in loops if lp is not hot and hot["start"] <= lp["start"] and lp["end"] <= hot["end"])
+    return {**prof, "hot_body": hot["size"], "hot_inner_loops": inner, "outside": len(code) - hot["size"]}
+
+
+def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
+    """The issue-bound time of ``launch`` (``_launch``) with ``profile``'s counts on ``gpu``: warp
+    instructions / (SMs x schedulers x 1 per clock x clock), over min(SMs, CTAs) SMs (a grid of fewer
+    CTAs than SMs leaves the rest idle). A lower bound: no stall, every scheduler issuing each clock."""
+    h = HW[gpu]
+    # a loop the launch has no trip count for (a helper's loop in a csrc kernel) runs once per CTA here
+    iters = (launch["iters"] or launch["ctas"]) if profile["hot_body"] else 0
+    warp_instr = launch["warps"] * (launch["ctas"] * profile["outside"] + iters * profile["hot_body"])
+    sms = min(h["sms"], launch["ctas"])
+    out = {"kernel": launch["kernel"], "per_iter": profile["hot_body"], "outside": profile["outside"],
+           "iters_per_cta": round(iters / launch["ctas"], 2), "ctas": launch["ctas"], "warps": launch["warps"],
+           "warp_instr": warp_instr, "count_from": profile["count_from"],
+           "issue_us": round(warp_instr / (sms * h["schedulers"] * h["clock_hz"]) * 1e6, 3)}
+    if profile["hot_body"] and not launch["iters"]:
+        out["trips_unknown"] = True
+    return out
+
+
+def issue_bound(doc: dict) -> None:
+    """Adds ``issue`` {gpu: issue_time + floor_us, ratio = issue / floor, reaches_floor} to every
+    roofline row with a launch whose kernel was compiled for that GPU's arch (GPU_OF_ARCH)."""
+    profiles = {(r["kernel"], r["arch"]): r["profile"] for r in doc["kernels"] if r.get("profile")}
+    for row in doc["roofline"]:
+        launch = row.get("launch")
+        for arch, gpu in GPU_OF_ARCH.items():
+            prof = profiles.get((launch["kernel"], arch)) if launch else None
+            if prof is None:
+                continue
+            if len(prof["loops"]) != prof.get("ptx_loops", len(prof["loops"])):
+                row.setdefault("issue", {})[gpu] = {
+                    "kernel": launch["kernel"], "arch": arch,
+                    "error": f"ptxas unrolled a loop ({len(prof['loops'])} SASS loops, {prof['ptx_loops']} in the PTX)"}
+                continue
+            t = issue_time(prof, launch, gpu)
+            floor = row["times"][gpu]["floor_us"]
+            t.update(arch=arch, floor_us=floor, mem_us=row["times"][gpu]["mem_us"],
+                     ratio=round(t["issue_us"] / floor, 3), reaches_floor=t["issue_us"] <= floor)
+            row.setdefault("issue", {})[gpu] = t
 
 
 def _parse_ptxas(text: str) -> dict:
@@ -356,9 +586,9 @@ def _demangle(names: list[str]) -> dict:
     return short
 
 
-def _row_of(kernel, source, arch, info, mma_ops, ptx_mma=None, shared=None):
+def _row_of(kernel, source, arch, info, mma_ops, ptx_mma=None, shared=None, profile=None):
     spill = info.get("spill_stores", 0) + info.get("spill_loads", 0)
-    return {"kernel": kernel, "source": source, "arch": arch, "registers": info.get("registers"),
+    return {"kernel": kernel, "source": source, "arch": arch, "profile": profile, "registers": info.get("registers"),
             "spill_bytes": spill, "spill_stores": info.get("spill_stores", 0),
             "spill_loads": info.get("spill_loads", 0), "stack_bytes": info.get("stack_bytes", 0),
             "shared_bytes": info.get("static_smem", 0) if shared is None else shared,
@@ -377,23 +607,28 @@ def _compile_cu(path: str, arch: int, tmp: str) -> list[dict]:
     if run.returncode != 0:
         raise RuntimeError(f"nvcc failed for {path} sm_{arch}:\n{run.stderr[-2000:]}")
     info = _parse_ptxas(run.stderr + run.stdout)
-    sass = _sass_mma(cubin)
+    text = _sass(cubin)
+    sass, code = _sass_mma(text), parse_sass(text)
     names = _demangle(sorted(info))
     src = os.path.relpath(path, REPO)
-    return [_row_of(f"{os.path.basename(path)}:{names[m]}", src, arch, info[m], sass.get(m, []))
+    return [_row_of(f"{os.path.basename(path)}:{names[m]}", src, arch, info[m], sass.get(m, []),
+                    profile=loop_profile(code[m], "sass") if m in code else None)
             for m in sorted(info, key=lambda m: names[m])]
 
 
-def compile_csrc(archs=ARCHS) -> list[dict]:
-    """One row per __global__ kernel of csrc/cuda/*.cu per arch (nvcc -Xptxas -v)."""
+def compile_csrc(archs=ARCHS, kernels: set | None = None) -> list[dict]:
+    """One row per __global__ kernel of csrc/cuda/*.cu per arch (nvcc -Xptxas -v); ``kernels``: only
+    these report names (and only their files compiled)."""
     from sparkinfer.native import build
 
     if build.nvcc_path() is None:
         raise RuntimeError("nvcc not found (set NVCC or PATH)")
     srcs = sorted(glob.glob(os.path.join(build.CSRC_DIR, "cuda", "*.cu")))
+    if kernels is not None:
+        srcs = [s for s in srcs if any(k.startswith(os.path.basename(s) + ":") for k in kernels)]
     with tempfile.TemporaryDirectory(prefix="si-kreport-") as tmp, cf.ThreadPoolExecutor(2) as pool:
         jobs = [pool.submit(_compile_cu, s, a, tmp) for a in archs for s in srcs]
-        return [r for j in jobs for r in j.result()]
+        return [r for j in jobs for r in j.result() if kernels is None or r["kernel"] in kernels]
 
 
 def _ptxas_triton(ptx: str, arch: int, tmp: str, name: str) -> dict:
@@ -409,7 +644,7 @@ def _ptxas_triton(ptx: str, arch: int, tmp: str, name: str) -> dict:
         raise RuntimeError(f"ptxas failed for {name} sm_{arch}:\n{run.stderr[-2000:]}")
     info = _parse_ptxas(run.stderr + run.stdout)
     (entry, rec), = info.items()
-    return {**rec, "sass_mma": _sass_mma(cubin).get(entry, [])}
+    return {**rec, "sass_mma": _sass_mma(_sass(cubin)).get(entry, [])}
 
 
 def _compile_spec(mod: str, index: int, arch: int) -> dict:
@@ -427,20 +662,31 @@ def _compile_spec(mod: str, index: int, arch: int) -> dict:
     ptx = k.asm["ptx"]
     with tempfile.TemporaryDirectory(prefix="si-kreport-") as tmp:
         info = _ptxas_triton(ptx, arch, tmp, spec["name"])
+        cubin = os.path.join(tmp, "triton.cubin")  # the code Triton launches (its own ptxas options)
+        with open(cubin, "wb") as f:
+            f.write(k.asm["cubin"])
+        code = parse_sass(_sass(cubin)).get(k.metadata.name)
+    (ptx_code,) = parse_ptx(ptx).values()
+    ptx_loops = len(find_loops(ptx_code))
+    # no cuobjdump: count the PTX
+    profile = loop_profile(code, "sass") if code is not None else loop_profile(ptx_code, "ptx")
+    profile["ptx_loops"] = ptx_loops
     return _row_of(spec["name"], mod, arch, info, info["sass_mma"], ptx_mma=sorted(set(_MMA_PTX.findall(ptx))),
-                   shared=k.metadata.shared)
+                   shared=k.metadata.shared, profile=profile)
 
 
-def compile_triton(archs=ARCHS) -> list[dict]:
+def compile_triton(archs=ARCHS, kernels: set | None = None) -> list[dict]:
     """One row per compile_specs() entry per arch (Triton compile, then ptxas -v on its PTX), compiled
-    in parallel worker processes (Triton's front end holds the GIL)."""
+    in parallel worker processes (Triton's front end holds the GIL); ``kernels``: only these names."""
     if os.environ.get("TRITON_INTERPRET"):
         raise RuntimeError("TRITON_INTERPRET is set: @triton.jit functions are interpreted, run without it")
     import importlib
     import multiprocessing as mp
 
-    jobs = [(mod, i, arch) for mod in TRITON_MODULES for i in range(len(importlib.import_module(mod).compile_specs()))
-            for arch in archs]
+    jobs = [(mod, i, arch) for mod in TRITON_MODULES for i, spec in enumerate(importlib.import_module(mod).compile_specs())
+            for arch in archs if kernels is None or spec["name"] in kernels]
+    if not jobs:
+        return []
     workers = max(1, min(len(jobs), os.cpu_count() or 1, 8))
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
         return list(pool.map(_compile_spec, *zip(*jobs)))
@@ -448,16 +694,18 @@ def compile_triton(archs=ARCHS) -> list[dict]:
 
 # ---- output ----------------------------------------------------------------------------------------
 
-def report(archs=ARCHS, only: str | None = None) -> dict:
+def report(archs=ARCHS, only: str | None = None, kernels: set | None = None) -> dict:
+    """The report (module docstring); ``kernels``: compile only these report names."""
     doc = {"archs": list(archs), "kernels": [], "errors": {}, "hardware": HW, "launch_us": LAUNCH_US,
            "roofline": roofline()}
     for name, fn in (("triton", compile_triton), ("csrc", compile_csrc)):
         if only and only != name:
             continue
         try:
-            doc["kernels"] += fn(archs)
+            doc["kernels"] += fn(archs, kernels)
         except Exception as e:  # a missing toolchain is reported, not fatal: the roofline stands alone
             doc["errors"][name] = f"{type(e).__name__}: {e}"
+    issue_bound(doc)
     return doc
 
 
@@ -491,6 +739,21 @@ def _print(doc: dict) -> None:
                   f"{h['mem_us']:.2f}", f"{h[tc]:.2f}" if tc in h else "-", f"{h['floor_us']:.2f} {h['bound']}",
                   "-" if tgt is None else f"{tgt:.2f}")
     con.print(t)
+    t = Table(title="Issue-bound time at GLM-5.2 shapes (us): hot-loop SASS instructions per iteration x "
+                    "iterations x warps / (SMs x 4 schedulers x clock), against the floor; issue > floor: the "
+                    "kernel cannot reach its floor")
+    for c in ("kernel", "shape", "GPU", "instr/iter", "iters/CTA", "CTAs x warps", "issue", "floor", "issue/floor",
+              "reaches floor"):
+        t.add_column(c, justify="left" if c in ("kernel", "shape", "GPU") else "right")
+    for r in doc["roofline"]:
+        for gpu, x in r.get("issue", {}).items():
+            if "error" in x:
+                t.add_row(escape(x["kernel"]), r["shape"], gpu, "-", "-", "-", "-", "-", "-", escape(x["error"]))
+                continue
+            t.add_row(escape(x["kernel"]), r["shape"], f"{gpu} (sm_{x['arch']})", str(x["per_iter"]),
+                      str(x["iters_per_cta"]), f"{x['ctas']} x {x['warps']}", f"{x['issue_us']:.2f}",
+                      f"{x['floor_us']:.2f}", f"{x['ratio']:.2f}", "yes" if x["reaches_floor"] else "[red]NO[/red]")
+    con.print(t)
 
 
 def main(argv=None) -> int:
@@ -499,9 +762,11 @@ def main(argv=None) -> int:
     ap.add_argument("--only", choices=("triton", "csrc", "none"), default=None,
                     help="compile only one family (none: the roofline alone)")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON (- for stdout)")
+    ap.add_argument("--kernels", default=None, help="compile only these comma-separated report names "
+                    "(e.g. sparse_mla_decode[nvfp4_368],records.cu:encode_kernel)")
     a = ap.parse_args(argv)
     archs = tuple(int(x) for x in a.archs.split(",") if x.strip())
-    doc = report(archs, a.only)
+    doc = report(archs, a.only, None if a.kernels is None else set(a.kernels.split(",")))
     if a.json == "-":
         print(json.dumps(doc, indent=1))
     else:
