@@ -8,9 +8,10 @@ sm_120 and sm_90, without a GPU; and a roofline figure per kernel at GLM-5.2 sha
 Compiled kernels:
 
 * Triton: every entry of ``compile_specs()`` of ``sparkinfer.attention.triton_decode``,
-  ``sparkinfer.indexer.triton_scores``, ``sparkinfer.vllm.triton_paging``,
-  ``sparkinfer.vllm.triton_plan`` and ``sparkinfer.vllm.triton_quant`` (the wrappers' launch
-  configurations: dicts of name, fn, signature, constexprs, num_warps, num_stages), compiled with
+  ``sparkinfer.attention.triton_union_decode``, ``sparkinfer.indexer.triton_scores``,
+  ``sparkinfer.vllm.triton_paging``, ``sparkinfer.vllm.triton_plan`` and ``sparkinfer.vllm.triton_quant``
+  (the wrappers' launch configurations: dicts of name, fn, signature, constexprs, num_warps,
+  num_stages and optional attrs, the argument divisibilities a launch would specialize), compiled with
   ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``;
   its PTX then goes through the same ptxas Triton uses (``-v``) for registers and spills; shared
   memory is Triton's (dynamic) allocation.
@@ -49,7 +50,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)  # sparkinfer from this checkout (build flags, compile_specs)
 ARCHS = (120, 90)
-TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.indexer.triton_scores",
+TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.attention.triton_union_decode",
+                  "sparkinfer.indexer.triton_scores",
                   "sparkinfer.vllm.triton_paging", "sparkinfer.vllm.triton_plan", "sparkinfer.vllm.triton_quant")
 
 # ---- hardware -------------------------------------------------------------------------------------
@@ -420,7 +422,8 @@ def _compile_spec(mod: str, index: int, arch: int) -> dict:
     from triton.compiler import ASTSource
 
     spec = importlib.import_module(mod).compile_specs()[index]
-    k = triton.compile(ASTSource(spec["fn"], spec["signature"], constexprs=spec["constexprs"]),
+    src = ASTSource(spec["fn"], spec["signature"], constexprs=spec["constexprs"], attrs=spec.get("attrs"))
+    k = triton.compile(src,
                        target=GPUTarget("cuda", arch, 32),
                        options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"]})
     ptx = k.asm["ptx"]

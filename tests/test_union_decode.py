@@ -5,11 +5,11 @@ walks the request's union once with a per-row bit mask (``plan.union.union_row_m
 Tolerance: queries are bf16 (the engine's dtype), so q is exact in the bf16 MMA operands, and the
 decoded records are exact in bf16 (see triton_decode): every QK product is exact and the scores
 differ from the reference's only by fp32 summation order (~1e-6 relative). The probabilities go
-into the PV dot as bf16 hi + lo (~2^-16 relative), which bounds the output's difference by about
-|v|max 2^-16 ~ 1.7e-4 for latent values up to ~11 (the interpreter truncates fp32 -> bf16, so its
-hi + lo split keeps ~16 bits, not 17). Measured over the formats, R x H in {1x2, 3x6, 4x16}, splits
-1-3, scales 1/24 and 0.3: out <= 1.5e-4 (the 368 format, whose s_t folds into p), lse <= 1.9e-5
-(absolute). OUT_TOL and LSE_TOL are absolute, ~3x over those.
+into the PV dot as bf16 hi + lo (~2^-16 relative: the interpreter truncates fp32 -> bf16, so its
+split keeps ~16 bits, not 17), which bounds the output's difference by about |v|max 2^-16 ~ 2.3e-4
+for latent values up to ~15. Measured over the formats, R x H in {1x2, 3x6, 4x16, 4x20}, splits 1-3,
+scales 1/24 and 0.3: out <= 2.4e-4 (the 368 format, whose s_t folds into p), lse <= 2.3e-5
+(absolute). OUT_TOL and LSE_TOL are absolute, ~2.5x over those.
 """
 
 import math
@@ -23,7 +23,7 @@ from sparkinfer.core.layouts import layout
 from sparkinfer.formats import MAIN_FORMATS, get_format
 from sparkinfer.plan.union import mtp_union_reference, union_row_masks
 
-OUT_TOL = dict(atol=4e-4, rtol=0.0)
+OUT_TOL = dict(atol=6e-4, rtol=0.0)
 LSE_TOL = dict(atol=6e-5, rtol=0.0)
 
 
@@ -69,13 +69,14 @@ def assert_close(got, want):
 
 
 @pytest.mark.parametrize("name", MAIN_FORMATS)
-@pytest.mark.parametrize("r,h,splits", [(1, 2, 1), (4, 16, 3), (3, 6, 2), (4, 20, 2)])
+@pytest.mark.parametrize("r,h,splits", [(1, 2, 1), (4, 16, 1), (4, 16, 3), (3, 6, 2), (4, 20, 2)])
 def test_union_decode_equals_per_row_reference(name, r, h, splits):
-    """Rows overlap (shared pool), one row has no valid record, unions of 40..90 entries (not
-    multiples of 32) plus -1 padding, a strided records view; splits 2-3 go through the fused merge;
-    4 rows x 20 heads are two M blocks of 64."""
+    """Rows overlap (shared pool), one row has no valid record, unions of 36..119 entries (one or two
+    64-key tiles, the last one partial) plus -1 padding, a strided records view; splits 2-3 go through
+    the fused merge (with 3 splits of 119 entries: 64, 55 and an empty split); 4 rows x 20 heads are
+    two M blocks of 64."""
     fmt = get_format(name, outer_scale=0.5) if name.endswith("432") else get_format(name)
-    q_nope, q_rope, records, topk = make_union_case(fmt, b=2, r=r, h=h, k=24, seed=r + h)
+    q_nope, q_rope, records, topk = make_union_case(fmt, b=2, r=r, h=h, k=48, t=200, seed=r + h)
     topk[1, r - 1] = -1  # the last row of request 1 selects nothing
     scale = 1 / math.sqrt(576)
     want = per_row_reference(q_nope, q_rope, records, fmt, topk, scale)

@@ -284,7 +284,8 @@ def _sparse_mla_decode_kernel(
             if FMT == 0:
                 a0 = load_f32(row_ptr + 292, valid)  # per-token outer scale s_t
                 b = load_f32(row_ptr + 288, valid)  # rope scale r
-                s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, vm, 304, 16), zero_s, Q_SPLIT, F32_DOT)
+                s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, vm, 304, 16), zero_s,
+                                                           Q_SPLIT, F32_DOT)
             else:
                 a0 = tl.full([BLOCK_K], 1.0, tl.float32) * outer_scale
                 s = a0[None, :] * s_lat + _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 304), zero_s, Q_SPLIT, F32_DOT)

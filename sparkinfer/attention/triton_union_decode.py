@@ -64,9 +64,13 @@ from .triton_decode import (_FMT_ID, PRECISIONS, _bf16_bits, _finish, _load_q, _
                             _start)
 
 # The M block: the rows x heads of a request in one dot (R = 4 x H = 16); smaller products use the
-# next power of two (at least 16, an mma.sync tile's M).
+# next power of two (at least 16, an mma.sync tile's M). 64 keys per tile: with 32, Triton spreads the
+# 8 warps of the mma.sync kernel (sm_120) along N, so each warp of the QK dot [64, 32] had 4 keys
+# (an n8 tile: decoded twice); 64 keys cut the PTX per key x row by a third on sm_120 and by a
+# sixth on sm_90 (benchmarks/kernel_report.py; both spill at M = 64, see the report of the branch).
+# Shared memory at 64: 88 KB on sm_120 (limit 99 KB), 144 KB on sm_90.
 MAX_BLOCK_M = 64
-BLOCK_K = 32
+BLOCK_K = 64
 NUM_WARPS = 8
 NUM_STAGES = 1  # the record loads are data-dependent gathers: nothing for Triton to pipeline
 MAX_ROWS = 32  # bits of the int32 row mask
