@@ -60,8 +60,8 @@ import triton.language as tl
 from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432, ROPE_DIM, RecordLayout
 
 from .triton_codes import load_f32
-from .triton_decode import (_FMT_ID, PRECISIONS, _bf16_bits, _finish, _load_q, _qk, _softmax_pv, _split_range,
-                            _start)
+from .triton_decode import (_FMT_ID, PRECISIONS, _bf16_bits, _finish, _load_q, _qk, _sm_count,
+                            _softmax_pv, _split_range, _start)
 
 # The M block: the rows x heads of a request in one dot (R = 4 x H = 16); smaller products use the
 # next power of two (at least 16, an mma.sync tile's M). 64 keys per tile: with 32, Triton spreads the
@@ -75,6 +75,9 @@ NUM_WARPS = 8
 NUM_STAGES = 1  # the record loads are data-dependent gathers: nothing for Triton to pipeline
 MAX_ROWS = 32  # bits of the int32 row mask
 MAX_SPLITS = 64
+# A split covers at least this many union entries: its partial (64 rows x heads x 513 fp32 = 131 KB,
+# written and read back by the merge) then stays below the records it gathers (1024 x 368 B = 377 KB).
+MIN_KEYS_PER_SPLIT = 1024
 _D = tl.constexpr(LATENT_DIM)  # a partial's row: the output width
 
 
@@ -267,6 +270,13 @@ def block_m(rows: int, heads: int) -> int:
     return max(16, min(MAX_BLOCK_M, triton.next_power_of_2(rows * heads)))
 
 
+def union_splits_for(b: int, m_blocks: int, union_width: int, sms: int) -> int:
+    """Splits of each union: about one program per SM (one wave), each split covering at least
+    MIN_KEYS_PER_SPLIT union entries, at most MAX_SPLITS."""
+    want = -(-sms // max(1, b * m_blocks))
+    return max(1, min(want, union_width // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+
+
 @dataclass
 class UnionWorkspace:
     """Device buffers of one union-decode shape (B requests, R*H rows x heads, S splits):
@@ -321,16 +331,21 @@ def check_union_inputs(q_nope, q_rope, records, lay: RecordLayout, union, union_
 
 
 def sparse_mla_union_decode(q_nope, q_rope, records, lay: RecordLayout, union, union_len, row_mask, rows: int,
-                            scale: float, *, outer_scale: float = 1.0, num_splits: int = 1,
+                            scale: float, *, outer_scale: float = 1.0, num_splits: int | None = None,
                             dot_precision: str = "bf16x2", out=None, lse=None,
                             workspace: UnionWorkspace | None = None):
     """One launch of the union kernel (module docstring). out (fp32 or bf16 [B*R, H, 512]), lse (fp32
-    [B*R, H]) and workspace (whose S wins over num_splits) are optional preallocated buffers."""
+    [B*R, H]) and workspace (whose S wins over num_splits; default ``union_splits_for`` on a GPU, 1
+    under the interpreter) are optional preallocated buffers."""
     check_union_inputs(q_nope, q_rope, records, lay, union, union_len, row_mask, rows)
     m, h = q_nope.shape[:2]
     b = m // rows
     dev = q_nope.device
+    bm = block_m(rows, h)
     if workspace is None:
+        if num_splits is None:
+            num_splits = 1 if dev.type != "cuda" else \
+                union_splits_for(b, triton.cdiv(rows * h, bm), union.shape[1], _sm_count(dev))
         workspace = UnionWorkspace.allocate(b, rows, h, num_splits, dev)
     out = torch.empty((m, h, LATENT_DIM), dtype=torch.float32, device=dev) if out is None else out
     lse = torch.empty((m, h), dtype=torch.float32, device=dev) if lse is None else lse
@@ -341,7 +356,6 @@ def sparse_mla_union_decode(q_nope, q_rope, records, lay: RecordLayout, union, u
         return out, lse
     q_nope = q_nope if q_nope.stride(-1) == 1 else q_nope.contiguous()
     q_rope = q_rope if q_rope.stride(-1) == 1 else q_rope.contiguous()
-    bm = block_m(rows, h)
     splits = workspace.num_splits
     po, pl, cnt = (workspace.partial_out, workspace.partial_lse, workspace.counters) if splits > 1 \
         else (out, lse, union_len)  # unused with one split
