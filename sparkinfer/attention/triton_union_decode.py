@@ -96,25 +96,25 @@ def _e2m1_x(nibble, scale):
 
 
 @triton.jit
+def _bytes(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
+    """Bytes [BYTE0, BYTE0 + N) of each record -> uint8 [BK, N]."""
+    return tl.load(row_ptr[:, None] + BYTE0 + tl.arange(0, N)[None, :], mask=vm, other=0)
+
+
+@triton.jit
 def _nvfp4_tiles(row_ptr, vm, BK: tl.constexpr):
     """NVFP4 latent of BK records -> (even, odd) bf16 [BK, 256]: column c is element 2c / 2c + 1,
-    both in group c // 8; codes loaded as [BK, 32 groups, 8 bytes], one scale byte per group."""
+    both in group c // 8; codes viewed as [BK, 32 groups, 8 bytes], one scale byte per group."""
     g = tl.arange(0, 32)
-    j = tl.arange(0, 8)
     rp = row_ptr[:, None, None]
     vm3 = vm[:, :, None]
-    codes = tl.load(rp + (8 * g[None, :, None] + j[None, None, :]), mask=vm3, other=0)
+    # 2-D load (256 contiguous bytes a record: 16-byte vectors), then viewed as [BK, group, byte]
+    codes = tl.reshape(_bytes(row_ptr, vm, 0, 256), [BK, 32, 8])
     gs = tl.load(rp + 256 + g[None, :, None], mask=vm3, other=0)
     scale = _e4m3_bf16(gs).to(tl.float32) * 16384.0
     even = _e2m1_x(codes & 15, scale)
     odd = _e2m1_x(codes >> 4, scale)
     return tl.reshape(even, [BK, 256]), tl.reshape(odd, [BK, 256])
-
-
-@triton.jit
-def _bytes(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
-    """Bytes [BYTE0, BYTE0 + N) of each record -> uint8 [BK, N]."""
-    return tl.load(row_ptr[:, None] + BYTE0 + tl.arange(0, N)[None, :], mask=vm, other=0)
 
 
 @triton.jit
