@@ -12,8 +12,9 @@ Inputs (B requests, R rows each, H heads, U union capacity, T records)::
 
     q_nope    fp32/bf16/fp16 [B*R, H, 512]  row r of request b is query row b*R + r
     q_rope    fp32/bf16/fp16 [B*R, H, 64]
-    records   uint8 [T, record_bytes]       rows with contiguous bytes, 16-byte aligned rows are
-                                            loaded as 16-byte vectors (a strided view is fine)
+    records   uint8 [T, record_bytes]       rows with contiguous bytes, any row stride (a strided
+                                            view); with 16-byte aligned rows (Triton specializes
+                                            the stride) NVFP4 codes load as 16-byte vectors
     union     int64 [B, U]                  record rows of request b's union, -1 = pad
     union_len int32 [B]                     entries of union[b] to walk (pads inside are skipped)
     row_mask  int32 [B, U]                  bit r set: row r's top-k holds union[b, u]
@@ -67,8 +68,11 @@ from .triton_decode import (_FMT_ID, PRECISIONS, _bf16_bits, _finish, _load_q, _
 # next power of two (at least 16, an mma.sync tile's M). 64 keys per tile: with 32, Triton spreads the
 # 8 warps of the mma.sync kernel (sm_120) along N, so each warp of the QK dot [64, 32] had 4 keys
 # (an n8 tile: decoded twice); 64 keys cut the PTX per key x row by a third on sm_120 and by a
-# sixth on sm_90 (benchmarks/kernel_report.py; both spill at M = 64, see the report of the branch).
-# Shared memory at 64: 88 KB on sm_120 (limit 99 KB), 144 KB on sm_90.
+# sixth on sm_90. Shared memory at 64: 88 KB on sm_120 (limit 99 KB), 144 KB on sm_90.
+# Both spill at M = 64 with Triton 3.9 (255 registers; ~1.4 KB on sm_120, ~2 KB on sm_90): the fp32
+# accumulators [64, 512] hold 128 registers a thread; on sm_120 each warp's QK A operand spans all
+# 64 rows (the 8 warps lie along N), on sm_90 the hi and lo PV dots get two wgmma layouts, so the
+# accumulators cross shared memory between them (benchmarks/kernel_report.py prints the figures).
 MAX_BLOCK_M = 64
 BLOCK_K = 64
 NUM_WARPS = 8
