@@ -8,9 +8,10 @@ sm_120 and sm_90, without a GPU; and a roofline figure per kernel at GLM-5.2 sha
 Compiled kernels:
 
 * Triton: every entry of ``compile_specs()`` of ``sparkinfer.attention.triton_decode``,
-  ``sparkinfer.indexer.triton_scores``, ``sparkinfer.vllm.triton_paging``,
-  ``sparkinfer.vllm.triton_plan`` and ``sparkinfer.vllm.triton_quant`` (the wrappers' launch
-  configurations: dicts of name, fn, signature, constexprs, num_warps, num_stages), compiled with
+  ``sparkinfer.attention.triton_union_decode``, ``sparkinfer.indexer.triton_scores``,
+  ``sparkinfer.vllm.triton_paging``, ``sparkinfer.vllm.triton_plan`` and ``sparkinfer.vllm.triton_quant``
+  (the wrappers' launch configurations: dicts of name, fn, signature, constexprs, num_warps,
+  num_stages and optional attrs, the argument divisibilities a launch would specialize), compiled with
   ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``;
   its PTX then goes through the same ptxas Triton uses (``-v``) for registers and spills; shared
   memory is Triton's (dynamic) allocation.
@@ -56,7 +57,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)  # sparkinfer from this checkout (build flags, compile_specs)
 ARCHS = (120, 90)
-TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.indexer.triton_scores",
+TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.attention.triton_union_decode",
+                  "sparkinfer.indexer.triton_scores",
                   "sparkinfer.vllm.triton_paging", "sparkinfer.vllm.triton_plan", "sparkinfer.vllm.triton_quant")
 
 # ---- hardware -------------------------------------------------------------------------------------
@@ -180,6 +182,31 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
                 nbytes, flops, "bf16", expect, mma_flops=mma, launch=launch)
 
 
+def _mla_union(fmt: str, b: int, r: int, h: int, u: int, k: int, shape: str) -> dict:
+    """Sparse-MLA decode over each request's union (``triton_union_decode``): per request and M block
+    (R rows x H heads, 64 at most) the U union records are gathered once, with their int64 index and
+    int32 row mask; every (row, head) of the block runs QK over 576 and PV over 512 on all U entries
+    (a row's mask only zeroes its weights: the MMA FLOPs are those of U, the useful ones those of its
+    k), PV twice (hi + lo). With S > 1 splits the partials are written, read back by the merging
+    program and the output written; with one split the output only."""
+    from sparkinfer.attention.triton_union_decode import block_m, union_splits_for
+
+    bm = block_m(r, h)
+    mb = -(-(r * h) // bm)
+    s = union_splits_for(b, mb, u, HW["rtx_pro_6000"]["sms"])
+    out = b * r * h * (LATENT + 1) * 4
+    nbytes = b * mb * u * RECORD[fmt] + b * u * 12 + b * 4 + b * r * h * (LATENT + ROPE) * 2 \
+        + (2 * s * out + out if s > 1 else out)
+    flops = 2 * b * r * h * k * (LATENT + ROPE + LATENT)
+    mma = 2 * b * mb * bm * u * (LATENT + ROPE + 2 * LATENT)
+    expect = ("bf16 tensor cores (mma.sync on sm_120, wgmma on sm_90): fewer record bytes than the per-row kernel "
+              "but U/k more MMA FLOPs (1.75x at 3,584/2,048), so near its compute floor on the H200; it spills at "
+              "M = 64 in Triton 3.9: time it against sparse_mla_decode at this shape before wiring it")
+    return _row(f"sparse_mla_union_decode[{fmt}]", shape, {"B": b, "R": r, "H": h, "U": u, "K": k, "splits": s,
+                                                           "block_m": bm, "record": RECORD[fmt]},
+                nbytes, flops, "bf16", expect, mma_flops=mma)
+
+
 def _compact(m: int, listed: int, k: int, shape: str, listed_bytes: int) -> dict:
     """Index compaction ahead of the decode: one CTA per row reads its list (the selected path's
     workspace slots are int32, the stock path's cache rows int64: ``listed_bytes``) and writes the k
@@ -289,6 +316,9 @@ def roofline() -> list[dict]:
         rows.append(_mla(fmt, B * R, HEADS_PER_RANK, K, "selected: 16 req x 4 rows, 16 heads/rank, top-2048"))
     rows.append(_mla("nvfp4_368", B * R, HEADS_PER_RANK, K, "selected, each request's 4 rows over their union "
                      "read once (B*U records; the kernel reads per row today)", gathered=B * U))
+    for fmt in RECORD:
+        rows.append(_mla_union(fmt, B, R, HEADS_PER_RANK, U, K, "selected, union kernel: 16 req x (4 rows x 16 "
+                               "heads), 3,584-record unions, top-2048 per row"))
     rows.append(_mla("nvfp4_368", B * R, HEADS, K // D, "stock DCP4: 16 req x 4 rows, 64 heads, 2048 listed, "
                      "512 valid (compacted)"))
     rows.append(_mla("nvfp4_368", R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
@@ -656,7 +686,8 @@ def _compile_spec(mod: str, index: int, arch: int) -> dict:
     from triton.compiler import ASTSource
 
     spec = importlib.import_module(mod).compile_specs()[index]
-    k = triton.compile(ASTSource(spec["fn"], spec["signature"], constexprs=spec["constexprs"]),
+    src = ASTSource(spec["fn"], spec["signature"], constexprs=spec["constexprs"], attrs=spec.get("attrs"))
+    k = triton.compile(src,
                        target=GPUTarget("cuda", arch, 32),
                        options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"]})
     ptx = k.asm["ptx"]

@@ -184,6 +184,54 @@ def _pv(p, tile, acc, SPLIT: tl.constexpr, F32_DOT: tl.constexpr):
 
 
 @triton.jit
+def _start(BM: tl.constexpr, CW: tl.constexpr):
+    """The online softmax's initial state for BM rows: (m = -inf, l = 0, four fp32 [BM, CW] accumulators)."""
+    acc = tl.zeros([BM, CW], tl.float32)
+    return tl.full([BM], float("-inf"), tl.float32), tl.zeros([BM], tl.float32), acc, acc, acc, acc
+
+
+@triton.jit
+def _split_range(count, num_splits, split, BLOCK_K: tl.constexpr):
+    """Keys [lo, hi) of split ``split`` of ``num_splits`` over ``count`` keys: equal slices of whole
+    BLOCK_K tiles, so the trip count is count-driven and no tile straddles two splits."""
+    per_split = tl.cdiv(tl.cdiv(count, num_splits), BLOCK_K) * BLOCK_K
+    lo = split * per_split
+    return lo, tl.minimum(lo + per_split, count)
+
+
+@triton.jit
+def _softmax_pv(s, m_i, l_i, acc0, acc1, acc2, acc3, t0, t1, t2, t3, a0, a1, a2, a3,
+                NVFP4: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr):
+    """One online-softmax step over base-2 scores s [BH, BK] (-inf: not a key of that row) and the PV
+    update of the accumulators -> (m', l', acc0..acc3). NVFP4: t0, t1 with the per-key scale a0 (the
+    rest unused); 656: chunk c is t_c with its per-key scale a_c."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # A finite anchor keeps rows that have seen no valid key at exactly 0 (no -inf - -inf).
+    anchor = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - anchor)
+    p = tl.exp2(s - anchor[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if NVFP4:
+        pa = p * a0[None, :]
+        acc0 = _pv(pa, t0, acc0 * alpha[:, None], P_SPLIT, F32_DOT)
+        acc1 = _pv(pa, t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
+    else:
+        acc0 = _pv(p * a0[None, :], t0, acc0 * alpha[:, None], P_SPLIT, F32_DOT)
+        acc1 = _pv(p * a1[None, :], t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
+        acc2 = _pv(p * a2[None, :], t2, acc2 * alpha[:, None], P_SPLIT, F32_DOT)
+        acc3 = _pv(p * a3[None, :], t3, acc3 * alpha[:, None], P_SPLIT, F32_DOT)
+    return m_new, l_i, acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _finish(m_i, l_i):
+    """(1 / l, natural-log LSE) of the online softmax; rows without a key: (1, -inf)."""
+    seen = l_i > 0
+    inv_l = 1.0 / tl.where(seen, l_i, 1.0)
+    return inv_l, tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+
+
+@triton.jit
 def _store_chunk(out_ptr, acc, inv_l, cols, hmask):
     tl.store(out_ptr + cols[None, :], acc * inv_l[:, None], mask=hmask[:, None])
 
@@ -225,16 +273,8 @@ def _sparse_mla_decode_kernel(
         q3h, q3l = _load_q(qn_row, 384 + cw, hmask, Q_SPLIT)
     qrh, qrl = _load_q(qr_ptr + m * s_qr_m + heads[:, None] * s_qr_h, r, hmask, Q_SPLIT)
 
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc0 = tl.zeros([BLOCK_H, CW], tl.float32)
-    acc1 = tl.zeros([BLOCK_H, CW], tl.float32)
-    acc2 = tl.zeros([BLOCK_H, CW], tl.float32)
-    acc3 = tl.zeros([BLOCK_H, CW], tl.float32)
-    count = tl.load(cnt_ptr + m)
-    k_per_split = tl.cdiv(tl.cdiv(count, num_splits), BLOCK_K) * BLOCK_K
-    k_lo = split * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, count)
+    m_i, l_i, acc0, acc1, acc2, acc3 = _start(BLOCK_H, CW)
+    k_lo, k_hi = _split_range(tl.load(cnt_ptr + m), num_splits, split, BLOCK_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         valid = ks < k_hi
@@ -245,14 +285,17 @@ def _sparse_mla_decode_kernel(
         if NVFP4:
             t0 = _nvfp4_chunk(row_ptr, vm, 0)
             t1 = _nvfp4_chunk(row_ptr, vm, 1)
+            t2, t3 = t0, t1  # unused: NVFP4 has two latent tiles
             s_lat = _qk(q1h, q1l, t1, _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT), Q_SPLIT, F32_DOT)
             if FMT == 0:
-                a = load_f32(row_ptr + 292, valid)  # per-token outer scale s_t
+                a0 = load_f32(row_ptr + 292, valid)  # per-token outer scale s_t
                 b = load_f32(row_ptr + 288, valid)  # rope scale r
-                s = a[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, vm, 304, 16), zero_s, Q_SPLIT, F32_DOT)
+                s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, vm, 304, 16), zero_s,
+                                                           Q_SPLIT, F32_DOT)
             else:
-                a = tl.full([BLOCK_K], 1.0, tl.float32) * outer_scale
-                s = a[None, :] * s_lat + _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 304), zero_s, Q_SPLIT, F32_DOT)
+                a0 = tl.full([BLOCK_K], 1.0, tl.float32) * outer_scale
+                s = a0[None, :] * s_lat + _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 304), zero_s, Q_SPLIT, F32_DOT)
+            a1, a2, a3 = a0, a0, a0  # one per-key scale for both tiles
         else:
             t0, a0 = _e4m3_tile(row_ptr, vm, 0, 32), load_f32(row_ptr + 512, valid)
             t1, a1 = _e4m3_tile(row_ptr, vm, 128, 32), load_f32(row_ptr + 516, valid)
@@ -265,26 +308,10 @@ def _sparse_mla_decode_kernel(
             s += a3[None, :] * _qk(q3h, q3l, t3, zero_s, Q_SPLIT, F32_DOT)
         # Base-2 scores: qk_scale = scale * log2(e).
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # A finite anchor keeps heads that have seen no valid key at exactly 0 (no -inf - -inf).
-        anchor = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - anchor)
-        p = tl.exp2(s - anchor[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if NVFP4:
-            pa = p * a[None, :]
-            acc0 = _pv(pa, t0, acc0 * alpha[:, None], P_SPLIT, F32_DOT)
-            acc1 = _pv(pa, t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
-        else:
-            acc0 = _pv(p * a0[None, :], t0, acc0 * alpha[:, None], P_SPLIT, F32_DOT)
-            acc1 = _pv(p * a1[None, :], t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
-            acc2 = _pv(p * a2[None, :], t2, acc2 * alpha[:, None], P_SPLIT, F32_DOT)
-            acc3 = _pv(p * a3[None, :], t3, acc3 * alpha[:, None], P_SPLIT, F32_DOT)
-        m_i = m_new
+        m_i, l_i, acc0, acc1, acc2, acc3 = _softmax_pv(s, m_i, l_i, acc0, acc1, acc2, acc3, t0, t1, t2, t3,
+                                                       a0, a1, a2, a3, NVFP4, P_SPLIT, F32_DOT)
 
-    seen = l_i > 0
-    inv_l = 1.0 / tl.where(seen, l_i, 1.0)
-    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    inv_l, lse = _finish(m_i, l_i)
     out_row = out_ptr + split * s_out_s + m * s_out_m + heads[:, None] * s_out_h
     _store_chunk(out_row, acc0, inv_l, cw, hmask)
     _store_chunk(out_row, acc1, inv_l, CW + cw, hmask)

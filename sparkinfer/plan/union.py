@@ -106,3 +106,19 @@ def _warn_no_cuda_lib() -> None:
     if not _warned:
         log.warning("mtp_union: CUDA library not built; using the torch reference on the GPU")
         _warned = True
+
+
+def union_row_masks(remap: torch.Tensor, union_width: int) -> torch.Tensor:
+    """int32 [B, union_width]: bit r of entry [b, u] set when row r's top-k holds union[b, u]
+    (``remap`` int32 [B, R, K] of ``mtp_union``, R <= 32; bit 31 makes the int32 negative).
+
+    The per-row membership the union attention kernel (``attention.triton_union_decode``) masks
+    scores with; a top-k row is a set, so a token listed twice in one row still sets one bit."""
+    B, R, K = remap.shape
+    if R > 32:
+        raise ValueError(f"at most 32 rows fit an int32 row mask, got R = {R}")
+    hit = torch.zeros(B, R, union_width + 1, dtype=torch.bool, device=remap.device)
+    hit.scatter_(2, torch.where(remap >= 0, remap, union_width).long(), True)  # pads land in a dump column
+    weights = torch.ones(R, dtype=torch.int64, device=remap.device) << torch.arange(R, device=remap.device)
+    bits = (hit[..., :union_width].long() * weights[None, :, None]).sum(dim=1)
+    return torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32)
