@@ -303,11 +303,13 @@ def test_tiled_topk_ties_and_short_rows_equal_the_reference():
     assert (ref[2, 21:] == -1).all() and (ref[2, :21] >= 0).all() and (ref[3, 64:] == -1).all()
 
 
-def test_forced_gpu_topk_keys_equal_the_torch_twin(monkeypatch):
+@pytest.mark.parametrize("k", [13, 90])
+def test_forced_gpu_topk_keys_equal_the_torch_twin(monkeypatch, k):
     """The engine's backend choice with the GPU implementations forced (``vllm.impls.kernel_backend``:
     the Triton scorer and ``triton_topk.topk_keys`` every pass) against the torch twin (float64
     scores, torch.topk): the selected int64 keys bit for bit, INT64_MIN padding of short rows
-    included, over 64-position passes with k = 90 not a power of two and longer than a pass."""
+    included, over 64-position passes; k not a power of two, 13 (a pass's k + 64 keys overflow the
+    2k candidate buffer: the radix levels decide) and 90 (longer than a pass)."""
     from sparkinfer.vllm.impls import FORCE_ENV, kernel_backend
 
     monkeypatch.setenv(FORCE_ENV, "1")
@@ -315,10 +317,11 @@ def test_forced_gpu_topk_keys_equal_the_torch_twin(monkeypatch):
     assert backend == "triton"
     q, w, records, pos, _ = exact_case(m=4, t=260, seed=5)
     pos = torch.tensor([259, 130, 20, 63])
-    got, want = (indexer_topk_rows(q, w, records, pos, 90, **tiled.one_list(4, 260, "cpu"), backend=b,
+    got, want = (indexer_topk_rows(q, w, records, pos, k, **tiled.one_list(4, 260, "cpu"), backend=b,
                                    tile_bytes=1, as_keys=True) for b in (backend, "torch"))
     assert torch.equal(got, want)
-    assert (got[2, 21:] == torch.iinfo(torch.int64).min).all() and (got[2, :21] > 0).all()
+    short = min(k, 21)  # row 2 scores positions 0..20
+    assert (got[2, short:] == torch.iinfo(torch.int64).min).all() and (got[2, :short] > 0).all()
 
 
 def _step(seed=11):

@@ -49,6 +49,16 @@ def test_keys_sharing_their_high_bytes():
     _check(keys[:, :53], 53)
 
 
+def test_keys_next_to_the_padding():
+    """Keys just above INT64_MIN (its prefix at every level but the last) among INT64_MIN padding:
+    the padding is never taken in their place, with more than k of them and with fewer."""
+    g = torch.Generator().manual_seed(4)
+    keys = torch.full((2, 300), _NONE)
+    keys[0, :60] = _NONE + 1 + _distinct(g, 1, 60, 0, 256)[0]
+    keys[1, :20] = keys[0, :20]
+    _check(keys[:, torch.randperm(300, generator=g)], 37)
+
+
 def test_kth_key_ending_a_bucket():
     """The top k are exactly the keys of the higher buckets at one radix level (at the top byte, at
     a middle byte, negative keys): the k-th largest is its bucket's smallest, the count at or above

@@ -15,9 +15,11 @@ One program per row, in three steps over the row in global memory:
 2. The levels stop as soon as every key at or above the chosen prefix fits the candidate buffer
    (``cand``, CAP columns): then those keys hold the top k whatever the lower bits. Real scores
    spread over the top 16 bits (sign, exponent, 7 mantissa bits), so at GLM-5.2's k = 2,048 and a
-   2k buffer a row typically takes two or three histogram passes, not eight. At the last level the
-   prefix is the whole key: the k-th largest itself, one key (or INT64_MIN, repeated, in a row of
-   fewer than k keys, whose copies beyond the buffer are left out and the output padded with it).
+   2k buffer a row typically takes two histogram passes, not eight (a host replay of the levels
+   on packed normal and relu-sum scores at N = 18,432, 67,584 and 131,072: 1 or 2; 3 or 4 with a
+   buffer of k). At the last level the prefix is the whole key: the k-th largest itself.
+   INT64_MIN is never counted nor collected (it is the padding): a row of fewer than k other keys
+   finds no byte at the first level, takes them all and pads the output with INT64_MIN.
 3. One more pass compacts those keys into ``cand`` (a block's in-order cumsum gives each its slot),
    then the CTA loads them, sorts SORT = next_pow2(CAP) of them descending (``tl.sort``, INT64_MIN
    filling) and stores the first k into ``out``. ``out`` may be ``cand[:, :k]``: the sorted block is
@@ -51,7 +53,6 @@ def _topk_keys_kernel(work_ptr, out_ptr, cand_ptr, N, K, CAP, s_work, s_out, s_c
     pref = tl.full((), 0, tl.int64)  # the chosen prefix: key >> shift of the k-th largest key
     above = tl.full((), 0, tl.int32)  # keys whose prefix is strictly greater
     need = tl.full((), 0, tl.int32) + K  # the k-th largest's rank among the keys at the prefix
-    whole = tl.full((), 0, tl.int32)  # every key at the prefix fits the buffer: take them all
     done = tl.full((), 0, tl.int32)
     while done == 0:
         top = shift == 56
@@ -59,7 +60,8 @@ def _topk_keys_kernel(work_ptr, out_ptr, cand_ptr, N, K, CAP, s_work, s_out, s_c
         for c0 in range(0, N, BLOCK):
             cols = c0 + lanes
             key = tl.load(row + cols, mask=cols < N, other=0)
-            match = (cols < N) & (top | ((key >> tl.minimum(shift + 8, 63)) == pref))
+            real = (cols < N) & (key != _MIN)
+            match = real & (top | ((key >> tl.minimum(shift + 8, 63)) == pref))
             digit = ((key >> shift) & 255).to(tl.int32) ^ tl.where(top, 128, 0)
             hist += tl.histogram(digit, 256, mask=match)
         at_or_above = tl.cumsum(hist, 0, reverse=True)
@@ -69,21 +71,23 @@ def _topk_keys_kernel(work_ptr, out_ptr, cand_ptr, N, K, CAP, s_work, s_out, s_c
         above += higher
         need -= higher
         pref = tl.where(top, byte.to(tl.int64) - 128, pref * 256 + byte)
-        whole = (above + here <= CAP).to(tl.int32)
-        done = ((whole != 0) | (shift == 0)).to(tl.int32)
+        # every key at or above the prefix fits the buffer (always at the last level, where the
+        # prefix is the k-th largest key itself and the keys above it number k - 1)
+        done = ((above + here <= CAP) | (shift == 0)).to(tl.int32)
         shift = tl.where(done != 0, shift, shift - 8)
     count = tl.full((), 0, tl.int32)
     for c0 in range(0, N, BLOCK):
         cols = c0 + lanes
         key = tl.load(row + cols, mask=cols < N, other=0)
         prefix = key >> shift
-        take = (cols < N) & tl.where(whole != 0, prefix >= pref, prefix > pref)
+        take = (cols < N) & (key != _MIN) & (prefix >= pref)
         slot = count + tl.cumsum(take.to(tl.int32), 0) - 1
-        tl.store(cand + slot, key, mask=take)
+        # slot < CAP holds for distinct keys; the bound keeps keys against the contract (repeats) in the row
+        tl.store(cand + slot, key, mask=take & (slot < CAP))
         count += tl.sum(take.to(tl.int32), 0)
     tl.debug_barrier()  # the compacted keys are visible to the whole CTA
     i = tl.arange(0, SORT)
-    best = tl.sort(tl.load(cand + i, mask=i < count, other=_MIN), 0, descending=True)
+    best = tl.sort(tl.load(cand + i, mask=(i < count) & (i < CAP), other=_MIN), 0, descending=True)
     tl.debug_barrier()  # every thread has loaded cand before out (possibly cand's head) is written
     tl.store(out_ptr + m * s_out + i, best, mask=i < K)
 
