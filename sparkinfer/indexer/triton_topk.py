@@ -36,8 +36,12 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024  # keys a scan step loads
+# Keys a scan step loads: 16 int64 a thread in flight, so that one CTA per row keeps enough loads
+# outstanding when a decode step has fewer rows than SMs (not yet timed on a GPU; 1,024 to 4,096
+# compile to the same 128 registers, no spills: the 4,096-key sort sets them).
+BLOCK = 4096
 NUM_WARPS = 8
+NUM_STAGES = 1  # the scan loops are not software-pipelined at any num_stages (no cp.async in the PTX)
 _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
 
 
@@ -107,7 +111,8 @@ def topk_keys(work: torch.Tensor, k: int, out: torch.Tensor, cand: torch.Tensor 
         raise ValueError("work, out and cand must be int64 with unit column stride")
     if m:
         _topk_keys_kernel[(m,)](work, out, cand, n, k, cap, work.stride(0), out.stride(0), cand.stride(0),
-                                BLOCK=BLOCK, SORT=triton.next_power_of_2(cap), num_warps=NUM_WARPS)
+                                BLOCK=BLOCK, SORT=triton.next_power_of_2(cap), num_warps=NUM_WARPS,
+                                num_stages=NUM_STAGES)
     return out
 
 
@@ -119,4 +124,4 @@ def compile_specs(k: int = 2048) -> list[dict]:
     sig = {n: "*i64" if n.endswith("_ptr") else "i32" for n in _topk_keys_kernel.arg_names if n not in constexprs}
     sig.update({n: "constexpr" for n in constexprs})
     return [{"name": f"topk_keys[k{k}]", "fn": _topk_keys_kernel, "signature": sig, "constexprs": constexprs,
-             "num_warps": NUM_WARPS, "num_stages": 1}]
+             "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}]
