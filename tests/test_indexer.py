@@ -186,8 +186,10 @@ def test_sharded_candidates_merge_to_replicated_topk():
         assert torch.equal(merged, replicated), (world, interleave)
 
 
-def test_key_merge_equals_the_score_merge():
-    """``all_gather_merge`` (the engine's: int64 keys in ``MergeBuffers``, one top-k) against
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_key_merge_equals_the_score_merge(backend):
+    """``all_gather_merge`` (the engine's: int64 keys in ``MergeBuffers``, one top-k: torch.topk or
+    the Triton one into its CAP = k output) against
     ``merge_candidates`` (scores and ids, ``select_topk``) on candidates with tied scores, -0.0 and
     padding, the all-gather simulated in rank order; buffers of fewer rows than a call give buffers
     of its size, the same answer."""
@@ -209,7 +211,7 @@ def test_key_merge_equals_the_score_merge():
             views = MergeBuffers(world, rows, k, "cpu").take(m)
             views.mine.copy_(every[rank * m:(rank + 1) * m])
             out = torch.full((m, k + 2), 7, dtype=torch.int32)
-            got = all_gather_merge(views, lambda into, mine: into.copy_(every), out[:, :k])
+            got = all_gather_merge(views, lambda into, mine: into.copy_(every), out[:, :k], backend)
             assert got.data_ptr() == out.data_ptr() and torch.equal(got, want), (rows, rank)
             assert bool((out[:, k:] == 7).all())
 
