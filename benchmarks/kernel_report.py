@@ -185,25 +185,25 @@ def _indexer_tiled(m: int, t: int, shape: str) -> dict:
     """``indexer_topk_rows`` (docs/design/indexer.md): P passes of ``tile`` positions; each pass's
     key kernel reads the tile's keys, q and w and writes int64 keys [M, tile] into the work buffer
     [M, k + tile]; the Triton top-k (``triton_topk.topk_keys``) then reads the buffer (once from
-    DRAM: its further radix levels re-read the row from L2 while the rows in flight fit there),
-    writes and reads back at most 2k candidates and writes the sorted [M, k], and the top-k is
-    copied back to the buffer's head. The selection keys move 8 B per score twice (written, read
-    back), so the bytes exceed the materialized path's; the memory does not."""
+    DRAM: its further radix levels re-read the row from L2 while the rows in flight fit there) and
+    writes the running top-k [M, k] (the last pass: at most 2k candidates written and read back,
+    then the sorted [M, k]), and the top-k is copied back to the buffer's head. The selection keys
+    move 8 B per score twice (written, read back), so the bytes exceed the materialized path's;
+    the memory does not."""
     from sparkinfer.indexer.tiled import TILE_BYTES, pick_tile
 
     tile = pick_tile(m, t, 8, TILE_BYTES)
     passes = -(-t // tile)
-    per_pass = (tile * (INDEX_RECORD + 8) + _qw_bytes(m) + m * tile * 8 + m * (K + tile) * 8 + m * 2 * K * 16
-                + m * K * 8 + m * K * 16)
+    per_pass = tile * (INDEX_RECORD + 8) + _qw_bytes(m) + m * tile * 8 + m * (K + tile) * 8 + m * K * 8 + m * K * 16
     flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
     expect = ("compute-bound on tf32 tensor cores (selection keys moved twice per score stay under the "
               "compute time): within 2x of the floor, with the peak extra memory M x (k + tile) x 8 B "
               "whatever the context")
     return _row("indexer_topk_rows", shape, {"M": m, "T": t, "K": K, "tile": tile, "passes": passes,
                                             "heads": INDEX_HEADS, "dim": INDEX_DIM, "work_bytes": m * (K + tile) * 8},
-                passes * per_pass, flops, "tf32", expect, target="fp8",
+                passes * per_pass + m * 2 * K * 16, flops, "tf32", expect, target="fp8",
                 covers=["indexer_keys[q_fp32]", "indexer_keys[q_bf16]", "indexer_keys_ids[q_fp32]",
-                        "indexer_keys_ids[q_bf16]", "topk_keys[k2048]"])
+                        "indexer_keys_ids[q_bf16]", "topk_keys[k2048]", "topk_keys_unsorted[k2048]"])
 
 
 def _move(kernel: str, n: int, shape: str, peer: bool = False) -> dict:

@@ -1,7 +1,8 @@
 """The one-launch Triton top-k over int64 selection keys (``indexer.triton_topk``, interpreted on CPU)
 against ``torch.topk(keys, k, largest=True, sorted=True).values``: bit for bit, INT64_MIN padding
 included, with the candidate buffer the output itself (CAP = k: the radix levels run until the
-bucket of the k-th key is exact) and twice as wide (the levels stop early)."""
+bucket of the k-th key is exact) and twice as wide (the levels stop early); unsorted (a tiled
+call's running top-k): the same keys."""
 
 import pytest
 import torch
@@ -11,12 +12,15 @@ from sparkinfer.indexer.triton_topk import BLOCK, topk_keys
 
 
 def _check(keys: torch.Tensor, k: int) -> None:
+    """Sorted, into a candidate buffer of k and of 2k; unsorted (the same keys, any order)."""
     want = torch.topk(keys, k, dim=1, largest=True, sorted=True).values
     for cap in (k, 2 * k):
         cand = torch.full((keys.shape[0], cap), 7, dtype=torch.int64)
         got = topk_keys(keys, k, cand[:, :k], cand)
         assert got.data_ptr() == cand.data_ptr()
         assert torch.equal(got, want), cap
+    got = topk_keys(keys, k, torch.full((keys.shape[0], k), 7, dtype=torch.int64), sorted=False)
+    assert torch.equal(got.sort(dim=1, descending=True).values, want)
 
 
 def _distinct(g, m, n, low=-(2 ** 63) + 1, high=2 ** 63 - 1):

@@ -170,16 +170,16 @@ def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len
 
 def _selector(backend: str, work, rest, k: int):
     """(top int64 [M, k], select(last)): the pass's top-k of ``work`` into top, from the workspace's
-    ``rest``. Triton: ``triton_topk.topk_keys``, one launch, sorted every pass, rest as its candidate
-    buffer [M, 2k] with top its head. Torch (the CPU twin): ``torch.topk`` into rest's two [M, k]
-    halves, in rank order in the last pass only (the keys are distinct but INT64_MIN, so the order
-    is unique)."""
+    ``rest``, in rank order in the last pass only (the keys are distinct but INT64_MIN, so the order
+    is unique; the running top-k's order is never read). Triton: ``triton_topk.topk_keys``, one
+    launch, rest as its candidate buffer [M, 2k] with top its head (the unsorted passes select into
+    top alone). Torch (the CPU twin): ``torch.topk`` into rest's two [M, k] halves."""
     m = work.shape[0]
     if backend == "triton":
         from .triton_topk import topk_keys
 
         cand = rest.view(m, 2 * k)
-        return cand[:, :k], lambda last: topk_keys(work, k, cand[:, :k], cand)
+        return cand[:, :k], lambda last: topk_keys(work, k, cand[:, :k], cand, sorted=last)
     top, at = rest.view(2, m, k)
     return top, lambda last: torch.topk(work, k, dim=1, largest=True, sorted=last, out=(top, at))
 

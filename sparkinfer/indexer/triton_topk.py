@@ -23,7 +23,10 @@ One program per row, in three steps over the row in global memory:
 3. One more pass compacts those keys into ``cand`` (a block's in-order cumsum gives each its slot),
    then the CTA loads them, sorts SORT = next_pow2(CAP) of them descending (``tl.sort``, INT64_MIN
    filling) and stores the first k into ``out``. ``out`` may be ``cand[:, :k]``: the sorted block is
-   in registers before the store.
+   in registers before the store. Unsorted (``sorted=False``, a tiled call's passes but the last):
+   CAP = k, so the levels stop exactly at the k-th key (3 or 4 levels in the replay above), the k
+   keys are compacted straight into ``out`` and no sort runs: the 4,096-key sort is most of the
+   kernel's instructions (about 15K of the 17K PTX lines).
 
 Reads per row: (levels + 1) x N x 8 bytes (levels = 8 at most); the row stays in L2 across the
 passes when the CTAs in flight hold fewer rows than L2 does. Any k <= N (k need not be a power of
@@ -47,7 +50,7 @@ _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
 
 @triton.jit
 def _topk_keys_kernel(work_ptr, out_ptr, cand_ptr, N, K, CAP, s_work, s_out, s_cand,
-                      BLOCK: tl.constexpr, SORT: tl.constexpr):
+                      BLOCK: tl.constexpr, SORT: tl.constexpr, SORTED: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
     row = work_ptr + m * s_work
     cand = cand_ptr + m * s_cand
@@ -89,20 +92,28 @@ def _topk_keys_kernel(work_ptr, out_ptr, cand_ptr, N, K, CAP, s_work, s_out, s_c
         # slot < CAP holds for distinct keys; the bound keeps keys against the contract (repeats) in the row
         tl.store(cand + slot, key, mask=take & (slot < CAP))
         count += tl.sum(take.to(tl.int32), 0)
-    tl.debug_barrier()  # the compacted keys are visible to the whole CTA
-    i = tl.arange(0, SORT)
-    best = tl.sort(tl.load(cand + i, mask=(i < count) & (i < CAP), other=_MIN), 0, descending=True)
-    tl.debug_barrier()  # every thread has loaded cand before out (possibly cand's head) is written
-    tl.store(out_ptr + m * s_out + i, best, mask=i < K)
+    if SORTED:
+        tl.debug_barrier()  # the compacted keys are visible to the whole CTA
+        i = tl.arange(0, SORT)
+        best = tl.sort(tl.load(cand + i, mask=(i < count) & (i < CAP), other=_MIN), 0, descending=True)
+        tl.debug_barrier()  # every thread has loaded cand before out (possibly cand's head) is written
+        tl.store(out_ptr + m * s_out + i, best, mask=i < K)
+    else:  # cand is out and CAP = K: the k keys are in place, in scan order; pad a short row
+        for i0 in range(0, K, BLOCK):
+            i = i0 + lanes
+            tl.store(out_ptr + m * s_out + i, tl.full([BLOCK], _MIN, tl.int64), mask=(i >= count) & (i < K))
 
 
-def topk_keys(work: torch.Tensor, k: int, out: torch.Tensor, cand: torch.Tensor | None = None) -> torch.Tensor:
+def topk_keys(work: torch.Tensor, k: int, out: torch.Tensor, cand: torch.Tensor | None = None,
+              sorted: bool = True) -> torch.Tensor:
     """The k largest keys of each row of ``work`` int64 [M, N] (N >= k, unit column stride), largest
     first, into ``out`` int64 [M, k] (unit column stride); ``cand`` int64 [M, CAP >= k] the candidate
     buffer (default ``out`` itself; ``out`` may be ``cand[:, :k]``; a wider one stops the radix levels
-    earlier, module docstring). One launch; returns ``out``."""
+    earlier, module docstring). ``sorted=False``: the same keys in scan order, no sort (``cand`` is
+    not used: the levels run down to the k-th key exactly and the keys go straight to ``out``), for
+    a running top-k whose order nothing reads. One launch; returns ``out``."""
     m, n = work.shape
-    cand = out if cand is None else cand
+    cand = out if cand is None or not sorted else cand
     cap = cand.shape[1]
     if not (1 <= k <= n and cap >= k and out.shape == (m, k) and cand.shape[0] == m):
         raise ValueError(f"topk_keys needs 1 <= k <= N and out [M, k], cand [M, >= k]: work {tuple(work.shape)}, "
@@ -111,17 +122,21 @@ def topk_keys(work: torch.Tensor, k: int, out: torch.Tensor, cand: torch.Tensor 
         raise ValueError("work, out and cand must be int64 with unit column stride")
     if m:
         _topk_keys_kernel[(m,)](work, out, cand, n, k, cap, work.stride(0), out.stride(0), cand.stride(0),
-                                BLOCK=BLOCK, SORT=triton.next_power_of_2(cap), num_warps=NUM_WARPS,
-                                num_stages=NUM_STAGES)
+                                BLOCK=BLOCK, SORT=triton.next_power_of_2(cap), SORTED=sorted,
+                                num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out
 
 
 def compile_specs(k: int = 2048) -> list[dict]:
-    """The launch ``tiled.indexer_topk_rows`` makes in the engine (GLM-5.2's k = 2,048, a candidate
-    buffer of 2k: SORT 4,096), as kernel_report.py reads it: name, fn, signature, constexprs,
-    num_warps, num_stages."""
-    constexprs = {"BLOCK": BLOCK, "SORT": triton.next_power_of_2(2 * k)}
-    sig = {n: "*i64" if n.endswith("_ptr") else "i32" for n in _topk_keys_kernel.arg_names if n not in constexprs}
-    sig.update({n: "constexpr" for n in constexprs})
-    return [{"name": f"topk_keys[k{k}]", "fn": _topk_keys_kernel, "signature": sig, "constexprs": constexprs,
-             "num_warps": NUM_WARPS, "num_stages": NUM_STAGES}]
+    """The launches ``tiled.indexer_topk_rows`` makes in the engine (GLM-5.2's k = 2,048), as
+    kernel_report.py reads them: name, fn, signature, constexprs, num_warps, num_stages. A pass's
+    unsorted running top-k (CAP = k), the last pass's sorted one (a candidate buffer of 2k: SORT
+    4,096; the sharded merge's sorted one into its output, SORT 2,048, is the same code smaller)."""
+    specs = []
+    for name, sort, is_sorted in (("topk_keys", 2 * k, True), ("topk_keys_unsorted", 1, False)):
+        constexprs = {"BLOCK": BLOCK, "SORT": triton.next_power_of_2(sort), "SORTED": is_sorted}
+        sig = {n: "*i64" if n.endswith("_ptr") else "i32" for n in _topk_keys_kernel.arg_names if n not in constexprs}
+        sig.update({n: "constexpr" for n in constexprs})
+        specs.append({"name": f"{name}[k{k}]", "fn": _topk_keys_kernel, "signature": sig, "constexprs": constexprs,
+                      "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+    return specs
