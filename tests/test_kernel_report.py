@@ -80,6 +80,17 @@ def test_report_lists_every_kernel_with_its_fields(report):
     assert mla and all(r["shared_bytes"] > 0 for r in mla)  # its tiles live in shared memory
 
 
+def test_triton_topk_does_not_spill(report):
+    """The indexer's top-k (``triton_topk``: a radix select and a 4,096-key in-CTA sort at k 2,048)
+    fits its registers on both targets, sorted and unsorted."""
+    if "triton" in report["errors"]:
+        pytest.skip(f"Triton kernels not compiled: {report['errors']['triton']}")
+    rows = [r for r in report["kernels"] if r["kernel"].startswith("topk_keys")]
+    assert len(rows) == 2 * len(ARCHS)
+    for r in rows:
+        assert r["spill_bytes"] == 0 and r["stack_bytes"] == 0 and 0 < r["registers"] <= 255, r
+
+
 def test_every_compiled_kernel_has_a_roofline_figure(report):
     covered = {c for row in report["roofline"] for c in row["covers"]}
     bases = {c.split("[")[0] for c in covered}
