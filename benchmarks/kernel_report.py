@@ -9,9 +9,10 @@ Compiled kernels:
 
 * Triton: every entry of ``compile_specs()`` of ``sparkinfer.attention.triton_decode``,
   ``sparkinfer.attention.triton_union_decode``, ``sparkinfer.indexer.triton_scores``,
-  ``sparkinfer.vllm.triton_paging``, ``sparkinfer.vllm.triton_plan`` and ``sparkinfer.vllm.triton_quant``
-  (the wrappers' launch configurations: dicts of name, fn, signature, constexprs, num_warps,
-  num_stages and optional attrs, the argument divisibilities a launch would specialize), compiled with
+  ``sparkinfer.indexer.triton_topk``, ``sparkinfer.vllm.triton_paging``, ``sparkinfer.vllm.triton_plan``
+  and ``sparkinfer.vllm.triton_quant`` (the wrappers' launch configurations: dicts of name, fn,
+  signature, constexprs, num_warps, num_stages and optional attrs, the argument divisibilities a
+  launch would specialize), compiled with
   ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``;
   its PTX then goes through the same ptxas Triton uses (``-v``) for registers and spills; shared
   memory is Triton's (dynamic) allocation.
@@ -58,7 +59,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)  # sparkinfer from this checkout (build flags, compile_specs)
 ARCHS = (120, 90)
 TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.attention.triton_union_decode",
-                  "sparkinfer.indexer.triton_scores",
+                  "sparkinfer.indexer.triton_scores", "sparkinfer.indexer.triton_topk",
                   "sparkinfer.vllm.triton_paging", "sparkinfer.vllm.triton_plan", "sparkinfer.vllm.triton_quant")
 
 # ---- hardware -------------------------------------------------------------------------------------
@@ -268,24 +269,28 @@ def _indexer(m: int, t: int, shape: str) -> dict:
 def _indexer_tiled(m: int, t: int, shape: str) -> dict:
     """``indexer_topk_rows`` (docs/design/indexer.md): P passes of ``tile`` positions; each pass's
     key kernel reads the tile's keys, q and w and writes int64 keys [M, tile] into the work buffer
-    [M, k + tile]; torch.topk then reads the buffer and writes its [M, k] values and indices, and
-    the top-k is copied back to the buffer's head. The selection keys move 8 B per score twice
-    (written, read back), so the bytes exceed the materialized path's; the memory does not."""
+    [M, k + tile]; the Triton top-k (``triton_topk.topk_keys``) then reads the buffer (once from
+    DRAM: its further radix levels re-read the row from L2 while the rows in flight fit there) and
+    writes the running top-k [M, k] (the last pass: at most 2k candidates written and read back,
+    then the sorted [M, k]), and the top-k is copied back to the buffer's head. The selection keys
+    move 8 B per score twice (written, read back), so the bytes exceed the materialized path's;
+    the memory does not."""
     from sparkinfer.indexer.tiled import TILE_BYTES, pick_tile
 
     tile = pick_tile(m, t, 8, TILE_BYTES)
     passes = -(-t // tile)
-    per_pass = tile * (INDEX_RECORD + 8) + _qw_bytes(m) + m * tile * 8 + m * (K + tile) * 8 + m * K * 16 + m * K * 16
+    per_pass = tile * (INDEX_RECORD + 8) + _qw_bytes(m) + m * tile * 8 + m * (K + tile) * 8 + m * K * 8 + m * K * 16
     flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
     expect = ("compute-bound on tf32 tensor cores (selection keys moved twice per score stay under the "
               "compute time): within 2x of the floor, with the peak extra memory M x (k + tile) x 8 B "
               "whatever the context")
     return _row("indexer_topk_rows", shape, {"M": m, "T": t, "K": K, "tile": tile, "passes": passes,
                                             "heads": INDEX_HEADS, "dim": INDEX_DIM, "work_bytes": m * (K + tile) * 8},
-                passes * per_pass, flops, "tf32", expect, target="fp8",
+                passes * per_pass + m * 2 * K * 16, flops, "tf32", expect, target="fp8",
                 covers=["indexer_keys[q_fp32]", "indexer_keys[q_bf16]", "indexer_keys_ids[q_fp32]",
-                        "indexer_keys_ids[q_bf16]"],
-                # the engine's key pass (fp8 q), every pass; the issue figure leaves out torch.topk's
+                        "indexer_keys_ids[q_bf16]", "topk_keys[k2048]", "topk_keys_unsorted[k2048]"],
+                # the engine's key pass (fp8 q), every pass; the issue figure leaves out the top-k
+                # kernel's own passes (topk_keys)
                 launch=_indexer_launch("indexer_keys[q_fp8]", m, passes * tile))
 
 

@@ -186,8 +186,10 @@ def test_sharded_candidates_merge_to_replicated_topk():
         assert torch.equal(merged, replicated), (world, interleave)
 
 
-def test_key_merge_equals_the_score_merge():
-    """``all_gather_merge`` (the engine's: int64 keys in ``MergeBuffers``, one top-k) against
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_key_merge_equals_the_score_merge(backend):
+    """``all_gather_merge`` (the engine's: int64 keys in ``MergeBuffers``, one top-k: torch.topk or
+    the Triton one into its CAP = k output) against
     ``merge_candidates`` (scores and ids, ``select_topk``) on candidates with tied scores, -0.0 and
     padding, the all-gather simulated in rank order; buffers of fewer rows than a call give buffers
     of its size, the same answer."""
@@ -209,7 +211,7 @@ def test_key_merge_equals_the_score_merge():
             views = MergeBuffers(world, rows, k, "cpu").take(m)
             views.mine.copy_(every[rank * m:(rank + 1) * m])
             out = torch.full((m, k + 2), 7, dtype=torch.int32)
-            got = all_gather_merge(views, lambda into, mine: into.copy_(every), out[:, :k])
+            got = all_gather_merge(views, lambda into, mine: into.copy_(every), out[:, :k], backend)
             assert got.data_ptr() == out.data_ptr() and torch.equal(got, want), (rows, rank)
             assert bool((out[:, k:] == 7).all())
 
@@ -301,6 +303,27 @@ def test_tiled_topk_ties_and_short_rows_equal_the_reference():
                                 tile_bytes=1)
         assert torch.equal(got, ref), backend
     assert (ref[2, 21:] == -1).all() and (ref[2, :21] >= 0).all() and (ref[3, 64:] == -1).all()
+
+
+@pytest.mark.parametrize("k", [13, 90])
+def test_forced_gpu_topk_keys_equal_the_torch_twin(monkeypatch, k):
+    """The engine's backend choice with the GPU implementations forced (``vllm.impls.kernel_backend``:
+    the Triton scorer and ``triton_topk.topk_keys`` every pass) against the torch twin (float64
+    scores, torch.topk): the selected int64 keys bit for bit, INT64_MIN padding of short rows
+    included, over 64-position passes; k not a power of two, 13 (a pass's k + 64 keys overflow the
+    2k candidate buffer: the radix levels decide) and 90 (longer than a pass)."""
+    from sparkinfer.vllm.impls import FORCE_ENV, kernel_backend
+
+    monkeypatch.setenv(FORCE_ENV, "1")
+    backend = kernel_backend(torch.device("cpu"))
+    assert backend == "triton"
+    q, w, records, pos, _ = exact_case(m=4, t=260, seed=5)
+    pos = torch.tensor([259, 130, 20, 63])
+    got, want = (indexer_topk_rows(q, w, records, pos, k, **tiled.one_list(4, 260, "cpu"), backend=b,
+                                   tile_bytes=1, as_keys=True) for b in (backend, "torch"))
+    assert torch.equal(got, want)
+    short = min(k, 21)  # row 2 scores positions 0..20
+    assert (got[2, short:] == torch.iinfo(torch.int64).min).all() and (got[2, :short] > 0).all()
 
 
 def _step(seed=11):

@@ -8,10 +8,11 @@ one call with the Triton scorer works in besides its output, counted per tensor
 
 =======================  ===========================  =============
 work (running top-k)     int64 [M, k + tile]          8 M (k + tile)
-top, its topk indices    int64 [M, k] x 2             16 M k
+top-k (values, indices)  int64 [M, k] x 2             16 M k
 =======================  ===========================  =============
 
-So ``8 M tile + 24 M k`` bytes (``tiled.TopkWorkspace``; the last pass's topk is sorted and the ids
+(the Triton top-k uses the two as one candidate buffer int64 [M, 2k], ``triton_topk``). So
+``8 M tile + 24 M k`` bytes (``tiled.TopkWorkspace``; the last pass's top-k is sorted and the ids
 are unpacked into the caller's int32 [M, k] output in place), fixed by M and k whatever the
 context length, since ``tile <= TILE_BYTES / (8 M)``. A serving engine holds one workspace that
 every call of its steps fits in (``engine_workspace_bytes``), so a step allocates none of it.

@@ -62,7 +62,7 @@ class MergeBuffers:
         mine      int64 [M, k]           this rank's candidates (the all-gather's input)
         gathered  int64 [world * M, k]   every rank's, in rank order
         flat      int64 [M, world * k]   a row's candidates from every rank side by side
-        top, at   int64 [M, k]           topk's values and indices
+        top, at   int64 [M, k]           the top-k keys, torch.topk's indices (unused by the Triton one)
 
     A serving engine makes one at start for its decode steps' rows, so that their merge allocates
     nothing (``core.reservations``: ``indexer_merge``); a call of more rows (a prefill chunk, never
@@ -96,15 +96,25 @@ class MergeViews:
     at: torch.Tensor
 
 
-def all_gather_merge(views: MergeViews, all_gather_into, out: torch.Tensor | None = None) -> torch.Tensor:
+def all_gather_merge(views: MergeViews, all_gather_into, out: torch.Tensor | None = None,
+                     backend: str = "torch") -> torch.Tensor:
     """The global top-k int32 [M, k] (written into ``out``, an int32 [M, k] view, when given) from
     this rank's candidate keys, in ``views.mine``, and every other rank's: one all-gather of int64
     [M, k] (``all_gather_into(gathered [P * M, k], mine [M, k])``, rank order), then one top-k over
-    each row's P x k candidates. Keys are distinct and padding is INT64_MIN, so the answer is the
-    top-k of the union on every rank (``merge_candidates`` is the same merge from scores and ids)."""
+    each row's P x k candidates: ``torch.topk``, or with ``backend="triton"`` one launch of
+    ``triton_topk.topk_keys`` into ``views.top`` (its own candidate buffer: CAP = k). Keys are
+    distinct and padding is INT64_MIN, so the answer is the top-k of the union on every rank
+    (``merge_candidates`` is the same merge from scores and ids)."""
+    if backend not in ("torch", "triton"):
+        raise ValueError(f"backend must be 'torch' or 'triton', got {backend!r}")
     m, k = views.mine.shape
     p = views.gathered.shape[0] // max(m, 1)
     all_gather_into(views.gathered, views.mine)
     views.flat.view(m, p, k).copy_(views.gathered.view(p, m, k).transpose(0, 1))
-    torch.topk(views.flat, k, dim=1, largest=True, sorted=True, out=(views.top, views.at))
+    if backend == "triton":
+        from .triton_topk import topk_keys
+
+        topk_keys(views.flat, k, views.top)
+    else:
+        torch.topk(views.flat, k, dim=1, largest=True, sorted=True, out=(views.top, views.at))
     return unpack_keys(views.top, False, out)

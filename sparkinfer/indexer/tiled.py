@@ -5,15 +5,16 @@ list: entries ``row_start[m] .. row_start[m] + row_len[m] - 1`` of ``token_slots
 ``token_ids`` (the ids selection reports and the tie rule orders; default the index j in the list).
 Each pass scores list positions [j0, j0 + tile) of every row in one launch, as int64 selection keys
 (``topk.pack_keys``), into columns k.. of a work buffer whose first k columns hold the running
-top-k keys; ``torch.topk`` over the buffer keeps the k best (unsorted, but sorted in the last pass). The keys are distinct per row (the id
-is in them; only INT64_MIN, "nothing", repeats), so the top-k of (top-k so far, tile) is the top-k
+top-k keys; a top-k over the buffer keeps the k best (on the Triton path one launch of
+``triton_topk.topk_keys``, a radix select; on the torch twin ``torch.topk``). The keys are distinct
+per row (the id is in them; only INT64_MIN, "nothing", repeats), so the top-k of (top-k so far, tile) is the top-k
 of everything scored so far: after the last pass it equals ``select_topk`` over the whole [M, T]
 score matrix, ids and order, bit for bit.
 
-Memory per call: the work buffer int64 [M, k + tile] and topk's outputs [M, k] (``TopkWorkspace``;
+Memory per call: the work buffer int64 [M, k + tile] and 2 M k int64 for the top-k (``TopkWorkspace``;
 + the torch scorer's float64 [M, Hi, tile] temporaries; every byte of a Triton call:
 ``core.indexer_tiles``, which patch 0008 reserves), whatever the context length: ``tile`` is fixed
-by ``tile_bytes`` and M, never by T. Given a workspace and an output a call allocates nothing. Launches per call: one scoring launch and one topk per pass;
+by ``tile_bytes`` and M, never by T. Given a workspace and an output a call allocates nothing. Launches per call: one scoring launch and one top-k per pass (plus the copy of the top-k back);
 passes = ceil(max_len / tile), from the host's step plan (``max_len``), not from a device read.
 """
 
@@ -60,8 +61,11 @@ class TopkWorkspace:
     """The buffers a tiled top-k call works in, carved from one flat int64 buffer:
 
         work  int64 [M, k + tile]   the running top-k keys, then a pass's scored keys
-        top   int64 [M, k]          topk's values
-        at    int64 [M, k]          topk's indices (unused, but topk writes them)
+        top   int64 [M, k]          the top-k keys of a pass
+        at    int64 [M, k]          torch.topk's indices (unused, but topk writes them)
+
+    or, for the Triton top-k, top and at as one candidate buffer int64 [M, 2k] whose head columns
+    are top (``triton_topk.topk_keys``: a buffer twice k stops its radix select earlier).
 
     A serving engine makes one at start, sized for every call of its steps
     (``core.indexer_tiles.engine_workspace_bytes``, what patch 0008 reserves), so that a step's
@@ -71,7 +75,8 @@ class TopkWorkspace:
         self.buffer = torch.empty(nbytes // 8, dtype=torch.int64, device=device)
 
     def take(self, m: int, k: int, tile: int):
-        """(work, top, at) for a call of M rows, top-k, passes of ``tile`` positions."""
+        """(work, rest) for a call of M rows, top-k, passes of ``tile`` positions: work int64
+        [M, k + tile] and the 2 M k int64 after it, which the top-k views as it needs (``_selector``)."""
         n_work = m * (k + tile)
         need = n_work + 2 * m * k
         if need > self.buffer.numel():
@@ -79,7 +84,7 @@ class TopkWorkspace:
                              f"and passes of {tile} needs {8 * need}: size it with core.indexer_tiles.workspace_bytes "
                              "for the largest rows, k and context of its calls")
         b = self.buffer
-        return b[:n_work].view(m, k + tile), b[n_work:n_work + m * k].view(m, k), b[n_work + m * k:need].view(m, k)
+        return b[:n_work].view(m, k + tile), b[n_work:need]
 
 
 def plan_rows(requests: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], num_rows: int) -> RowLists:
@@ -154,7 +159,8 @@ def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len
                      TILE_BYTES if tile_bytes is None else tile_bytes)
     if workspace is None:
         workspace = TopkWorkspace(pass_workspace_bytes(m, k, tile), q.device)
-    work, top, at = workspace.take(m, k, tile)
+    work, rest = workspace.take(m, k, tile)
+    top, select = _selector(backend, work, rest, k)
     work.fill_(_NONE)
     top.fill_(_NONE)  # what a call without a pass (max_len 0) returns
     groups = None if backend == "triton" else _row_groups(row_start, row_len)
@@ -166,13 +172,28 @@ def indexer_topk_rows(q, w, records, pos, k: int, *, row_start, row_len, max_len
         else:
             _torch_keys_pass(q, w, records, pos, groups, token_slots, token_ids, work, j0, k, tile)
         last = j0 + tile >= max_len
-        # rank order in the last pass only: the keys are distinct (but INT64_MIN), so the order is unique
-        torch.topk(work, k, dim=1, largest=True, sorted=last, out=(top, at))
+        select(last)
         if not last:
             work[:, :k].copy_(top)
     if as_keys:
         return top.clone() if out is None else out.copy_(top)
     return unpack_keys(top, with_scores, out)
+
+
+def _selector(backend: str, work, rest, k: int):
+    """(top int64 [M, k], select(last)): the pass's top-k of ``work`` into top, from the workspace's
+    ``rest``, in rank order in the last pass only (the keys are distinct but INT64_MIN, so the order
+    is unique; the running top-k's order is never read). Triton: ``triton_topk.topk_keys``, one
+    launch, rest as its candidate buffer [M, 2k] with top its head (the unsorted passes select into
+    top alone). Torch (the CPU twin): ``torch.topk`` into rest's two [M, k] halves."""
+    m = work.shape[0]
+    if backend == "triton":
+        from .triton_topk import topk_keys
+
+        cand = rest.view(m, 2 * k)
+        return cand[:, :k], lambda last: topk_keys(work, k, cand[:, :k], cand, sorted=last)
+    top, at = rest.view(2, m, k)
+    return top, lambda last: torch.topk(work, k, dim=1, largest=True, sorted=last, out=(top, at))
 
 
 def _check_rows(m, records, pos, row_start, row_len, token_slots, token_ids, max_len, check_values):

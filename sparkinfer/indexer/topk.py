@@ -6,8 +6,8 @@ that sorts like the float (-0.0 is first folded into +0.0 so equal scores give
 equal bits), the low 32 bits are (2**32 - 1 - id) so a lower id ranks higher.
 All keys are distinct, so ``torch.topk`` over them has one answer on every
 device and thread count, which is what makes every rank's top-k identical.
-torch.topk is used (rather than a hand-written Triton radix select) because it
-is a tuned, deterministic-by-construction primitive on both CPU and GPU here.
+``select_topk`` uses torch.topk; the tiled GPU path selects the same keys with
+one Triton launch a pass (``triton_topk.topk_keys``, bit-identical values).
 
 Entries with score -inf (outside the causal prefix, or a padded candidate)
 are never selected; rows with fewer selectable entries than k are padded

@@ -9,7 +9,7 @@ what                   GPU implementations (``gpu_impls``)    CPU default
 =====================  =====================================  ================================
 sparse-MLA attention   Triton kernel (``triton_decode``)      torch reference
 indexer scores         Triton scorer (``triton_scores``)      torch float64 reference
-indexer top-k          ``select_topk`` (deterministic)        the same
+indexer top-k          Triton radix select (``triton_topk``)   torch.topk (``select_topk``'s)
 exchange sizing        ``device``: no host read of the        ``host``: counts read once per
                        planes, one round, graph-replayable    exchange, pairs in rounds
 fabric (``auto``)      CUDA IPC + copy engines on a GPU;      host (shared memory)

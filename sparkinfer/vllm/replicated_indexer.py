@@ -159,7 +159,8 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
         views = merge.take(b.stop - b0)
         shard_step_candidates(kv_cache, md, q_fp8, weights, index_topk, sharded, backend, views.mine, b)
         out = topk_indices_buffer[b, :index_topk]
-        merged = all_gather_merge(views, sharded.all_gather_into, out if out.dtype == torch.int32 else None)
+        merged = all_gather_merge(views, sharded.all_gather_into, out if out.dtype == torch.int32 else None,
+                                  backend)
         if merged is not out:
             out.copy_(merged)
     return topk_indices_buffer

@@ -1,0 +1,142 @@
+"""The indexer's top-k over int64 selection keys in one Triton launch: a radix select per row.
+
+``topk_keys(work, k, out, cand)`` writes the k largest keys of every row of ``work`` int64 [M, N]
+into ``out`` int64 [M, k], largest first: bit for bit ``torch.topk(work, k, sorted=True).values``,
+since the keys of a row are distinct (``topk.pack_keys``; only INT64_MIN, "nothing", repeats, and
+topk fills a row with fewer than k keys above it with INT64_MIN, as this does).
+
+One program per row, in three steps over the row in global memory:
+
+1. Radix select, 8 bits a level from the top: a histogram of the next byte of the keys whose higher
+   bits equal the prefix chosen so far gives the byte of the k-th largest key and how many keys lie
+   strictly above it. ``key >> shift`` (arithmetic) is monotone in the signed order, so a prefix is a
+   signed int64 and comparing prefixes compares keys; only the top byte has its sign bit flipped to
+   order as unsigned.
+2. The levels stop as soon as every key at or above the chosen prefix fits the candidate buffer
+   (``cand``, CAP columns): then those keys hold the top k whatever the lower bits. Real scores
+   spread over the top 16 bits (sign, exponent, 7 mantissa bits), so at GLM-5.2's k = 2,048 and a
+   2k buffer a row typically takes two histogram passes, not eight (a host replay of the levels
+   on packed normal and relu-sum scores at N = 18,432, 67,584 and 131,072: 1 or 2; 3 or 4 with a
+   buffer of k). At the last level the prefix is the whole key: the k-th largest itself.
+   INT64_MIN is never counted nor collected (it is the padding): a row of fewer than k other keys
+   finds no byte at the first level, takes them all and pads the output with INT64_MIN.
+3. One more pass compacts those keys into ``cand`` (a block's in-order cumsum gives each its slot),
+   then the CTA loads them, sorts SORT = next_pow2(CAP) of them descending (``tl.sort``, INT64_MIN
+   filling) and stores the first k into ``out``. ``out`` may be ``cand[:, :k]``: the sorted block is
+   in registers before the store. Unsorted (``sorted=False``, a tiled call's passes but the last):
+   CAP = k, so the levels stop exactly at the k-th key (3 or 4 levels in the replay above), the k
+   keys are compacted straight into ``out`` and no sort runs: the 4,096-key sort is most of the
+   kernel's instructions (about 15K of the 17K PTX lines).
+
+Reads per row: (levels + 1) x N x 8 bytes (levels = 8 at most); the row stays in L2 across the
+passes when the CTAs in flight hold fewer rows than L2 does. Any k <= N (k need not be a power of
+two: the sort block is padded); no allocation, no host read.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Keys a scan step loads: 16 int64 a thread in flight, so that one CTA per row keeps enough loads
+# outstanding when a decode step has fewer rows than SMs (not yet timed on a GPU; 1,024 to 4,096
+# compile to the same 128 registers, no spills: the 4,096-key sort sets them).
+BLOCK = 4096
+NUM_WARPS = 8
+NUM_STAGES = 1  # the scan loops are not software-pipelined at any num_stages (no cp.async in the PTX)
+_MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
+
+
+@triton.jit
+def _topk_keys_kernel(work_ptr, out_ptr, cand_ptr, N, K, CAP, s_work, s_out, s_cand,
+                      BLOCK: tl.constexpr, SORT: tl.constexpr, SORTED: tl.constexpr):
+    m = tl.program_id(0).to(tl.int64)
+    row = work_ptr + m * s_work
+    cand = cand_ptr + m * s_cand
+    bins = tl.arange(0, 256)
+    lanes = tl.arange(0, BLOCK)
+    shift = tl.full((), 56, tl.int64)
+    pref = tl.full((), 0, tl.int64)  # the chosen prefix: key >> shift of the k-th largest key
+    above = tl.full((), 0, tl.int32)  # keys whose prefix is strictly greater
+    need = tl.full((), 0, tl.int32) + K  # the k-th largest's rank among the keys at the prefix
+    done = tl.full((), 0, tl.int32)
+    while done == 0:
+        top = shift == 56
+        hist = tl.zeros([256], tl.int32)
+        for c0 in range(0, N, BLOCK):
+            cols = c0 + lanes
+            key = tl.load(row + cols, mask=cols < N, other=0)
+            real = (cols < N) & (key != _MIN)
+            match = real & (top | ((key >> tl.minimum(shift + 8, 63)) == pref))
+            digit = ((key >> shift) & 255).to(tl.int32) ^ tl.where(top, 128, 0)
+            hist += tl.histogram(digit, 256, mask=match)
+        at_or_above = tl.cumsum(hist, 0, reverse=True)
+        byte = tl.max(tl.where(at_or_above >= need, bins, -1), 0)
+        here = tl.sum(tl.where(bins == byte, hist, 0), 0)
+        higher = tl.sum(tl.where(bins == byte, at_or_above, 0), 0) - here
+        above += higher
+        need -= higher
+        pref = tl.where(top, byte.to(tl.int64) - 128, pref * 256 + byte)
+        # every key at or above the prefix fits the buffer (always at the last level, where the
+        # prefix is the k-th largest key itself and the keys above it number k - 1)
+        done = ((above + here <= CAP) | (shift == 0)).to(tl.int32)
+        shift = tl.where(done != 0, shift, shift - 8)
+    count = tl.full((), 0, tl.int32)
+    for c0 in range(0, N, BLOCK):
+        cols = c0 + lanes
+        key = tl.load(row + cols, mask=cols < N, other=0)
+        prefix = key >> shift
+        take = (cols < N) & (key != _MIN) & (prefix >= pref)
+        slot = count + tl.cumsum(take.to(tl.int32), 0) - 1
+        # slot < CAP holds for distinct keys; the bound keeps keys against the contract (repeats) in the row
+        tl.store(cand + slot, key, mask=take & (slot < CAP))
+        count += tl.sum(take.to(tl.int32), 0)
+    if SORTED:
+        tl.debug_barrier()  # the compacted keys are visible to the whole CTA
+        i = tl.arange(0, SORT)
+        best = tl.sort(tl.load(cand + i, mask=(i < count) & (i < CAP), other=_MIN), 0, descending=True)
+        tl.debug_barrier()  # every thread has loaded cand before out (possibly cand's head) is written
+        tl.store(out_ptr + m * s_out + i, best, mask=i < K)
+    else:  # cand is out and CAP = K: the k keys are in place, in scan order; pad a short row
+        for i0 in range(0, K, BLOCK):
+            i = i0 + lanes
+            tl.store(out_ptr + m * s_out + i, tl.full([BLOCK], _MIN, tl.int64), mask=(i >= count) & (i < K))
+
+
+def topk_keys(work: torch.Tensor, k: int, out: torch.Tensor, cand: torch.Tensor | None = None,
+              sorted: bool = True) -> torch.Tensor:
+    """The k largest keys of each row of ``work`` int64 [M, N] (N >= k, unit column stride), largest
+    first, into ``out`` int64 [M, k] (unit column stride); ``cand`` int64 [M, CAP >= k] the candidate
+    buffer (default ``out`` itself; ``out`` may be ``cand[:, :k]``; a wider one stops the radix levels
+    earlier, module docstring). ``sorted=False``: the same keys in scan order, no sort (``cand`` is
+    not used: the levels run down to the k-th key exactly and the keys go straight to ``out``), for
+    a running top-k whose order nothing reads. One launch; returns ``out``."""
+    m, n = work.shape
+    cand = out if cand is None or not sorted else cand
+    cap = cand.shape[1]
+    if not (1 <= k <= n and cap >= k and out.shape == (m, k) and cand.shape[0] == m):
+        raise ValueError(f"topk_keys needs 1 <= k <= N and out [M, k], cand [M, >= k]: work {tuple(work.shape)}, "
+                         f"k {k}, out {tuple(out.shape)}, cand {tuple(cand.shape)}")
+    if any(t.dtype != torch.int64 or t.stride(1) != 1 for t in (work, out, cand)):
+        raise ValueError("work, out and cand must be int64 with unit column stride")
+    if m:
+        _topk_keys_kernel[(m,)](work, out, cand, n, k, cap, work.stride(0), out.stride(0), cand.stride(0),
+                                BLOCK=BLOCK, SORT=triton.next_power_of_2(cap), SORTED=sorted,
+                                num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    return out
+
+
+def compile_specs(k: int = 2048) -> list[dict]:
+    """The launches ``tiled.indexer_topk_rows`` makes in the engine (GLM-5.2's k = 2,048), as
+    kernel_report.py reads them: name, fn, signature, constexprs, num_warps, num_stages. A pass's
+    unsorted running top-k (CAP = k), the last pass's sorted one (a candidate buffer of 2k: SORT
+    4,096; the sharded merge's sorted one into its output, SORT 2,048, is the same code smaller)."""
+    specs = []
+    for name, sort, is_sorted in (("topk_keys", 2 * k, True), ("topk_keys_unsorted", 1, False)):
+        constexprs = {"BLOCK": BLOCK, "SORT": triton.next_power_of_2(sort), "SORTED": is_sorted}
+        sig = {n: "*i64" if n.endswith("_ptr") else "i32" for n in _topk_keys_kernel.arg_names if n not in constexprs}
+        sig.update({n: "constexpr" for n in constexprs})
+        specs.append({"name": f"{name}[k{k}]", "fn": _topk_keys_kernel, "signature": sig, "constexprs": constexprs,
+                      "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+    return specs
