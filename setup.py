@@ -32,7 +32,7 @@ setup(
     description="Sparse CKV transport for GLM-5.2 on 4 x RTX PRO 6000 (vLLM integration)",
     python_requires=">=3.10",
     packages=find_packages(include=["sparkinfer", "sparkinfer.*", "vllm_patches", "vllm_patches.*"]),
-    package_data={"sparkinfer": ["native/lib/*.so", "profiles/*.json"],
+    package_data={"sparkinfer": ["native/lib/*.so", "hw_profiles/*.json"],
                   "vllm_patches": ["series/*.patch", "series/series", "series/pristine.sha256", "install_cpu.sh"]},
     include_package_data=True,
     install_requires=["torch>=2.4", "numpy", "triton", "rich"],

@@ -69,7 +69,7 @@ DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 CI_DEPTHS = (0.1, 0.5, 0.9)
 NUM_SPEC = 3
 REPLICA_WINDOW = 64
-NEAR_TIE = 0.1  # nats: tests/test_vllm_dcp_prompts.py (a float-order flip may tip a tie this close)
+NEAR_TIE = 0.1  # nats: tests/vllm/test_vllm_dcp_prompts.py (a float-order flip may tip a tie this close)
 MODE_KLD = 1e-4  # nats, KL(stock || mode) mean: summation order only (measured: docs/design/record-formats.md)
 BUDGET_MARK = "<!-- accuracy-budgets -->"
 

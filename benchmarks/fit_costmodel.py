@@ -10,7 +10,7 @@ selected-record exchange), index_ns_per_token, attn_us_per_ktok. At batch 1
 every prefetched exchange hides behind compute, so the model is linear in
 these five and Gauss-Newton converges in one step to the least-squares fit.
 
-    python benchmarks/fit_costmodel.py [--write]   # --write updates sparkinfer/profiles/rtx_pro_6000_x4.json
+    python benchmarks/fit_costmodel.py [--write]   # --write updates sparkinfer/hw_profiles/rtx_pro_6000_x4.json
 """
 
 from __future__ import annotations

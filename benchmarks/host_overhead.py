@@ -12,7 +12,7 @@ step, per worker, it prints:
 
 * sparkinfer: host seconds inside sparkinfer's entry points (metadata builds, attention, cache
   writes, the indexer op, less the kernel stand-ins) and its host reads / data-dependent shapes
-  (``sparkinfer.vllm.host_reads``), with the reads of vLLM's host copies apart (no sync on a GPU);
+  (``sparkinfer.testing.host_reads``), with the reads of vLLM's host copies apart (no sync on a GPU);
 * vLLM: the rest of the worker's step (its own host work plus, on this CPU, the tiny model's
   compute: an upper bound on its host time) and its own reads: vLLM's own stock step.
 
@@ -53,7 +53,9 @@ def _worker_setup(worker=None) -> bool:
     """In each worker: the kernel stand-ins, the probe and the timers of sparkinfer's entry points."""
     from sparkinfer.attention import triton_decode
     from sparkinfer.indexer import triton_scores
-    from sparkinfer.vllm import host_reads, replicated_indexer, sparse_mla_backend as smb, triton_paging
+    from sparkinfer.testing import host_reads
+    from sparkinfer.vllm import replicated_indexer, sparse_mla_backend as smb
+    from sparkinfer.attention import triton_paging
 
     host_reads.KERNEL_FILES.add(os.path.abspath(__file__))
     triton_decode.sparse_mla_decode_triton = _attention_standin
@@ -95,7 +97,7 @@ def make_llm(model_dir: Path, path: str):
 def run_path(model_dir: Path, path: str, tokens: int) -> dict:
     from vllm import SamplingParams
 
-    from sparkinfer.vllm import host_reads
+    from sparkinfer.testing import host_reads
 
     llm = make_llm(model_dir, path)
     try:
@@ -125,7 +127,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     os.environ.update(ENV)
-    from sparkinfer.vllm.tiny_model import build_tiny_glm
+    from sparkinfer.testing.tiny_model import build_tiny_glm
 
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,7 +6,7 @@ the Triton scoring kernel, the top-k selection (select_topk) and both
 together (triton.testing.do_bench, median), and printing the key bytes read
 (T * 132) over the scoring time. The selected sets are checked against the
 reference (float64 scoring) on the same inputs: it prints how many ids differ,
-which can only be near-ties (see tests/test_indexer.py).
+which can only be near-ties (see tests/indexer/test_indexer.py).
 
 Without a GPU it says so and times only the torch reference at a reduced shape.
 

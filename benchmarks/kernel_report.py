@@ -9,8 +9,8 @@ Compiled kernels:
 
 * Triton: every entry of ``compile_specs()`` of ``sparkinfer.attention.triton_decode``,
   ``sparkinfer.attention.triton_union_decode``, ``sparkinfer.indexer.triton_scores``,
-  ``sparkinfer.indexer.triton_topk``, ``sparkinfer.vllm.triton_paging``, ``sparkinfer.vllm.triton_plan``
-  and ``sparkinfer.vllm.triton_quant`` (the wrappers' launch configurations: dicts of name, fn,
+  ``sparkinfer.indexer.triton_topk``, ``sparkinfer.attention.triton_paging``, ``sparkinfer.plan.triton_plan``
+  and ``sparkinfer.indexer.triton_quant`` (the wrappers' launch configurations: dicts of name, fn,
   signature, constexprs, num_warps, num_stages and optional attrs, the argument divisibilities a
   launch would specialize), compiled with
   ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``;
@@ -60,7 +60,7 @@ if REPO not in sys.path:
 ARCHS = (120, 90)
 TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.attention.triton_union_decode",
                   "sparkinfer.indexer.triton_scores", "sparkinfer.indexer.triton_topk",
-                  "sparkinfer.vllm.triton_paging", "sparkinfer.vllm.triton_plan", "sparkinfer.vllm.triton_quant")
+                  "sparkinfer.attention.triton_paging", "sparkinfer.plan.triton_plan", "sparkinfer.indexer.triton_quant")
 
 # ---- hardware -------------------------------------------------------------------------------------
 # Peaks in bytes/s and FLOP/s (an FMA is 2 FLOPs), dense (no sparsity).
@@ -314,7 +314,7 @@ def _csrc_int(path: str, name: str) -> int:
 
 def roofline() -> list[dict]:
     """The roofline rows (module docstring)."""
-    from sparkinfer.vllm import triton_paging as tp
+    from sparkinfer.attention import triton_paging as tp
 
     rows = []
     for fmt in RECORD:

@@ -50,8 +50,8 @@ def _rank(rank, world, batch, rows, topk, context, compute_ms, steps, warmup, si
     from sparkinfer.comm.synthetic import build_shard
     from sparkinfer.core.topology import DcpLayout, IndexSharePattern
     from sparkinfer.formats import get_format
-    from sparkinfer.vllm import selected_decode
-    from sparkinfer.vllm.selected_decode import SelectedDecode
+    from sparkinfer.decode import selected_decode
+    from sparkinfer.decode.selected_decode import SelectedDecode
 
     fmt = get_format(FMT)
     W, L, H = fmt.record_bytes, len(PATTERN), 2

@@ -178,7 +178,7 @@ def main(argv=None) -> int:
 
     from test_vllm_dcp_prompts import PROMPTS, first_divergence, margin, prompts
 
-    from sparkinfer.vllm.tiny_model import build_tiny_glm
+    from sparkinfer.testing.tiny_model import build_tiny_glm
 
     rng = random.Random(args.seed)
     extra = [rng.randrange(10, 200) for _ in range(max(0, args.prompts - len(PROMPTS)))]

@@ -4,12 +4,22 @@
   (``TRITON_INTERPRET=1``); the variable must be set before any module that
   defines a ``@triton.jit`` kernel is imported, hence here.
 * ``@pytest.mark.gpu`` tests skip cleanly when torch sees no CUDA device.
+* Every test folder is on ``sys.path`` (below).
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# Tests sit in folders that mirror the package; some import another module's helpers by its name
+# (test_pack's shards, test_vllm_dcp's engines, test_reuse's unions). Every folder is importable
+# whichever subset runs (the vLLM venv runs tests/vllm alone).
+for _folder in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir() and p.name != "__pycache__"):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:

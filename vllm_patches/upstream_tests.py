@@ -17,7 +17,7 @@ the manifest), put first on PYTHONPATH; the installed package is never modified.
 the installed (patched) package. ``SELECTION`` is the CPU-runnable part of the suite that covers
 what the series touches; ``baseline`` runs it on both installs and writes BASELINE: each test's
 pristine and patched outcome, per-file durations, and SUBSET, the files CI runs
-(tests/test_vllm_upstream.py): regression-prone files (those importing a module the series
+(tests/vllm/test_vllm_upstream.py): regression-prone files (those importing a module the series
 patches) in which every test that passes pristine passed patched, as quick as fits CI's budget.
 A regression is a test that passed pristine and did not pass patched (failed, errored, skipped or
 missing); ``compare`` reruns those once (a flake that passes on rerun is reported, not counted).

@@ -104,6 +104,30 @@ def _mla_case(row, dev, smoke):
                                      check_indices=False)
 
 
+def _union_decode_case(row, dev, smoke):
+    """``sparse_mla_union_decode``: B requests, each a union of U records from a pool, each of its R
+    rows keeping K of them (its row mask, ``plan.union.union_row_masks``); one launch."""
+    import torch
+
+    from sparkinfer.attention.triton_union_decode import sparse_mla_union_decode
+    from sparkinfer.core.layouts import layout
+    from sparkinfer.plan.union import union_row_masks
+
+    p = row["params"]
+    b, r, h, u, k = (2, 2, 4, 40, 16) if smoke else (p["B"], p["R"], p["H"], p["U"], p["K"])
+    pool = 256 if smoke else 65536
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q_nope = torch.randn(b * r, h, 512, generator=g).to(dev, torch.bfloat16)
+    q_rope = torch.randn(b * r, h, 64, generator=g).to(dev, torch.bfloat16)
+    records = torch.randint(0, 256, (pool, p["record"]), generator=g, dtype=torch.uint8).to(dev)
+    union = torch.stack([torch.randperm(pool, generator=g)[:u] for _ in range(b)]).to(dev)
+    union_len = torch.full((b,), u, dtype=torch.int32, device=dev)
+    remap = torch.rand(b, r, u, generator=g).argsort(-1)[..., :k].to(torch.int32)
+    mask = union_row_masks(remap, u).to(dev)
+    lay = layout(str(p["record"]))
+    return lambda: sparse_mla_union_decode(q_nope, q_rope, records, lay, union, union_len, mask, r, 0.04)
+
+
 def _compact_case(row, dev, smoke):
     """The decode's index compaction alone (``_compact_kernel`` into a workspace, as the wrapper launches it)."""
     import torch
@@ -233,6 +257,8 @@ def _case(row, dev, smoke):
     name = row["kernel"]
     if name.startswith("sparse_mla_decode"):
         return _mla_case(row, dev, smoke), None
+    if name.startswith("sparse_mla_union_decode"):
+        return _union_decode_case(row, dev, smoke), None
     if name == "sparse_mla_compact":
         return _compact_case(row, dev, smoke), None
     if name == "sparse_mla_merge_splits":

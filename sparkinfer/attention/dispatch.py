@@ -5,7 +5,7 @@ set before the kernel module is imported); "torch" the reference; "auto" the
 kernel on a GPU or under the interpreter, else the reference (logged once per
 caller, since a silent switch to a slow path is a surprise in a benchmark).
 ``calls`` counts every resolution per ``"<caller>:<backend>"`` in this process: what a test reads
-to prove which implementation really ran (``sparkinfer.vllm.impls.probe_counts``).
+to prove which implementation really ran (``sparkinfer.decode.impls.probe_counts``).
 """
 
 from __future__ import annotations

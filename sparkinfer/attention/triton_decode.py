@@ -36,7 +36,7 @@ out fp32 [S, M, H, 512] and lse fp32 [S, M, H] (S > 1 only). A caller that owns 
 outputs) runs the whole decode without allocating.
 
 Index widths: a record index is int64 from the caller's list to the address. The engine's indices
-are rows of a strided cache's ``row_view`` (``vllm.paged_sparse_mla``), 4 bytes apart, so a layer
+are rows of a strided cache's ``row_view`` (``decode.paged_sparse_mla``), 4 bytes apart, so a layer
 view spanning more than 8 GiB has rows past 2^31; the address ``records + index * row stride`` is
 int64 as well. Row offsets into the index buffers (``m * stride``) are int64 too. Positions within
 a row's top-k (the ``ks`` below, a compacted position, the counts) stay int32: bounded by K.
@@ -57,7 +57,7 @@ from .triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32, load_f32
 _FMT_ID = {NVFP4_368.name: 0, NVFP4_432.name: 1, FP8_DS_MLA.name: 2}
 PRECISIONS = ("bf16x2", "bf16")
 
-# Launch configuration (tests/test_attention_compile.py compiles every one for sm_120 and sm_90
+# Launch configuration (tests/attention/test_attention_compile.py compiles every one for sm_120 and sm_90
 # and checks ptxas: no spills, mma present, shared memory <= 99 KB, the sm_120 per-block limit).
 # 16 heads fill the M = 16 of an mma.sync tile; 32 keys per tile give the QK dot N = 32 and the
 # PV dot K = 32. Warps per format: with 4, the NVFP4 kernels sit at 255 registers (the 432 one

@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
     p.add_argument("--mode", choices=("auto", "stock", "selected"), default=None,
                    help="policy mode (default: the profile's, overridden by VLLM_SPARKINFER_MODE)")
     p.add_argument("--hw", default="rtx_pro_6000_x4",
-                   help="hardware cost profile (name in sparkinfer/profiles or JSON path) the policy models")
+                   help="hardware cost profile (name in sparkinfer/hw_profiles or JSON path) the policy models")
     p.add_argument("--pool-rows", type=int, default=0,
                    help="reuse pool rows per rank (0: enough for the whole run; small values force eviction)")
     p.add_argument("--restart-step", type=int, default=-1,

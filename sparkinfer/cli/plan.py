@@ -3,7 +3,7 @@
 ``--profile NAME`` takes TP, DCP, MTP, record format, indexer layout, block size and KV budget
 from a serve profile (``profiles/serve/NAME.toml``, the one ``sparkinfer serve --profile`` runs);
 a flag given beside it wins. ``--hw NODE`` names the hardware cost profile
-(``sparkinfer/profiles/NODE.json``) that the per-path table models.
+(``sparkinfer/hw_profiles/NODE.json``) that the per-path table models.
 
 The output is a list of sections (title, column names, rows) printed as rich
 tables. Further tables (e.g. predicted
@@ -258,7 +258,7 @@ def as_json(args: argparse.Namespace) -> dict:
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hw", default=None,
-                   help="hardware cost profile (name in sparkinfer/profiles or JSON path): adds the per-path table")
+                   help="hardware cost profile (name in sparkinfer/hw_profiles or JSON path): adds the per-path table")
     p.add_argument("--batch", type=int, default=1, help="requests per step for the per-path table")
     p.add_argument("--reuse-new", type=float, default=0.3,
                    help="share of the remote union not yet held, for selected+reuse (default 0.3)")

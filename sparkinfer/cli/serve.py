@@ -86,9 +86,9 @@ def find_profile(name: str) -> Path:
     for d in profile_dirs():
         if (d / f"{name}.toml").is_file():
             return d / f"{name}.toml"
-    hw = Path(__file__).resolve().parents[1] / "profiles" / f"{name}.json"
+    hw = Path(__file__).resolve().parents[1] / "hw_profiles" / f"{name}.json"
     if hw.is_file():
-        raise ProfileError("--profile", f"{name!r} is a hardware cost profile (sparkinfer/profiles/); "
+        raise ProfileError("--profile", f"{name!r} is a hardware cost profile (sparkinfer/hw_profiles/); "
                                         f"pass it as --hw {name}")
     raise ProfileError("--profile", f"no serve profile {name!r}; known: {', '.join(profile_names()) or 'none'} "
                                     f"(in {', '.join(str(d) for d in profile_dirs())}) or a path to a .toml file")

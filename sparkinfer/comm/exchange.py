@@ -63,7 +63,7 @@ exactly one round. That requires planes whose capacity covers every possible cou
 U``, the workspace rows: a pair can never carry more than the whole union) and a region of at least
 as many rows, checked from shapes alone, so a device-sized exchange can never overflow. After one
 eager call it issues the same fabric calls and kernels with the same buffers on every call (no
-allocation, no host read: ``tests/test_comm_exchange.py`` checks both), which is what CUDA-graph
+allocation, no host read: ``tests/comm/test_comm_exchange.py`` checks both), which is what CUDA-graph
 capture and replay need. Its stats carry timings only: the record counts stay on the device.
 
 Capacity: a destination's region carries ``capacity`` records per layer per round over all its
@@ -134,7 +134,7 @@ def _check_planes(planes, world: int, device) -> int:
         raise ValueError(f"planes.count must be int32 [{world}, {world}], got {count.dtype} {tuple(count.shape)}")
     for name in ("req", "local", "slot"):
         t = getattr(planes, name)
-        # each (src, dst) list contiguous; a plan's lists may share memory (vllm.group_plan)
+        # each (src, dst) list contiguous; a plan's lists may share memory (decode.group_plan)
         if t.shape != (world, world, C) or t.dtype != torch.int32 or t.stride(2) != 1:
             raise ValueError(f"planes.{name} must be int32 [{world}, {world}, {C}] with contiguous lists, "
                              f"got {t.dtype} {tuple(t.shape)} strides {t.stride()}")

@@ -60,7 +60,7 @@ Per attention layer, with ``x`` the layer's link time for its bytes:
   rows of 368-byte records on the RTX profile, assuming the ring write rides the cache-write
   kernel, i.e. no launch of its own).
 
-Parameters come from a node profile (``sparkinfer/profiles/*.json``).
+Parameters come from a node profile (``sparkinfer/hw_profiles/*.json``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ from sparkinfer.core.indexer_tiles import INDEXER_ROWS
 from sparkinfer.core.layouts import layout as record_layout
 from sparkinfer.core.replicas import write_hbm_bytes
 
-PROFILE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
+PROFILE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hw_profiles")
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 ``sparkinfer.indexer.tiled.indexer_topk_rows`` scores ``tile`` list positions of all M rows per
 pass (``pick_tile``) into an int64 work buffer [M, k + tile]; ``topk_rows_bytes`` is everything
 one call with the Triton scorer works in besides its output, counted per tensor
-(``tests/test_reservations.py`` checks it against the allocations the call makes,
-``sparkinfer.vllm.host_reads``):
+(``tests/core/test_reservations.py`` checks it against the allocations the call makes,
+``sparkinfer.testing.host_reads``):
 
 =======================  ===========================  =============
 work (running top-k)     int64 [M, k + tile]          8 M (k + tile)

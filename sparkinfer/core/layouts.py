@@ -3,7 +3,7 @@
 This is the single Python statement of ``../shared/spec/record-formats.md``.
 The torch codecs (``sparkinfer.formats``), the C++ header
 (``csrc/include/sparkinfer/records.h``) and the Triton readers all follow these
-offsets; ``tests/test_layouts.py`` checks that the C++ constants agree.
+offsets; ``tests/formats/test_formats.py`` (``test_layout_constants_agree_with_csrc``) checks that the C++ constants agree.
 
 All fields are little-endian; offsets are bytes within one record.
 

@@ -128,7 +128,7 @@ class StepPolicy:
             self._tables[mtp] = (sum(groups) + len(groups), terms)
         # Per-call constants for ``decide``, hoisted here so a call does no attribute chasing or
         # per-call allocation. ``decide`` evaluates the same expressions as ``costs`` in the same
-        # order, so its floats equal ``costs``' bit for bit (tests/test_policy.py checks it on a
+        # order, so its floats equal ``costs``' bit for bit (tests/core/test_policy.py checks it on a
         # randomized grid); a reassociated closed form (e.g. per-piece slopes of the piecewise
         # linear exposed time) would change the last bits, hence decisions at exact ties.
         self._lat, self._exchange = p.link_latency_us, p.exchange_us

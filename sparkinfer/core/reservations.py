@@ -34,7 +34,7 @@ indexer_merge          the sharded indexer's merge buffers (``indexer.sharded.Me
                        of a larger step, which is scored and merged block by block): int64 keys
                        ``[M, k]`` x 3 and ``[M, dcp x k]`` x 2 (``core.indexer_tiles.merge_bytes``);
                        held wherever ``indexer_scoring`` may pick sharded, reserved at every DCP > 1
-group_plan             a Full layer's plan of its group (``sparkinfer.vllm.group_plan``), ``E = max_batch x
+group_plan             a Full layer's plan of its group (``sparkinfer.decode.group_plan``), ``E = max_batch x
                        R x K`` entries: union, remap and workspace slots int32 ``[E]``, the union
                        kernel's scratch int32 ``[max_batch x union_scratch_ints(R x K)]``, counts
                        ``[max_batch]``, the workspace patch (own / kept bool ``[E]``, new / store rows

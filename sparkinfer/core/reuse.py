@@ -16,7 +16,7 @@ every destination holds without exchanging a message. ``held()`` is the
 several layers); ``steady_new_fraction`` is the observed warm-pool miss share the
 policy amortises a cold pool's warm-up against.
 
-Invariants (``tests/test_reuse.py`` checks them with hypothesis):
+Invariants (``tests/core/test_reuse.py`` checks them with hypothesis):
 
 1. Only committed positions are held: ``commit`` stores a union token only if
    ``t < committed_len[b]``; speculative positions are overwritten when a draft

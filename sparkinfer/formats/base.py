@@ -24,7 +24,7 @@ _FLOAT_INPUTS = (torch.float32, torch.bfloat16)
 def check_values(t, name: str, width: int, checks=None) -> torch.Tensor:
     """Validate a [N, width] float32/bf16 finite tensor; return it as contiguous fp32.
 
-    ``checks`` (``sparkinfer.vllm.device_checks.DeviceChecks``, the hot path's form): finiteness is
+    ``checks`` (``sparkinfer.decode.device_checks.DeviceChecks``, the hot path's form): finiteness is
     not read back here but flagged on the device (``record_values``), read a step later."""
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape [N, {width}], got {type(t).__name__}")

@@ -4,7 +4,7 @@ Under DCP each rank holds only the indexer keys of the tokens it owns; it
 scores those, keeps a local top-k of (score, global token id) candidates, and
 the ranks merge all candidates into the global top-k. With the same scoring
 and the same tie rule this equals the replicated indexer's top-k, which every
-rank computes alone from the whole cache; tests/test_indexer_multiproc.py
+rank computes alone from the whole cache; tests/indexer/test_indexer_multiproc.py
 checks that across processes.
 
 ``merge_candidates`` merges (score, id) candidates, the reference; the engine's

@@ -2,7 +2,7 @@
 
 Same rules, same results (held masks, pool slots, stored rows, evictions,
 invalidation counts, warm-pool statistics) as the numpy reference, which
-``tests/test_reuse_device.py`` checks call by call on hypothesis-generated
+``tests/plan/test_reuse_device.py`` checks call by call on hypothesis-generated
 sequences. The reference is the documentation of the rules; this file only
 says how they are vectorized.
 

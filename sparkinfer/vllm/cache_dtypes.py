@@ -69,7 +69,7 @@ def write_records(cache_dtype: str, kv_c_normed, k_pe, kv_cache, slot_mapping, c
     (``paged_sparse_mla.write_cache_records``).
     """
     from sparkinfer.formats import get_format
-    from sparkinfer.vllm.paged_sparse_mla import write_cache_records
+    from sparkinfer.decode.paged_sparse_mla import write_cache_records
 
     if k_pe.dim() == 3:  # vLLM hands MLA's rope key as [T, 1, 64]
         k_pe = k_pe.squeeze(1)

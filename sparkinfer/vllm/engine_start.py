@@ -52,7 +52,7 @@ def graph_problem(compilation_config, breakable: bool) -> str | None:
 def check_graph_mode(vllm_config) -> None:
     from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 
-    from sparkinfer.vllm.impls import CUDA_GRAPH_REASON
+    from sparkinfer.decode.impls import CUDA_GRAPH_REASON
 
     why = graph_problem(vllm_config.compilation_config, is_breakable_cudagraph_enabled())
     if why is not None:
@@ -78,7 +78,8 @@ def start(vllm_config) -> None:
     if not uses_sparkinfer(vllm_config):
         return
     check_graph_mode(vllm_config)
-    from sparkinfer.vllm import layer_buffers, reservations
+    from sparkinfer.decode import layer_buffers
+    from sparkinfer.vllm import reservations
     from sparkinfer.vllm.selected_runtime import SelectedRuntime
 
     layer_buffers.reserve(reservations.attention_workspace(vllm_config).segments(), _cache_device(vllm_config))

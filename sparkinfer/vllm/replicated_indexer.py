@@ -2,7 +2,7 @@
 
 The op is device-agnostic: on CUDA it reads the replicated 64 x DCP-token indexer pages, which
 vLLM's own kernels (64-token pages) cannot, with sparkinfer's Triton scorer and deterministic top-k
-(``sparkinfer.vllm.impls``); on CPU the same code runs the torch reference, or the Triton kernel
+(``sparkinfer.decode.impls``); on CPU the same code runs the torch reference, or the Triton kernel
 under the interpreter when ``SPARKINFER_FORCE_GPU_IMPLS=1``. Patch 0003 routes every platform the
 same way: where ``serves_replicated_indexer`` holds, the indexer cache layer returns this module's
 backend, the indexer quantizes q with ``quant_q_fp8``, and vLLM's custom op
@@ -65,7 +65,7 @@ def token_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_toke
     Request r's queries are its last (qsl[r+1] - qsl[r]) tokens: position = seq_len - query_len + i
     (``step_plan.token_layout``).
     """
-    from sparkinfer.vllm import step_plan
+    from sparkinfer.decode import step_plan
 
     token_req, positions = step_plan.token_layout(query_start_loc.numpy().astype(np.int64),
                                                   seq_lens.numpy().astype(np.int64), num_tokens)
@@ -83,12 +83,12 @@ def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = Fa
     """
     if x.shape[-1] % group_size:
         raise ValueError(f"last dim {x.shape[-1]} is not a multiple of group_size {group_size}")
-    from sparkinfer.vllm.impls import kernel_backend
+    from sparkinfer.decode.impls import kernel_backend
 
     if (kernel_backend(x.device) == "triton" and x.dim() == 2 and x.stride(-1) == 1 and not column_major_scales
             and group_size & (group_size - 1) == 0):
-        from sparkinfer.vllm import layer_buffers
-        from sparkinfer.vllm.triton_quant import group_quant_fp8
+        from sparkinfer.decode import layer_buffers
+        from sparkinfer.indexer.triton_quant import group_quant_fp8
 
         # in vLLM's forward the layer's indexer op consumes them: the shape's shared buffers
         out = layer_buffers.indexer_q_buffers(*x.shape, group_size, x.device) if layer_buffers.in_forward() else None
@@ -115,8 +115,8 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     """
     from sparkinfer.formats import get_format
     from sparkinfer.indexer import MergeBuffers, all_gather_merge, indexer_topk_rows
-    from sparkinfer.vllm.impls import check_capability, kernel_backend
-    from sparkinfer.vllm.paged_sparse_mla import write_cache_records
+    from sparkinfer.decode.impls import check_capability, kernel_backend
+    from sparkinfer.decode.paged_sparse_mla import write_cache_records
 
     n = md.num_actual_tokens
     fmt = get_format("indexer_fp8")
@@ -201,8 +201,8 @@ def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: S
     table on the device, read in place (``row_view``; the touched pages are copied only where the
     strides do not allow it)."""
     from sparkinfer.indexer import RowLists
-    from sparkinfer.vllm import step_plan
-    from sparkinfer.vllm.paged_sparse_mla import compact_pages, row_view
+    from sparkinfer.decode import step_plan
+    from sparkinfer.decode.paged_sparse_mla import compact_pages, row_view
 
     dev = kv_cache.device
     share = None if sharded is None else (sharded.rank, sharded.layout)
@@ -320,7 +320,7 @@ def indexer_backend():
             """Planned on the host from vLLM's host copies (``step_plan``); the causal positions and
             slots are made on the device from its exact ``seq_lens`` (a drafter's host lengths are
             only an upper bound), so nothing is read back."""
-            from sparkinfer.vllm import device_checks, step_plan
+            from sparkinfer.decode import device_checks, step_plan
 
             cm = common_attn_metadata
             n = cm.num_actual_tokens

@@ -21,7 +21,8 @@ from __future__ import annotations
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.attention_workspace import AttentionWorkspace
 from sparkinfer.core.reservations import SelectedSizing
-from sparkinfer.vllm import impls, replica_budget
+from sparkinfer.decode import impls
+from sparkinfer.vllm import replica_budget
 from sparkinfer.vllm.cache_dtypes import is_record_cache_dtype
 
 

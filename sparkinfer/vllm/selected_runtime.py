@@ -45,11 +45,12 @@ from vllm.forward_context import get_forward_context
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.accounting import StockDcpShape, stock_dcp_layer
 from sparkinfer.core.replicas import ReplicaWindow
-from sparkinfer.vllm import impls, replica_budget, reservations, step_plan
+from sparkinfer.decode import impls, step_plan
+from sparkinfer.vllm import replica_budget, reservations
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
-from sparkinfer.vllm.paged_sparse_mla import copy_rows
-from sparkinfer.vllm.step_path import StepPath
+from sparkinfer.decode.paged_sparse_mla import copy_rows
+from sparkinfer.decode.step_path import StepPath
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ class SelectedRuntime:
             # the rows this step writes and the window's bounds reach the device in one copy, here
             lo, base, write_rows, tokens = step_plan.to_device(dev, step.lo, step.slot.clip(min=0) * step.window,
                                                                rows[kept], kept)
-            from sparkinfer.vllm.selected_decode import LocalReplicas
+            from sparkinfer.decode.selected_decode import LocalReplicas
 
             self._step_replicas = ((write_rows, tokens) if kept.size else None,
                                    LocalReplicas(self._replica_store, lo, base, step.window, bool(step.all_local)))
@@ -286,7 +287,7 @@ class SelectedRuntime:
         from vllm.distributed.parallel_state import get_dcp_group
 
         from sparkinfer.comm.exchange import SelectedExchange
-        from sparkinfer.vllm.selected_decode import SelectedDecode
+        from sparkinfer.decode.selected_decode import SelectedDecode
 
         group = get_dcp_group()
         depth = self.config.prefetch_depth
@@ -390,7 +391,7 @@ def engine_memory(worker=None) -> dict:
     rt = SelectedRuntime.current()
     if rt is None or rt.decoder is None:
         return {}
-    from sparkinfer.vllm import layer_buffers
+    from sparkinfer.decode import layer_buffers
 
     store = sum(t.numel() for t in rt._replica_store or [])
     exchange = rt.decoder.ring.exchange

@@ -20,16 +20,16 @@ they run on either device) and changes three things:
 Host planning once per step, device work only in a layer's forward: the builder plans from vLLM's
 host copies (``step_plan``) and copies the plan to the device once; ``forward_mqa`` and
 ``do_kv_cache_update`` read nothing back, and their checks of device values set the device error
-flag (``device_checks``), which ``build`` polls a step later (``tests/test_vllm_host_reads.py``
+flag (``device_checks``), which ``build`` polls a step later (``tests/vllm/test_vllm_host_reads.py``
 counts what is left).
 
-Kernels come from ``sparkinfer.vllm.impls`` (Triton on a GPU or with ``SPARKINFER_FORCE_GPU_IMPLS=1``).
+Kernels come from ``sparkinfer.decode.impls`` (Triton on a GPU or with ``SPARKINFER_FORCE_GPU_IMPLS=1``).
 CUDA graphs: the builder declares ``AttentionCGSupport.NEVER`` (``impls.CUDA_GRAPH_REASON``), so vLLM
 keeps these layers out of its graphs (PIECEWISE) and logs why once per worker.
 
 On CUDA it validates for compute capability 9.x (the H200 test machines) and 12.x (sm_120), and
 0007 puts it first in sm_12x's MLA priorities. Run inside vLLM on CPU only so far (with the GPU
-implementations forced there too, ``tests/test_vllm_gpu_impls.py``); its paged attention ran on an
+implementations forced there too, ``tests/vllm/test_vllm_gpu_impls.py``); its paged attention ran on an
 H200 against the CPU path (``-m gpu``). The indexer op over the replicated 64 x DCP-token pages is
 device-agnostic (``replicated_indexer.run_indexer``), and patch 0003 routes CUDA to it wherever the
 indexer is replicated (docs/design/gpu-validation.md, "Branches a GPU node takes").
@@ -46,12 +46,12 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuild
 from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
 
 from sparkinfer.core.layouts import LATENT_DIM
-from sparkinfer.vllm import impls
+from sparkinfer.decode import impls
 from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, is_record_cache_dtype, write_records
-from sparkinfer.vllm import device_checks, step_plan
+from sparkinfer.decode import device_checks, step_plan
 from sparkinfer.vllm.selected_runtime import SelectedRuntime
 from sparkinfer.vllm.step_requests import request_ids
-from sparkinfer.vllm.paged_sparse_mla import paged_sparse_mla, scatter_rows, topk_cache_rows
+from sparkinfer.decode.paged_sparse_mla import paged_sparse_mla, scatter_rows, topk_cache_rows
 from sparkinfer.vllm.platforms import BACKEND_NAME
 
 

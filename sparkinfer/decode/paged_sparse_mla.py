@@ -1,0 +1,281 @@
+"""Sparse MLA over vLLM's paged record cache: the core the sparkinfer backend's ``forward_mqa`` calls.
+
+vLLM hands a sparse-MLA backend, per query row m, the indexer's top-k as *logical* token
+positions of the row's request (``topk [M, K]`` int32, -1 = unused) and, per request r, a block
+table (``block_table [R, B]`` int32: logical block -> physical block). The cache of one layer is
+``uint8 [num_blocks, block_size, record_bytes]``; physical slot = block * block_size + offset.
+
+Under DCP (world D, interleave I, this rank ``rank``) token t lives on rank (t // I) % D at local
+ordinal (t // (D*I)) * I + t % I, and the block table addresses local ordinals; tokens owned by
+other ranks map to -1 here (a row with none gets lse -inf), and vLLM merges the per-rank partial
+outputs with their LSE (``cpu_dcp`` on CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def topk_to_slots(topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                  dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None) -> torch.Tensor:
+    """Physical cache slots int64 [M, K] of the logical top-k positions (-1 where unused or remote).
+
+    topk int32/int64 [M, K] (logical positions in row m's request, -1 = unused); token_req int [M]
+    (row m's request, an index into block_table); block_table int [R, B].
+
+    Called directly, every argument is checked on the host (reading the tensors back). ``checks``
+    (``device_checks.DeviceChecks``) is the forward's form: shapes and the host-built ``token_req``
+    are trusted (the metadata build made them), and a position below -1 or beyond the request's
+    blocks is flagged on the device (``topk_position``) and maps to -1: fixed-shape device work.
+    """
+    if checks is None:
+        _check_topk_inputs(topk, token_req, block_table, block_size, dcp_rank, dcp_world, interleave)
+    num_reqs, max_blocks = block_table.shape
+    t = topk.to(torch.int64)
+    used = t >= 0
+    owner = (t // interleave) % dcp_world
+    local = (t // (dcp_world * interleave)) * interleave + t % interleave
+    keep = used & (owner == dcp_rank)
+    if checks is not None:
+        beyond = keep & (local >= max_blocks * block_size)
+        checks.flag("topk_position", beyond | (t < -1))
+        keep = keep & ~beyond
+    local = torch.where(keep, local, torch.zeros_like(local))
+    rows = block_table.to(torch.int64)[token_req.to(torch.int64)]  # [M, B]
+    blocks = torch.gather(rows, 1, local // block_size)
+    return torch.where(keep, blocks * block_size + local % block_size, torch.full_like(local, -1))
+
+
+def _check_topk_inputs(topk, token_req, block_table, block_size, dcp_rank, dcp_world, interleave) -> None:
+    if topk.dim() != 2 or token_req.dim() != 1 or token_req.shape[0] != topk.shape[0]:
+        raise ValueError(f"topk must be [M, K] and token_req [M]; got {tuple(topk.shape)} and "
+                         f"{tuple(token_req.shape)}")
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table must be [R, B], got {tuple(block_table.shape)}")
+    if not (0 <= dcp_rank < dcp_world) or interleave < 1 or block_size < 1:
+        raise ValueError(f"need 0 <= dcp_rank < dcp_world, interleave >= 1, block_size >= 1; got rank "
+                         f"{dcp_rank}, world {dcp_world}, interleave {interleave}, block_size {block_size}")
+    num_reqs, max_blocks = block_table.shape
+    if token_req.numel() and (int(token_req.min()) < 0 or int(token_req.max()) >= num_reqs):
+        raise ValueError(f"token_req must lie in [0, {num_reqs}), got [{int(token_req.min())}, "
+                         f"{int(token_req.max())}]")
+    t = topk.to(torch.int64)
+    if bool((t < -1).any()):
+        raise ValueError("topk entries must be >= -1")
+    owner = (t // interleave) % dcp_world
+    local = (t // (dcp_world * interleave)) * interleave + t % interleave
+    if bool((local[(t >= 0) & (owner == dcp_rank)] >= max_blocks * block_size).any()):
+        raise ValueError(f"a top-k position lies beyond the request's {max_blocks} blocks of {block_size}")
+
+
+# vLLM's BlockPool hands its first block to no request (its null block): a write with nothing to
+# write there rewrites that block's first record with its own bytes.
+NULL_BLOCK = 0
+
+
+def scatter_rows(kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, checks=None) -> None:
+    """``kv_cache[slot // block_size, slot % block_size] = rows[i]`` for every ``slots[i] >= 0``, into a
+    cache ``[num_blocks, block_size, W]`` of any strides (vLLM's strided layer views included).
+
+    rows [N, W] in the cache's dtype, slots int [N] (-1 = skip). A slot in ``NULL_BLOCK`` or outside
+    the cache is not written: the forward's form (``checks``) flags it (``cache_slots``), the direct
+    call raises. The forward's form is one kernel on a GPU (``triton_paging.scatter_rows``); its
+    torch twin is fixed-shape device work, no host read: a skipped row targets the first record of
+    ``NULL_BLOCK`` with that record's own bytes, so every write to it carries the same value.
+    """
+    from sparkinfer.decode.impls import kernel_backend
+
+    nb, bs = kv_cache.shape[:2]
+    if checks is not None and kernel_backend(kv_cache.device) == "triton" and rows.stride(-1) == 1:
+        from sparkinfer.attention import triton_paging
+
+        triton_paging.scatter_rows(kv_cache, slots, rows, NULL_BLOCK, checks.word("cache_slots"))
+        return
+    slots = slots.to(torch.int64)
+    valid = slots >= 0
+    bad = valid & ((slots // bs == NULL_BLOCK) | (slots >= nb * bs))
+    if checks is not None:
+        checks.flag("cache_slots", bad)
+    elif bool(bad.any()):
+        raise ValueError(f"a cache write's slot lies in vLLM's null block {NULL_BLOCK} or outside the cache's "
+                         f"{nb} blocks of {bs}: the slot mapping is corrupt")
+    valid = valid & ~bad
+    block = torch.where(valid, slots // bs, NULL_BLOCK)
+    offset = torch.where(valid, slots % bs, 0)
+    kv_cache[block, offset] = torch.where(valid[:, None], rows, kv_cache[NULL_BLOCK, 0])
+
+
+def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: torch.Tensor, mask: torch.Tensor | None = None,
+              dst_rows: torch.Tensor | None = None) -> None:
+    """``dst[dst_rows[i]] = src[src_rows[i]]`` (``dst[i]`` without ``dst_rows``) for every i with
+    ``mask[i]`` (every i without a mask): dst, src [*, W], src_rows / dst_rows int [N], mask bool [N].
+    One kernel on a GPU (``triton_paging.copy_rows``: only the taken rows are read and written); the
+    torch twin is fixed-shape device work, no host read (rows not taken are rewritten with
+    themselves, so their src_rows / dst_rows must still be in range)."""
+    from sparkinfer.decode.impls import kernel_backend
+
+    if kernel_backend(dst.device) == "triton" and dst.stride(-1) == 1 and src.stride(-1) == 1:
+        from sparkinfer.attention import triton_paging
+
+        triton_paging.copy_rows(dst, src, src_rows, mask, dst_rows)
+        return
+    value = src[src_rows]
+    if dst_rows is None:
+        head = dst[: value.shape[0]]
+        head.copy_(value if mask is None else torch.where(mask[:, None], value, head))
+    else:
+        dst[dst_rows] = value if mask is None else torch.where(mask[:, None], value, dst[dst_rows])
+
+
+def write_cache_records(fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent, rope=None, checks=None) -> None:
+    """Encode ``latent [N, D]`` (and ``rope [N, 64]``) as ``fmt`` records into ``kv_cache [num_blocks,
+    block_size, W]`` at ``slots [N]`` (-1 = skip): in place through the format's writer when the cache
+    is contiguous, else encoded and scattered into the strided view (``scatter_rows``). The forward's
+    form (``checks``) stages a bf16 input's fp32 copy and the encoded rows in the attention arena
+    (``layer_buffers``): no allocation."""
+    if checks is None:
+        rows = None
+    else:
+        from sparkinfer.decode import layer_buffers
+
+        latent, rope = layer_buffers.record_inputs(latent, rope)
+        rows = None if kv_cache.is_contiguous() else layer_buffers.record_rows(latent.shape[0], fmt.record_bytes,
+                                                                               kv_cache.device)
+    if kv_cache.is_contiguous():
+        fmt.write(kv_cache, slots, latent, rope, checks=checks)
+    else:
+        scatter_rows(kv_cache, slots, fmt.encode(latent, rope, checks=checks, out=rows), checks)
+
+
+def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):
+    """A contiguous stand-in for the pages of ``kv_cache [num_blocks, block_size, record]`` that ``slots``
+    (int, any shape, -1 = none) touch -> (pages [P, block_size, record], the slots renumbered into
+    pages (-1 kept), blocks int64 [P] or None).
+
+    vLLM's block-outermost KV cache layouts (the only ones it allows when DCP-sharded records share a
+    group with the replicated indexer) interleave the layers' pages, so one layer's view is strided and
+    cannot be addressed by flat slot. A contiguous cache is returned as is (blocks None); otherwise the
+    touched pages are copied out, and a writer copies them back with ``kv_cache[blocks] = pages``.
+    """
+    if kv_cache.is_contiguous():
+        return kv_cache, slots, None
+    block_size = kv_cache.shape[1]
+    slots = slots.to(torch.int64)
+    valid = slots >= 0
+    blocks, inverse = torch.unique(slots[valid] // block_size, return_inverse=True)
+    local = torch.full_like(slots, -1)
+    local[valid] = inverse * block_size + slots[valid] % block_size
+    return kv_cache[blocks], local, blocks
+
+
+def _pitch(kv_cache: torch.Tensor) -> int:
+    """Elements per 4 bytes: the start-to-start distance of a strided cache's rows (``row_view``)."""
+    return max(1, 4 // kv_cache.element_size())
+
+
+def row_strides(kv_cache: torch.Tensor) -> tuple[int, int] | None:
+    """(row_s0, row_s1): slot ``b * block_size + i`` of ``kv_cache`` is row ``b * row_s0 + i * row_s1``
+    of its ``row_view``; None when the cache has no row view (``row_view``)."""
+    if kv_cache.is_contiguous():
+        return kv_cache.shape[1], 1
+    pitch = _pitch(kv_cache)
+    s0, s1 = kv_cache.stride(0), kv_cache.stride(1)
+    if kv_cache.stride(2) != 1 or s0 % pitch or s1 % pitch or kv_cache.storage_offset() % pitch:
+        return None
+    return s0 // pitch, s1 // pitch
+
+
+def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
+    """``kv_cache [num_blocks, block_size, record]`` as rows a reader addresses by index, without a
+    copy -> (rows [R, record], row int64 of each of ``slots`` in it, -1 kept; None for ``slots`` None:
+    the rows depend only on the shape and strides, so caches alike share them).
+
+    A contiguous cache is its own flat view. A strided one (the block-outermost layouts, see
+    ``compact_pages``) becomes an overlapping view of its storage whose rows start every 4 bytes
+    (what the indexer kernel's aligned loads need; every element for wider dtypes): slot ``b * block_size + i`` is the row at byte
+    ``b * stride(0) + i * stride(1)``, divided by 4. Read-only: rows overlap. None when a stride is
+    not a multiple of 4 (then ``compact_pages`` copies).
+    """
+    strides = row_strides(kv_cache)
+    if strides is None:
+        return None
+    if kv_cache.is_contiguous():
+        rows = kv_cache.view(-1, kv_cache.shape[-1])
+    else:
+        nb, bs, width = kv_cache.shape
+        n_rows = (nb - 1) * strides[0] + (bs - 1) * strides[1] + 1  # the last record's row
+        rows = kv_cache.as_strided((n_rows, width), (_pitch(kv_cache), 1))
+    if slots is None:
+        return rows, None
+    slots = slots.to(torch.int64)
+    if kv_cache.is_contiguous():
+        return rows, slots
+    at = (slots // kv_cache.shape[1]) * strides[0] + (slots % kv_cache.shape[1]) * strides[1]
+    return rows, torch.where(slots >= 0, at, -1)
+
+
+def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor,
+                    dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None, out=None):
+    """(rows of ``kv_cache``, int64 [M, K] row of each top-k position in them, -1 where unused or remote):
+    what the attention kernels read (``topk_to_slots`` then ``row_view``; the pages copied out by
+    ``compact_pages`` when the cache has no row view). The forward's form (``checks``) on a GPU is
+    one kernel (``triton_paging.topk_rows``) from the top-k straight to rows, into ``out`` (int64
+    [M, K]) when given.
+
+    The strided pages are read in place: copying the pages a top-k touches moves up to the whole
+    shard per layer, many times the k records attention reads. int64 rows: the view spans the cache,
+    4 bytes a row, so a layer view over 8 GiB has rows past 2^31 (the decode keeps them int64 to the
+    address: ``attention.triton_decode``).
+    """
+    from sparkinfer.decode.impls import kernel_backend
+
+    strides = row_strides(kv_cache)
+    bs = kv_cache.shape[1]
+    if checks is not None and strides is not None and kernel_backend(kv_cache.device) == "triton":
+        from sparkinfer.attention import triton_paging
+
+        rows = triton_paging.topk_rows(topk, token_req, block_table, bs, *strides, checks.word("topk_position"),
+                                       dcp_rank, dcp_world, interleave, out=out)
+        return row_view(kv_cache, None)[0], rows
+    slots = topk_to_slots(topk, token_req, block_table, bs, dcp_rank, dcp_world, interleave, checks=checks)
+    if strides is not None:
+        return row_view(kv_cache, slots)
+    pages, local, _ = compact_pages(kv_cache, slots)
+    return pages.view(-1, kv_cache.shape[-1]), local
+
+
+def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str,
+                     topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, scale: float,
+                     dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None):
+    """(out [M, H, 512], lse float32 [M, H]) of each row over its top-k records in the paged cache (out
+    bf16 for bf16 queries in the forward's Triton form, else float32).
+
+    q_nope [M, H, 512] (absorbed), q_rope [M, H, 64]; kv_cache uint8 [num_blocks, block_size, record];
+    see ``sparkinfer.attention.sparse_mla_decode`` for the attention and LSE definitions. The kernel
+    is ``sparkinfer.decode.impls.kernel_backend``'s: Triton on a GPU or when forced, else torch.
+    ``checks``: the forward's form, without host reads (``topk_to_slots``) and, on the Triton path,
+    in blocks of rows into views of the attention arena (``layer_buffers``: consumed before the next
+    call).
+    """
+    from sparkinfer.attention import sparse_mla_decode
+    from sparkinfer.formats import get_format
+    from sparkinfer.decode.impls import kernel_backend
+
+    fmt = get_format(cache_dtype)  # any spelling vLLM accepts for a record format
+    if kv_cache.dim() != 3 or kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != fmt.record_bytes:
+        raise ValueError(f"kv_cache must be uint8 [num_blocks, block_size, {fmt.record_bytes}] for {fmt.name}, "
+                         f"got {kv_cache.dtype} {tuple(kv_cache.shape)}")
+    dcp = (dcp_rank, dcp_world, interleave)
+    backend = kernel_backend(kv_cache.device)
+    if checks is not None and backend == "triton" and row_strides(kv_cache) is not None:
+        # the forward's form: block by block, every buffer a view of the attention arena
+        from sparkinfer.decode.layer_buffers import attend_in_blocks
+
+        def cache_rows(a, b, topk_rows):
+            return topk_cache_rows(kv_cache, topk[a:b], token_req[a:b], block_table, *dcp, checks=checks,
+                                   out=topk_rows)
+
+        return attend_in_blocks(q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows)
+    records, rows = topk_cache_rows(kv_cache, topk, token_req, block_table, *dcp, checks=checks)
+    return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=backend,
+                             check_indices=checks is None)

@@ -1,0 +1,55 @@
+"""The host side of a step's plan, built by the metadata builders from vLLM's host-side data.
+
+vLLM keeps host copies of what the scheduler decided (``query_start_loc_cpu``,
+``seq_lens_cpu_upper_bound``); the builders plan everything data-dependent from those with numpy
+(which request owns which rows, the rows' causal positions, how many keys each request scores),
+and the plan reaches the device in one copy (``to_device``). A layer's forward then runs
+fixed-shape device work with no read back (``host_reads`` counts what is left).
+
+Shapes: ``qsl`` int64 [R + 1] (request r's rows are ``qsl[r] .. qsl[r + 1]``), ``seq_lens`` int64 [R]
+(tokens of request r including this step's), ``token_req`` / ``offset`` int64 [T] (row t's request
+and its index among the request's rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sparkinfer.decode.host_copies import host_array
+
+
+def host_lens(cm, vllm_config) -> tuple[np.ndarray, np.ndarray]:
+    """(qsl int64 [R + 1], seq_lens int64 [R]) of a ``CommonAttentionMetadata`` on the host.
+
+    ``seq_lens_cpu_upper_bound`` is exact except for speculative decode under async scheduling
+    (vLLM's rule), and for the drafter's own passes, which advance it by one per pass whatever was
+    accepted: callers use it as a size (the keys a request may score, masked by the device's
+    positions) and take exact contexts only where it is exact (``exact_seq_lens``)."""
+    r = cm.num_reqs
+    qsl = host_array(cm.query_start_loc_cpu)[: r + 1].astype(np.int64)
+    bound = cm.seq_lens_cpu_upper_bound
+    if bound is None:  # a vLLM caller without host lengths: read them (one device read)
+        return qsl, cm.seq_lens[:r].cpu().numpy().astype(np.int64)
+    return qsl, host_array(bound)[:r].astype(np.int64)
+
+
+def exact_seq_lens(vllm_config) -> bool:
+    """Whether a target step's ``seq_lens_cpu_upper_bound`` is its exact sequence lengths."""
+    return not (vllm_config.scheduler_config.async_scheduling and vllm_config.speculative_config is not None)
+
+
+def token_layout(qsl: np.ndarray, seq_lens: np.ndarray, num_tokens: int):
+    """(token_req, positions) int64 [T]: row t's request and causal position ``seq_len - query_len + i``."""
+    qlen = qsl[1:] - qsl[:-1]
+    token_req = np.repeat(np.arange(qlen.shape[0]), qlen)[:num_tokens]
+    offset = np.arange(num_tokens) - qsl[token_req]
+    return token_req, seq_lens[token_req] - qlen[token_req] + offset
+
+
+def to_device(device, *arrays: np.ndarray) -> list[torch.Tensor]:
+    """int64 copies of ``arrays`` on ``device``, moved in one host-to-device copy."""
+    sizes = [a.size for a in arrays]
+    flat = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays]))
+    on = flat.to(device, non_blocking=True)
+    return [t.view(a.shape) for t, a in zip(torch.split(on, sizes), arrays)]

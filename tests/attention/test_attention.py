@@ -1,0 +1,422 @@
+"""Sparse MLA decode: Triton kernel (interpreter on CPU) and torch reference against float64.
+
+The oracle decodes every record with sparkinfer.formats, then computes the
+softmax attention in float64 row by row. The torch reference (fp32) is held to
+2e-5 absolute + 2e-5 relative at the model's scale 1/sqrt(576), and with scale
+0.5 (scores spread over ~100 nats, whose fp32 rounding becomes a relative error
+of the weights) to 2e-4 + 1e-4.
+
+The Triton kernel multiplies bf16 operands on tensor cores. Its default
+"bf16x2" precision splits an fp32 query and the probabilities into hi + lo bf16
+halves (~16 mantissa bits, relative error <= 2^-17 per operand), so its bound
+is set by |q| |k| 2^-17 in the scores and |v| 2^-17 in the output. Measured
+(M=2, H=16, K=64, latent values up to ~9): fp32 queries at scale 1/sqrt(576)
+out <= 1.6e-4, lse <= 6.1e-5; at scale 0.5 out <= 9.7e-4, lse <= 8.5e-4; bf16
+queries (exact in bf16, the engine's case) out <= 1.5e-4, lse <= 1e-5 at either
+scale. TRITON_TOL (bf16 queries, or fp32 at the model's scale) and TRITON_PEAKY_TOL (fp32
+queries at scale >= 0.3) leave about 3x of margin. "bf16" (one
+rounding) measured out <= 5.8e-2, lse <= 2e-2 (fp32 queries): BF16_TOL.
+"""
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from sparkinfer.attention import merge_lse, sparse_mla_decode, sparse_mla_decode_torch
+from sparkinfer.attention.triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
+from sparkinfer.attention.triton_decode import _bf16_bits
+from sparkinfer.formats import MAIN_FORMATS, get_format
+
+TOL = dict(atol=2e-5, rtol=2e-5)
+PEAKY_TOL = dict(atol=2e-4, rtol=1e-4)
+TRITON_TOL = dict(atol=5e-4, rtol=2e-4)
+TRITON_PEAKY_TOL = dict(atol=3e-3, rtol=1e-3)  # fp32 queries at scale >= 0.3
+BF16_TOL = dict(atol=2e-1, rtol=5e-2)
+
+
+def make_case(fmt, m=2, h=3, k=40, t=100, seed=0, q_dtype=torch.float32, pad_frac=0.2):
+    g = torch.Generator().manual_seed(seed)
+    latent = torch.randn(t, 512, generator=g) * torch.rand(t, 1, generator=g) * 3
+    rope = torch.randn(t, 64, generator=g)
+    records = fmt.encode(latent, rope)
+    q_nope = torch.randn(m, h, 512, generator=g).to(q_dtype)
+    q_rope = torch.randn(m, h, 64, generator=g).to(q_dtype)
+    indices = torch.randint(0, t, (m, k), generator=g, dtype=torch.int32)
+    indices[torch.rand(m, k, generator=g) < pad_frac] = -1
+    return q_nope, q_rope, records, indices
+
+
+def oracle(q_nope, q_rope, records, fmt, indices, scale):
+    """float64 attention over the decoded records, one row at a time."""
+    latent, rope = (x.double() for x in fmt.decode(records))
+    m, h, _ = q_nope.shape
+    out = torch.zeros(m, h, 512, dtype=torch.float64)
+    lse = torch.full((m, h), -math.inf, dtype=torch.float64)
+    for i in range(m):
+        sel = indices[i][indices[i] >= 0].long()
+        if sel.numel() == 0:
+            continue
+        s = scale * (q_nope[i].double() @ latent[sel].T + q_rope[i].double() @ rope[sel].T)
+        lse[i] = torch.logsumexp(s, dim=1)
+        out[i] = torch.softmax(s, dim=1) @ latent[sel]
+    return out, lse
+
+
+def assert_matches(out, lse, ref_out, ref_lse, tol=TOL):
+    assert out.dtype == torch.float32 and lse.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref_out, **tol)
+    torch.testing.assert_close(lse.double(), ref_lse, **tol)
+
+
+@pytest.mark.parametrize("name", MAIN_FORMATS)
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_decode_matches_float64(name, backend):
+    fmt = get_format(name)
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=3, k=40)
+    scale = 1 / math.sqrt(576)
+    out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale, backend=backend)
+    assert_matches(out, lse, *oracle(q_nope, q_rope, records, fmt, indices, scale),
+                   tol=TRITON_TOL if backend == "triton" else TOL)
+
+
+@pytest.mark.parametrize("name", MAIN_FORMATS)
+def test_triton_peaky_softmax_splits_and_bf16(name):
+    """Large scale (scores spread over ~100 nats) exercises the running-max rescale; splits exercise merge."""
+    fmt = get_format(name)
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=4, k=56, seed=1, q_dtype=torch.bfloat16)
+    scale = 0.5
+    ref = oracle(q_nope, q_rope, records, fmt, indices, scale)
+    # ~45 valid of K=56 (compacted first), tiles of 32: S=3 -> 32 + 13 + an empty split, S=5 -> 2 busy, 3 empty.
+    for splits in (1, 3, 5):
+        out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale, backend="triton",
+                                     num_splits=splits)
+        assert_matches(out, lse, *ref, tol=TRITON_TOL)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_empty_rows_give_zero_and_minus_inf(splits):
+    fmt = get_format("nvfp4_368")
+    q_nope, q_rope, records, indices = make_case(fmt, m=3, h=2, k=16)
+    indices[1] = -1
+    for backend in ("triton", "torch"):
+        out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend=backend, num_splits=splits)
+        assert torch.all(out[1] == 0) and torch.all(lse[1] == -math.inf)
+        assert torch.isfinite(lse[0]).all() and torch.isfinite(out).all()
+        out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices[:, :0], 0.1, backend=backend,
+                                     num_splits=splits)
+        assert out.shape == (3, 2, 512) and torch.all(out == 0) and torch.all(lse == -math.inf)
+
+
+@pytest.mark.parametrize("name", MAIN_FORMATS)
+def test_tiles_cross_splits_and_head_blocks(name):
+    """H = 20 (a full and a partial block of 16 heads), ~150 valid of K = 200 in 3 splits of 2 tiles of 32
+    (the last split ends inside a tile), one row with every index -1, int64 indices."""
+    fmt = get_format(name)
+    q_nope, q_rope, records, indices = make_case(fmt, m=3, h=20, k=200, t=300, seed=9, pad_frac=0.25)
+    indices[2] = -1
+    scale = 1 / math.sqrt(576)
+    ref = oracle(q_nope, q_rope, records, fmt, indices, scale)
+    out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices.long(), scale, backend="triton", num_splits=3)
+    assert_matches(out, lse, *ref, tol=TRITON_TOL)
+    assert torch.all(out[2] == 0) and torch.all(lse[2] == -math.inf)
+
+
+def test_bf16_precision_is_coarser_but_sane():
+    fmt = get_format("nvfp4_432")
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=4, k=40, seed=4)
+    ref = oracle(q_nope, q_rope, records, fmt, indices, 0.1)
+    out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", dot_precision="bf16")
+    assert_matches(out, lse, *ref, tol=BF16_TOL)
+    legacy = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", dot_precision="tf32")
+    assert torch.equal(legacy[0], out) and torch.equal(legacy[1], lse)
+
+
+def test_compaction_keeps_valid_indices_in_order():
+    """The compaction kernel against torch: int32 and int64 indices, strided, K across its 1024 blocks.
+    The int64 ones pass 2^31 (just past it, around 2^32, at 2^40: the engine's rows of a strided
+    cache view over 8 GiB) and come out unchanged, int64."""
+    from sparkinfer.attention.triton_decode import COMPACT_BLOCK, _compact_kernel
+
+    g = torch.Generator().manual_seed(2)
+    k = 2 * COMPACT_BLOCK + 300
+    base = torch.randint(0, 10_000, (4, 2 * k), generator=g)
+    base[torch.rand(4, 2 * k, generator=g) < 0.75] = -1
+    base[1] = -1
+    base[2, ::2] = torch.arange(k)  # the strided view sees all of row 2
+    far = torch.tensor([1 << 31, (1 << 32) - 5_000, 1 << 40])[torch.arange(2 * k) % 3]
+    wide = torch.where(base >= 0, base + far, -1)
+    for idx in (wide[:, ::2], base[:, ::2].int()):
+        cidx = torch.full((4, k), -7, dtype=torch.int64)
+        counts = torch.empty(4, dtype=torch.int32)
+        _compact_kernel[(4,)](idx, idx.stride(0), idx.stride(1), k, cidx, cidx.stride(0), counts, BLOCK=COMPACT_BLOCK)
+        for m in range(4):
+            want = idx[m][idx[m] >= 0].long()
+            assert counts[m] == want.numel()
+            assert torch.equal(cidx[m, : want.numel()], want)
+            assert bool((cidx[m, want.numel():] == -7).all())  # past the count: left as it was
+    assert (wide >= 1 << 31).any(axis=1)[[0, 2, 3]].all()  # the int64 case does pass 2^31 in the listed rows
+
+
+def test_decode_reads_records_at_indices_past_2_31():
+    """The decode's record address (records + index x row stride) in int64, for indices >= 2^31, with
+    no large allocation: the records are a strided cache's ``row_view`` (rows 4 bytes apart, as the
+    engine reads them: index 2^31 is byte 8 GiB), handed to the kernel through a tensor whose
+    ``data_ptr()`` lies ``shift`` (> 2^31) rows before its data, so index ``shift + r`` addresses row r of the
+    small view. The output equals, bit for bit, the decode of the same view at indices r, and the
+    float64 oracle. With int32 compacted indices the index would wrap and the kernel read 16 GiB
+    away, so the launch is guarded by the workspace's index width."""
+    from sparkinfer.attention.triton_decode import DecodeWorkspace, sparse_mla_decode_triton
+    from sparkinfer.attention.validate import resolve_layout
+    from sparkinfer.decode.paged_sparse_mla import row_view
+
+    shift = (1 << 31) + 12_345  # rows: the addresses pass 2^31 x 4 bytes
+
+    class Shifted(torch.Tensor):
+        def data_ptr(self):  # ``shift`` rows of the view before the data
+            return super().data_ptr() - shift * self.stride(0)
+
+    fmt = get_format("nvfp4_368")
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=3, k=40, t=48, seed=14)
+    backing = torch.zeros(6, 2, 8, 384, dtype=torch.uint8)  # [blocks, layers, block_size, record + pad]
+    cache = backing[:, 1, :, :368]  # a layer's strided view, as vLLM's block-outermost layouts make it
+    cache.copy_(records.view(6, 8, 368))  # token t in block t // 8, offset t % 8
+    rows, at = row_view(cache, indices.long())
+    assert rows.stride(0) == 4 and torch.equal(at < 0, indices < 0)
+    far = torch.where(at >= 0, at + shift, -1)
+    assert bool((far[indices >= 0] >= 1 << 31).all())
+    lay = resolve_layout(fmt)
+    scale = 1 / math.sqrt(576)
+    want = sparse_mla_decode_triton(q_nope, q_rope, rows, lay, at, scale, num_splits=1)
+    ws = DecodeWorkspace.allocate(2, 3, 40, 1, "cpu")
+    assert ws.indices.dtype == torch.int64, "compacted indices would wrap past 2^31: not launched (out-of-bounds reads)"
+    got = sparse_mla_decode_triton(q_nope, q_rope, rows.as_subclass(Shifted), lay, far, scale, workspace=ws)
+    assert torch.equal(ws.indices[0, : int((far[0] >= 0).sum())], far[0][far[0] >= 0])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_matches(*got, *oracle(q_nope, q_rope, records, fmt, indices, scale), tol=TRITON_TOL)
+
+
+def test_preallocated_outputs_and_workspace():
+    from sparkinfer.attention.triton_decode import DecodeWorkspace
+
+    fmt = get_format("fp8_ds_mla")
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=3, k=40, seed=6)
+    want = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.2, backend="triton", num_splits=2)
+    ws = DecodeWorkspace.allocate(2, 3, 40, 2, "cpu")
+    out, lse = torch.empty(2, 3, 512), torch.empty(2, 3)
+    got = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.2, backend="triton", out=out, lse=lse,
+                            workspace=ws)
+    assert got[0] is out and got[1] is lse
+    assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+    with pytest.raises(ValueError, match="workspace.partial_out"):
+        sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.2, backend="triton",
+                          workspace=DecodeWorkspace.allocate(2, 4, 40, 2, "cpu"))
+    with pytest.raises(ValueError, match="out must be float32"):
+        sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.2, backend="triton", out=torch.empty(2, 3, 256))
+
+
+def test_merge_kernel_equals_merge_lse():
+    from sparkinfer.attention.triton_decode import MAX_SPLITS, _merge_splits_kernel
+
+    g = torch.Generator().manual_seed(8)
+    s, m, h = 5, 2, 3
+    po = torch.randn(s, m, h, 512, generator=g)
+    pl = torch.randn(s, m, h, generator=g) * 10
+    pl[1, 0, 0] = -math.inf
+    pl[:, 1, 2] = -math.inf
+    po[:, 1, 2] = 0
+    out, lse = torch.empty(m, h, 512), torch.empty(m, h)
+    _merge_splits_kernel[(m, h)](po, pl, out, lse, h, s, po.stride(0), po.stride(1), po.stride(2), pl.stride(0),
+                                 pl.stride(1), out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=MAX_SPLITS,
+                                 OUT_BF16=False)
+    ref_out, ref_lse = merge_lse(po, pl)
+    torch.testing.assert_close(out, ref_out, **TOL)
+    torch.testing.assert_close(lse, ref_lse, **TOL)
+    assert torch.all(out[1, 2] == 0) and lse[1, 2] == -math.inf
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("name", MAIN_FORMATS)
+def test_a_bf16_output_is_the_fp32_one_rounded(name, splits):
+    """bf16 queries into a bf16 output (the engine's form for a bf16 model): the merge kernel rounds
+    the output (one split merges to itself exactly), bit for bit torch's round of the fp32 output
+    (nearest, ties to even); the LSE is unchanged. A workspace without partials is refused."""
+    fmt = get_format(name)
+    q_nope, q_rope, records, indices = make_case(fmt, m=3, h=5, k=70, seed=12, q_dtype=torch.bfloat16)
+    want, want_lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton",
+                                       num_splits=splits)
+    out = torch.full((3, 5, 512), float("nan"), dtype=torch.bfloat16)
+    got, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", num_splits=splits,
+                                 out=out)
+    assert got is out
+    assert torch.equal(out.view(torch.int16), want.to(torch.bfloat16).view(torch.int16))
+    assert torch.equal(lse, want_lse)
+    if splits == 1:
+        from sparkinfer.attention.triton_decode import DecodeWorkspace
+
+        with pytest.raises(ValueError, match="bf16_out=True"):
+            sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", out=out,
+                              workspace=DecodeWorkspace.allocate(3, 5, 70, 1, "cpu"))
+
+
+@triton.jit
+def _round_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, _bf16_bits(tl.load(x_ptr + i)))
+
+
+def test_bf16_rounding_on_the_bits_equals_torch():
+    """``_bf16_bits`` against torch's fp32 -> bf16 on the edges: ties to even either way, the largest
+    finite values (rounding to inf), infinities, NaN, subnormals, signed zeros, and random values."""
+    edges = torch.tensor([0x3F808000, 0x3F818000, 0x3F80C000, 0x3F807FFF, 0x7F7FFFFF, 0x7F7F7FFF, 0x7F800000,
+                          0xFF800000 - 2**32, 0x7FC00000, 0x7F800001, 0x00008000, 0x00018000, 0x00000001,
+                          0x80000000 - 2**32, 0, 0xBF808000 - 2**32], dtype=torch.int64).to(torch.int32)
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([edges.view(torch.float32), torch.randn(240, generator=g) * 10 ** torch.randint(-30, 30, (240,),
+                                                                                                      generator=g)])
+    out = torch.empty(256, dtype=torch.int16)
+    _round_kernel[(1,)](x, out, N=256)
+    want = x.to(torch.bfloat16).view(torch.int16)
+    nan = torch.isnan(x)
+    assert torch.equal(out[~nan], want[~nan])
+    assert bool((out[nan] == 0x7FC0).all())
+
+
+def test_432_outer_scale_is_honoured():
+    fmt = get_format("nvfp4_432", outer_scale=0.25)
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=2, k=16, seed=3)
+    ref = oracle(q_nope, q_rope, records, fmt, indices, 0.2)
+    assert_matches(*sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.2, backend="triton"), *ref,
+                   tol=TRITON_TOL)
+
+
+def test_duplicate_indices_count_twice():
+    """An index listed twice is two keys (the kernel does not dedup; the union plan does)."""
+    fmt = get_format("fp8_ds_mla")
+    q_nope, q_rope, records, _ = make_case(fmt, m=1, h=2, k=16)
+    indices = torch.tensor([[5, 5, 7] + [-1] * 13], dtype=torch.int32)
+    ref = oracle(q_nope, q_rope, records, fmt, indices, 0.1)
+    assert_matches(*sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton"), *ref,
+                   tol=TRITON_TOL)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_partials_over_disjoint_shards_merge_to_whole(backend):
+    """Stock DCP: each rank attends its shard of the index set; merge_lse gives attention over all of it."""
+    fmt = get_format("nvfp4_368")
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=4, k=48, seed=5, pad_frac=0.0)
+    scale = 0.3
+    whole = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale, backend=backend)
+    owner = indices % 4  # vLLM's placement with interleave 1 (token id = record row here)
+    outs, lses = [], []
+    for rank in range(4):
+        shard = torch.where(owner == rank, indices, torch.full_like(indices, -1))
+        o, s = sparse_mla_decode(q_nope, q_rope, records, fmt, shard, scale, backend=backend)
+        outs.append(o)
+        lses.append(s)
+    merged_out, merged_lse = merge_lse(torch.stack(outs), torch.stack(lses))
+    tol = TRITON_PEAKY_TOL if backend == "triton" else PEAKY_TOL
+    torch.testing.assert_close(merged_out, whole[0], **tol)
+    torch.testing.assert_close(merged_lse, whole[1], **tol)
+    assert_matches(merged_out, merged_lse, *oracle(q_nope, q_rope, records, fmt, indices, scale), tol=tol)
+
+
+def test_merge_lse_against_float64_and_empty_partials():
+    g = torch.Generator().manual_seed(7)
+    outs = torch.randn(3, 2, 2, 512, generator=g)
+    lses = torch.randn(3, 2, 2, generator=g) * 10
+    lses[1, 0, 0] = -math.inf  # one empty partial
+    lses[:, 1, 1] = -math.inf  # a row empty everywhere
+    out, lse = merge_lse(outs, lses)
+    ref_lse = torch.logsumexp(lses.double(), dim=0)
+    w = torch.exp(lses.double() - ref_lse.nan_to_num(neginf=0.0))
+    ref_out = (w[..., None] * outs.double()).sum(0)
+    torch.testing.assert_close(lse.double(), ref_lse, **TOL)
+    torch.testing.assert_close(out.double(), ref_out, **TOL)
+    assert torch.all(out[1, 1] == 0) and lse[1, 1] == -math.inf
+
+
+def test_merge_lse_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="lses must be"):
+        merge_lse(torch.zeros(2, 1, 1, 512), torch.zeros(2, 1))
+    with pytest.raises(ValueError, match="outs must be"):
+        merge_lse(torch.zeros(2, 512), torch.zeros(2, 1, 1))
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_bad_input_raises(backend):
+    fmt = get_format("nvfp4_368")
+    qn, qr, rec, idx = make_case(fmt, m=2, h=2, k=16)
+    call = lambda **kw: sparse_mla_decode(**{**dict(q_nope=qn, q_rope=qr, records=rec, fmt=fmt, indices=idx,
+                                                    scale=0.1, backend=backend), **kw})
+    with pytest.raises(ValueError, match="records are 432 bytes wide"):
+        call(records=get_format("nvfp4_432").encode(torch.randn(4, 512), torch.randn(4, 64)))
+    with pytest.raises(ValueError, match="indices must lie in"):
+        call(indices=torch.full_like(idx, rec.shape[0]))
+    with pytest.raises(ValueError, match="indices must lie in"):
+        call(indices=torch.full_like(idx, -2))
+    with pytest.raises(ValueError, match="q_rope must be"):
+        call(q_rope=qr[:, :1])
+    with pytest.raises(ValueError, match="q_nope must be"):
+        call(q_nope=qn[..., :256])
+    with pytest.raises(ValueError, match="indices must be int32"):
+        call(indices=idx.float())
+    with pytest.raises(ValueError, match="indices must be int32"):
+        call(indices=idx[:1])
+    with pytest.raises(ValueError, match="scale"):
+        call(scale=float("nan"))
+    with pytest.raises(ValueError, match="not a main MLA record format"):
+        call(fmt=get_format("indexer_fp8"))
+    with pytest.raises(ValueError, match="q_nope must be float32"):
+        call(q_nope=qn.double())
+    with pytest.raises(ValueError, match="dot_precision"):
+        call(dot_precision="fast")
+    with pytest.raises(ValueError, match="num_splits"):
+        call(num_splits=0)
+    if backend == "triton":
+        with pytest.raises(ValueError, match="num_splits must be in"):
+            call(num_splits=65)
+    with pytest.raises(ValueError, match="backend must be"):
+        call(backend="cuda")
+
+
+@triton.jit
+def _decode_codes_kernel(x_ptr, e4m3_ptr, e2m1_ptr, bf16_ptr):
+    offs = tl.arange(0, 256)
+    b = tl.load(x_ptr + offs)
+    tl.store(e4m3_ptr + offs, e4m3_to_f32(b))
+    tl.store(e2m1_ptr + offs, e2m1_to_f32(b & 15))
+    tl.store(bf16_ptr + offs, bf16_to_f32(b.to(tl.uint16) * 257))
+
+
+def test_triton_code_decoders_are_exact_for_every_code():
+    codes = torch.arange(256, dtype=torch.uint8)
+    e4m3, e2m1, bf16 = (torch.empty(256) for _ in range(3))
+    _decode_codes_kernel[(1,)](codes, e4m3, e2m1, bf16)
+    ref = codes.view(torch.float8_e4m3fn).float()
+    finite = ~ref.isnan()
+    assert torch.equal(e4m3[finite], ref[finite])
+    magnitudes = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+    nib = codes.long() & 15
+    assert torch.equal(e2m1, torch.where(nib >= 8, -magnitudes[nib & 7], magnitudes[nib & 7]))
+    bits = codes.to(torch.int32) * 257
+    ref_bf16 = bits.to(torch.int16).view(torch.bfloat16).float()  # wraps like uint16 for the bit pattern
+    assert torch.equal(bf16.view(torch.int32), ref_bf16.view(torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", MAIN_FORMATS)
+def test_gpu_kernel_matches_float64(name):
+    fmt = get_format(name)
+    q_nope, q_rope, records, indices = make_case(fmt, m=8, h=16, k=2048, t=4096, seed=11)
+    scale = 1 / math.sqrt(576)
+    ref = oracle(q_nope, q_rope, records, fmt, indices, scale)
+    dev = torch.device("cuda")
+    out, lse = sparse_mla_decode(q_nope.to(dev), q_rope.to(dev), records.to(dev), fmt, indices.to(dev), scale)
+    torch.testing.assert_close(out.cpu().double(), ref[0], **TRITON_TOL)
+    torch.testing.assert_close(lse.cpu().double(), ref[1], **TRITON_TOL)
+    bf16 = torch.empty(out.shape, dtype=torch.bfloat16, device=dev)  # the merge kernel's rounding, compiled
+    sparse_mla_decode(q_nope.to(dev), q_rope.to(dev), records.to(dev), fmt, indices.to(dev), scale, out=bf16)
+    assert torch.equal(bf16.view(torch.int16), out.to(torch.bfloat16).view(torch.int16))

