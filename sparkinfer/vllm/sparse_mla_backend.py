@@ -90,6 +90,8 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         impls.log_graph_support(vllm_config.compilation_config.cudagraph_mode)
+        sched = vllm_config.scheduler_config  # the step plan: token_req [T], contexts and query lengths [R]
+        self._uploads = step_plan.Uploads(device, sched.max_num_batched_tokens + 2 * sched.max_num_seqs)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         checks = device_checks.for_device(common_attn_metadata.block_table_tensor.device)
@@ -120,10 +122,9 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
             qlens = qsl[1:] - qsl[:-1]
             contexts = seq_lens - qlens
             path = rt.choose(qlens.tolist(), contexts.tolist(), request_ids(cm.num_reqs))
-            token_req, context, query_lens = step_plan.to_device(cm.block_table_tensor.device, token_req,
-                                                                contexts, qlens)
+            token_req, context, query_lens = self._uploads(token_req, contexts, qlens)
         else:
-            token_req, = step_plan.to_device(cm.block_table_tensor.device, token_req)
+            token_req, = self._uploads(token_req)
         return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
                               cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc,
                               self.vllm_config.parallel_config.cp_kv_cache_interleave_size, path != "stock",
