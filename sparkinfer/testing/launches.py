@@ -70,6 +70,7 @@ class Recording:
     def __init__(self, layers_only: bool):
         self.layers_only = layers_only
         self.events: list[tuple] = []
+        self.kernels = 0  # the events that are a kernel launch on a GPU (not a view, not an allocation)
         self.made: dict[int, int] = {}  # storage (its serial in ``inside``) -> its name (order of first use)
         # address -> serial of the storage made there last: a freed address the allocator hands out
         # again is a new storage, so it gets a new name
@@ -117,8 +118,12 @@ class _RecordMode(OpWatcher):
         site = _site(self.rec.layers_only) if not _in_triton[0] else None
         if site is not None:
             self.rec.events.append((site, func._opname, self.rec.value(args), self.rec.value(kwargs)))
+            self.rec.kernels += not (func.is_view or func._opname in _NO_KERNEL)
 
 
+# aten ops that launch no kernel on a GPU (besides views): allocations and metadata
+_NO_KERNEL = {"empty", "empty_strided", "empty_like", "set_", "resize_", "lift_fresh", "detach", "alias",
+              "_local_scalar_dense"}
 _in_triton = [0]  # inside an interpreted Triton launch: its host copies are not launches
 
 
@@ -138,6 +143,7 @@ def _patch_triton() -> None:
                 grid = self.grid if not callable(self.grid) else "callable"
                 rec.events.append((site, f"triton:{self.fn.__name__}", ("grid", rec.value(grid)),
                                    rec.value(args), rec.value(kwargs)))
+                rec.kernels += 1
         _in_triton[0] += 1
         try:
             return orig(self, *args, **kwargs)
@@ -239,6 +245,7 @@ class _Probe:
         if before is not None:
             self.results.append({"shape": step["shape"], "forwards": len(step["forwards"]),
                                  "launches": sum(len(r.events) for r in step["forwards"]),
+                                 "kernels": [r.kernels for r in step["forwards"]],
                                  "differences": differences(before["forwards"], step["forwards"])})
         self.last[step["shape"]] = step
 
@@ -258,6 +265,7 @@ def install(worker=None) -> bool:
 
 
 def report(worker=None) -> list[dict]:
-    """``LLM.collective_rpc(report)``: [{"shape": (requests, rows), "forwards": n, "launches": n, "differences": {site:
+    """``LLM.collective_rpc(report)``: [{"shape": (requests, rows), "forwards": n, "launches": n, "kernels":
+    [kernel launches of each forward], "differences": {site:
     where}}] for each decode step compared with the previous decode step of its shape (``differences``)."""
     return [] if _probe[0] is None else _probe[0].report()
