@@ -4,7 +4,9 @@ A captured graph replays its kernels with the arguments they had at capture: the
 shapes, strides and scalars; only the bytes inside the buffers may differ from step to step. So a
 decode step is capture-safe when every decode step at the same padded batch shape makes exactly
 the same launches, whatever its requests, their lengths and contexts. This probe records the
-launches each forward makes in vLLM's workers and compares two decode steps of equal shape.
+launches each forward makes in vLLM's workers and compares two decode steps of equal shape that
+take the same path (stock, selected or gathered: a graph is captured for one path,
+docs/design/cuda-graphs.md).
 
 What a launch is on CPU: an aten op (a kernel on a GPU) or an interpreted Triton kernel, made
 by sparkinfer's code; in the engine, under a layer's forward (``host_reads.LAYER_ENTRIES``: the cache write, the
@@ -207,7 +209,7 @@ class _Probe:
     def __init__(self, runner, spec_rows: int):
         self.spec_rows = spec_rows
         self.step: dict | None = None
-        self.last: dict = {}  # batch shape -> the last decode step of that shape
+        self.last: dict = {}  # (batch shape, paths of its forwards) -> the last decode step of that kind
         self.results: list[dict] = []
         execute = runner.execute_model
 
@@ -215,7 +217,7 @@ class _Probe:
             self._close()
             n = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
             if n and is_decode_step(scheduler_output, spec_rows):
-                self.step = {"shape": (len(n), sum(n.values())), "forwards": []}
+                self.step = {"shape": (len(n), sum(n.values())), "forwards": [], "paths": []}
             return execute(scheduler_output, *a, **k)
 
         runner.execute_model = execute_model
@@ -230,6 +232,7 @@ class _Probe:
         def forward(*a, **k):
             if self.step is None or _active:
                 return orig(*a, **k)
+            self.step["paths"].append(_step_path())
             with record(layers_only=True) as rec:
                 out = orig(*a, **k)
             self.step["forwards"].append(rec)
@@ -241,17 +244,33 @@ class _Probe:
         step, self.step = self.step, None
         if step is None or not step["forwards"]:
             return
-        before = self.last.get(step["shape"])
+        key = (step["shape"], tuple(step["paths"]))
+        before = self.last.get(key)
         if before is not None:
-            self.results.append({"shape": step["shape"], "forwards": len(step["forwards"]),
+            self.results.append({"shape": step["shape"], "paths": step["paths"], "forwards": len(step["forwards"]),
                                  "launches": sum(len(r.events) for r in step["forwards"]),
                                  "kernels": [r.kernels for r in step["forwards"]],
                                  "differences": differences(before["forwards"], step["forwards"])})
-        self.last[step["shape"]] = step
+        self.last[key] = step
 
     def report(self) -> list[dict]:
         self._close()
         return self.results
+
+
+def _step_path() -> str | None:
+    """The path of the forward vLLM is about to run (stock, selected or gather), from the sparkinfer
+    attention metadata in its forward context; None without one. Steps of one shape replay one graph
+    only on one path (docs/design/cuda-graphs.md), so the probe compares steps of equal shape and path."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    mds = get_forward_context().attn_metadata
+    for md in (mds.values() if isinstance(mds, dict) else ()):
+        if hasattr(md, "sparkinfer_selected"):
+            return "gather" if md.sparkinfer_gather else "selected" if md.sparkinfer_selected else "stock"
+    return None
 
 
 _probe: list = [None]
@@ -265,7 +284,7 @@ def install(worker=None) -> bool:
 
 
 def report(worker=None) -> list[dict]:
-    """``LLM.collective_rpc(report)``: [{"shape": (requests, rows), "forwards": n, "launches": n, "kernels":
+    """``LLM.collective_rpc(report)``: [{"shape": (requests, rows), "paths": [path of each forward], "forwards": n, "launches": n, "kernels":
     [kernel launches of each forward], "differences": {site:
     where}}] for each decode step compared with the previous decode step of its shape (``differences``)."""
     return [] if _probe[0] is None else _probe[0].report()
