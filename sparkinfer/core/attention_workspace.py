@@ -18,7 +18,7 @@ partials are needed for splits (a small block: the kernel splits each row's keys
 of the GPU) and for rounding into a bf16 output (the merge kernel rounds, one split too); 512
 programs are 2.7 waves of an RTX PRO 6000's 188 SMs and 3.9 of an H200's 132, so a block still
 fills the GPU while its partials stay 16 MiB whatever the heads (they were 1,024 rows x H heads:
-128 MiB at 64 heads). A step of 2,048 rows at 64 heads is then 16 blocks of 128 rows, three
+128 MiB at 64 heads). A step of 2,048 rows at 64 heads is then 16 blocks of 128 rows, a few
 launches each; prefill runs eagerly, where a launch's host cost (~5 us) is below the GPU time of
 a block's 512 programs. Segments, each from a 256-byte boundary (M = ``rows``, H = ``heads``,
 K = ``topk``, B = ``min(M, BLOCK_ROWS)``, P = ``BLOCK_PROGRAMS x min(H, HEAD_BLOCK)``, N = ``rows x
