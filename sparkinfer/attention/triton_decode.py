@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkinfer.core.attention_workspace import HEAD_BLOCK
 from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432, RecordLayout
 
 from .triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32, load_f32
@@ -65,7 +66,7 @@ PRECISIONS = ("bf16x2", "bf16")
 # the 656 kernel needs 184 / 255 with 4, while with 8 ptxas holds it to 128 and spills.
 # num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline them and extra
 # stages would only cost shared memory.
-BLOCK_H = 16
+BLOCK_H = HEAD_BLOCK  # 16: the attention arena counts its partials in these programs
 BLOCK_K = 32
 NUM_WARPS = {NVFP4_368.name: 8, NVFP4_432.name: 8, FP8_DS_MLA.name: 4}
 NUM_STAGES = 1

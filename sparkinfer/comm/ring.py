@@ -11,7 +11,11 @@ ring gathers the full CKV of layer l + depth while layer l computes.
 
 Buffer: uint8 ``[depth + 1, rows, width]`` allocated once; ``rows = B * U`` (decode) or
 ``B * T`` (prefill: row ``b * T + t`` holds token t). An exchange of J layers takes J consecutive
-slots (wrapping to slot 0 when they would run past the end), which must all be released.
+slots (wrapping to slot 0 when they would run past the end), which must all be released. Between
+steps the same bytes can be viewed as ONE slot of ``(depth + 1) * rows`` rows (``widen``): a
+gathered step larger than a slot then takes its layers one at a time, without prefetch overlap,
+where it would otherwise run stock (``docs/design/memory.md``: the ring is sized by the decode
+batch, and a prefill chunk's whole prefix is far larger than a decode step's union).
 
 Overwrite safety: a slot is handed out again only after ``release``; the unpack / own-record
 kernels that overwrite it are enqueued after that call on the same stream as the attention that
@@ -37,12 +41,26 @@ class PrefetchRing:
         self.exchange = exchange
         self.depth = depth
         lay = exchange.layout
-        self.buf = torch.zeros(depth + 1, rows, lay.width, dtype=torch.uint8, device=exchange.fabric.device)
+        self._slots = torch.zeros(depth + 1, rows, lay.width, dtype=torch.uint8, device=exchange.fabric.device)
+        self.buf = self._slots  # [slots, rows per slot, width]: the slots, or one slot of them all (widen)
+        self.slot_rows = rows
         self._held: list[int | None] = [None] * (depth + 1)  # layer in each slot
         self._slot: dict[int, int] = {}
         self._pending: dict[int, tuple[Pending, int]] = {}  # layer -> (its exchange, index in it)
         self._layer_ids: dict[tuple, torch.Tensor] = {}  # int32 layer lists handed to the exchange
         self._next = 0
+
+    def widen(self, wide: bool) -> None:
+        """View the ring as one slot holding every row (``wide``) or as its ``depth + 1`` slots; only
+        while no slot is held (between steps). ``depth`` follows: 0 when wide."""
+        n = 1 if wide else self._slots.shape[0]
+        if self.buf.shape[0] == n:
+            return
+        held = [l for l in self._held if l is not None]
+        if held:
+            raise RuntimeError(f"the ring's slots can only be regrouped between steps; layer(s) {held} are held")
+        self.buf = self._slots.view(n, -1, self._slots.shape[2])
+        self.depth, self._held, self._next = n - 1, [None] * n, 0
 
     def prefetch(self, planes, shard: Shard, layers: list[int], sizing: str | None = None,
                  rows: int | None = None) -> Pending:

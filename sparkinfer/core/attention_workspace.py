@@ -9,10 +9,20 @@ on top of the KV cache. So the bytes are laid out here, reserved out of the KV b
 (``sparkinfer.vllm.reservations``: ``attention_workspace``), allocated once by the worker at
 engine start (``sparkinfer.decode.layer_buffers.reserve``) and handed out as views.
 
-The output and LSE cover a step's rows; the decode kernel's scratch covers one block of
-``BLOCK_ROWS`` rows (the forward attends a larger step block by block), which is what keeps the
-scratch independent of the chunk size. Segments, each from a 256-byte boundary (M = ``rows``,
-H = ``heads``, K = ``topk``, B = ``BLOCK_ROWS``, N = ``rows x index_heads``):
+The output and LSE cover a step's rows; the decode kernel's scratch covers one block (the forward
+attends a larger step block by block), which is what keeps the scratch independent of the chunk
+size. A block is bounded twice: at most ``BLOCK_ROWS`` rows (its top-k rows and compacted indices,
+16 B per row and index), and at most ``BLOCK_PROGRAMS`` decode programs (row x head block of
+``HEAD_BLOCK`` x split), whose fp32 partials it keeps (33 KiB per program of 16 heads). The
+partials are needed for splits (a small block: the kernel splits each row's keys to fill one wave
+of the GPU) and for rounding into a bf16 output (the merge kernel rounds, one split too); 512
+programs are 2.7 waves of an RTX PRO 6000's 188 SMs and 3.9 of an H200's 132, so a block still
+fills the GPU while its partials stay 16 MiB whatever the heads (they were 1,024 rows x H heads:
+128 MiB at 64 heads). A step of 2,048 rows at 64 heads is then 16 blocks of 128 rows, a few
+launches each; prefill runs eagerly, where a launch's host cost (~5 us) is below the GPU time of
+a block's 512 programs. Segments, each from a 256-byte boundary (M = ``rows``, H = ``heads``,
+K = ``topk``, B = ``min(M, BLOCK_ROWS)``, P = ``BLOCK_PROGRAMS x min(H, HEAD_BLOCK)``, N = ``rows x
+index_heads``):
 
 ==============  ========================================================================
 out             [M, H, 512], bf16 for a bf16 model (the merge kernel rounds into it), else fp32
@@ -21,9 +31,9 @@ topk_rows       int64 [B, K]: a block's cache rows of its top-k (``triton_paging
 indices         int64 [B, K]: the decode kernel's compacted indices (cache rows of a strided
                 view pass 2^31: ``triton_decode``'s index widths)
 counts          int32 [B]
-partial_out     float32 [S x m <= BLOCK_ROWS, H, 512]: the S splits' partial outputs of an m-row
-                block (a small block takes more splits, at most BLOCK_ROWS // m: ``layer_buffers``)
-partial_lse     float32 [S x m <= BLOCK_ROWS, H]
+partial_out     float32 [S, m, h, 512] with S x m x h <= P: the S splits' partial outputs of an
+                m-row block of h <= H heads (S x m x ceil(h / HEAD_BLOCK) <= BLOCK_PROGRAMS)
+partial_lse     float32 [S, m, h], S x m x h <= P
 indexer_q       float8 [N, index_dim]: the indexer's quantized q (vLLM quantizes it per head row)
 indexer_scales  float32 [N, index_dim / index_group]
 record_rows     uint8 [M, <= 656]: a cache write's encoded records before their scatter into a
@@ -45,7 +55,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BLOCK_ROWS = 1024  # rows one decode launch takes: the scratch is sized by it, not by the step
+BLOCK_ROWS = 256  # most rows one decode launch takes: its top-k scratch is sized by it, not by the step
+BLOCK_PROGRAMS = 512  # most decode programs (row x head block x split) one launch keeps partials of
+HEAD_BLOCK = 16  # heads per decode program (``attention.triton_decode.BLOCK_H``)
 ALIGN = 256
 LATENT_DIM = 512
 ROPE_DIM = 64
@@ -82,10 +94,10 @@ class AttentionWorkspace:
     def segments(self) -> dict[str, int]:
         """Bytes of every segment, in arena order (the table above)."""
         m, h, k, b = self.rows, self.heads, self.topk, self.block_rows
-        n = m * self.index_heads
+        n, p = m * self.index_heads, BLOCK_PROGRAMS * min(h, HEAD_BLOCK)
         return {"out": m * h * LATENT_DIM * self.out_bytes, "lse": 4 * m * h, "topk_rows": 8 * b * k,
-                "indices": 8 * b * k, "counts": 4 * b, "partial_out": 4 * BLOCK_ROWS * h * LATENT_DIM,
-                "partial_lse": 4 * BLOCK_ROWS * h, "indexer_q": n * self.index_dim,
+                "indices": 8 * b * k, "counts": 4 * b, "partial_out": 4 * p * LATENT_DIM,
+                "partial_lse": 4 * p, "indexer_q": n * self.index_dim,
                 "indexer_scales": 4 * n * (self.index_dim // self.index_group),
                 "record_rows": m * MAX_RECORD_BYTES, "record_latent": 4 * m * LATENT_DIM, "record_rope": 4 * m * ROPE_DIM}
 
@@ -94,16 +106,27 @@ class AttentionWorkspace:
         return arena_bytes(self.segments())
 
 
+def head_blocks(h: int) -> int:
+    """Decode programs per row and split: heads in blocks of ``HEAD_BLOCK``."""
+    return -(-h // HEAD_BLOCK)
+
+
+def block_rows(h: int) -> int:
+    """Rows of one decode launch at H heads: at most ``BLOCK_ROWS``, and at most ``BLOCK_PROGRAMS``
+    programs of one split."""
+    return max(1, min(BLOCK_ROWS, BLOCK_PROGRAMS // head_blocks(h)))
+
+
 def call_plan(m: int, h: int, k: int, out_bytes: int, splits_for) -> tuple[dict[str, int], list[tuple[int, int, int]]]:
     """({segment: bytes} one attention call of M rows, H heads and K indices needs, [(a, b, S)]: its
-    blocks of at most ``BLOCK_ROWS`` rows [a, b) and their splits). ``splits_for(n)`` is the decode
-    kernel's choice for n rows (one wave of the GPU); a block of n rows takes at most
-    ``BLOCK_ROWS // n``, so its partials fit the layout's. Partials are written for S > 1, and for
-    a bf16 output always (the merge kernel rounds it)."""
-    blocks = []
-    for a in range(0, m, BLOCK_ROWS):
-        n = min(m, a + BLOCK_ROWS) - a
-        blocks.append((a, a + n, max(1, min(splits_for(n), BLOCK_ROWS // n))))
+    blocks [a, b) of at most ``block_rows(H)`` rows and their splits). ``splits_for(n)`` is the
+    decode kernel's choice for n rows (one wave of the GPU); a block of n rows takes at most
+    ``BLOCK_PROGRAMS // (n x head_blocks(H))``, so its partials fit the layout's. Partials are
+    written for S > 1, and for a bf16 output always (the merge kernel rounds it)."""
+    blocks, size, hb = [], block_rows(h), head_blocks(h)
+    for a in range(0, m, size):
+        n = min(m, a + size) - a
+        blocks.append((a, a + n, max(1, min(splits_for(n), BLOCK_PROGRAMS // (n * hb)))))
     rows = max((b - a for a, b, _ in blocks), default=0)
     partial = max(((b - a) * s for a, b, s in blocks if s > 1 or out_bytes == 2), default=0)
     return ({"out": m * h * LATENT_DIM * out_bytes, "lse": 4 * m * h, "topk_rows": 8 * rows * k,

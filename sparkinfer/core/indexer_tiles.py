@@ -54,10 +54,17 @@ def workspace_bytes(rows: int, k: int, max_len: int, tile_bytes: int) -> int:
 
 # The engine's batched call (``vllm.replicated_indexer``): a step's rows in blocks of at most
 # INDEXER_ROWS, each pass at most ENGINE_TILE_BYTES of keys, so its one workspace
-# (``engine_workspace_bytes``) is about 64 MiB + 24 x 512 x k whatever the step's token budget
-# (88 MiB at k 2048). Neither changes a result.
-INDEXER_ROWS = 512
-ENGINE_TILE_BYTES = 64 << 20
+# (``engine_workspace_bytes``) is ENGINE_TILE_BYTES + 24 x INDEXER_ROWS x k whatever the step's
+# token budget, and the sharded merge 88 x INDEXER_ROWS x k at DCP4 (``merge_bytes``): 19 MiB and
+# 11 MiB at k 2048 (they were 88 and 88 at 512 rows and 64 MiB). Neither changes a result, and
+# neither costs scoring work: every query row loads its own keys (one program per row), so a
+# smaller block reads no key twice more, and a pass's tile stays 32,768 positions (16 MiB / (8 B x
+# 64 rows)), so the running top-k's extra k columns per pass are 6% of the positions scored. What a
+# smaller block adds is launches and, when scoring is sharded, one all-gather per block: a
+# prefill chunk of 2,048 rows is 32 blocks per Full layer, run eagerly (a decode step of up to 64
+# rows, max_num_seqs 16 x 4 at the main profile, is one block).
+INDEXER_ROWS = 64
+ENGINE_TILE_BYTES = 16 << 20
 
 
 def engine_workspace_bytes(step_rows: int, k: int, max_model_len: int) -> int:

@@ -11,7 +11,7 @@ same ``SelectedSizing`` at engine start, and ``sparkinfer plan --json`` lists th
 prefetch_ring          uint8 ``[depth + 1, slot_rows, W]``: the workspaces of the layer being
                        attended plus ``depth`` prefetched ones; ``slot_rows = pool_mb MiB /
                        ((depth + 1) W)``; a decode step uses ``B x R x K`` rows of a slot, a
-                       gathered step ``B x T``
+                       gathered step ``B x T`` (past a slot's rows: the whole ring as one slot)
 exchange_recv          the receive segment (``core.slab``): flags + 2 slots x ``depth + 1``
                        layers x ``capacity`` records, ``capacity = max_batch x R x K``: what one
                        destination can receive in a decode step over all its sources together
@@ -83,8 +83,15 @@ class SelectedSizing:
 
     @property
     def slot_rows(self) -> int:
-        """Rows of one ring slot (a gathered step's ``B x T`` must fit them)."""
+        """Rows of one ring slot (a decode step's ``B x R x K`` must fit them; a gathered step's ``B x T``
+        the whole ring: ``gather_rows``)."""
         return self.pool_mb * 2**20 // (self.record_bytes * (self.prefetch_depth + 1))
+
+    @property
+    def gather_rows(self) -> int:
+        """Rows a gathered step may hold: the whole ring, viewed as one slot when the step passes one
+        (``comm.ring.PrefetchRing.widen``)."""
+        return (self.prefetch_depth + 1) * self.slot_rows
 
     @property
     def union_rows(self) -> int:

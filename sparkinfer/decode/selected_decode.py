@@ -41,7 +41,9 @@ Gathered steps (a prefill chunk or a mixed batch: rows not R per request): ``beg
 query_lens[b]``, ``start`` the running sum), then ``gather()``: every rank receives each request's
 whole prefix ``0 .. context[b]`` in every layer (the prefill-side full-CKV gather, ``T = max
 (context + query_lens)``, workspace row ``b * T + t`` = token t), the layers in chunks of
-``depth + 1`` through the same ring, and the step's own tokens patched in locally as above. Each
+``depth + 1`` through the same ring (one layer at a time through the whole ring as one slot when
+``B x T`` rows pass a slot: ``PrefetchRing.widen``), and the step's own tokens patched in locally
+as above. Each
 layer's ``attend`` then takes its top-k (logical positions, the indexer's buffer) and reads rows
 ``b * T + topk``. A cold prefill (context 0) moves nothing at all: every token is the step's own.
 """
@@ -85,7 +87,8 @@ class SelectedDecode:
                  max_batch: int, rows: int, topk: int, depth: int, scale: float, backend: str = "auto",
                  gather_rows: int = 0, checks=None):
         """``gather_rows``: workspace rows a gathered step may use (``B * T``); the ring holds
-        ``max(max_batch * R * K, gather_rows)`` rows per slot. ``checks``
+        ``max(max_batch * R * K, gather_rows / (depth + 1))`` rows per slot, and a gathered step larger
+        than a slot takes the whole ring as one slot, a layer at a time (``PrefetchRing.widen``). ``checks``
         (``sparkinfer.decode.device_checks.DeviceChecks``): a decode step's values are then checked on
         the device, not read back (None: on the host)."""
         if exchange.layout.width != fmt.record_bytes:
@@ -99,7 +102,7 @@ class SelectedDecode:
         self.fmt, self.dcp, self.pattern = fmt, dcp, pattern
         self.R, self.K, self.U, self.max_batch = rows, topk, U, max_batch
         self.depth, self.scale, self.backend, self.checks = depth, scale, backend, checks
-        self.ring = PrefetchRing(exchange, depth, rows=max(max_batch * U, gather_rows))
+        self.ring = PrefetchRing(exchange, depth, rows=max(max_batch * U, -(-gather_rows // (depth + 1))))
         # a decode step's Full-layer plans, held from engine start (None: this decoder gathers only)
         self.plan = GroupPlan(dcp, max_batch=max_batch, rows=rows, topk=topk, device=self.ring.buf.device,
                               backend="triton" if backend == "triton" else "torch") if max_batch else None
@@ -139,6 +142,7 @@ class SelectedDecode:
         self._replicas = replicas
         self._context = context.to(torch.int64)
         if query_lens is None:
+            self.ring.widen(False)  # a decode step's chunks of depth + 1 layers
             self._query_lens = None
             self._row_start = self._decode_row_start[:B]
         else:
@@ -173,9 +177,10 @@ class SelectedDecode:
             raise RuntimeError("gather() needs begin_step(..., query_lens=...) first")
         union, counts = prefix_union(self._context + self._query_lens)  # host read: prefill is never captured
         B, T = union.shape
-        if B * T > self.ring.buf.shape[1]:
+        if B * T > self.ring.buf.numel() // self.ring.buf.shape[2]:
             raise ValueError(f"a gathered step of {B} requests x {T} tokens needs {B * T} workspace rows, the "
-                             f"ring holds {self.ring.buf.shape[1]}: take the stock path")
+                             f"ring holds {self.ring.buf.numel() // self.ring.buf.shape[2]}: take the stock path")
+        self.ring.widen(B * T > self.ring.slot_rows)
         base = torch.repeat_interleave(torch.arange(B, device=union.device) * T, self._query_lens)
         patch, planes = patch_and_planes(union, counts, self._context, self._row_start, self._replicas, self.dcp,
                                          B * self.dcp.max_local_len(T), validate=True)
@@ -187,7 +192,8 @@ class SelectedDecode:
         to add to each layer's top-k (gathered); ``patch``: the rows of the step's own tokens and of the
         replica window, held (patched, not moved) on every rank (``group_plan.patch_and_planes``)."""
         rep = self._replicas
-        chunks = [layers[i:i + self.depth + 1] for i in range(0, len(layers), self.depth + 1)]
+        step = self.ring.depth + 1  # depth + 1 layers, or one at a time through a widened ring
+        chunks = [layers[i:i + step] for i in range(0, len(layers), step)]
         if rep is None:
             moves = True
         elif sizing is None and self.ring.exchange.sizing == "device":

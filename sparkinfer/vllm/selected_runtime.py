@@ -81,7 +81,7 @@ class SelectedRuntime:
         self.topk = hf.index_topk
         # every buffer's size, as patch 0008 reserved it out of the KV memory (reservations)
         self.sizing = reservations.sizing(vllm_config)
-        self.gather_rows = self.sizing.slot_rows
+        self.gather_rows = self.sizing.gather_rows
         self.max_batch = self.sizing.max_batch
         par = vllm_config.parallel_config
         itemsize = vllm_config.model_config.dtype.itemsize

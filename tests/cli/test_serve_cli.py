@@ -127,55 +127,73 @@ def _tokens_that_fit(kv_bytes: int, record: int, dcp: int, mtp: bool) -> int:
     return kv_bytes // per_block * granule
 
 
-def _arena(dcp: int) -> int:
+def _knobs(name: str) -> tuple[int, int]:
+    """(vLLM's batched tokens, the ring's pool_mb) of profile ``name`` (vLLM's default batched tokens
+    on these GPUs, 8,192, and sparkinfer's default pool, 512 MiB, where it sets none)."""
+    data = serve.load_profile(name)
+    return data["vllm"].get("max_num_batched_tokens", 8192), data["sparkinfer"].get("pool_mb", 512)
+
+
+def _arena(name: str, dcp: int) -> int:
     """The attention arena (sparkinfer/core/attention_workspace.py), held in every mode: a bf16
-    output and fp32 LSE for 8,192 rows (vLLM's batched tokens) x 16 heads per TP rank gathered over
-    DCP, a 1,024-row block's int64 top-k rows and compacted indices, counts and fp32 partials [1,024, H,
-    512 + 1]; under DCP > 1 sparkinfer's indexer quantizes its q (32 heads x 128 fp8 + a scale); a cache
-    write's staging for 8,192 rows (encoded records up to 656 B, fp32 latent 512 and rope 64)."""
+    output and fp32 LSE for the step's rows (vLLM's batched tokens) x 16 heads per TP rank gathered
+    over DCP, a block's int64 top-k rows and compacted indices and counts (BLOCK_ROWS rows), the
+    fp32 partials [512 + 1] of BLOCK_PROGRAMS programs of 16 heads; under DCP > 1 sparkinfer's
+    indexer quantizes its q (32 heads x 128 fp8 + a scale); a cache write's staging for the step's
+    rows (encoded records up to 656 B, fp32 latent 512 and rope 64)."""
+    from sparkinfer.core.attention_workspace import BLOCK_PROGRAMS, BLOCK_ROWS
+
+    tokens = _knobs(name)[0]
     heads = 16 * dcp
-    index_q = 8192 * 32 * (128 + 4) if dcp > 1 else 0
-    staging = 8192 * (656 + 4 * 512 + 4 * 64)
-    return (8192 * heads * (2 * 512 + 4) + 1024 * 2048 * (8 + 8) + 4 * 1024 + 1024 * heads * 513 * 4 + index_q
-            + staging)
+    index_q = tokens * 32 * (128 + 4) if dcp > 1 else 0
+    staging = tokens * (656 + 4 * 512 + 4 * 64)
+    return (tokens * heads * (2 * 512 + 4) + BLOCK_ROWS * 2048 * (8 + 8) + 4 * BLOCK_ROWS
+            + BLOCK_PROGRAMS * 16 * 513 * 4 + index_q + staging)
 
 
-def _buffers(record: int, dcp: int, mtp: bool) -> int:
+def _buffers(name: str, record: int, dcp: int, mtp: bool) -> int:
     """The buffers per GPU by hand: the attention arena, then the selected path's (the table of
-    sparkinfer/core/reservations.py): a 512 MiB ring of 4 slots (depth 3), receive slabs of 2 slots x
-    4 layers x (16 requests x R x 2048) records over all sources, a send slab of 1/16 of that per pair
-    (gathered steps only), the unpack's two int32 index columns, the sharded indexer's merge, a Full
-    layer's group plan; at DCP1 the arena alone."""
+    sparkinfer/core/reservations.py): a ring of pool_mb in 4 slots (depth 3) holding B requests of
+    R x 2048 rows per slot (B <= 16), receive slabs of 2 slots x 4 layers x (B x R x 2048) records
+    over all sources, a send slab of 1/16 of that per pair (gathered steps only), the unpack's two
+    int32 index columns, the sharded indexer's merge, a Full layer's group plan; at DCP1 the arena
+    alone."""
+    from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS
+
     if dcp == 1:
-        return _arena(dcp)
+        return _arena(name, dcp)
+    tokens, pool_mb = _knobs(name)
     rows = 1 + 3 * mtp
 
     def align(n):
         return -(-n // 256) * 256
-    cap = 16 * rows * 2048
-    ring = 4 * (512 * 2**20 // (record * 4)) * record
+    slot = pool_mb * 2**20 // (record * 4)
+    batch = min(16, slot // (rows * 2048))
+    cap = batch * rows * 2048
+    ring = 4 * slot * record
     recv = align((3 + 4) * dcp * 64) + 2 * align(4 * cap * record)  # arrive, ack, abort, landed x 4 layers
     send = 2 * dcp * align(4 * (cap // 16) * record)
-    # a step's own records (vLLM's 8,192 batched tokens) and the indexer's top-k workspace for a 512-row
-    # block (k 2048, a 16,384-position pass: 64 MiB / (8 B x 512)): work, top + indices
-    stash = 8192 * record
-    indexer = 8 * 512 * (2048 + 16384) + 2 * 8 * 512 * 2048
+    # a step's own records (vLLM's batched tokens) and the indexer's top-k workspace for an
+    # INDEXER_ROWS-row block (k 2048, a pass of ENGINE_TILE_BYTES / (8 B x rows)): work, top + indices
+    stash = tokens * record
+    tile = ENGINE_TILE_BYTES // (8 * INDEXER_ROWS)
+    indexer = 8 * INDEXER_ROWS * (2048 + tile) + 2 * 8 * INDEXER_ROWS * 2048
     # the group plan (cap entries): 5 int32 and 2 bool columns, the union kernel's scratch per request (a
     # table of the power of two >= 2 x R x 2048 slots, two columns), counts, sends, 3 planes per source
     n = rows * 2048
     table = 1 << (2 * n - 1).bit_length()
-    plan = 4 * (5 * cap + 16 * (2 * table + 2 * n) + 16 + 16 * dcp + 3 * dcp * cap + dcp * dcp) + 2 * cap
-    # the sharded indexer's merge of 512 rows (a prefill chunk's block; a decode step's 16 x R are fewer) of k
-    # 2048 int64 keys: own, gathered, side by side, topk's two
-    merge = 8 * 512 * 2048 * (1 + 2 * dcp + 2)
-    return _arena(dcp) + ring + recv + send + 8 * cap + stash + indexer + merge + plan
+    plan = 4 * (5 * cap + batch * (2 * table + 2 * n) + batch + batch * dcp + 3 * dcp * cap + dcp * dcp) + 2 * cap
+    # the sharded indexer's merge of a decode step's 16 x R rows or an INDEXER_ROWS block of a prefill
+    # chunk, of k 2048 int64 keys: own, gathered, side by side, topk's two
+    merge = 8 * max(16 * rows, INDEXER_ROWS) * 2048 * (1 + 2 * dcp + 2)
+    return _arena(name, dcp) + ring + recv + send + 8 * cap + stash + indexer + merge + plan
 
 
-def _replica_reserved(kv_bytes: int, dcp: int, record: int = 368, mtp: bool = True) -> int:
+def _replica_reserved(name: str, kv_bytes: int, dcp: int, record: int = 368, mtp: bool = True) -> int:
     """What patched vLLM reserves: the buffers, then under DCP > 1 replica_window auto's store: the
     whole 262,144-token store for 16 requests x 78 layers x 368/432 B is far above a fifth of what
     the buffers left, so a fifth of that; DCP1: no store."""
-    b = _buffers(record, dcp, mtp)
+    b = _buffers(name, record, dcp, mtp)
     return b + (kv_bytes - b) // 5 if dcp > 1 else b
 
 
@@ -185,7 +203,7 @@ def _replica_reserved(kv_bytes: int, dcp: int, record: int = 368, mtp: bool = Tr
                                                  ("glm52-tp4-dcp1-mtp3-368", 368, 1, True)])
 def test_kv_budget_check_is_the_capacity_core(name, record, dcp, mtp, glm, capsys):
     kv = int(serve.load_profile(name)["kv_gb"] * GIB)
-    want = _tokens_that_fit(kv - _replica_reserved(kv, dcp, record, mtp), record, dcp, mtp)
+    want = _tokens_that_fit(kv - _replica_reserved(name, kv, dcp, record, mtp), record, dcp, mtp)
     checked = serve.validate(serve.load_profile(name), glm52_config(), environ={})
     assert checked.plan.kv_tokens == want
     # The boundary: max_model_len = one block more than fits fails, exactly what fits passes.
@@ -197,21 +215,21 @@ def test_kv_budget_check_is_the_capacity_core(name, record, dcp, mtp, glm, capsy
     # ... and the budget that just holds 262,144 tokens (bytes from the hand count) passes, less fails
     need = 262144 // dcp * (78 + mtp) * record + 262144 * (21 + mtp) * 132
     # the buffers, then under DCP > 1 the replica store takes a fifth
-    need = _buffers(record, dcp, mtp) + (need * 5 // 4 if dcp > 1 else need)
+    need = _buffers(name, record, dcp, mtp) + (need * 5 // 4 if dcp > 1 else need)
     assert dry_run(capsys, "--profile", name, glm(), "--kv-gb", f"{(need + 64) / GIB!r}")[0] == 0
     assert dry_run(capsys, "--profile", name, glm(), "--kv-gb", f"{(need - 64) / GIB!r}")[0] == 2
     if dcp > 1:  # without replicas the whole budget but the buffers holds records
         data = serve.load_profile(name)
         serve.apply_set(data, "sparkinfer.replica_window=0")
         assert serve.validate(data, glm52_config(), environ={}).plan.kv_tokens == _tokens_that_fit(
-            kv - _buffers(record, dcp, mtp), record, dcp, mtp)
+            kv - _buffers(name, record, dcp, mtp), record, dcp, mtp)
 
 
 def test_replica_store_line(glm, capsys):
     """auto: a fifth of 10 GiB reserved, the runtime's window from the rest (a quarter of it over 16
     requests x 78 layers x 368 B); an explicit window: its own bytes; stock mode or DCP1: none."""
     kv = 10 * GIB
-    left = kv - _buffers(368, 4, True)  # the selected path's buffers come first
+    left = kv - _buffers("glm52-tp4-dcp4-mtp3-368", 368, 4, True)  # the selected path's buffers come first
     window = (left - left // 5) // 4 // (16 * 78 * 368)
     rc, out, _ = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", glm())
     assert rc == 0 and (f"replica store: {left // 5 / GIB:.2f} GiB per GPU reserved out of the KV budget, "
@@ -396,10 +414,10 @@ def test_overrides_and_passthrough(glm, capsys, monkeypatch):
                            "--set", "vllm.compilation_config.max_cudagraph_capture_size=128",
                            "--set", "vllm.enforce_eager=true", "--set", "vllm.enable_prefix_caching=false",
                            "--set", "vllm.served_model_name='glm 5.2'", "--set", "env.NCCL_DEBUG=INFO",
-                           "--", "--max-num-batched-tokens", "8192", "--seed", "7")
+                           "--", "--max-logprobs", "8", "--seed", "7")
     assert rc == 0, err
     argv = command(out)
-    assert argv[-4:] == ["--max-num-batched-tokens", "8192", "--seed", "7"]
+    assert argv[-4:] == ["--max-logprobs", "8", "--seed", "7"]
     assert "--enforce-eager" in argv and "--no-enable-prefix-caching" in argv
     f = pairs([a for a in argv[3:-4] if a not in ("--enforce-eager", "--no-enable-prefix-caching")])
     assert "--enable-prefix-caching" not in f

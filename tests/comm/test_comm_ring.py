@@ -79,3 +79,30 @@ def test_ring_slots_are_never_reused_while_held(exchange):
     ring.prefetch(nxt.planes, nxt.shard(0), [4, 5])  # slots free again: wraps to slot 0
     rows = nxt.delivered(0)
     assert torch.equal(ring.get(5)[rows], nxt.expected_workspace(0, [5])[0, rows])
+
+
+def test_a_widened_ring_is_one_slot_of_every_row_between_steps(exchange):
+    """``widen``: the same bytes as one slot of (depth + 1) x rows rows (a gathered step larger than a
+    slot), a layer at a time; refused while a slot is held; back to depth + 1 slots after."""
+    base = make_case(1, 368, n_layers=4, seed=6)
+    rows = base.full.shape[1] * base.union.shape[1]
+    ring = PrefetchRing(exchange, depth=1, rows=rows)
+    ring.prefetch(base.planes, base.shard(0), [0])
+    with pytest.raises(RuntimeError, match=r"between steps; layer\(s\) \[0\] are held"):
+        ring.widen(True)
+    ring.release(0)
+    ptr = ring.buf.data_ptr()
+    ring.widen(True)
+    assert (tuple(ring.buf.shape), ring.depth, ring.buf.data_ptr()) == ((1, 2 * rows, 368), 0, ptr)
+    with pytest.raises(ValueError, match="do not fit a ring of 1 slots"):
+        ring.prefetch(base.planes, base.shard(0), [1, 2])
+    ring.prefetch(base.planes, base.shard(0), [2])
+    got = base.delivered(0)
+    assert torch.equal(ring.get(2)[:rows][got], base.expected_workspace(0, [2])[0, got])
+    ring.release(2)
+    ring.widen(False)
+    assert (tuple(ring.buf.shape), ring.depth) == ((2, rows, 368), 1)
+    ring.prefetch(base.planes, base.shard(0), [1, 3])
+    assert torch.equal(ring.get(3)[got], base.expected_workspace(0, [3])[0, got])
+    for layer in (1, 3):
+        ring.release(layer)

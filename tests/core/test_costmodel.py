@@ -208,11 +208,13 @@ def test_choose_indexer_picks_the_cheaper_predicted_step(rtx, batch, rows):
 
 def test_a_step_of_more_rows_than_a_merge_block_pays_an_all_gather_per_block(rtx):
     """The engine merges sharded candidates in blocks of INDEXER_ROWS rows (its reserved buffers):
-    8,192 rows pay 16 all-gathers' fixed cost for the same bytes; a decode step's rows pay one."""
+    8,192 rows pay one all-gather's fixed cost per block for the same bytes; a decode step's rows
+    (16 requests x 4 at the main profile) pay one."""
     from sparkinfer.core import accounting as acc
     from sparkinfer.core.indexer_tiles import INDEXER_ROWS
 
-    for rows, blocks in ((64, 1), (INDEXER_ROWS, 1), (INDEXER_ROWS + 1, 2), (8192, 16)):
+    assert INDEXER_ROWS >= 64
+    for rows, blocks in ((64, 1), (INDEXER_ROWS, 1), (INDEXER_ROWS + 1, 2), (8192, -(-8192 // INDEXER_ROWS))):
         one_gather = cm.merge_us(acc.sharded_topk_merge(rows, 2048, 4), rtx)
         saved = rows * 100_000 * 0.75 * rtx.index_ns_per_token * 1e-3
         assert cm.scoring_saving_us(rtx, rows * 100_000, rows, 4) == pytest.approx(

@@ -30,44 +30,58 @@ def _plan_json(*argv):
 
 
 def test_main_profile_buffers_by_hand_and_the_exchange_bound():
-    """glm52-tp4-dcp4-mtp3-368: 16 requests x R 4 x K 2048 = 131,072 union rows per destination; a
-    shared receive region per slot (2 slots x 4 layers), a send slab of 1/16 per pair (gathered
-    steps only: device sizing on the GPU), the 512 MiB ring: the exchange buffers stay <= 512 MiB."""
+    """glm52-tp4-dcp4-mtp3-368, counted from the profile's knobs (its ring ``pool_mb`` and vLLM's
+    ``max_num_batched_tokens``) and the layouts' block constants: the ring holds B requests of
+    R 4 x K 2048 union rows per slot (4 slots, depth 3), B x 8,192 rows per destination in a shared
+    receive region per slot (2 slots x 4 layers), a send slab of 1/16 per pair (gathered steps only:
+    device sizing on the GPU). Everything but the replica store stays <= 512 MiB per GPU (issue 34),
+    the exchange buffers too (issue 16)."""
+    from sparkinfer.cli.serve import load_profile
+    from sparkinfer.core.attention_workspace import BLOCK_PROGRAMS, BLOCK_ROWS
+    from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS
+
+    prof = load_profile("glm52-tp4-dcp4-mtp3-368")
+    pool, tokens = prof["sparkinfer"]["pool_mb"] * MIB, prof["vllm"]["max_num_batched_tokens"]
     d = _plan_json("--profile", "glm52-tp4-dcp4-mtp3-368")
     res = d["reservations"]
-    cap = 16 * 4 * 2048
+    slot = pool // (4 * 368)  # ring rows per slot
+    batch = min(16, slot // (4 * 2048))
+    cap = batch * 4 * 2048
     flags = (3 + 4) * 4 * 64  # arrive, ack, abort and a landed flag per layer (4), per peer, one 64 B line each
     assert res["exchange_recv"] == _align(flags) + 2 * _align(4 * cap * 368)
     assert res["exchange_send"] == 2 * 4 * _align(4 * (cap // 16) * 368)
     assert res["exchange_index"] == 8 * cap
-    assert res["prefetch_ring"] == 4 * (512 * MIB // (4 * 368)) * 368
-    # the attention arena: a step of 8,192 rows (vLLM's batched tokens), 64 heads (16 per TP rank, gathered
-    # over DCP4), bf16 output [M, H, 512] and its LSE; a block of 1,024 rows' top-k rows and compacted
-    # indices (both int64: cache rows pass 2^31), counts and fp32 partials; the indexer's fp8 q (32 heads
-    # x 128) and its scales; a cache write's staging: encoded records (up to 656 B) and fp32 copies of a
-    # bf16 latent (512) and rope (64)
-    assert res["attention_workspace"] == (8192 * 64 * 512 * 2 + 8192 * 64 * 4 + 1024 * 2048 * (8 + 8) + 4 * 1024
-                                          + 1024 * 64 * 513 * 4 + 8192 * 32 * (128 + 4)
-                                          + 8192 * (656 + 4 * 512 + 4 * 64))
-    # a gathered step holds up to vLLM's 8,192 batched tokens (`vllm serve`'s default on this node)
-    assert res["stashed_records"] == 8192 * 368
-    # the top-k workspace of the engine's 512-row blocks, k 2048, a pass of 64 MiB / (8 B x 512 rows) =
-    # 16,384 positions: the work buffer, top + topk's indices (fewer rows take wider passes in no more bytes)
-    assert res["indexer_workspace"] == 8 * 512 * (2048 + 16384) + 2 * 8 * 512 * 2048
-    # the sharded merge of 512 rows (a decode step's 16 x 4, or a 512-row block of a prefill chunk), k 2048
-    # int64 keys: this rank's, the 4 ranks' gathered and side by side, topk's values and indices
-    assert res["indexer_merge"] == 8 * 512 * 2048 * (1 + 4 + 4 + 2)
-    # a Full layer's group plan over e = 131,072 entries: union, remap, slots, new / store rows int32, own
+    assert res["prefetch_ring"] == 4 * slot * 368
+    # the attention arena: a step of vLLM's batched tokens, 64 heads (16 per TP rank, gathered over DCP4),
+    # bf16 output [M, H, 512] and its LSE; a block of BLOCK_ROWS rows' top-k rows and compacted indices
+    # (both int64: cache rows pass 2^31), counts, and the fp32 partials [512 + 1] of BLOCK_PROGRAMS
+    # programs of 16 heads; the indexer's fp8 q (32 heads x 128) and its scales; a cache write's staging:
+    # encoded records (up to 656 B) and fp32 copies of a bf16 latent (512) and rope (64)
+    assert res["attention_workspace"] == (tokens * 64 * 512 * 2 + tokens * 64 * 4 + BLOCK_ROWS * 2048 * (8 + 8)
+                                          + 4 * BLOCK_ROWS + BLOCK_PROGRAMS * 16 * 513 * 4 + tokens * 32 * (128 + 4)
+                                          + tokens * (656 + 4 * 512 + 4 * 64))
+    # a gathered step holds up to vLLM's batched tokens
+    assert res["stashed_records"] == tokens * 368
+    # the top-k workspace of the engine's INDEXER_ROWS-row blocks, k 2048, a pass of ENGINE_TILE_BYTES /
+    # (8 B x rows) positions: the work buffer, top + topk's indices (fewer rows take wider passes in no
+    # more bytes)
+    tile = ENGINE_TILE_BYTES // (8 * INDEXER_ROWS)
+    assert res["indexer_workspace"] == 8 * INDEXER_ROWS * (2048 + tile) + 2 * 8 * INDEXER_ROWS * 2048
+    # the sharded merge of a decode step's 16 x 4 rows or a block of a prefill chunk, k 2048 int64 keys:
+    # this rank's, the 4 ranks' gathered and side by side, topk's values and indices
+    assert res["indexer_merge"] == 8 * max(64, INDEXER_ROWS) * 2048 * (1 + 4 + 4 + 2)
+    # a Full layer's group plan over e = cap entries: union, remap, slots, new / store rows int32, own
     # and kept bool, the union kernel's scratch (a 16,384-slot table, two columns) per request, counts,
-    # sends [16, 4], the planes (req / local / slot per source) and their counts
+    # sends [B, 4], the planes (req / local / slot per source) and their counts
     e = cap
-    assert res["group_plan"] == 4 * (5 * e + 16 * (2 * 16384 + 2 * 8192) + 16 + 16 * 4 + 3 * 4 * e + 16) + 2 * e
+    assert res["group_plan"] == (4 * (5 * e + batch * (2 * 16384 + 2 * 8192) + batch + batch * 4 + 3 * 4 * e + 16)
+                                 + 2 * e)
     assert d["reserved_bytes"] == sum(res.values())
     assert d["exchange_bytes"] == res["exchange_recv"] + res["exchange_send"] + res["exchange_index"]
     assert d["exchange_bytes"] <= 512 * MIB
-    # before: B x R x K from every peer including itself, receive and send: 2 x 1.54 GB
-    old = 2 * 2 * 4 * _align(4 * cap * 368)
-    assert old > 3 * 10**9 and d["exchange_bytes"] < old / 6
+    assert sum(v for k, v in res.items() if k != "replica_store") <= 512 * MIB
+    # before issue 16: B x R x K from every peer including itself, receive and send
+    assert d["exchange_bytes"] < 2 * 2 * 4 * _align(4 * cap * 368) / 6
     # the replica store (auto) takes a fifth of what the buffers left
     left = d["kv_budget_bytes"] - sum(v for k, v in res.items() if k != "replica_store")
     assert res["replica_store"] == left // 5
@@ -116,11 +130,15 @@ def test_indexer_workspace_is_what_a_topk_call_allocates(m, k, n, tile_bytes):
 def test_only_the_attention_arena_is_reserved_without_a_selected_path():
     """DCP1 and a sharded indexer: no selected path, and vLLM's own indexer op (no indexer q in the
     arena); the arena's heads are a TP rank's 16 at DCP1, the gathered 64 under DCP4; a cache write's
-    staging (encoded records up to 656 B, fp32 latent and rope) for 8,192 rows in both."""
+    staging (encoded records up to 656 B, fp32 latent and rope) for the profile's batched tokens in both."""
+    from sparkinfer.cli.serve import load_profile
+    from sparkinfer.core.attention_workspace import BLOCK_PROGRAMS, BLOCK_ROWS
+
+    tokens = load_profile("glm52-tp4-dcp4-mtp3-368")["vllm"]["max_num_batched_tokens"]
     for argv, heads in ((["--dcp", "1"], 16), (["--indexer", "sharded"], 64)):
         d = _plan_json("--profile", "glm52-tp4-dcp4-mtp3-368", *argv)
-        want = (8192 * heads * (512 * 2 + 4) + 1024 * 2048 * (8 + 8) + 4 * 1024 + 1024 * heads * 513 * 4
-                + 8192 * (656 + 4 * 512 + 4 * 64))
+        want = (tokens * heads * (512 * 2 + 4) + BLOCK_ROWS * 2048 * (8 + 8) + 4 * BLOCK_ROWS
+                + BLOCK_PROGRAMS * 16 * 513 * 4 + tokens * (656 + 4 * 512 + 4 * 64))
         assert d["reservations"] == {"attention_workspace": want} and d["reserved_bytes"] == want
 
 

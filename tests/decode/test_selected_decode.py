@@ -187,7 +187,9 @@ def _rank_main(rank, world):
                                  rows=R, topk=K, depth=depth, scale=SCALE, backend="torch", gather_rows=3 * P)
             results[("gather", depth)] = _gathered_step(dec, rank, GATHER_CONTEXT, GATHER_QUERY)
             results[("gather_recv", depth)] = dec.step_stats().records_recv
+            results[("gather_slots", depth)] = dec.ring.buf.shape[0]  # 3 x 33 rows pass a slot of 3P / 3
             results[("cold", depth)] = _gathered_step(dec, rank, [0, 0], [7, 12])
+            results[("cold_slots", depth)] = dec.ring.buf.shape[0]  # 2 x 12 rows fit a slot
             results[("cold_moved", depth)] = dec.step_stats().records_sent + dec.step_stats().records_recv
             try:
                 dec.full_layer(0, topk[0])
@@ -247,6 +249,8 @@ def test_gathered_step_equals_attention_over_the_unsharded_cache(outcomes, depth
         assert res[("gather", depth)] == [True] * len(PATTERN), f"rank {rank}: {res[('gather', depth)]}"
         assert res[("cold", depth)] == [True] * len(PATTERN), f"rank {rank}: {res[('cold', depth)]}"
         assert res[("cold_moved", depth)] == 0  # a cold prefill is all own tokens: nothing travels
+        # at depth 2 the first step passes a slot's P rows: the whole ring as one slot, a layer at a time
+        assert (res[("gather_slots", depth)], res[("cold_slots", depth)]) == (1, depth + 1)
         assert "gathered step" in res[("gather_full", depth)]
 
 

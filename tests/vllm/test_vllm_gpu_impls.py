@@ -197,6 +197,14 @@ def test_replicated_indexer_op_triton_equals_torch(monkeypatch):
         out[forced] = (buf.clone(), cache.clone())
     torch.testing.assert_close(out["0"][1], out["1"][1], rtol=0, atol=0)  # same keys written
     assert torch.equal(out["0"][0], out["1"][0])
+    # the step's rows scored in blocks (the engine's INDEXER_ROWS; 3 here: blocks of 3, 3 and 1): the same
+    from sparkinfer.vllm import replicated_indexer
+
+    monkeypatch.setattr(replicated_indexer, "INDEXER_ROWS", 3)
+    cache, md, q, k, w = _indexer_inputs()
+    blocked = torch.full((16, 8), 99, dtype=torch.int32)
+    run_indexer(cache, md, q, k, w, blocked, 8)
+    assert torch.equal(blocked, out["1"][0])
     buf = out["1"][0]
     assert bool((buf[:6] >= 0).all())  # the chunk's rows (positions 31..36) each pick 8 tokens
     assert sorted(buf[6, :5].tolist()) == [0, 1, 2, 3, 4] and buf[6, 5:].tolist() == [-1] * 3  # 5 tokens
