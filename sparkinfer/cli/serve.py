@@ -13,7 +13,8 @@ Before anything runs, the profile is checked against MODEL's ``config.json``. Fi
 patched vLLM refuses at start-up, by the functions it calls there
 (``sparkinfer.vllm.model_config_check``): ``startup_problems`` (the sparkinfer settings, attention
 heads divisible by TP, DCP dividing TP, a record format only for an MLA model, a GLM-5.2
-config.json that vLLM 0.32.0 would misread), then, for a record format, ``worker_problems`` (CUDA
+config.json that vLLM 0.32.0 would misread), then, for a record format, ``backend_problem`` (an
+attention backend named that cannot read it) and ``worker_problems`` (CUDA
 graphs that would capture a sparkinfer op, as vLLM resolves the profile's graph settings, and a
 fabric that cannot reach caches on GPUs). Each problem prints as a ``# FAIL:`` line and serve
 exits 2 without running vLLM. Then an IndexShare pattern as long as the layer count, CUDA graphs
@@ -339,8 +340,9 @@ def startup_problems(data: dict, cfg: dict, environ) -> list[str]:
     (``sparkinfer.vllm.model_config_check``) over the profile's arguments, the config.json and the
     caller's environment with the profile's ``[env]`` over it: first what the engine's arguments
     decide (``startup_problems``, patch 0002); when they pass and the sparkinfer backend reads the
-    cache (a record format on an MLA model), what the worker refuses at engine start
-    (``worker_problems``, patch 0008) for the graphs vLLM resolves from the profile
+    cache (a record format on an MLA model), an attention backend named that cannot read it
+    (``backend_problem``: the workers stop building the model), then what the worker refuses at
+    engine start (``worker_problems``, patch 0008) for the graphs vLLM resolves from the profile
     (``profile_graphs``) and the caches on GPUs."""
     env = {**environ, **data["env"]}
     dtype = str(data["vllm"].get("kv_cache_dtype", "auto"))
@@ -350,6 +352,10 @@ def startup_problems(data: dict, cfg: dict, environ) -> list[str]:
         decode_context_parallel_size=_int(data, "decode_context_parallel_size", 1))
     if problems or not (is_record_cache_dtype(dtype) and startup_check.uses_mla(cfg)):
         return problems  # vLLM stops before its workers start, or they run no sparkinfer op
+    backend = data["vllm"].get("attention_backend") or _table(data, "attention_config").get("backend")
+    why = startup_check.backend_problem(backend, dtype)
+    if why is not None:
+        return [why]  # the workers stop building the model
     from sparkinfer.vllm.replica_budget import selected_path_possible
 
     comp = _table(data, "compilation_config")

@@ -2,7 +2,8 @@
 ``startup_problems`` (patch 0002): sparkinfer's settings, the heads and the DCP group against TP,
 the record format against the model, and the GLM-5.2 config keys vLLM 0.32.0 would misread;
 patched vLLM raises them when it builds the engine's config (``check_at_startup``).
-``worker_problems`` (patch 0008, ``engine_start``): CUDA graphs that would capture a sparkinfer
+``backend_problem``: an attention backend named that cannot read a record format (the workers
+refuse it when they build the model's attention). ``worker_problems`` (patch 0008, ``engine_start``): CUDA graphs that would capture a sparkinfer
 op and a fabric that cannot reach the caches; each worker raises them once its KV caches exist.
 ``sparkinfer serve`` prints both lists before it runs vLLM, so a dry run fails on exactly what
 vLLM would refuse (``profile_graphs``: the graphs vLLM resolves from a profile).
@@ -222,6 +223,25 @@ def check_at_startup(cli: Mapping[str, object], model_config, cache_dtype: str, 
     if problems:
         raise SparkinferConfigError("; ".join(problems))
     return sparkinfer_config.resolve(cli)
+
+
+# --- the worker's model (patch 0001, ``cache_dtypes.check_backend_reads``): the attention backend ------
+
+def backend_problem(backend: str | None, cache_dtype: str) -> str | None:
+    """Why an attention backend named in the engine's arguments (``attention_backend``, or
+    ``attention_config.backend``; None or "auto": vLLM chooses) cannot read ``cache_dtype``: a
+    sparkinfer record format is read by sparkinfer's backend alone (``platforms.BACKEND_NAME``;
+    vLLM refuses any other when it builds the model's attention, by its own validation or
+    ``check_backend_reads``); None if it can."""
+    from sparkinfer.vllm.platforms import BACKEND_NAME
+
+    if backend is None or str(backend).lower() == "auto" or not is_sparkinfer_cache_dtype(cache_dtype):
+        return None
+    if str(backend).upper() == BACKEND_NAME:
+        return None
+    return (f"kv_cache_dtype={cache_dtype!r} is a sparkinfer record format, but the attention backend {backend} "
+            f"named cannot read it (only {BACKEND_NAME} reads these records); leave the attention backend to vLLM "
+            f"or use another kv_cache_dtype")
 
 
 # --- the worker's start-up (patch 0008, ``engine_start.start``): CUDA graphs and the fabric --------

@@ -394,6 +394,17 @@ def test_dry_run_fails_on_what_the_worker_refuses_at_engine_start(profile, sets,
     assert all(part in fail for part, fail in zip(names, fails)), (names, fails)
 
 
+def test_dry_run_fails_on_a_named_backend_that_cannot_read_the_records(glm, capsys):
+    """The workers stop building the model (tests/vllm/test_engine_start.py holds it to vLLM's
+    backends): one FAIL line, before the engine-start checks (a broken fabric is not reached)."""
+    for sets in (["vllm.attention_backend=FLASHMLA_SPARSE"], ["vllm.attention_config={backend='FLASHMLA_SPARSE'}"]):
+        rc, out, err = dry_run(capsys, "--profile", PROFILE, glm(), "--set", "sparkinfer.fabric=host",
+                               *[a for s in sets for a in ("--set", s)])
+        fails = [line.removeprefix("# FAIL: ") for line in out.splitlines() if line.startswith("# FAIL: ")]
+        assert rc == 2 and len(fails) == 1 and "attention backend FLASHMLA_SPARSE named cannot read it" in fails[0]
+    assert dry_run(capsys, "--profile", PROFILE, glm(), "--set", "vllm.attention_backend=auto")[0] == 0
+
+
 @pytest.mark.parametrize("profile,sets", WORKER_STARTS, ids=[str(i) for i in range(len(WORKER_STARTS))])
 def test_dry_run_passes_what_the_worker_starts(profile, sets, glm, capsys):
     argv = ["--profile", profile, glm()]

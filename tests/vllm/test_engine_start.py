@@ -12,7 +12,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from test_serve_cli import ATTENTION_OP, WORKER, WORKER_STARTS, glm52_config  # tests/cli: the dry run's cases
+from test_serve_cli import ATTENTION_OP, PROFILE, WORKER, WORKER_STARTS, glm52_config  # tests/cli: the dry run's cases
 
 
 @pytest.mark.vllm
@@ -137,3 +137,37 @@ def test_the_dry_runs_graphs_are_what_vllm_resolves(mode, monkeypatch):
         assert bool(fails) == (said is not None), (mode, split, fails, said)
         if said is not None and not said.startswith("vLLM: "):
             assert said == "; ".join(fails), (mode, split)
+
+
+@pytest.mark.vllm
+def test_the_dry_run_refuses_a_named_backend_the_worker_refuses():
+    """An attention backend named in the profile that is not sparkinfer's: every MLA backend vLLM
+    registers (those whose class loads on this CPU) is refused 368-byte records by the check patched
+    vLLM runs when it builds the model's attention (``check_backend_reads``), and by the dry run;
+    sparkinfer's own backend, or leaving the choice to vLLM, passes both."""
+    pytest.importorskip("vllm")
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from sparkinfer.vllm.cache_dtypes import check_backend_reads
+    from sparkinfer.vllm.platforms import BACKEND_NAME, sparkinfer_backend
+
+    sparkinfer_backend()  # registered, as the patched platforms do
+    checked = []
+    for name in AttentionBackendEnum.__members__:
+        if "MLA" not in name:
+            continue
+        try:
+            cls = AttentionBackendEnum[name].get_class()
+        except (ImportError, AssertionError):  # a GPU-only build (CUDA / ROCm extensions)
+            continue
+        fails = dry_run_fails(PROFILE, [f"vllm.attention_backend={name}"], {})
+        if name == BACKEND_NAME:
+            check_backend_reads(cls.get_name(), cls.supported_kv_cache_dtypes, "nvfp4_368")
+            assert fails == []
+            continue
+        with pytest.raises(ValueError, match="cannot read it"):
+            check_backend_reads(cls.get_name(), cls.supported_kv_cache_dtypes, "nvfp4_368")
+        assert len(fails) == 1 and f"attention backend {name} named cannot read it" in fails[0], fails
+        checked.append(name)
+    assert len(checked) >= 3 and BACKEND_NAME not in checked, checked
+    assert dry_run_fails(PROFILE, ["vllm.attention_backend=auto"], {}) == []
