@@ -10,10 +10,13 @@ A serve profile is a TOML file in ``profiles/serve/`` (``--profile NAME``, or a 
 * ``[env]`` (optional): environment variables set for vLLM.
 
 Before anything runs, the profile is checked against MODEL's ``config.json``. First comes what
-patched vLLM refuses at start-up, by the function it calls there
-(``sparkinfer.vllm.model_config_check.startup_problems``): the sparkinfer settings, attention
+patched vLLM refuses at start-up, by the functions it calls there
+(``sparkinfer.vllm.model_config_check``): ``startup_problems`` (the sparkinfer settings, attention
 heads divisible by TP, DCP dividing TP, a record format only for an MLA model, a GLM-5.2
-config.json that vLLM 0.32.0 would misread. Each problem prints as a ``# FAIL:`` line and serve
+config.json that vLLM 0.32.0 would misread), then, for a record format, ``backend_problem`` (an
+attention backend named that cannot read it) and ``worker_problems`` (CUDA
+graphs that would capture a sparkinfer op, as vLLM resolves the profile's graph settings, and a
+fabric that cannot reach caches on GPUs). Each problem prints as a ``# FAIL:`` line and serve
 exits 2 without running vLLM. Then an IndexShare pattern as long as the layer count, CUDA graphs
 covering a full decode step (max_num_seqs x (1 + speculative tokens)), no full CUDA graphs with
 DCP > 1, MTP only with a checkpoint that has the layer, ``max_model_len`` within the model's
@@ -43,6 +46,7 @@ from sparkinfer.core.geometry import ModelGeometry
 from sparkinfer.core.layouts import MAIN_LAYOUTS, layout
 from sparkinfer.core.topology import IndexSharePattern
 from sparkinfer.vllm import model_config_check as startup_check
+from sparkinfer.vllm.cache_dtypes import is_record_cache_dtype
 
 # `sparkinfer` hands what follows "--" to run() as args.extra.
 PASSTHROUGH = True
@@ -50,9 +54,8 @@ HELP = "run `vllm serve` from a serve profile (profiles/serve/), checked against
 
 TOP_KEYS = ("description", "kv_gb", "vllm", "sparkinfer", "env")
 TABLES = ("vllm", "sparkinfer", "env")
-# Graph modes that capture full CUDA graphs; unset = vLLM 0.32's default FULL_AND_PIECEWISE.
+# Graph modes that capture full CUDA graphs; unset = vLLM 0.32's default (``DEFAULT_GRAPH_MODE``).
 FULL_GRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-DEFAULT_GRAPH_MODE = "FULL_AND_PIECEWISE"
 
 
 class ProfileError(ValueError):
@@ -333,14 +336,34 @@ def check_sparkinfer(data: dict) -> None:
 
 
 def startup_problems(data: dict, cfg: dict, environ) -> list[str]:
-    """What patched vLLM refuses at start-up for this profile and model: its own check
-    (``sparkinfer.vllm.model_config_check.startup_problems``) over the profile's arguments, the
-    config.json and the caller's environment with the profile's ``[env]`` over it."""
-    return startup_check.startup_problems(
-        data["sparkinfer"], {**environ, **data["env"]}, cfg, use_mla=startup_check.uses_mla(cfg),
-        cache_dtype=str(data["vllm"].get("kv_cache_dtype", "auto")),
+    """What patched vLLM refuses at start-up for this profile and model, by its own checks
+    (``sparkinfer.vllm.model_config_check``) over the profile's arguments, the config.json and the
+    caller's environment with the profile's ``[env]`` over it: first what the engine's arguments
+    decide (``startup_problems``, patch 0002); when they pass and the sparkinfer backend reads the
+    cache (a record format on an MLA model), an attention backend named that cannot read it
+    (``backend_problem``: the workers stop building the model), then what the worker refuses at
+    engine start (``worker_problems``, patch 0008) for the graphs vLLM resolves from the profile
+    (``profile_graphs``) and the caches on GPUs."""
+    env = {**environ, **data["env"]}
+    dtype = str(data["vllm"].get("kv_cache_dtype", "auto"))
+    problems = startup_check.startup_problems(
+        data["sparkinfer"], env, cfg, use_mla=startup_check.uses_mla(cfg), cache_dtype=dtype,
         tensor_parallel_size=_int(data, "tensor_parallel_size", 1),
         decode_context_parallel_size=_int(data, "decode_context_parallel_size", 1))
+    if problems or not (is_record_cache_dtype(dtype) and startup_check.uses_mla(cfg)):
+        return problems  # vLLM stops before its workers start, or they run no sparkinfer op
+    backend = data["vllm"].get("attention_backend") or _table(data, "attention_config").get("backend")
+    why = startup_check.backend_problem(backend, dtype)
+    if why is not None:
+        return [why]  # the workers stop building the model
+    from sparkinfer.vllm.replica_budget import selected_path_possible
+
+    comp = _table(data, "compilation_config")
+    graphs = startup_check.profile_graphs(comp.get("cudagraph_mode"), comp.get("splitting_ops"),
+                                          eager=data["vllm"].get("enforce_eager") is True,
+                                          breakable=startup_check.breakable_graphs(env))
+    return startup_check.worker_problems(graphs, selected=selected_path_possible(engine_config(data, cfg, env)),
+                                         fabric=sc.resolve(data["sparkinfer"], env).fabric, device_type="cuda")
 
 
 def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) -> Checked:
@@ -371,7 +394,7 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
                                                           f"({where}: num_nextn_predict_layers is "
                                                           f"{cfg.get('num_nextn_predict_layers')!r})")
     comp = _table(data, "compilation_config")
-    mode = str(comp.get("cudagraph_mode") or DEFAULT_GRAPH_MODE).upper()
+    mode = str(comp.get("cudagraph_mode") or startup_check.DEFAULT_GRAPH_MODE).upper()
     eager = data["vllm"].get("enforce_eager") is True
     if dcp > 1 and not eager and mode in FULL_GRAPH_MODES:
         why = "silently corrupts output with MTP (vllm-project/vllm#45425) and " if k else ""
@@ -436,9 +459,10 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
 SERVE_BATCHED_TOKENS = 8192
 
 
-def engine_config(data: dict, cfg: dict) -> SimpleNamespace:
+def engine_config(data: dict, cfg: dict, environ=None) -> SimpleNamespace:
     """A stand-in for the VllmConfig patched vLLM builds from the profile (the fields sparkinfer's
-    memory rules read), for ``cfg`` the model's config.json fields."""
+    memory rules read), for ``cfg`` the model's config.json fields; ``environ``: the
+    ``VLLM_SPARKINFER_*`` variables under the profile's settings (default none)."""
     v = data["vllm"]
     k = speculative_tokens(data)
     return SimpleNamespace(
@@ -446,7 +470,7 @@ def engine_config(data: dict, cfg: dict) -> SimpleNamespace:
                                         tensor_parallel_size=v.get("tensor_parallel_size", 1)),
         device_config=SimpleNamespace(device_type="cuda"),
         cache_config=SimpleNamespace(cache_dtype=v.get("kv_cache_dtype", "auto")),
-        additional_config={sc.ADDITIONAL_CONFIG_KEY: sc.resolve(cli=data["sparkinfer"], environ={}).as_dict()},
+        additional_config={sc.ADDITIONAL_CONFIG_KEY: sc.resolve(cli=data["sparkinfer"], environ=environ or {}).as_dict()},
         scheduler_config=SimpleNamespace(max_num_seqs=v.get("max_num_seqs"),
                                          max_num_batched_tokens=v.get("max_num_batched_tokens") or SERVE_BATCHED_TOKENS),
         speculative_config=SimpleNamespace(num_speculative_tokens=k) if k else None,

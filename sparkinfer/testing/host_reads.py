@@ -13,7 +13,12 @@ platform's twins of vLLM's Triton kernels, a benchmark's kernel stand-ins) are n
 and what ``time_entries`` books). A call is booked
 ``layer`` when a layer's forward (``LAYER_ENTRIES``: attention, cache write, indexer op and its q
 quantization) is on the
-stack, else ``step``.
+stack, else ``step``. Inside vLLM each sparkinfer read and allocation is also booked against the
+model layer whose forward runs it (``<layer>|<kind>@layer|<site>``): ``install`` hooks every decoder
+layer of the worker's model and of its MTP drafter (a module named ``...layers.<i>``) and counts
+each one's forward calls (``<layer>|calls@layer|forward``). What a layer costs is then read off one
+engine (``summarize``'s ``per_layer``) rather than from two engines at two depths, and a layer that
+ran and booked nothing shows that the measure saw it.
 
     LLM.collective_rpc(install)          # in every worker: the mode and the step brackets
     ... llm.generate(...)
@@ -45,6 +50,7 @@ it are booked. ``count_allocations`` is the mode around a block of code in this 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -66,6 +72,7 @@ _HOST_ARRAY = (os.path.join(_PKG, "decode", "host_copies.py"), "host_array")
 # DCP-combine kernels, which a GPU node runs instead.
 KERNEL_FILES: set[str] = {os.path.join(_PKG, "vllm", "cpu_dcp.py")}
 _counters: list[Counter] = []  # the active counts (innermost last); empty: the patches only forward
+_layers: list[str] = []  # the decoder layers whose forward is running, innermost last (``_hook_layers``)
 _patched: list = []
 
 
@@ -102,7 +109,15 @@ def _site(depth: int = 3, standins: frozenset = frozenset()):
 def _book(kind: str, op: str) -> None:
     site, phase = _site()
     if site is not None:
-        _counters[-1][f"{phase}|{kind}|{site}:{op}"] += 1
+        _book_at(_counters[-1], f"{phase}|{kind}|{site}:{op}", 1)
+
+
+def _book_at(counts: Counter, key: str, n: int) -> None:
+    """``counts[key] += n``; a sparkinfer one also against the decoder layer whose forward runs it."""
+    counts[key] += n
+    _, kind, site = key.split("|", 2)
+    if _layers and site.startswith("sparkinfer:"):
+        counts[f"{_layers[-1]}|{kind}@layer|{site}"] += n
 
 
 def _wrap(owner, name: str, kind: str, when=None) -> None:
@@ -201,7 +216,7 @@ class _AllocMode(OpWatcher):
             site, phase = _site(3, CODEC_STANDINS)
             if site is not None:
                 key = f"{site}:{func._opname}"
-                self.counts[f"{phase}|alloc|{key}"] += len(made)
+                _book_at(self.counts, f"{phase}|alloc|{key}", len(made))
                 self.counts[f"{phase}|alloc_bytes|{key}"] += sum(made.values())
 
 
@@ -234,6 +249,29 @@ def count_reads():
         _counters.remove(counts)
 
 
+_LAYER_NAME = re.compile(r"(^|\.)layers\.\d+$")
+
+
+def _hook_layers(runner, counts: Counter) -> None:
+    """Bracket the forward of every decoder layer of ``runner``'s model (``model.layers.<i>``) and of
+    its MTP drafter (``mtp:...``) so that ``_book_at`` knows the layer, and count its calls."""
+    drafter = getattr(getattr(runner, "drafter", None), "model", None)
+    for prefix, model in (("", runner.model), ("mtp:", drafter)):
+        for name, module in (model.named_modules() if model is not None else ()):
+            if not _LAYER_NAME.search(name):
+                continue
+
+            def enter(module, args, __name=prefix + name):
+                _layers.append(__name)
+                counts[f"{__name}|calls@layer|forward"] += 1
+
+            def leave(module, args, out):
+                _layers.pop()
+
+            module.register_forward_pre_hook(enter)
+            module.register_forward_hook(leave, always_call=True)
+
+
 class _Probe:
     def __init__(self, runner, spec_rows: int):
         self.counts: Counter = Counter()
@@ -242,6 +280,7 @@ class _Probe:
         self.spec_rows = spec_rows
         _patch()
         _counters.append(self.counts)
+        _hook_layers(runner, self.counts)
         execute, sample = runner.execute_model, getattr(runner, "sample_tokens", None)
 
         def execute_model(scheduler_output, *a, **k):
@@ -335,7 +374,8 @@ def summarize(steps: list[dict], decode_only: bool = True, warmup: int = 1) -> d
     "layer": sparkinfer reads under a layer's forward, "host": host-copy reads, "sites": Counter of the
     reads}; and over the decode steps after the first ``warmup`` (lazily built buffers):
     {"alloc_steps": n, "alloc": sparkinfer allocations, "layer_alloc": those under a layer's forward,
-    "alloc_bytes", "layer_alloc_bytes", "vllm_alloc", "alloc_sites": Counter of the sparkinfer ones}."""
+    "alloc_bytes", "layer_alloc_bytes", "vllm_alloc", "alloc_sites": Counter of the sparkinfer ones};
+    and "per_layer" (``_per_layer``): what each model layer's forward costs."""
     chosen = [s for s in steps if s["decode"] or not decode_only]
 
     def per_step(group, kinds) -> tuple[Counter, int]:
@@ -367,4 +407,31 @@ def summarize(steps: list[dict], decode_only: bool = True, warmup: int = 1) -> d
             "alloc_bytes": total(allocs, lambda k: k[1] == "alloc_bytes" and ours(k), m),
             "layer_alloc_bytes": total(allocs, lambda k: k[1] == "alloc_bytes" and k[0] == "layer" and ours(k), m),
             "vllm_alloc": total(allocs, lambda k: k[1] == "alloc" and not ours(k), m),
-            "alloc_sites": {k: v / m for k, v in allocs.most_common() if k.split("|")[1] == "alloc" and ours(k.split("|"))}}
+            "alloc_sites": {k: v / m for k, v in allocs.most_common() if k.split("|")[1] == "alloc" and ours(k.split("|"))},
+            "per_layer": _per_layer(chosen, n, steady, m)}
+
+
+def _per_layer(chosen: list[dict], n: int, steady: list[dict], m: int) -> dict:
+    """{layer: {"calls": forward calls, "reads": sparkinfer reads and shapes in its forward, "read_sites",
+    per (decode) step; "alloc": sparkinfer allocations in its forward per steady step, "alloc_sites"}}."""
+    out: dict = {}
+
+    def add(group, kinds, div, field, sites=None):
+        for s in group:
+            for k, v in (s["reads"] or {}).items():
+                layer, kind, site = k.split("|", 2)
+                if kind in kinds:
+                    row = out.setdefault(layer, {"calls": 0, "reads": 0, "alloc": 0, "read_sites": Counter(),
+                                                 "alloc_sites": Counter()})
+                    row[field] += v
+                    if sites is not None:
+                        row[sites][site] += v
+        for row in out.values():  # totals over the group, then per step
+            row[field] /= div
+            if sites is not None:
+                row[sites] = Counter({k: v / div for k, v in row[sites].items()})
+
+    add(chosen, {"calls@layer"}, n, "calls")
+    add(chosen, {"read@layer", "shape@layer"}, n, "reads", "read_sites")
+    add(steady, {"alloc@layer"}, m, "alloc", "alloc_sites")
+    return out

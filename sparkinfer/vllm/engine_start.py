@@ -2,13 +2,12 @@
 
 Everything a step needs that can fail is settled here, before the first request:
 
-* graph modes that would capture a sparkinfer op (the KV-cache update, the sparse-MLA attention
-  or the indexer) are refused: FULL modes, the breakable CUDA graph, and piecewise graphs whose
-  ``splitting_ops`` leave one of those ops inside a captured piece (``impls.CUDA_GRAPH_REASON``:
-  the ops read host-side step data, which a graph would freeze);
-* a fabric that cannot reach the caches is refused: ``fabric = host`` with the caches on a GPU
-  (the host fabric moves CPU tensors), ``fabric = cuda`` with the caches on the CPU
-  (``impls.fabric_problem``, when ``SelectedRuntime.start`` builds the fabric);
+* what the configuration decides is refused by ``model_config_check.worker_problems`` (the
+  checker ``sparkinfer serve --dry-run`` runs too), as one ValueError: graph modes that would
+  capture a sparkinfer op (the KV-cache update, the sparse-MLA attention or the indexer: FULL
+  modes, the breakable CUDA graph, and piecewise graphs whose ``splitting_ops`` leave one of those
+  ops inside a captured piece), and with the selected path a fabric that cannot reach the caches
+  (``fabric = host`` with the caches on a GPU, ``fabric = cuda`` with them on the CPU);
 * the attention arena is allocated (``layer_buffers.reserve``: its bytes were reserved out of the
   KV memory, ``reservations.attention_workspace``), in every mode;
 * the selected path's buffers are allocated (their bytes were reserved out of the KV memory,
@@ -22,41 +21,31 @@ Torch-free at import (patched vLLM imports it at start); the work is imported wh
 from __future__ import annotations
 
 from sparkinfer.vllm.cache_dtypes import is_record_cache_dtype
+from sparkinfer.vllm.model_config_check import Graphs, worker_problems
 
-# the ops that must run outside captured graphs (vLLM's names)
-SPARKINFER_OPS = ("vllm::unified_mla_attention_with_output", "vllm::sparse_attn_indexer")
-
-
-def graph_problem(compilation_config, breakable: bool) -> str | None:
-    """Why ``compilation_config`` (as vLLM resolved it) would capture a sparkinfer op; None if it
-    does not. ``breakable``: vLLM's breakable CUDA graph is enabled."""
+def graphs(compilation_config, breakable: bool) -> Graphs:
+    """``compilation_config`` (as vLLM resolved it) as the settings ``graph_problem`` reads.
+    ``breakable``: vLLM's breakable CUDA graph is enabled."""
     mode = compilation_config.cudagraph_mode
-    if mode is None or mode.name == "NONE":
-        return None
-    if breakable:
-        return ("the breakable CUDA graph (VLLM_USE_BREAKABLE_CUDAGRAPH=1) captures the sparkinfer ops between its "
-                "break points; unset it")
-    if mode.has_full_cudagraphs():
-        return (f"cudagraph_mode {mode.name} captures whole steps, the sparse-MLA attention included; use PIECEWISE "
-                "(or NONE)")
     split = compilation_config.splitting_ops
-    missing = [op for op in SPARKINFER_OPS if split is None or op not in split]
-    if split is not None and not compilation_config.splitting_ops_contain_kv_cache_update():
-        missing.append("vllm::unified_mla_kv_cache_update")
-    if compilation_config.mode.name == "VLLM_COMPILE" and missing:
-        return (f"cudagraph_mode {mode.name} with splitting_ops {split} leaves {missing} inside captured pieces; "
-                "leave splitting_ops unset (vLLM's default splits them out)")
-    return None
+    return Graphs("NONE" if mode is None else mode.name, None if split is None else tuple(split),
+                  compilation_config.mode.name == "VLLM_COMPILE",
+                  compilation_config.splitting_ops_contain_kv_cache_update(), breakable)
 
 
-def check_graph_mode(vllm_config) -> None:
+def check_worker(vllm_config) -> None:
+    """Refuse what ``worker_problems`` finds in this worker's resolved configuration."""
     from vllm.compilation.breakable_cudagraph import is_breakable_cudagraph_enabled
 
-    from sparkinfer.decode.impls import CUDA_GRAPH_REASON
+    from sparkinfer.config import from_additional_config
+    from sparkinfer.vllm.replica_budget import selected_path_possible
 
-    why = graph_problem(vllm_config.compilation_config, is_breakable_cudagraph_enabled())
-    if why is not None:
-        raise ValueError(f"sparkinfer: {why}. The sparkinfer ops are not capture-safe ({CUDA_GRAPH_REASON})")
+    problems = worker_problems(graphs(vllm_config.compilation_config, is_breakable_cudagraph_enabled()),
+                               selected=selected_path_possible(vllm_config),
+                               fabric=from_additional_config(vllm_config.additional_config).fabric,
+                               device_type=_cache_device(vllm_config).type)
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def uses_sparkinfer(vllm_config) -> bool:
@@ -77,7 +66,7 @@ def start(vllm_config) -> None:
     """The worker's start-up checks and the selected path's fabric (module docstring)."""
     if not uses_sparkinfer(vllm_config):
         return
-    check_graph_mode(vllm_config)
+    check_worker(vllm_config)
     from sparkinfer.decode import layer_buffers
     from sparkinfer.vllm import reservations
     from sparkinfer.vllm.selected_runtime import SelectedRuntime

@@ -1,8 +1,12 @@
-"""Start-up checks of patched vLLM (patch 0002): sparkinfer's settings, the heads and the DCP group
-against TP, the record format against the model, and the GLM-5.2 config keys vLLM 0.32.0 would
-misread. ``startup_problems`` is the one list of them: patched vLLM raises it at start-up
-(``check_at_startup``) and ``sparkinfer serve`` prints it before it runs vLLM, so a dry run fails
-on exactly what vLLM would refuse.
+"""Start-up checks of patched vLLM: every refusal the configuration decides, in one place.
+``startup_problems`` (patch 0002): sparkinfer's settings, the heads and the DCP group against TP,
+the record format against the model, and the GLM-5.2 config keys vLLM 0.32.0 would misread;
+patched vLLM raises them when it builds the engine's config (``check_at_startup``).
+``backend_problem``: an attention backend named that cannot read a record format (the workers
+refuse it when they build the model's attention). ``worker_problems`` (patch 0008, ``engine_start``): CUDA graphs that would capture a sparkinfer
+op and a fabric that cannot reach the caches; each worker raises them once its KV caches exist.
+``sparkinfer serve`` prints both lists before it runs vLLM, so a dry run fails on exactly what
+vLLM would refuse (``profile_graphs``: the graphs vLLM resolves from a profile).
 
 vLLM 0.32.0 serves ``model_type: glm_moe_dsa`` with its DeepSeek-V2/V3.2 model code, which reads
 some keys with ``getattr(config, key, default)``. transformers' ``GlmMoeDsaConfig`` does not define
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from sparkinfer import config as sparkinfer_config
 from sparkinfer.config import SparkinferConfigError
@@ -218,3 +223,117 @@ def check_at_startup(cli: Mapping[str, object], model_config, cache_dtype: str, 
     if problems:
         raise SparkinferConfigError("; ".join(problems))
     return sparkinfer_config.resolve(cli)
+
+
+# --- the worker's model (patch 0001, ``cache_dtypes.check_backend_reads``): the attention backend ------
+
+def backend_problem(backend: str | None, cache_dtype: str) -> str | None:
+    """Why an attention backend named in the engine's arguments (``attention_backend``, or
+    ``attention_config.backend``; None or "auto": vLLM chooses) cannot read ``cache_dtype``: a
+    sparkinfer record format is read by sparkinfer's backend alone (``platforms.BACKEND_NAME``;
+    vLLM refuses any other when it builds the model's attention, by its own validation or
+    ``check_backend_reads``); None if it can."""
+    from sparkinfer.vllm.platforms import BACKEND_NAME
+
+    if backend is None or str(backend).lower() == "auto" or not is_sparkinfer_cache_dtype(cache_dtype):
+        return None
+    if str(backend).upper() == BACKEND_NAME:
+        return None
+    return (f"kv_cache_dtype={cache_dtype!r} is a sparkinfer record format, but the attention backend {backend} "
+            f"named cannot read it (only {BACKEND_NAME} reads these records); leave the attention backend to vLLM "
+            f"or use another kv_cache_dtype")
+
+
+# --- the worker's start-up (patch 0008, ``engine_start.start``): CUDA graphs and the fabric --------
+
+# the ops that must run outside captured graphs (vLLM's names)
+SPARKINFER_OPS = ("vllm::unified_mla_attention_with_output", "vllm::sparse_attn_indexer")
+KV_UPDATE_OPS = ("vllm::unified_kv_cache_update", "vllm::unified_mla_kv_cache_update")
+# what vLLM 0.32.0's default ``splitting_ops`` (``set_splitting_ops_for_v1``) holds of the ops read here
+VLLM_DEFAULT_SPLITS = (*SPARKINFER_OPS, *KV_UPDATE_OPS)
+DEFAULT_GRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM 0.32.0's cudagraph_mode when none is set
+
+
+@dataclass(frozen=True)
+class Graphs:
+    """An engine's CUDA-graph settings as vLLM resolved them, what ``graph_problem`` reads:
+    ``mode`` (a ``CUDAGraphMode`` name), ``splitting_ops`` (None: vLLM's default), ``compiled``
+    (compilation mode ``VLLM_COMPILE``), ``kv_update_split`` (the KV-cache update is split out:
+    ``CompilationConfig.splitting_ops_contain_kv_cache_update``) and ``breakable`` (vLLM's
+    breakable CUDA graph, ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``)."""
+
+    mode: str
+    splitting_ops: tuple[str, ...] | None
+    compiled: bool
+    kv_update_split: bool
+    breakable: bool = False
+
+
+def graph_problem(g: Graphs) -> str | None:
+    """Why graphs ``g`` would capture a sparkinfer op (the KV-cache update, the sparse-MLA attention
+    or the indexer); None if they do not."""
+    if g.mode == "NONE":
+        return None
+    if g.breakable:
+        return ("the breakable CUDA graph (VLLM_USE_BREAKABLE_CUDAGRAPH=1) captures the sparkinfer ops between its "
+                "break points; unset it")
+    if g.mode.startswith("FULL"):
+        return f"cudagraph_mode {g.mode} captures whole steps, the sparse-MLA attention included; use PIECEWISE (or NONE)"
+    split = None if g.splitting_ops is None else list(g.splitting_ops)
+    missing = [op for op in SPARKINFER_OPS if split is None or op not in split]
+    if split is not None and not g.kv_update_split:
+        missing.append("vllm::unified_mla_kv_cache_update")
+    if g.compiled and missing:
+        return (f"cudagraph_mode {g.mode} with splitting_ops {split} leaves {missing} inside captured pieces; "
+                "leave splitting_ops unset (vLLM's default splits them out)")
+    return None
+
+
+def profile_graphs(mode: str | None, splitting_ops, *, eager: bool, breakable: bool) -> Graphs:
+    """The ``Graphs`` vLLM 0.32.0 resolves from ``vllm serve`` settings (``compilation_config``'s
+    ``cudagraph_mode`` and ``splitting_ops``, ``enforce_eager``) for an engine whose attention is
+    sparkinfer's, by vLLM's own steps: ``enforce_eager`` turns graphs off; an empty
+    ``splitting_ops`` leaves PIECEWISE nothing to capture (NONE) and makes FULL_AND_PIECEWISE FULL
+    (``set_splitting_ops_for_v1``); the sparkinfer builders declare ``AttentionCGSupport.NEVER``, so
+    a FULL decode mode becomes PIECEWISE where attention is split out (``splitting_ops`` unset:
+    vLLM splits out every op of its ``_attention_ops``; a list counts only if it names them all,
+    which this does not know, so a list counts as not split), else NONE
+    (``resolve_cudagraph_mode_and_sizes``); FULL for every step stays FULL, which vLLM and
+    ``graph_problem`` both refuse."""
+    if eager:
+        return Graphs("NONE", None if splitting_ops is None else tuple(splitting_ops), False, False, breakable)
+    mode = str(mode or DEFAULT_GRAPH_MODE).upper()
+    if splitting_ops is None:  # vLLM's default list
+        split = VLLM_DEFAULT_SPLITS
+        mode = "PIECEWISE" if mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") else mode
+    else:
+        split = tuple(splitting_ops)
+        if not split:
+            mode = {"PIECEWISE": "NONE", "FULL_AND_PIECEWISE": "FULL"}.get(mode, mode)
+        mode = "NONE" if mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") else mode
+    return Graphs(mode, split, True, all(op in split for op in KV_UPDATE_OPS), breakable)
+
+
+def breakable_graphs(environ: Mapping[str, str]) -> bool:
+    """vLLM's breakable CUDA graph is on (``VLLM_USE_BREAKABLE_CUDAGRAPH``, read as vLLM's envs.py does)."""
+    return environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "0") == "1"
+
+
+def worker_problems(graphs: Graphs, *, selected: bool, fabric: str, device_type: str) -> list[str]:
+    """Every reason patched vLLM's worker refuses to start an engine whose attention is sparkinfer's
+    (``engine_start.start``, after the KV caches exist), one line each; empty when it starts:
+
+    * ``graphs`` would capture a sparkinfer op (``graph_problem``; ``CUDA_GRAPH_REASON``: the ops
+      read host-side step data, which a graph would freeze);
+    * with the selected path (``selected``: ``replica_budget.selected_path_possible``), a
+      ``fabric`` setting that cannot move caches on ``device_type`` (``impls.fabric_problem``)."""
+    from sparkinfer.decode.impls import CUDA_GRAPH_REASON, fabric_problem
+
+    problems = []
+    why = graph_problem(graphs)
+    if why is not None:
+        problems.append(f"sparkinfer: {why}. The sparkinfer ops are not capture-safe ({CUDA_GRAPH_REASON})")
+    why = fabric_problem(fabric, device_type) if selected else None
+    if why is not None:
+        problems.append(why)
+    return problems

@@ -242,10 +242,7 @@ class SelectedRuntime:
         from sparkinfer.comm.fabric import PeerAccessError
         from sparkinfer.comm.proof import agreed_proof
 
-        device = self._dsa_layers()[0].kv_cache.device
-        why = impls.fabric_problem(self.config.fabric, device.type)
-        if why is not None:
-            raise ValueError(why)
+        device = self._dsa_layers()[0].kv_cache.device  # a fabric that cannot reach it: refused by engine_start
         kind = impls.fabric_kind(self.config.fabric, device)
         group = get_dcp_group()
         if self.config.replica_window != 0:

@@ -373,6 +373,65 @@ def test_dry_run_fails_on_what_vllm_refuses_at_startup(changes, sets, env, use_m
     assert vllm_refusal(PROFILE, glm52_config(**changes), sets, use_mla, env) == "; ".join(fails)
 
 
+ATTENTION_OP = "vllm::unified_mla_attention_with_output"
+WORKER = [  # every reason patched vLLM's worker refuses at engine start (model_config_check.worker_problems):
+    # (profile, --set overrides, environment, what the FAIL lines name, in order); tests/vllm/test_engine_start.py
+    # holds each against the worker's own check
+    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL"], {},
+     ["cudagraph_mode FULL captures whole steps"]),
+    (PROFILE, [f"vllm.compilation_config.splitting_ops=['{ATTENTION_OP}']"], {},
+     [f"splitting_ops ['{ATTENTION_OP}'] leaves ['vllm::sparse_attn_indexer', 'vllm::unified_mla_kv_cache_update']"]),
+    (PROFILE, [], {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}, ["the breakable CUDA graph"]),
+    (PROFILE, ["sparkinfer.fabric=host"], {}, ["sparkinfer fabric 'host' with the caches on a GPU"]),
+    (PROFILE, ["sparkinfer.fabric=host", "env.VLLM_USE_BREAKABLE_CUDAGRAPH=1"], {},  # the profile's [env]
+     ["the breakable CUDA graph", "sparkinfer fabric 'host'"]),
+]
+WORKER_STARTS = [  # what the worker starts though it looks close to the above: (profile, --set overrides)
+    ("glm52-tp4-dcp1-mtp3-368", []),  # vLLM's default FULL_AND_PIECEWISE: PIECEWISE for the sparkinfer backend
+    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL_DECODE_ONLY"]),  # PIECEWISE, too
+    (PROFILE, ["vllm.compilation_config.splitting_ops=[]"]),  # PIECEWISE, nothing split: NONE
+    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL", "vllm.enforce_eager=true"]),
+    ("glm52-tp4-dcp1-mtp3-368", ["sparkinfer.fabric=host"]),  # DCP1: no selected path, no fabric
+    (PROFILE, ["sparkinfer.fabric=host", "sparkinfer.mode=stock"]),
+]
+
+
+@pytest.mark.parametrize("profile,sets,env,names", WORKER, ids=[str(i) for i in range(len(WORKER))])
+def test_dry_run_fails_on_what_the_worker_refuses_at_engine_start(profile, sets, env, names, glm, capsys,
+                                                                    monkeypatch):
+    """Graph modes that would capture a sparkinfer op and a fabric that cannot reach the caches on
+    GPUs: FAIL lines, exit 2, each naming its reason in the worker's order (graphs, then fabric)."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    argv = ["--profile", profile, glm()]
+    for s in sets:
+        argv += ["--set", s]
+    rc, out, err = dry_run(capsys, *argv)
+    fails = [line.removeprefix("# FAIL: ") for line in out.splitlines() if line.startswith("# FAIL: ")]
+    assert rc == 2 and len(fails) == len(names) and "# ok:" not in out, (out, err)
+    assert all(part in fail for part, fail in zip(names, fails)), (names, fails)
+
+
+def test_dry_run_fails_on_a_named_backend_that_cannot_read_the_records(glm, capsys):
+    """The workers stop building the model (tests/vllm/test_engine_start.py holds it to vLLM's
+    backends): one FAIL line, before the engine-start checks (a broken fabric is not reached)."""
+    for sets in (["vllm.attention_backend=FLASHMLA_SPARSE"], ["vllm.attention_config={backend='FLASHMLA_SPARSE'}"]):
+        rc, out, err = dry_run(capsys, "--profile", PROFILE, glm(), "--set", "sparkinfer.fabric=host",
+                               *[a for s in sets for a in ("--set", s)])
+        fails = [line.removeprefix("# FAIL: ") for line in out.splitlines() if line.startswith("# FAIL: ")]
+        assert rc == 2 and len(fails) == 1 and "attention backend FLASHMLA_SPARSE named cannot read it" in fails[0]
+    assert dry_run(capsys, "--profile", PROFILE, glm(), "--set", "vllm.attention_backend=auto")[0] == 0
+
+
+@pytest.mark.parametrize("profile,sets", WORKER_STARTS, ids=[str(i) for i in range(len(WORKER_STARTS))])
+def test_dry_run_passes_what_the_worker_starts(profile, sets, glm, capsys):
+    argv = ["--profile", profile, glm()]
+    for s in sets:
+        argv += ["--set", s]
+    rc, out, err = dry_run(capsys, *argv)
+    assert rc == 0 and "# FAIL" not in out, (out, err)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_vllm_starts_what_the_dry_run_passes(name, capsys, glm):
     """The converse: the profiles the dry run passes, patched vLLM's start-up check passes too."""

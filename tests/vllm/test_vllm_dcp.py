@@ -178,6 +178,27 @@ def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, **kwargs):
         gc.collect()
 
 
+_DCP1: dict = {}  # (the model's bytes, settings) -> TP1/DCP1 tokens, for the whole session
+
+
+def dcp1_tokens(model_dir, monkeypatch, **kwargs) -> list[int]:
+    """``_greedy`` at TP1/DCP1 (the reference every DCP run is compared with), one engine per model
+    and settings in the session: the same reference recurs within and across modules
+    (test_vllm_replicas imports this). Keyed by the model's files, not its directory: the tiny
+    model is built from a seed, so two fixtures that build it alike share one run."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    digest = hashlib.sha256()
+    for f in sorted(Path(model_dir).iterdir()):
+        digest.update(f.name.encode() + f.read_bytes())
+    key = (digest.hexdigest(), json.dumps(kwargs, sort_keys=True))
+    if key not in _DCP1:
+        _DCP1[key] = _greedy(model_dir, monkeypatch, 1, **kwargs)
+    return list(_DCP1[key])
+
+
 # Loaded by every spawned TP worker (PYTHONPATH): rank 1's device-sized moves into its peer's region
 # land with their low bit flipped, as over a broken P2P link (tests/comm/test_comm_proof.py's fault), and
 # are published after the flip.
@@ -231,7 +252,7 @@ def tiny(tmp_path_factory):
 @pytest.mark.parametrize("cache_dtype", ["auto", "nvfp4_368", "nvfp4_432", "fp8_ds_mla"])
 def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch, tmp_path, capfd):
     pytest.importorskip("vllm")
-    dcp1 = _greedy(tiny, monkeypatch, 1, kv_cache_dtype=cache_dtype)
+    dcp1 = dcp1_tokens(tiny, monkeypatch, kv_cache_dtype=cache_dtype)
     if cache_dtype == "nvfp4_368":  # the stock engine: a selected one whose start-up proof fails (no P2P)
         dcp2 = _stock_after_a_failed_proof(tiny, monkeypatch, tmp_path, capfd, kv_cache_dtype=cache_dtype)
     else:
@@ -294,7 +315,7 @@ def test_mtp3_stock_and_selected_equal_dcp1(tp, model, request, monkeypatch):
 
     model_dir = request.getfixturevalue(model)
     mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}, "kv_cache_dtype": "nvfp4_368"}
-    dcp1 = _greedy(model_dir, monkeypatch, 1, **mtp)
+    dcp1 = dcp1_tokens(model_dir, monkeypatch, **mtp)
     assert _greedy(model_dir, monkeypatch, tp, **mtp) == dcp1
     selected, ledgers = _greedy(model_dir, monkeypatch, tp, mode="selected", probe=transport_ledger, **mtp)
     assert selected == dcp1

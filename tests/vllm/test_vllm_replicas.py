@@ -15,7 +15,7 @@ transport ledger must show what the rule predicts:
 
 import pytest
 
-from test_vllm_dcp import MAX_TOKENS, PROMPT, _greedy
+from test_vllm_dcp import MAX_TOKENS, PROMPT, _greedy, dcp1_tokens
 
 pytestmark = pytest.mark.vllm
 
@@ -50,7 +50,7 @@ def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monk
     pytest.importorskip("vllm")
     from sparkinfer.vllm.selected_runtime import transport_ledger
 
-    dcp1 = _greedy(dense, monkeypatch, 1, kv_cache_dtype="nvfp4_368")
+    dcp1 = dcp1_tokens(dense, monkeypatch, kv_cache_dtype="nvfp4_368")
     tokens, probes = _greedy(dense, monkeypatch, 2, mode="auto", probe=_ledger_and_memory, kv_cache_dtype="nvfp4_368",
                              sparkinfer_replica_window=256)
     assert tokens == dcp1
@@ -107,7 +107,7 @@ def test_small_window_fetches_exactly_the_positions_outside_it(dense, monkeypatc
     from sparkinfer.vllm.selected_runtime import transport_ledger
 
     window, chunk, layers = 8, 8, 4
-    dcp1 = _greedy(dense, monkeypatch, 1, kv_cache_dtype="nvfp4_368")
+    dcp1 = dcp1_tokens(dense, monkeypatch, kv_cache_dtype="nvfp4_368")
     tokens, ledgers = _greedy(dense, monkeypatch, 2, mode="selected", probe=transport_ledger,
                               kv_cache_dtype="nvfp4_368", sparkinfer_replica_window=window,
                               max_num_batched_tokens=chunk, enable_chunked_prefill=True)
@@ -133,7 +133,7 @@ def test_mtp3_with_replicas_equals_dcp1(tp, cache_dtype, heads, tmp_path_factory
 
     model = build_tiny_glm(tmp_path_factory.mktemp(f"tiny_glm_rep_mtp{tp}"), heads=heads)
     window = 8 if tp == 2 else 256
-    dcp1 = _greedy(model, monkeypatch, 1, kv_cache_dtype=cache_dtype, **MTP)
+    dcp1 = dcp1_tokens(model, monkeypatch, kv_cache_dtype=cache_dtype, **MTP)
     tokens, ledgers = _greedy(model, monkeypatch, tp, mode="selected", probe=transport_ledger,
                               kv_cache_dtype=cache_dtype, sparkinfer_replica_window=window, **MTP)
     assert tokens == dcp1
