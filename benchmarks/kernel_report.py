@@ -185,27 +185,35 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
 
 def _mla_union(fmt: str, b: int, r: int, h: int, u: int, k: int, shape: str) -> dict:
     """Sparse-MLA decode over each request's union (``triton_union_decode``): per request and M block
-    (R rows x H heads, 64 at most) the U union records are gathered once, with their int64 index and
-    int32 row mask; every (row, head) of the block runs QK over 576 and PV over 512 on all U entries
-    (a row's mask only zeroes its weights: the MMA FLOPs are those of U, the useful ones those of its
-    k), PV twice (hi + lo). With S > 1 splits the partials are written, read back by the merging
-    program and the output written; with one split the output only."""
-    from sparkinfer.attention.triton_union_decode import block_m, union_splits_for
+    (R rows x H heads, 64 at most) two programs, one per half of the 512 output columns, each gather
+    the U union records with their int64 index and int32 row mask (counted twice here: the second
+    gather may hit L2, which a GPU timing settles); every (row, head) of the block runs QK over 576
+    in both programs and PV over 256 in each on all U entries (a row's mask only zeroes its weights:
+    the MMA FLOPs are those of U, the useful ones those of its k), PV twice (hi + lo). With S > 1
+    splits the partials are written, read back by the merging program and the output written; with
+    one split the output only."""
+    from sparkinfer.attention import triton_union_decode as tu
 
-    bm = block_m(r, h)
+    bm = tu.block_m(r, h)
     mb = -(-(r * h) // bm)
-    s = union_splits_for(b, mb, u, HW["rtx_pro_6000"]["sms"])
+    s = tu.union_splits_for(b, mb, u, HW["rtx_pro_6000"]["sms"])
+    # grid (B, 2 MB, S); split i walks union entries [i ups, min((i + 1) ups, U)) in BLOCK_K tiles
+    # (ups = ceil(ceil(U / S) / BLOCK_K) BLOCK_K, the kernel's _split_range)
+    ups = _cdiv(_cdiv(u, s), tu.BLOCK_K) * tu.BLOCK_K
+    tiles = sum(_cdiv(max(0, min(ups, u - i * ups)), tu.BLOCK_K) for i in range(s))
+    launch = _launch(f"sparse_mla_union_decode[{fmt}]", 2 * b * mb * s, tu.NUM_WARPS, 2 * b * mb * tiles,
+                     f"{tu.BLOCK_K}-entry union tiles")
     out = b * r * h * (LATENT + 1) * 4
-    nbytes = b * mb * u * RECORD[fmt] + b * u * 12 + b * 4 + b * r * h * (LATENT + ROPE) * 2 \
+    nbytes = 2 * b * mb * u * (RECORD[fmt] + 12) + b * 4 + b * r * h * (LATENT + ROPE) * 2 \
         + (2 * s * out + out if s > 1 else out)
     flops = 2 * b * r * h * k * (LATENT + ROPE + LATENT)
-    mma = 2 * b * mb * bm * u * (LATENT + ROPE + 2 * LATENT)
-    expect = ("bf16 tensor cores (mma.sync on sm_120, wgmma on sm_90): fewer record bytes than the per-row kernel "
-              "but U/k more MMA FLOPs (1.75x at 3,584/2,048), so near its compute floor on the H200; it spills at "
-              "M = 64 in Triton 3.9: time it against sparse_mla_decode at this shape before wiring it")
+    mma = 2 * b * mb * bm * u * 2 * (LATENT + ROPE + LATENT)
+    expect = ("bf16 tensor cores (mma.sync on sm_120, wgmma on sm_90), no spills: U/k more MMA FLOPs than the "
+              "per-row kernel (1.75x at 3,584/2,048) and QK twice (once per column half), so compute-bound on "
+              "both GPUs; time it against sparse_mla_decode at this shape before wiring it")
     return _row(f"sparse_mla_union_decode[{fmt}]", shape, {"B": b, "R": r, "H": h, "U": u, "K": k, "splits": s,
                                                            "block_m": bm, "record": RECORD[fmt]},
-                nbytes, flops, "bf16", expect, mma_flops=mma)
+                nbytes, flops, "bf16", expect, mma_flops=mma, launch=launch)
 
 
 def _compact(m: int, listed: int, k: int, shape: str, listed_bytes: int) -> dict:
@@ -447,7 +455,10 @@ def _sass_mma(text: str) -> dict:
 # line is one warp instruction; the PTX fallback counts PTX instructions (ptxas expands and folds them).
 # ptxas may unroll a runtime loop into a main loop of u iterations and a remainder loop (the merge
 # kernel's loop over the splits, u = 4): the SASS then has more loops than the PTX, a SASS iteration
-# is not a source iteration, and the kernel gets no issue figure (``issue_bound`` says why). A kernel
+# is not a source iteration, and the kernel gets no issue figure (``issue_bound`` says why), unless
+# the hot loop holds tensor-core instructions and as many as the PTX hot loop's (each mma.sync or
+# wgmma is one HMMA / HGMMA): then the unrolled loop was another one (the union kernel's fused merge
+# over the splits), counted once with the rest. A kernel
 # that branches at run time between whole paths (records.cu's encode: one per format) counts them all.
 
 _SASS_INSN = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
@@ -530,7 +541,8 @@ def find_loops(code: list) -> list[dict]:
 
 
 def loop_profile(code: list, source: str) -> dict:
-    """Instruction count of ``code``, its loops and its hot loop (the rule above); ``source``: "sass" or "ptx"."""
+    """Instruction count of ``code``, its loops and its hot loop (the rule above), with the tensor-core
+    instructions in the hot loop (``hot_mma``); ``source``: "sass" or "ptx"."""
     loops = find_loops(code)
     top = [lp for lp in loops if lp["depth"] == 0]
     hot = max(top, key=lambda lp: lp["size"], default=None)
@@ -539,7 +551,10 @@ def loop_profile(code: list, source: str) -> dict:
     if hot is None:
         return {**prof, "hot_body": 0, "hot_inner_loops": 0, "outside": len(code)}
     inner = sum(1 for lp in loops if lp is not hot and hot["start"] <= lp["start"] and lp["end"] <= hot["end"])
-    return {**prof, "hot_body": hot["size"], "hot_inner_loops": inner, "outside": len(code) - hot["size"]}
+    mma = _MMA_SASS if source == "sass" else _MMA_PTX
+    hot_mma = sum(1 for insn, _, _ in code[hot["start"]:hot["end"] + 1] if mma.search(insn))
+    return {**prof, "hot_body": hot["size"], "hot_inner_loops": inner, "outside": len(code) - hot["size"],
+            "hot_mma": hot_mma}
 
 
 def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
@@ -570,7 +585,8 @@ def issue_bound(doc: dict) -> None:
             prof = profiles.get((launch["kernel"], arch)) if launch else None
             if prof is None:
                 continue
-            if len(prof["loops"]) != prof.get("ptx_loops", len(prof["loops"])):
+            hot_intact = prof.get("hot_mma", 0) > 0 and prof["hot_mma"] == prof.get("ptx_hot_mma")
+            if len(prof["loops"]) != prof.get("ptx_loops", len(prof["loops"])) and not hot_intact:
                 row.setdefault("issue", {})[gpu] = {
                     "kernel": launch["kernel"], "arch": arch,
                     "error": f"ptxas unrolled a loop ({len(prof['loops'])} SASS loops, {prof['ptx_loops']} in the PTX)"}
@@ -704,9 +720,11 @@ def _compile_spec(mod: str, index: int, arch: int) -> dict:
         code = parse_sass(_sass(cubin)).get(k.metadata.name)
     (ptx_code,) = parse_ptx(ptx).values()
     ptx_loops = len(find_loops(ptx_code))
+    ptx_profile = loop_profile(ptx_code, "ptx")
     # no cuobjdump: count the PTX
-    profile = loop_profile(code, "sass") if code is not None else loop_profile(ptx_code, "ptx")
+    profile = loop_profile(code, "sass") if code is not None else ptx_profile
     profile["ptx_loops"] = ptx_loops
+    profile["ptx_hot_mma"] = ptx_profile.get("hot_mma", 0)
     return _row_of(spec["name"], mod, arch, info, info["sass_mma"], ptx_mma=sorted(set(_MMA_PTX.findall(ptx))),
                    shared=k.metadata.shared, profile=profile)
 

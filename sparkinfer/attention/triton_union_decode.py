@@ -5,8 +5,8 @@ With MTP a request verifies R = 1 + drafts query rows, each with its own top-k; 
 heavily (GLM-5.2 at top-2048, R = 4: ~3,584 distinct records of 8,192 listed). The per-row kernel
 (``triton_decode``) gathers and decodes every listed record once per row and once per block of 16
 heads. This kernel walks the request's union instead and puts all of its R rows x H heads in the
-M dimension of the tensor-core dots, so a record is read and decoded once per (request, M block);
-a per-row membership mask keeps each row's softmax to its own top-k.
+M dimension of the tensor-core dots, so a record is read and decoded once per (request, M block,
+column half); a per-row membership mask keeps each row's softmax to its own top-k.
 
 Inputs (B requests, R rows each, H heads, U union capacity, T records)::
 
@@ -24,12 +24,20 @@ Output: out fp32/bf16 [B*R, H, 512] and lse fp32 [B*R, H], the same contract as
 ``sparse_mla_decode`` with indices = each row's top-k (natural-log LSE; a row with no valid record
 gets out 0 and lse -inf). A row's top-k is a set: the mask cannot count a record twice.
 
-Grid (B, MB, S): program (b, mb, s) takes M block mb (BLOCK_M consecutive (row, head) pairs,
-m = r * H + h: R = 4 x H = 16 is one block of 64; H = 64 stock is four) and the s-th of S equal
-slices of the union (whole tiles of BLOCK_K). Per tile of BLOCK_K union entries it loads the
-entries, their row bits and the records (masked to entries some row wants), decodes them straight
-into bf16 dot operands and runs QK^T [BLOCK_M, BLOCK_K], the per-row mask (-inf where the row's
-bit is clear), the online softmax (base 2, as the per-row kernel) and PV into fp32 accumulators.
+Grid (B, 2 MB, S): program (b, 2 mb + c, s) takes M block mb (BLOCK_M consecutive (row, head)
+pairs, m = r * H + h: R = 4 x H = 16 is one block of 64; H = 64 stock is four), half c of the 512
+output columns and the s-th of S equal slices of the union (whole tiles of BLOCK_K). Per tile of
+BLOCK_K union entries it loads the entries, their row bits and the records (masked to entries some
+row wants), decodes them straight into bf16 dot operands and runs QK^T [BLOCK_M, BLOCK_K] over all
+576 dims, the per-row mask (-inf where the row's bit is clear), the online softmax (base 2, as the
+per-row kernel) and PV into fp32 accumulators of its 256 columns.
+
+Why two column halves: at M = 64 the fp32 accumulators of all 512 columns are 128 registers a
+thread at 8 warps, and with the decoded tiles, the scores and the probability operands the kernel
+spilled on both targets. Half the columns per program halves them; the price is QK and the latent
+decode done by both programs of a block (the MMA work grows by the QK's 576 / 1,600), and the
+records gathered twice (the two programs are adjacent in the grid and walk the same records at
+the same pace, so the second gather can hit L2).
 
 Decoding without bit-by-bit arithmetic (the values are exact in bf16, as in ``triton_decode``):
 
@@ -39,15 +47,20 @@ Decoding without bit-by-bit arithmetic (the values are exact in bf16, as in ``tr
   alike (fp16's bias is 15, E2M1's 1), so two masks, two shifts and an or, then one cvt to fp32
   and one multiply by its group scale d_g * 2^14 (loaded once per group of 16, bitcast E4M3).
 * The NVFP4 latent is never interleaved: the low nibbles (even elements) and the high nibbles
-  (odd elements) are two [BLOCK_K, 256] tiles against the even and odd query columns, and PV
-  accumulates even and odd output columns separately.
+  (odd elements) are two [BLOCK_K, 256] tiles against the even and odd query columns. Half c's own
+  tile (nibble c: c = 0 even, 1 odd columns) is decoded first and is the PV operand too, so no
+  third tile is built (on sm_120 one more [64, 256] operand in shared memory passed its 99 KB); its
+  QK adds the own tile's product first, and since the sum of two products is the same in either
+  order the scores are those of the even-first order bit for bit. fp8_ds_mla's half c takes chunks
+  2c, 2c + 1, decoded again (hardware cvt) from their bytes for PV after the QK.
 * bf16 rope is loaded as bf16; per-key scales (368: s_t and r; 432: S; 656: one per 128-chunk)
   multiply the fp32 score and probability columns, as in ``triton_decode``.
 
-Split-K merge, fused: with S > 1 each program writes its normalized partial (out [BLOCK_M, 512],
-lse) to the workspace, then takes a ticket from the (request, M block) counter; the program that
-draws the last ticket resets the counter to 0 (so the launch can be replayed, CUDA graphs) and
-merges the S partials exactly (``merge_lse``'s formula) into out / lse. S = 1 writes out directly.
+Split-K merge, fused: with S > 1 each program writes its normalized partial (its 256 columns of
+out [BLOCK_M, 512]; the first half the lse) to the workspace, then takes a ticket from the
+(request, M block) counter, which both halves share; the program that draws the last of the 2 S
+tickets resets the counter to 0 (so the launch can be replayed, CUDA graphs) and merges the S
+partials exactly (``merge_lse``'s formula) into out / lse. S = 1 writes out directly.
 """
 
 from __future__ import annotations
@@ -61,18 +74,22 @@ import triton.language as tl
 from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432, ROPE_DIM, RecordLayout
 
 from .triton_codes import load_f32
-from .triton_decode import (_FMT_ID, PRECISIONS, _bf16_bits, _finish, _load_q, _qk, _sm_count,
-                            _softmax_pv, _split_range, _start)
+from .triton_decode import (_FMT_ID, PRECISIONS, _bf16_bits, _finish, _load_q, _pv, _qk, _sm_count,
+                            _split_range, _start)
 
 # The M block: the rows x heads of a request in one dot (R = 4 x H = 16); smaller products use the
 # next power of two (at least 16, an mma.sync tile's M). 64 keys per tile: with 32, Triton spreads the
 # 8 warps of the mma.sync kernel (sm_120) along N, so each warp of the QK dot [64, 32] had 4 keys
 # (an n8 tile: decoded twice); 64 keys cut the PTX per key x row by a third on sm_120 and by a
-# sixth on sm_90. Shared memory at 64: 88 KB on sm_120 (limit 99 KB), 144 KB on sm_90.
-# Both spill at M = 64 with Triton 3.9 (255 registers; ~1.4 KB on sm_120, ~2 KB on sm_90): the fp32
-# accumulators [64, 512] hold 128 registers a thread; on sm_120 each warp's QK A operand spans all
-# 64 rows (the 8 warps lie along N), on sm_90 the hi and lo PV dots get two wgmma layouts, so the
-# accumulators cross shared memory between them (benchmarks/kernel_report.py prints the figures).
+# sixth on sm_90. The tile also sets the online softmax's steps: another BLOCK_K rounds differently.
+# Registers at M = 64 (Triton 3.9, ptxas -v, 8 warps; benchmarks/kernel_report.py): with all 512
+# columns in one program the fp32 accumulators took 128 registers a thread and every format spilled
+# 2.8-3.0 KB on sm_120 and 3.5-3.9 KB on sm_90. Half the columns per program: fp8_ds_mla no spill on
+# sm_120, NVFP4 0.5-0.8 KB; sm_90 still 1.8-2.2 KB. There Triton lays a wgmma dot whose result feeds
+# another dot (QK -> PV, the PV's hi -> lo) with all 8 warps along M, which at M = 64 computes the 64
+# rows on both warpgroups; cutting the hi -> lo chain (acc - (-lo dot), no fold) gave -12% on 368 and
+# +9% on 656 (not kept). 4 warps on sm_90 spill 13 KB (the accumulators again 128 registers a thread).
+# Shared memory: 88 KB (80 KB for fp8_ds_mla) on sm_120 (limit 99 KB), 136-144 KB on sm_90.
 MAX_BLOCK_M = 64
 BLOCK_K = 64
 NUM_WARPS = 8
@@ -106,9 +123,10 @@ def _bytes(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_tiles(row_ptr, vm, BK: tl.constexpr):
-    """NVFP4 latent of BK records -> (even, odd) bf16 [BK, 256]: column c is element 2c / 2c + 1,
-    both in group c // 8; codes viewed as [BK, 32 groups, 8 bytes], one scale byte per group."""
+def _nvfp4_tiles(row_ptr, vm, sh, BK: tl.constexpr):
+    """NVFP4 latent of BK records -> (own, other) bf16 [BK, 256]: own is the nibble at bit ``sh`` of each
+    byte (0: the even elements, 4: the odd ones), other the remaining nibble; column c is element 2c
+    or 2c + 1, both in group c // 8; codes viewed as [BK, 32 groups, 8 bytes], one scale byte per group."""
     g = tl.arange(0, 32)
     rp = row_ptr[:, None, None]
     vm3 = vm[:, :, None]
@@ -116,9 +134,9 @@ def _nvfp4_tiles(row_ptr, vm, BK: tl.constexpr):
     codes = tl.reshape(_bytes(row_ptr, vm, 0, 256), [BK, 32, 8])
     gs = tl.load(rp + 256 + g[None, :, None], mask=vm3, other=0)
     scale = _e4m3_bf16(gs).to(tl.float32) * 16384.0
-    even = _e2m1_x(codes & 15, scale)
-    odd = _e2m1_x(codes >> 4, scale)
-    return tl.reshape(even, [BK, 256]), tl.reshape(odd, [BK, 256])
+    mine = _e2m1_x((codes >> sh) & 15, scale)
+    other = _e2m1_x((codes >> (4 - sh)) & 15, scale)
+    return tl.reshape(mine, [BK, 256]), tl.reshape(other, [BK, 256])
 
 
 @triton.jit
@@ -145,9 +163,10 @@ def _union_decode_kernel(
     Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr, OUT_BF16: tl.constexpr,
 ):
     b = tl.program_id(0)
-    mb = tl.program_id(1)
+    mb = tl.program_id(1) // 2
+    half = tl.program_id(1) % 2  # the half of the 512 output columns this program accumulates
     split = tl.program_id(2)
-    num_mb = tl.num_programs(1)
+    num_mb = tl.num_programs(1) // 2
     mm = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # m = row * H + head within the request
     mvalid = mm < R * H
     row = mm // H
@@ -158,8 +177,8 @@ def _union_decode_kernel(
     cw = tl.arange(0, CW)
     qn_row = qn_ptr + qrow[:, None] * s_qn_m + head[:, None] * s_qn_h
     if NVFP4:
-        q0h, q0l = _load_q(qn_row, 2 * cw, mvalid, Q_SPLIT)
-        q1h, q1l = _load_q(qn_row, 2 * cw + 1, mvalid, Q_SPLIT)
+        q0h, q0l = _load_q(qn_row, 2 * cw + half, mvalid, Q_SPLIT)
+        q1h, q1l = _load_q(qn_row, 2 * cw + 1 - half, mvalid, Q_SPLIT)
     else:
         q0h, q0l = _load_q(qn_row, cw, mvalid, Q_SPLIT)
         q1h, q1l = _load_q(qn_row, 128 + cw, mvalid, Q_SPLIT)
@@ -167,7 +186,7 @@ def _union_decode_kernel(
         q3h, q3l = _load_q(qn_row, 384 + cw, mvalid, Q_SPLIT)
     qrh, qrl = _load_q(qr_ptr + qrow[:, None] * s_qr_m + head[:, None] * s_qr_h, tl.arange(0, 64), mvalid, Q_SPLIT)
 
-    m_i, l_i, acc0, acc1, acc2, acc3 = _start(BLOCK_M, CW)
+    m_i, l_i, acc0, acc1, _, _ = _start(BLOCK_M, CW)
     k_lo, k_hi = _split_range(tl.load(len_ptr + b), num_splits, split, BLOCK_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -180,7 +199,7 @@ def _union_decode_kernel(
         vm = valid[:, None]
         zero_s = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
         if NVFP4:
-            t0, t1 = _nvfp4_tiles(row_ptr, vm, BLOCK_K)
+            t0, t1 = _nvfp4_tiles(row_ptr, vm, 4 * half, BLOCK_K)
             t2, t3 = t0, t1  # unused: NVFP4 has two latent tiles
             s_lat = _qk(q1h, q1l, t1, _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT), Q_SPLIT, F32_DOT)
             if FMT == 0:
@@ -205,37 +224,59 @@ def _union_decode_kernel(
         # Row r of the request sees the entries whose bit r is set; base-2 scores (qk_scale = scale * log2 e).
         mine = ((bits[None, :] >> row[:, None]) & 1) != 0
         s = tl.where(mine, s * qk_scale, float("-inf"))
-        m_i, l_i, acc0, acc1, acc2, acc3 = _softmax_pv(s, m_i, l_i, acc0, acc1, acc2, acc3, t0, t1, t2, t3,
-                                                       a0, a1, a2, a3, NVFP4, P_SPLIT, F32_DOT)
+        # This program's half of the value columns: NVFP4 its own tile t0 (nibble ``half``), 656 chunks
+        # 2 half and 2 half + 1 with their per-key scales, decoded again from their bytes (L1).
+        if NVFP4:
+            m_i, l_i, acc0, acc1 = _softmax_pv_half(s, m_i, l_i, acc0, acc1, t0, t0, a0, a0, False, P_SPLIT, F32_DOT)
+        else:
+            hp = row_ptr + 256 * half
+            m_i, l_i, acc0, acc1 = _softmax_pv_half(s, m_i, l_i, acc0, acc1, _e4m3_bf16(_bytes(hp, vm, 0, 128)),
+                                                    _e4m3_bf16(_bytes(hp, vm, 128, 128)),
+                                                    load_f32(row_ptr + 512 + 8 * half, valid),
+                                                    load_f32(row_ptr + 516 + 8 * half, valid), True, P_SPLIT, F32_DOT)
 
     inv_l, lse = _finish(m_i, l_i)
-    # Output columns of each accumulator: NVFP4 even / odd elements, 656 its chunk.
+    # Output columns of this half: NVFP4 the even / odd elements 2c + half, 656 chunks 2 half (+1).
     STEP: tl.constexpr = 2 if NVFP4 else 1
-    C1: tl.constexpr = 1 if NVFP4 else 128
+    cols = STEP * cw + (half if NVFP4 else 256 * half)
     vmask = mvalid[:, None]
+    lmask = mm < R * H * (1 - half)  # both halves hold the same LSE: the first writes it
     if num_splits == 1:
         o_row = out_ptr + qrow[:, None] * s_out_m + head[:, None] * s_out_h
-        _store_out(o_row + STEP * cw, acc0 * inv_l[:, None], vmask, OUT_BF16)
-        _store_out(o_row + STEP * cw + C1, acc1 * inv_l[:, None], vmask, OUT_BF16)
+        _store_out(o_row + cols, acc0 * inv_l[:, None], vmask, OUT_BF16)
         if not NVFP4:
-            _store_out(o_row + 256 + cw, acc2 * inv_l[:, None], vmask, OUT_BF16)
-            _store_out(o_row + 384 + cw, acc3 * inv_l[:, None], vmask, OUT_BF16)
-        tl.store(lse_ptr + qrow * s_lse_m + head, lse, mask=mvalid)
+            _store_out(o_row + cols + 128, acc1 * inv_l[:, None], vmask, OUT_BF16)
+        tl.store(lse_ptr + qrow * s_lse_m + head, lse, mask=lmask)
     else:
         p_row = po_ptr + split * s_po_s + b * s_po_b + mm[:, None] * _D
-        tl.store(p_row + STEP * cw, acc0 * inv_l[:, None], mask=vmask)
-        tl.store(p_row + STEP * cw + C1, acc1 * inv_l[:, None], mask=vmask)
+        tl.store(p_row + cols, acc0 * inv_l[:, None], mask=vmask)
         if not NVFP4:
-            tl.store(p_row + 256 + cw, acc2 * inv_l[:, None], mask=vmask)
-            tl.store(p_row + 384 + cw, acc3 * inv_l[:, None], mask=vmask)
-        tl.store(pl_ptr + split * s_pl_s + b * s_pl_b + mm, lse, mask=mvalid)
+            tl.store(p_row + cols + 128, acc1 * inv_l[:, None], mask=vmask)
+        tl.store(pl_ptr + split * s_pl_s + b * s_pl_b + mm, lse, mask=lmask)
         # Every thread's partial is written (barrier) before the ticket is released (acq_rel, gpu scope).
+        # The 2 S programs of a (request, M block) share its counter: the last merges all 512 columns.
         tl.debug_barrier()
         ticket = tl.atomic_add(cnt_ptr + b * num_mb + mb, 1, sem="acq_rel")
-        if ticket == num_splits - 1:
+        if ticket == 2 * num_splits - 1:
             tl.store(cnt_ptr + b * num_mb + mb, 0)  # the next launch starts from 0 again
             _merge_partials(po_ptr + b * s_po_b, pl_ptr + b * s_pl_b, out_ptr, lse_ptr, mm, mvalid, qrow, head,
                             num_splits, s_po_s, s_pl_s, s_out_m, s_out_h, s_lse_m, BLOCK_M, OUT_BF16)
+
+
+@triton.jit
+def _softmax_pv_half(s, m_i, l_i, acc0, acc1, t0, t1, a0, a1, TWO: tl.constexpr, P_SPLIT: tl.constexpr,
+                     F32_DOT: tl.constexpr):
+    """One online-softmax step over base-2 scores s [BM, BK] (``triton_decode._softmax_pv``'s, on one
+    half of the value columns) and the PV update: acc0 += p a0 t0 (and with TWO acc1 += p a1 t1)."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # A finite anchor keeps rows that have seen no valid key at exactly 0 (no -inf - -inf).
+    anchor = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - anchor)
+    p = tl.exp2(s - anchor[:, None])
+    acc0 = _pv(p * a0[None, :], t0, acc0 * alpha[:, None], P_SPLIT, F32_DOT)
+    if TWO:
+        acc1 = _pv(p * a1[None, :], t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc0, acc1
 
 
 @triton.jit
@@ -277,7 +318,7 @@ def block_m(rows: int, heads: int) -> int:
 def union_splits_for(b: int, m_blocks: int, union_width: int, sms: int) -> int:
     """Splits of each union: about one program per SM (one wave), each split covering at least
     MIN_KEYS_PER_SPLIT union entries, at most MAX_SPLITS."""
-    want = -(-sms // max(1, b * m_blocks))
+    want = -(-sms // max(1, 2 * b * m_blocks))
     return max(1, min(want, union_width // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
 
 
@@ -363,7 +404,7 @@ def sparse_mla_union_decode(q_nope, q_rope, records, lay: RecordLayout, union, u
     splits = workspace.num_splits
     po, pl, cnt = (workspace.partial_out, workspace.partial_lse, workspace.counters) if splits > 1 \
         else (out, lse, union_len)  # unused with one split
-    _union_decode_kernel[(b, triton.cdiv(rows * h, bm), splits)](
+    _union_decode_kernel[(b, 2 * triton.cdiv(rows * h, bm), splits)](
         q_nope, q_rope, records, union, union_len, row_mask, out, lse, po, pl, cnt,
         rows, h, splits, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
         q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), union.stride(0), row_mask.stride(0),

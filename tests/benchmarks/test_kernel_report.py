@@ -258,6 +258,22 @@ def test_issue_time_arithmetic():
     assert t["issue_us"] == pytest.approx(20_000 / (10 * 4 * 1.98e9) * 1e6, abs=1e-3)
 
 
+
+def test_issue_figure_when_ptxas_unrolled_a_side_loop():
+    """A SASS with one loop more than its PTX keeps its issue figure only when its hot loop holds as
+    many MMA instructions as the PTX hot loop (another loop was unrolled); otherwise it gets an error."""
+    code = [("HMMA.16816.F32.BF16 R4, R8, R12, R4", None, False)] * 2 + [("@P0 BRA 0x0", 0, True)]
+    prof = kr.loop_profile(code, "sass")
+    assert prof["hot_mma"] == 2 and prof["hot_body"] == 3
+    row = kr.roofline()[0]
+    name = row["launch"]["kernel"]
+    for ptx_mma, figure in ((2, True), (1, False)):
+        profile = {**prof, "loops": prof["loops"] + [[3, 3, 0]], "ptx_loops": 1, "ptx_hot_mma": ptx_mma}
+        doc = {"roofline": [dict(row)], "kernels": [{"kernel": name, "arch": 90, "profile": profile}]}
+        kr.issue_bound(doc)
+        x = doc["roofline"][0]["issue"]["h200"]
+        assert ("error" not in x) == figure and (x.get("per_iter") == 3) == figure, x
+
 CHAIN = """
 import triton
 import triton.language as tl
