@@ -182,7 +182,13 @@ def storages(values, into: dict) -> dict:
 
 class OpWatcher(TorchDispatchMode):
     """Sees every aten op, inside vLLM's custom ops too, and hands each to ``seen`` with the storages
-    its outputs made ({data_ptr: nbytes}: none of its inputs', module docstring)."""
+    its outputs made ({data_ptr: nbytes}: none of its inputs', module docstring), then to each of
+    ``also`` (another probe's ``seen``: one mode serves both, as two stacked modes would see each
+    other's redispatches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.also: list = []
 
     def seen(self, func, args, kwargs, out, made: dict) -> None:
         raise NotImplementedError
@@ -200,7 +206,10 @@ class OpWatcher(TorchDispatchMode):
         if made and func._opname not in _FRESH:
             inputs = storages((args, tuple(kwargs.values())), {})
             made = {p: n for p, n in made.items() if p not in inputs}
-        self.seen(func, args, kwargs, out, {p: n for p, n in made.items() if n})
+        made = {p: n for p, n in made.items() if n}
+        self.seen(func, args, kwargs, out, made)
+        for seen in self.also:
+            seen(func, args, kwargs, out, made)
         return out
 
 

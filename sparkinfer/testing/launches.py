@@ -41,6 +41,7 @@ import sys
 from contextlib import contextmanager
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from sparkinfer.testing.host_reads import LAYER_ENTRIES, OpWatcher, is_decode_step, spec_rows
 
@@ -163,10 +164,20 @@ def record(layers_only: bool = False):
     if os.environ.get("TRITON_INTERPRET") == "1":
         _patch_triton()
     rec = Recording(layers_only)
+    mode = _RecordMode(rec)
+    # inside another probe's mode (host_reads' allocation count in the engine), ride on it
+    outer = next((m for m in reversed(_get_current_dispatch_mode_stack()) if isinstance(m, OpWatcher)), None)
     _active.append(rec)
     try:
-        with _RecordMode(rec):
-            yield rec
+        if outer is None:
+            with mode:
+                yield rec
+        else:
+            outer.also.append(mode.seen)
+            try:
+                yield rec
+            finally:
+                outer.also.remove(mode.seen)
     finally:
         _active.remove(rec)
 
