@@ -7,7 +7,7 @@ inside a forward is in no memory vLLM measured; sized by the step's rows, at GLM
 (8,192 tokens x 64 heads, k 2,048) one prefill chunk's output and scratch came to ~1.7 GiB per rank
 on top of the KV cache. So the bytes are laid out here, reserved out of the KV budget
 (``sparkinfer.vllm.reservations``: ``attention_workspace``), allocated once by the worker at
-engine start (``sparkinfer.decode.layer_buffers.reserve``) and handed out as views.
+engine start (``sparkinfer.decode.layer_buffers.AttentionArena.reserve``) and handed out as views.
 
 The output and LSE cover a step's rows; the decode kernel's scratch covers one block of
 ``BLOCK_ROWS`` rows (the forward attends a larger step block by block), which is what keeps the

@@ -127,20 +127,22 @@ def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: torch.Tensor, mask
         dst[dst_rows] = value if mask is None else torch.where(mask[:, None], value, dst[dst_rows])
 
 
-def write_cache_records(fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent, rope=None, checks=None) -> None:
+def write_cache_records(fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent, rope=None, checks=None,
+                        arena=None) -> None:
     """Encode ``latent [N, D]`` (and ``rope [N, 64]``) as ``fmt`` records into ``kv_cache [num_blocks,
     block_size, W]`` at ``slots [N]`` (-1 = skip): in place through the format's writer when the cache
     is contiguous, else encoded and scattered into the strided view (``scatter_rows``). The forward's
-    form (``checks``) stages a bf16 input's fp32 copy and the encoded rows in the attention arena
-    (``layer_buffers``): no allocation."""
+    form (``checks``) stages a bf16 input's fp32 copy and the encoded rows in ``arena`` (the worker's
+    ``layer_buffers.AttentionArena``; one of the call's own without it): no allocation."""
     if checks is None:
         rows = None
     else:
         from sparkinfer.decode import layer_buffers
 
-        latent, rope = layer_buffers.record_inputs(latent, rope)
-        rows = None if kv_cache.is_contiguous() else layer_buffers.record_rows(latent.shape[0], fmt.record_bytes,
-                                                                               kv_cache.device)
+        arena = arena if arena is not None else layer_buffers.AttentionArena(kv_cache.device)
+        latent, rope = layer_buffers.record_inputs(arena, latent, rope)
+        rows = None if kv_cache.is_contiguous() else layer_buffers.record_rows(arena, latent.shape[0],
+                                                                               fmt.record_bytes)
     if kv_cache.is_contiguous():
         fmt.write(kv_cache, slots, latent, rope, checks=checks)
     else:
@@ -246,7 +248,7 @@ def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch
 
 def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str,
                      topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, scale: float,
-                     dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None):
+                     dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None, arena=None):
     """(out [M, H, 512], lse float32 [M, H]) of each row over its top-k records in the paged cache (out
     bf16 for bf16 queries in the forward's Triton form, else float32).
 
@@ -254,8 +256,8 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     see ``sparkinfer.attention.sparse_mla_decode`` for the attention and LSE definitions. The kernel
     is ``sparkinfer.decode.impls.kernel_backend``'s: Triton on a GPU or when forced, else torch.
     ``checks``: the forward's form, without host reads (``topk_to_slots``) and, on the Triton path,
-    in blocks of rows into views of the attention arena (``layer_buffers``: consumed before the next
-    call).
+    in blocks of rows into views of ``arena`` (the worker's ``layer_buffers.AttentionArena``, consumed
+    before the next call; one of the call's own without it).
     """
     from sparkinfer.attention import sparse_mla_decode
     from sparkinfer.formats import get_format
@@ -269,13 +271,14 @@ def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch
     backend = kernel_backend(kv_cache.device)
     if checks is not None and backend == "triton" and row_strides(kv_cache) is not None:
         # the forward's form: block by block, every buffer a view of the attention arena
-        from sparkinfer.decode.layer_buffers import attend_in_blocks
+        from sparkinfer.decode.layer_buffers import AttentionArena, attend_in_blocks
 
         def cache_rows(a, b, topk_rows):
             return topk_cache_rows(kv_cache, topk[a:b], token_req[a:b], block_table, *dcp, checks=checks,
                                    out=topk_rows)
 
-        return attend_in_blocks(q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows)
+        arena = arena if arena is not None else AttentionArena(kv_cache.device)
+        return attend_in_blocks(arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows)
     records, rows = topk_cache_rows(kv_cache, topk, token_req, block_table, *dcp, checks=checks)
     return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=backend,
                              check_indices=checks is None)

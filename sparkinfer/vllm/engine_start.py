@@ -9,12 +9,14 @@ Everything a step needs that can fail is settled here, before the first request:
 * a fabric that cannot reach the caches is refused: ``fabric = host`` with the caches on a GPU
   (the host fabric moves CPU tensors), ``fabric = cuda`` with the caches on the CPU
   (``impls.fabric_problem``, when ``SelectedRuntime.start`` builds the fabric);
-* the attention arena is allocated (``layer_buffers.reserve``: its bytes were reserved out of the
-  KV memory, ``reservations.attention_workspace``), in every mode;
+* the worker's runtime (``worker_runtime.for_engine``: every piece of state a worker keeps between
+  steps, ``sparkinfer.decode.runtime``) gets its attention arena (``AttentionArena.reserve``: its
+  bytes were reserved out of the KV memory, ``reservations.attention_workspace``), in every mode;
 * the selected path's buffers are allocated (their bytes were reserved out of the KV memory,
   ``reservations``), the fabric is built and proven with a real exchange (``comm.proof``); a
   node without working P2P serves stock DCP from the first request, with one log line naming the
-  fix (``sparkinfer.vllm.selected_runtime.SelectedRuntime.start``).
+  fix (``sparkinfer.vllm.selected_runtime.SelectedRuntime.start``); the runtime holds it
+  (``WorkerRuntime.selected``).
 
 Torch-free at import (patched vLLM imports it at start); the work is imported when it runs.
 """
@@ -78,12 +80,14 @@ def start(vllm_config) -> None:
     if not uses_sparkinfer(vllm_config):
         return
     check_graph_mode(vllm_config)
-    from sparkinfer.decode import layer_buffers
-    from sparkinfer.vllm import reservations
+    from sparkinfer.vllm import reservations, worker_runtime
     from sparkinfer.vllm.selected_runtime import SelectedRuntime
 
-    layer_buffers.reserve(reservations.attention_workspace(vllm_config).segments(), _cache_device(vllm_config))
-
-    rt = SelectedRuntime.create(vllm_config)
+    runtime = worker_runtime.for_engine(vllm_config)
+    if runtime.device != _cache_device(vllm_config):
+        raise RuntimeError(f"sparkinfer: the worker's device {runtime.device} is not its caches' "
+                           f"{_cache_device(vllm_config)}")
+    runtime.arena.reserve(reservations.attention_workspace(vllm_config).segments())
+    rt = SelectedRuntime.create(vllm_config, runtime)
     if rt is not None:
         rt.start()

@@ -23,13 +23,14 @@ sum_h w_h * relu(q_h . key)), as logical positions in ``topk_indices_buffer [T, 
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-from sparkinfer import native
 from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS
+from sparkinfer.vllm import worker_runtime
 from sparkinfer.vllm.indexer_layout import serves_replicated_indexer  # noqa: F401 (patch 0003 calls it here)
 from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scored_steps
 
@@ -90,8 +91,10 @@ def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = Fa
         from sparkinfer.decode import layer_buffers
         from sparkinfer.indexer.triton_quant import group_quant_fp8
 
-        # in vLLM's forward the layer's indexer op consumes them: the shape's shared buffers
-        out = layer_buffers.indexer_q_buffers(*x.shape, group_size, x.device) if layer_buffers.in_forward() else None
+        # in vLLM's forward the layer's indexer op consumes them: views of the worker's arena (patch
+        # 0003 hands this call nothing but q, so the worker's runtime is the one it has)
+        runtime = worker_runtime.current() if _in_forward() else None
+        out = None if runtime is None else layer_buffers.indexer_q_buffers(runtime.arena, *x.shape, group_size)
         return group_quant_fp8(x, group_size, use_ue8m0, out=out)
     groups = x.float().reshape(-1, x.shape[-1] // group_size, group_size)
     scale = groups.abs().amax(dim=-1).clamp(min=1e-4) / E4M3_MAX
@@ -102,6 +105,12 @@ def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = Fa
     q = (groups / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     scale = scale.t().contiguous().t() if column_major_scales else scale
     return q.reshape(x.shape), scale
+
+
+def _in_forward() -> bool:
+    """Whether vLLM is running a forward (its forward context is set); False where vLLM is not loaded."""
+    context = sys.modules.get("vllm.forward_context")
+    return context is not None and context.is_forward_context_available()
 
 
 def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: torch.Tensor, k: torch.Tensor,
@@ -259,44 +268,27 @@ def _drafts(vllm_config) -> int:
     return spec.num_speculative_tokens if spec is not None else 0
 
 
-_workspaces: dict = {}  # device -> the process's TopkWorkspace (the builders of its indexer layers share one)
-
-
-def _engine_workspace(vllm_config, device):
+def _engine_workspace(vllm_config, runtime):
     """The top-k workspace every batched call of this engine's steps fits in, made at engine start and
-    shared by the process's builders (one call runs at a time): vLLM's token budget in rows, the
-    model's top-k, a context of ``max_model_len`` plus the drafts a drafter's host lengths may count
-    past it (``core.indexer_tiles.engine_workspace_bytes``)."""
+    shared by the worker's builders (``runtime.topk_workspace_of``; one call runs at a time): vLLM's
+    token budget in rows, the model's top-k, a context of ``max_model_len`` plus the drafts a drafter's
+    host lengths may count past it (``core.indexer_tiles.engine_workspace_bytes``)."""
     from sparkinfer.core.indexer_tiles import engine_workspace_bytes
-    from sparkinfer.indexer import TopkWorkspace
 
     drafts = _drafts(vllm_config)
-    nbytes = engine_workspace_bytes(vllm_config.scheduler_config.max_num_batched_tokens,
-                                    vllm_config.model_config.hf_config.index_topk,
-                                    vllm_config.model_config.max_model_len + drafts + 1)
-    key = str(native.device_key(device))
-    if key not in _workspaces or 8 * _workspaces[key].buffer.numel() < nbytes:
-        _workspaces[key] = TopkWorkspace(nbytes, device)
-    return _workspaces[key]
+    return runtime.topk_workspace_of(engine_workspace_bytes(vllm_config.scheduler_config.max_num_batched_tokens,
+                                                            vllm_config.model_config.hf_config.index_topk,
+                                                            vllm_config.model_config.max_model_len + drafts + 1))
 
 
-_merges: dict = {}  # device -> the process's MergeBuffers (its builders share one, as the workspace)
-
-
-def _engine_merge(vllm_config, device):
+def _engine_merge(vllm_config, runtime):
     """The sharded merge's buffers for every decode step of this engine (``max_num_seqs`` requests of
     1 + drafts rows, the model's top-k over the DCP group) and for each ``INDEXER_ROWS`` block of a
-    larger step (a prefill chunk is merged block by block), made at engine start. The bytes are
-    ``core.reservations``' ``indexer_merge``."""
-    from sparkinfer.indexer import MergeBuffers
-
+    larger step (a prefill chunk is merged block by block), made at engine start and shared by the
+    worker's builders (``runtime.merge_of``). The bytes are ``core.reservations``' ``indexer_merge``."""
     rows = max(vllm_config.scheduler_config.max_num_seqs * (1 + _drafts(vllm_config)), INDEXER_ROWS)
     world, k = vllm_config.parallel_config.decode_context_parallel_size, vllm_config.model_config.hf_config.index_topk
-    key = str(native.device_key(device))
-    held = _merges.get(key)
-    if held is None or (held.world, held.k) != (world, k) or held.rows < rows:
-        held = _merges[key] = MergeBuffers(world, rows, k, device)
-    return held
+    return runtime.merge_of(world, rows, k)
 
 
 @functools.cache
@@ -313,14 +305,15 @@ def indexer_backend():
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)
             self.scoring = IndexerScoring(vllm_config)
-            self.workspace = _engine_workspace(vllm_config, device)
-            self.merge = _engine_merge(vllm_config, device) if self.scoring.can_shard else None
+            self.runtime = worker_runtime.for_engine(vllm_config)  # the worker's state (decode.runtime)
+            self.workspace = _engine_workspace(vllm_config, self.runtime)
+            self.merge = _engine_merge(vllm_config, self.runtime) if self.scoring.can_shard else None
 
         def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
             """Planned on the host from vLLM's host copies (``step_plan``); the causal positions and
             slots are made on the device from its exact ``seq_lens`` (a drafter's host lengths are
             only an upper bound), so nothing is read back."""
-            from sparkinfer.decode import device_checks, step_plan
+            from sparkinfer.decode import step_plan
 
             cm = common_attn_metadata
             n = cm.num_actual_tokens
@@ -337,7 +330,7 @@ def indexer_backend():
             md = ReplicatedIndexerMetadata(n, cm.num_reqs, torch.from_numpy(token_req), pos,
                                            torch.from_numpy(seq_lens), table, slots,
                                            self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,
-                                           checks=device_checks.for_device(table.device), workspace=self.workspace,
+                                           checks=self.runtime.checks, workspace=self.workspace,
                                            merge=self.merge)
             cache = self._layer_cache()
             if cache is not None:  # the step's rows planned here, not in a layer

@@ -46,12 +46,10 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuild
 from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
 
 from sparkinfer.core.layouts import LATENT_DIM
-from sparkinfer.decode import impls
-from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, is_record_cache_dtype, write_records
-from sparkinfer.decode import device_checks, step_plan
-from sparkinfer.vllm.selected_runtime import SelectedRuntime
-from sparkinfer.vllm.step_requests import request_ids
+from sparkinfer.decode import device_checks, impls, step_plan
 from sparkinfer.decode.paged_sparse_mla import paged_sparse_mla, scatter_rows, topk_cache_rows
+from sparkinfer.vllm import worker_runtime
+from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, is_record_cache_dtype, write_records
 from sparkinfer.vllm.platforms import BACKEND_NAME
 
 
@@ -89,22 +87,21 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        impls.log_graph_support(vllm_config.compilation_config.cudagraph_mode)
+        self.runtime = worker_runtime.for_engine(vllm_config)  # the worker's state (decode.runtime)
+        impls.log_graph_support(self.runtime, vllm_config.compilation_config.cudagraph_mode)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
-        checks = device_checks.for_device(common_attn_metadata.block_table_tensor.device)
-        checks.poll()  # a check set by an earlier step's forward fails the engine here
-        return self._build(common_attn_metadata, may_select=True, checks=checks)
+        self.runtime.checks.poll()  # a check set by an earlier step's forward fails the engine here
+        return self._build(common_attn_metadata, may_select=True)
 
     def build_for_drafting(self, common_attn_metadata, draft_index):
         """MTP draft passes take stock DCP: the selected executor plans the target model's layers."""
-        rt = SelectedRuntime.current()
+        rt = self.runtime.selected
         if rt is not None:
             rt.selected = rt.keep_records = False  # nor do the draft's cache writes need the step's records
-        checks = device_checks.for_device(common_attn_metadata.block_table_tensor.device)
-        return self._build(common_attn_metadata, may_select=False, checks=checks)
+        return self._build(common_attn_metadata, may_select=False)
 
-    def _build(self, common_attn_metadata, may_select: bool, checks):
+    def _build(self, common_attn_metadata, may_select: bool):
         """Plan on the host (``step_plan``) from vLLM's host copies; one copy to the device."""
         cm = common_attn_metadata
         n = cm.num_actual_tokens
@@ -113,13 +110,13 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         local_lens = cm.dcp_local_seq_lens if cm.dcp_local_seq_lens is not None else cm.seq_lens
         path, context, query_lens = "stock", None, None
         sharded = getattr(self.kv_cache_spec, "dcp_sharded", False)
-        rt = SelectedRuntime.of(self.vllm_config) if may_select and sharded else None
+        rt = self.runtime.selected if may_select and sharded else None
         if rt is not None:  # the same decision on every rank: the scheduler output is the same
             if not step_plan.exact_seq_lens(self.vllm_config):  # async speculative steps: no exact host copy
                 seq_lens = cm.seq_lens[: cm.num_reqs].cpu().numpy().astype(np.int64)
             qlens = qsl[1:] - qsl[:-1]
             contexts = seq_lens - qlens
-            path = rt.choose(qlens.tolist(), contexts.tolist(), request_ids(cm.num_reqs))
+            path = rt.choose(qlens.tolist(), contexts.tolist(), self.runtime.step_request_ids(cm.num_reqs))
             token_req, context, query_lens = step_plan.to_device(cm.block_table_tensor.device, token_req,
                                                                 contexts, qlens)
         else:
@@ -127,7 +124,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
                               cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc,
                               self.vllm_config.parallel_config.cp_kv_cache_interleave_size, path != "stock",
-                              context, path == "gather", query_lens, checks)
+                              context, path == "gather", query_lens, self.runtime.checks)
 
 
 def float_cache_attention(q_nope, q_rope, kv_cache, slots, scale):
@@ -155,6 +152,8 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
     def __init__(self, *args, topk_indices_buffer=None, index_group_builder=None, **kwargs):
         dcp = self.dcp_world_size, self.dcp_rank  # set by AttentionImpl.__new__; CPUMLAImpl resets them
         super().__init__(*args, **kwargs)
+        # the worker's state (decode.runtime): vLLM builds the impl at model load, under its config
+        self.runtime = worker_runtime.for_engine()
         self.dcp_world_size, self.dcp_rank = dcp
         if topk_indices_buffer is None:
             raise ValueError(f"{BACKEND_NAME} needs the indexer's topk_indices_buffer")
@@ -172,14 +171,15 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
             h = layer.num_heads
             if q_nope.shape[1] != h:  # queries replicated over the DCP group (every head): keep this rank's
                 q_nope, q_rope = (t[:, self.dcp_rank * h:(self.dcp_rank + 1) * h] for t in (q_nope, q_rope))
-            out, lse = SelectedRuntime.current().attend(layer, q_nope, q_rope, self.topk_indices_buffer, md)
+            out, lse = self.runtime.selected.attend(layer, q_nope, q_rope, self.topk_indices_buffer, md)
             return out.to(q_nope.dtype), lse
         # Under DCP the top-k is global (the indexer is replicated): keep this rank's tokens only; a row
         # with none gets lse -inf, and vLLM merges the ranks' partials with their LSEs.
         dcp = (self.dcp_rank, self.dcp_world_size, md.dcp_interleave)
         if is_record_cache_dtype(self.kv_cache_dtype):
             out, lse = paged_sparse_mla(q_nope, q_rope, kv_c_and_k_pe_cache, self.kv_cache_dtype, topk,
-                                        md.token_req[:n], md.block_table, self.scale, *dcp, checks=md.checks)
+                                        md.token_req[:n], md.block_table, self.scale, *dcp, checks=md.checks,
+                                        arena=self.runtime.arena)
         else:  # float rows read in place (row_view: every element starts a row of a strided view)
             rows, at = topk_cache_rows(kv_c_and_k_pe_cache, topk, md.token_req[:n], md.block_table, *dcp,
                                        checks=md.checks)
@@ -189,15 +189,15 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
     def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale):
         if kv_cache.numel() == 0:
             return
-        checks = device_checks.for_device(kv_cache.device)
-        rt = SelectedRuntime.current()
+        checks = self.runtime.checks
+        rt = self.runtime.selected
         if rt is not None and rt.keep_records:  # selected steps patch them in; replicas keep them
             rt.stash(kv_cache, kv_c_normed, k_pe, slot_mapping.shape[0], checks)
         # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: written in
         # place (scatter_rows), no copy of the touched pages and no host read.
         slots = slot_mapping.flatten()
         if is_record_cache_dtype(kv_cache_dtype):
-            write_records(kv_cache_dtype, kv_c_normed, k_pe, kv_cache, slots, checks)
+            write_records(kv_cache_dtype, kv_c_normed, k_pe, kv_cache, slots, checks, self.runtime.arena)
         else:  # unquantized [latent ; rope] rows
             n = slots.shape[0]
             rows = torch.cat([kv_c_normed[:n], k_pe.reshape(k_pe.shape[0], -1)[:n]], dim=1)

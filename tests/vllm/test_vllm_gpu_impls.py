@@ -381,9 +381,9 @@ def tiny_mtp(tmp_path_factory):
 
 def _impls_probe(worker=None):
     from sparkinfer.decode.impls import probe_counts
-    from sparkinfer.vllm.selected_runtime import SelectedRuntime, transport_ledger
+    from sparkinfer.vllm.selected_runtime import transport_ledger, worker_selected
 
-    rt = SelectedRuntime.current()
+    rt = worker_selected()
     decoder = None if rt is None else rt.decoder
     return {"calls": probe_counts(), "ledger": transport_ledger(),
             "sizing": None if decoder is None else decoder.ring.exchange.sizing,
@@ -464,10 +464,12 @@ def test_builders_declare_no_cuda_graphs_for_the_stated_reasons():
     assert _host_reads(lambda: run_indexer(cache, md, qi, k, w, buf, 8)) & {"__int__", "__bool__", "item"}
 
 
-def test_graph_line_is_logged_once_per_process(caplog, monkeypatch):
+def test_graph_line_is_logged_once_per_worker(caplog, monkeypatch):
     import logging
 
-    monkeypatch.setattr(impls, "_graph_line_logged", [False])
+    from sparkinfer.decode.runtime import WorkerRuntime
+
+    runtime = WorkerRuntime("cpu")  # the worker's state: whether its line was logged
     # once vllm is imported its logging config stops "vllm.*" from propagating to caplog's root handler:
     # capture on the logger itself, without propagation, so each record is seen once either way
     logger = logging.getLogger("vllm.sparkinfer")
@@ -475,8 +477,8 @@ def test_graph_line_is_logged_once_per_process(caplog, monkeypatch):
     logger.addHandler(caplog.handler)
     try:
         with caplog.at_level("INFO", logger="vllm.sparkinfer"):
-            impls.log_graph_support("FULL_AND_PIECEWISE")
-            impls.log_graph_support("FULL_AND_PIECEWISE")
+            impls.log_graph_support(runtime, "FULL_AND_PIECEWISE")
+            impls.log_graph_support(runtime, "FULL_AND_PIECEWISE")
     finally:
         logger.removeHandler(caplog.handler)
     lines = [r.getMessage() for r in caplog.records if r.name == "vllm.sparkinfer"]

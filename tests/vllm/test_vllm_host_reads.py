@@ -113,13 +113,13 @@ def test_the_forward_form_allocates_nothing_within_the_reserved_arena(monkeypatc
         args = (q[0][:rows], q[1][:rows], cache, "nvfp4_368", topk[:rows], token_req[:rows], table, 0.1, 0, 2, 1)
         want = paged_sparse_mla(*args)
         with host_reads.count_allocations() as made:
-            got = paged_sparse_mla(*args, checks=checks)
+            got = paged_sparse_mla(*args, checks=checks, arena=arenas)
         return want, got, made
 
-    monkeypatch.setattr(layer_buffers, "_arenas", {})
+    arenas = layer_buffers.AttentionArena(torch.device("cpu"))
     layout = AttentionWorkspace(rows=3, heads=2, topk=8, out_bytes=4)
-    arena = layer_buffers.reserve(layout.segments(), "cpu")
-    assert layer_buffers.held_bytes("cpu") == layout.nbytes == arena.buf.numel()
+    arena = arenas.reserve(layout.segments())
+    assert arenas.held_bytes() == layout.nbytes == arena.buf.numel()
     for rows, block in ((3, 1024), (2, 1024), (3, 2)):
         monkeypatch.setattr(attention_workspace, "BLOCK_ROWS", block)
         want, got, made = both(rows)
@@ -128,7 +128,7 @@ def test_the_forward_form_allocates_nothing_within_the_reserved_arena(monkeypatc
         assert all(torch.equal(a, b) for a, b in zip(got, want)), (rows, block)
     monkeypatch.setattr(attention_workspace, "BLOCK_ROWS", 1024)
     caplog.set_level("WARNING", logger=layer_buffers.__name__)
-    layer_buffers.reserve(AttentionWorkspace(rows=2, heads=2, topk=8, out_bytes=4).segments(), "cpu")
+    arenas.reserve(AttentionWorkspace(rows=2, heads=2, topk=8, out_bytes=4).segments())
     want, got, made = both(3)
     assert made and all(torch.equal(a, b) for a, b in zip(got, want))
     assert "outside the KV budget" in caplog.text
