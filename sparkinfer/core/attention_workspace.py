@@ -27,7 +27,7 @@ partial_lse     float32 [S x m <= BLOCK_ROWS, H]
 indexer_q       float8 [N, index_dim]: the indexer's quantized q (vLLM quantizes it per head row)
 indexer_scales  float32 [N, index_dim / index_group]
 record_rows     uint8 [M, <= 656]: a cache write's encoded records before their scatter into a
-                strided (DCP) cache view (``paged_sparse_mla.write_cache_records``)
+                strided (DCP) cache view (``paged_sparse_mla.forward_write_records``)
 record_latent   float32 [M, <= 512]: the fp32 copy a cache write encodes from when the model's
                 latent (or indexer key) is bf16 (the encoders read fp32)
 record_rope     float32 [M, 64]: the same for the rope part

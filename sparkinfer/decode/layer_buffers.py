@@ -6,8 +6,9 @@ rows (a block of ``BLOCK_ROWS`` rows at a time: ``attend_in_blocks``), and the i
 q. Every call overwrites what the previous one left, so only what a layer consumes before the next
 call may live here (an attention output is up-projected or LSE-merged in its layer, the quantized q
 is read by the layer's indexer op); the launches are stream-ordered, so on a GPU the layer's reads
-come before the next layer's writes. Only the forward's forms use it (the ones given ``checks``;
-the indexer's q quantization inside vLLM's forward): a direct call returns tensors of its own.
+come before the next layer's writes. Only the forward's forms use it (through their step's
+``forward_step.ForwardStep``; the indexer's q quantization inside vLLM's forward): a direct call
+returns tensors of its own.
 
 Each worker holds one ``AttentionArena`` (``runtime.WorkerRuntime.arena``), allocated at engine
 start (``reserve``, from ``sparkinfer.vllm.engine_start``) with the bytes patch 0008 reserved out of

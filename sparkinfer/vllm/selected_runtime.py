@@ -182,8 +182,7 @@ class SelectedRuntime:
         self.keep_records = self.selected or self._step_replicas is not None
         return path
 
-    def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int,
-              checks=None) -> None:
+    def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int) -> None:
         """The step's own records of the layer whose cache is ``kv_cache`` (all tokens, every rank):
         kept for a selected step's attention and written into the replica store."""
         if self._layer_of is None:
@@ -192,7 +191,7 @@ class SelectedRuntime:
         if idx is None:  # not a target model layer (the MTP layer): its records are not planned
             return
         k_pe = k_pe.squeeze(1) if k_pe.dim() == 3 else k_pe
-        records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens], checks=checks)
+        records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens], checks=self.runtime.checks)
         if self.selected:
             self._records[kv_cache.data_ptr()] = records
         if self._step_replicas is not None and self._step_replicas[0] is not None:
@@ -286,7 +285,8 @@ class SelectedRuntime:
         exchange = SelectedExchange(fabric, sizing)
         return SelectedDecode(exchange, self.fmt, DcpLayout(group.world_size, self.interleave), self.pattern,
                               max_batch=self.max_batch, rows=self.rows, topk=self.topk, depth=depth, scale=scale,
-                              backend=backend, gather_rows=self.gather_rows, arena=self.runtime.arena)
+                              backend=backend, gather_rows=self.gather_rows, checks=self.runtime.checks,
+                              arena=self.runtime.arena)
 
     def attend(self, layer, q_nope: torch.Tensor, q_rope: torch.Tensor, topk_buffer: torch.Tensor, md):
         """(out [T, H, 512], lse [T, H]) of this rank's heads at ``layer`` (an MLAAttention)."""
@@ -298,7 +298,6 @@ class SelectedRuntime:
         gathered = md.sparkinfer_gather
         step = get_forward_context()  # one per model forward; layers may carry different metadata objects
         if step is not self._step:  # the step's first DSA layer
-            self.decoder.checks = md.checks  # the forward's checks go to the device error flag
             layers = self._dsa_layers()
             cache = layers[0].kv_cache
             self.decoder.begin_step([layers[i].kv_cache for i in range(self.num_layers)], md.block_table,

@@ -118,26 +118,30 @@ def test_vllm_indexer_custom_op_runs_the_replicated_indexer():
 
 
 def test_indexer_q_quantization_shares_its_buffers_inside_vllms_forward(monkeypatch):
-    """On the GPU path the indexer's q quantization writes into the attention arena while vLLM runs a
-    forward (its indexer op consumes it in the layer): a repeated call allocates nothing, writes the
-    same memory and gives the same bytes as a direct call, which returns tensors of its own."""
+    """On the GPU path the indexer's q quantization writes into the worker's attention arena while vLLM
+    runs a forward (its indexer op consumes it in the layer): a repeated call allocates nothing, writes
+    the same memory and gives the same bytes as a direct call, which returns tensors of its own."""
     pytest.importorskip("vllm")
     from vllm.config import VllmConfig
     from vllm.forward_context import set_forward_context
 
     from sparkinfer.testing import host_reads
+    from sparkinfer.vllm import worker_runtime
     from sparkinfer.vllm.replicated_indexer import quant_q_fp8
 
     monkeypatch.setenv(impls.FORCE_ENV, "1")
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(0))
     want, other = quant_q_fp8(x, 128, use_ue8m0=True), quant_q_fp8(x, 128, use_ue8m0=True)
     assert want[0] is not other[0]
-    with set_forward_context({}, VllmConfig()):
+    config = VllmConfig()
+    runtime = worker_runtime.for_engine(config)  # made where vLLM builds the worker's sparkinfer objects
+    with set_forward_context({}, config):
         first = quant_q_fp8(x, 128, use_ue8m0=True)
         with host_reads.count_allocations() as made:
             again = quant_q_fp8(x, 128, use_ue8m0=True)
     assert not made, dict(made)
     assert again[0].data_ptr() == first[0].data_ptr() and again[1].data_ptr() == first[1].data_ptr()
+    assert first[0].untyped_storage().data_ptr() == runtime.arena.arena.buf.data_ptr()
     assert torch.equal(again[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(again[1], want[1])
 
 
@@ -210,12 +214,15 @@ def test_a_non_finite_indexer_q_sets_the_device_flag(monkeypatch, forced, bad_q)
     a NaN or infinity in the model's q, which reaches the weights through its quantization scale:
     ``indexer_inputs`` raises a step later, naming the check; finite inputs raise nothing."""
     from sparkinfer.testing import host_reads
-    from sparkinfer.decode.device_checks import DeviceCheckError, DeviceChecks
+    from sparkinfer.decode.device_checks import DeviceCheckError
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.runtime import WorkerRuntime
     from sparkinfer.vllm.replicated_indexer import run_indexer
 
     monkeypatch.setenv(impls.FORCE_ENV, forced)
     cache, md, q, k, w = _indexer_inputs(bad_q=bad_q)
-    md.checks = checks = DeviceChecks("cpu")
+    md.step = ForwardStep.of(WorkerRuntime("cpu"))  # the builder's: the worker's checks and arena
+    checks = md.step.checks
     md.host_qsl, md.host_seq_lens = np.array([0, 6, 7]), md.seq_lens.numpy()
     with host_reads.count_reads() as reads:
         run_indexer(cache, md, q, k, w, torch.full((16, 8), 99, dtype=torch.int32), 8)
@@ -238,8 +245,9 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
     candidates in rank order."""
     from sparkinfer.core.topology import DcpLayout
     from sparkinfer.testing import host_reads
-    from sparkinfer.decode.device_checks import DeviceChecks
+    from sparkinfer.decode.forward_step import ForwardStep
     from sparkinfer.decode.impls import kernel_backend
+    from sparkinfer.decode.runtime import WorkerRuntime
     from sparkinfer.vllm.indexer_scoring import ShardedScoring
     from sparkinfer.indexer import MergeBuffers, TopkWorkspace
     from sparkinfer.indexer.topk import unpack_keys
@@ -283,7 +291,7 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
     # the forward's form (device checks, the builder's host copies, its workspace and merge buffers for
     # all the step's rows, for fewer: the step merged in blocks of 15 and 1, of 3): the same top-k; with
     # the GPU implementations no host read in sparkinfer code and no allocation at all
-    md.checks, md.key_plans = DeviceChecks(dev), {}
+    md.step, md.key_plans = ForwardStep.of(WorkerRuntime(dev)), {}
     md.host_qsl, md.host_seq_lens = _host_layout(md)
     for rows in (n, n - 1, 3):
         md.merge, md.workspace = MergeBuffers(world, rows, 8, dev), TopkWorkspace(1 << 20, dev)
