@@ -13,10 +13,14 @@ and its index among the request's rows).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from sparkinfer.decode.host_copies import host_array
+
+log = logging.getLogger(__name__)
 
 
 def host_lens(cm, vllm_config) -> tuple[np.ndarray, np.ndarray]:
@@ -48,8 +52,35 @@ def token_layout(qsl: np.ndarray, seq_lens: np.ndarray, num_tokens: int):
 
 
 def to_device(device, *arrays: np.ndarray) -> list[torch.Tensor]:
-    """int64 copies of ``arrays`` on ``device``, moved in one host-to-device copy."""
-    sizes = [a.size for a in arrays]
-    flat = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays]))
-    on = flat.to(device, non_blocking=True)
-    return [t.view(a.shape) for t, a in zip(torch.split(on, sizes), arrays)]
+    """int64 copies of ``arrays`` on ``device``, moved in one host-to-device copy (new tensors: a
+    direct caller's; a builder's step plan goes through its ``Uploads``)."""
+    return Uploads(device)(*arrays)
+
+
+class Uploads:
+    """One builder's step plan on the device: the host's arrays copied each step into the same
+    persistent int64 buffer, in one host-to-device copy.
+
+    Why persistent: a captured CUDA graph reads its metadata at the addresses it saw at capture, so a
+    step's plan must land where the last step of the same shape put it (the arrays are laid out in
+    call order, so a step of the same shape gets views at the same offsets;
+    ``sparkinfer.testing.launches`` holds the forwards to that). The buffer is sized at engine start
+    for the largest step (``capacity`` int64s); a larger plan grows it, once, with a log line: a
+    graph captured before then would read the old buffer. A later build overwrites the plan the
+    previous one left: the copy is stream-ordered after the forwards that read it."""
+
+    def __init__(self, device, capacity: int = 0):
+        self.device = device
+        self.buf = torch.empty(capacity, dtype=torch.int64, device=device)
+
+    def __call__(self, *arrays: np.ndarray) -> list[torch.Tensor]:
+        sizes = [np.asarray(a).size for a in arrays]
+        flat = torch.from_numpy(np.concatenate([np.asarray(a, dtype=np.int64).ravel() for a in arrays]))
+        if flat.numel() > self.buf.numel():
+            if self.buf.numel():
+                log.warning("sparkinfer: a step plan of %d int64s outgrew its %d-entry device buffer (a step "
+                            "larger than the engine was sized for); grown", flat.numel(), self.buf.numel())
+            self.buf = torch.empty(flat.numel(), dtype=torch.int64, device=self.device)
+        on = self.buf[: flat.numel()]
+        on.copy_(flat, non_blocking=True)
+        return [t.view(np.shape(a)) for t, a in zip(torch.split(on, sizes), arrays)]

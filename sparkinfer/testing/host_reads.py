@@ -151,7 +151,7 @@ _FRESH = {"lift_fresh", "lift_fresh_copy"}  # torch.tensor(data): a storage made
 _AFTER_PYTHON = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
 
 
-def _storages(values, into: dict) -> dict:
+def storages(values, into: dict) -> dict:
     """{storage data_ptr: nbytes} of the tensors in ``values`` (nested lists/tuples)."""
     for v in values:
         if isinstance(v, torch.Tensor):
@@ -161,42 +161,51 @@ def _storages(values, into: dict) -> dict:
                 continue
             into.setdefault(st.data_ptr(), st.nbytes())
         elif isinstance(v, (list, tuple)):
-            _storages(v, into)
+            storages(v, into)
     return into
 
 
-class _AllocMode(TorchDispatchMode):
+class OpWatcher(TorchDispatchMode):
+    """Sees every aten op, inside vLLM's custom ops too, and hands each to ``seen`` with the storages
+    its outputs made ({data_ptr: nbytes}: none of its inputs', module docstring)."""
+
+    def seen(self, func, args, kwargs, out, made: dict) -> None:
+        raise NotImplementedError
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace not in ("aten", "prims", "prim"):  # a custom op: see the aten ops inside it
+            keys = next((torch._C._dispatch_keys(t) for t in _tensors(args, kwargs)), None)
+            if keys is not None:
+                with self:
+                    return func.redispatch(keys & _AFTER_PYTHON, *args, **kwargs)
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        made = storages(out if isinstance(out, (list, tuple)) else (out,), {})
+        if made and func._opname not in _FRESH:
+            inputs = storages((args, tuple(kwargs.values())), {})
+            made = {p: n for p, n in made.items() if p not in inputs}
+        self.seen(func, args, kwargs, out, {p: n for p, n in made.items() if n})
+        return out
+
+
+class _AllocMode(OpWatcher):
     """Books, per aten op, the outputs whose storage is not one of its inputs' (module docstring)."""
 
     def __init__(self, counts: Counter):
         super().__init__()
         self.counts = counts
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.namespace not in ("aten", "prims", "prim"):  # a custom op: see the aten ops inside it
-            keys = next((torch._C._dispatch_keys(t) for t in _storages_tensors(args, kwargs)), None)
-            if keys is not None:
-                with self:
-                    return func.redispatch(keys & _AFTER_PYTHON, *args, **kwargs)
-            return func(*args, **kwargs)
-        out = func(*args, **kwargs)
-        made = _storages(out if isinstance(out, (list, tuple)) else (out,), {})
+    def seen(self, func, args, kwargs, out, made: dict) -> None:
         if made:
-            if func._opname not in _FRESH:
-                inputs = _storages((args, tuple(kwargs.values())), {})
-                made = {p: n for p, n in made.items() if p not in inputs}
-            made = {p: n for p, n in made.items() if n}
-            if made:
-                site, phase = _site(2, CODEC_STANDINS)
-                if site is not None:
-                    key = f"{site}:{func._opname}"
-                    self.counts[f"{phase}|alloc|{key}"] += len(made)
-                    self.counts[f"{phase}|alloc_bytes|{key}"] += sum(made.values())
-        return out
+            site, phase = _site(3, CODEC_STANDINS)
+            if site is not None:
+                key = f"{site}:{func._opname}"
+                self.counts[f"{phase}|alloc|{key}"] += len(made)
+                self.counts[f"{phase}|alloc_bytes|{key}"] += sum(made.values())
 
 
-def _storages_tensors(args, kwargs):
+def _tensors(args, kwargs):
     for v in (*args, *kwargs.values()):
         if isinstance(v, torch.Tensor):
             yield v
@@ -239,8 +248,8 @@ class _Probe:
             self._close()
             n = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
             if n:
-                decode = not scheduler_output.scheduled_new_reqs and max(n.values()) <= self.spec_rows
-                self.steps.append({"decode": bool(decode), "rows": sum(n.values()), "reads": None})
+                self.steps.append({"decode": is_decode_step(scheduler_output, self.spec_rows),
+                                   "rows": sum(n.values()), "reads": None})
             with self.timer("wall"), _AllocMode(self.counts):
                 return execute(scheduler_output, *a, **k)
 
@@ -272,15 +281,25 @@ class _Probe:
         return self.steps
 
 
+def spec_rows(runner) -> int:
+    """Rows a decode request has in a step of this model runner: 1 + its speculative tokens."""
+    spec = runner.vllm_config.speculative_config
+    return 1 + (spec.num_speculative_tokens if spec is not None else 0)
+
+
+def is_decode_step(scheduler_output, spec_rows: int) -> bool:
+    """A step that schedules no new request and at most ``spec_rows`` (1 + speculative) rows per request."""
+    n = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
+    return bool(n) and not scheduler_output.scheduled_new_reqs and max(n.values()) <= spec_rows
+
+
 _probe: list = [None]
 
 
 def install(worker=None) -> bool:
     """``LLM.collective_rpc(install)``: count from now on in this worker (idempotent)."""
     if _probe[0] is None:
-        runner = worker.model_runner
-        spec = runner.vllm_config.speculative_config
-        _probe[0] = _Probe(runner, 1 + (spec.num_speculative_tokens if spec is not None else 0))
+        _probe[0] = _Probe(worker.model_runner, spec_rows(worker.model_runner))
     return True
 
 

@@ -326,6 +326,13 @@ def indexer_backend():
             self.step = ForwardStep.of(self.runtime)  # the op's kernels and buffers (no step data)
             self.workspace = _engine_workspace(vllm_config, self.runtime)
             self.merge = _engine_merge(vllm_config, self.runtime) if self.scoring.can_shard else None
+            from sparkinfer.decode.step_plan import Uploads
+
+            # the step plan's token_req and distances back from the sequence's end, [T] each, and the
+            # positions and slots made from them on the device: persistent, as a captured graph needs
+            t = vllm_config.scheduler_config.max_num_batched_tokens
+            self._uploads = Uploads(device, 2 * t)
+            self._pos, self._slots = (torch.empty(t, dtype=torch.int64, device=device) for _ in range(2))
 
         def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
             """Planned on the host from vLLM's host copies (``step_plan``); the causal positions and
@@ -342,9 +349,10 @@ def indexer_backend():
             # slot mapping: under DCP > 1 the indexer is replicated (every rank writes every key, pages
             # of 64 x DCP tokens) while the group's mapping is the sharded records' (-1 on other ranks).
             block_size = self.kv_cache_spec.block_size
-            tr, back = step_plan.to_device(table.device, token_req, seq_lens[token_req] - positions)
-            pos = cm.seq_lens[: cm.num_reqs].to(torch.int64)[tr] - back
-            slots = table.to(torch.int64)[tr, pos // block_size] * block_size + pos % block_size
+            tr, back = self._uploads(token_req, seq_lens[token_req] - positions)
+            pos, slots = (self._pos[:n], self._slots[:n]) if n <= self._pos.numel() else (None, None)
+            pos = torch.sub(cm.seq_lens[: cm.num_reqs].to(torch.int64)[tr], back, out=pos)
+            slots = torch.add(table.to(torch.int64)[tr, pos // block_size] * block_size, pos % block_size, out=slots)
             md = ReplicatedIndexerMetadata(n, cm.num_reqs, torch.from_numpy(token_req), pos,
                                            torch.from_numpy(seq_lens), table, slots,
                                            self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,

@@ -93,6 +93,8 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.runtime = worker_runtime.for_engine(vllm_config)  # the worker's state (decode.runtime)
         impls.log_graph_support(self.runtime, vllm_config.compilation_config.cudagraph_mode)
+        sched = vllm_config.scheduler_config  # the step plan: token_req [T], contexts and query lengths [R]
+        self._uploads = step_plan.Uploads(device, sched.max_num_batched_tokens + 2 * sched.max_num_seqs)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         self.runtime.checks.poll()  # a check set by an earlier step's forward fails the engine here
@@ -121,10 +123,9 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
             qlens = qsl[1:] - qsl[:-1]
             contexts = seq_lens - qlens
             path = rt.choose(qlens.tolist(), contexts.tolist(), self.runtime.step_request_ids(cm.num_reqs))
-            token_req, context, query_lens = step_plan.to_device(cm.block_table_tensor.device, token_req,
-                                                                contexts, qlens)
+            token_req, context, query_lens = self._uploads(token_req, contexts, qlens)
         else:
-            token_req, = step_plan.to_device(cm.block_table_tensor.device, token_req)
+            token_req, = self._uploads(token_req)
         interleave = self.vllm_config.parallel_config.cp_kv_cache_interleave_size
         step = ForwardStep.of(self.runtime, token_req=token_req, block_table=cm.block_table_tensor,
                               interleave=interleave)

@@ -1,0 +1,263 @@
+"""Record the launches of a step's forward, to prove a decode step replays from a captured CUDA graph (a probe).
+
+A captured graph replays its kernels with the arguments they had at capture: the same pointers,
+shapes, strides and scalars; only the bytes inside the buffers may differ from step to step. So a
+decode step is capture-safe when every decode step at the same padded batch shape makes exactly
+the same launches, whatever its requests, their lengths and contexts. This probe records the
+launches each forward makes in vLLM's workers and compares two decode steps of equal shape.
+
+What a launch is on CPU: an aten op (a kernel on a GPU) or an interpreted Triton kernel, made
+by sparkinfer's code; in the engine, under a layer's forward (``host_reads.LAYER_ENTRIES``: the cache write, the
+attention, the indexer op and its q quantization). vLLM's own ops are vLLM's to make capture-safe
+and are not compared; they are only watched for what they produce.
+
+Which pointers must be equal: a tensor a launch reads or writes is either
+
+* made inside the forward (by any op, vLLM's included): inside a graph it comes from the graph's
+  own memory pool, at the same address every replay. It is named by its first use among the
+  recorded launches (``("made", n, offset, shape, stride, dtype)``), so two steps agree when they
+  use their temporaries in the same pattern;
+* or made outside it (the KV cache, the arena, weights, the step's metadata): the graph froze its
+  address, so it must be the very same memory at the same offset, shape and stride
+  (``("outside", address, ...)``). The probe keeps the last step's outside tensors alive until the
+  comparison, so a buffer made afresh each step cannot land at the old address by chance and pass.
+
+Python scalars (ints, floats, dtypes) and Triton grids are compared by value: a graph freezes them
+too (a row count passed as a kernel argument is a shape the graph would keep).
+
+    LLM.collective_rpc(install)          # in every worker: forward brackets and step brackets
+    ... llm.generate(...)                # at least two decode steps of one batch shape
+    LLM.collective_rpc(report)           # per worker: one comparison per pair of equal-shape decode steps
+
+``record`` is the same recording around a block of code in this process (the probe's own tests).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+
+import torch
+
+from sparkinfer.testing.host_reads import LAYER_ENTRIES, OpWatcher, is_decode_step, spec_rows
+
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../sparkinfer/
+_TESTING = os.path.join(_PKG, "testing") + os.sep
+_active: list = []  # the recordings open in this process (innermost last)
+
+
+def _site(layers_only: bool):
+    """The innermost sparkinfer frame of the call being made (None: not sparkinfer's, or with
+    ``layers_only`` not under a layer's forward): where a launch is booked."""
+    frame = sys._getframe(2)
+    site = None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.startswith(_PKG) and not path.startswith(_TESTING):
+            if site is None:
+                site = f"{os.path.relpath(path, _PKG)}:{frame.f_code.co_name}"
+            if not layers_only or frame.f_code.co_name in LAYER_ENTRIES:
+                return site
+        frame = frame.f_back
+    return None
+
+
+class Recording:
+    """The launches of one forward: ``events`` [(site, kernel, arguments)], and the outside tensors'
+    storages they touched (held alive: see the module docstring)."""
+
+    def __init__(self, layers_only: bool):
+        self.layers_only = layers_only
+        self.events: list[tuple] = []
+        self.made: dict[int, int] = {}  # storage (its serial in ``inside``) -> its name (order of first use)
+        # address -> serial of the storage made there last: a freed address the allocator hands out
+        # again is a new storage, so it gets a new name
+        self.inside: dict[int, int] = {}
+        self._serial = 0
+        self.held: list = []
+
+    def tensor(self, t: torch.Tensor) -> tuple:
+        st = t.untyped_storage()
+        at = st.data_ptr()
+        layout = (t.storage_offset(), tuple(t.shape), tuple(t.stride()), str(t.dtype), t.device.type)
+        if at in self.inside:
+            return ("made", self.made.setdefault(self.inside[at], len(self.made)), *layout)
+        self.held.append(st)
+        return ("outside", at, *layout)
+
+    def born(self, made: dict) -> None:
+        """Storages made inside the forward, at these addresses."""
+        for at in made:
+            self._serial += 1
+            self.inside[at] = self._serial
+
+    def value(self, v):
+        if isinstance(v, torch.Tensor):
+            return self.tensor(v)
+        if isinstance(v, (list, tuple)):
+            return tuple(self.value(x) for x in v)
+        if isinstance(v, dict):
+            return tuple((k, self.value(x)) for k, x in sorted(v.items()))
+        if v is None or isinstance(v, (bool, int, float, str, torch.dtype, torch.device, torch.layout,
+                                       torch.memory_format)):
+            return v
+        return type(v).__name__  # an object without a value a kernel reads (a stream, a generator)
+
+
+class _RecordMode(OpWatcher):
+    """Every aten op of the forward: its outputs are inside storages; under a layer's forward it is a launch."""
+
+    def __init__(self, rec: Recording):
+        super().__init__()
+        self.rec = rec
+
+    def seen(self, func, args, kwargs, out, made: dict) -> None:
+        self.rec.born(made)
+        site = _site(self.rec.layers_only) if not _in_triton[0] else None
+        if site is not None:
+            self.rec.events.append((site, func._opname, self.rec.value(args), self.rec.value(kwargs)))
+
+
+_in_triton = [0]  # inside an interpreted Triton launch: its host copies are not launches
+
+
+def _patch_triton() -> None:
+    """Book each interpreted Triton launch (``GridExecutor.__call__``) as one launch (once per process)."""
+    from triton.runtime import interpreter
+
+    if getattr(interpreter.GridExecutor.__call__, "_sparkinfer_launch", False):
+        return
+    orig = interpreter.GridExecutor.__call__
+
+    def launch(self, *args, **kwargs):
+        if _active and not _in_triton[0]:
+            rec = _active[-1]
+            site = _site(rec.layers_only)
+            if site is not None:
+                grid = self.grid if not callable(self.grid) else "callable"
+                rec.events.append((site, f"triton:{self.fn.__name__}", ("grid", rec.value(grid)),
+                                   rec.value(args), rec.value(kwargs)))
+        _in_triton[0] += 1
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _in_triton[0] -= 1
+
+    launch._sparkinfer_launch = True
+    interpreter.GridExecutor.__call__ = launch
+
+
+@contextmanager
+def record(layers_only: bool = False):
+    """The launches sparkinfer's code makes in the block (one forward), as a ``Recording``; with
+    ``layers_only``, only those under a layer's forward (the engine probe's choice)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        _patch_triton()
+    rec = Recording(layers_only)
+    _active.append(rec)
+    try:
+        with _RecordMode(rec):
+            yield rec
+    finally:
+        _active.remove(rec)
+
+
+def differences(a: list[Recording], b: list[Recording]) -> dict[str, str]:
+    """{site: the first difference there, in words} between the forwards ``a`` and ``b`` (one step's,
+    in order): empty when they made the same launches. Forwards that made different numbers of
+    launches are compared up to the shorter, and the count is reported under "count"."""
+    out: dict[str, str] = {}
+    if len(a) != len(b):
+        return {"count": f"{len(a)} forwards against {len(b)}"}
+    for f, (x, y) in enumerate(zip(a, b)):
+        for i, (p, q) in enumerate(zip(x.events, y.events)):
+            if p != q:
+                out.setdefault(p[0], f"forward {f}, launch {i} ({p[1]}): {_diff(p, q)}")
+        if len(x.events) != len(y.events):
+            out.setdefault("count", f"forward {f}: {len(x.events)} launches against {len(y.events)}")
+    return out
+
+
+def first_difference(a: list[Recording], b: list[Recording]) -> str | None:
+    """None when the forwards ``a`` and ``b`` made the same launches; else the first difference."""
+    found = differences(a, b)
+    return None if not found else next(f"{site}: {why}" if site != "count" else why for site, why in found.items())
+
+
+def _diff(p, q) -> str:
+    """The first differing argument of two launch records (a tensor's whole record)."""
+    tensor = isinstance(p, tuple) and p[:1] in (("made",), ("outside",))
+    if isinstance(p, tuple) and isinstance(q, tuple) and len(p) == len(q) and not tensor:
+        for x, y in zip(p, q):
+            if x != y:
+                return _diff(x, y)
+    return f"{p!r} against {q!r}"
+
+
+class _Probe:
+    """Step brackets (``execute_model``) and forward brackets (the target model's and the drafter's)."""
+
+    def __init__(self, runner, spec_rows: int):
+        self.spec_rows = spec_rows
+        self.step: dict | None = None
+        self.last: dict = {}  # batch shape -> the last decode step of that shape
+        self.results: list[dict] = []
+        execute = runner.execute_model
+
+        def execute_model(scheduler_output, *a, **k):
+            self._close()
+            n = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
+            if n and is_decode_step(scheduler_output, spec_rows):
+                self.step = {"shape": (len(n), sum(n.values())), "forwards": []}
+            return execute(scheduler_output, *a, **k)
+
+        runner.execute_model = execute_model
+        self._bracket(runner, "_model_forward")
+        drafter = getattr(runner, "drafter", None)
+        if drafter is not None and getattr(drafter, "model", None) is not None:
+            self._bracket(drafter.model, "forward")
+
+    def _bracket(self, owner, name: str) -> None:
+        orig = getattr(owner, name)
+
+        def forward(*a, **k):
+            if self.step is None or _active:
+                return orig(*a, **k)
+            with record(layers_only=True) as rec:
+                out = orig(*a, **k)
+            self.step["forwards"].append(rec)
+            return out
+
+        setattr(owner, name, forward)
+
+    def _close(self) -> None:
+        step, self.step = self.step, None
+        if step is None or not step["forwards"]:
+            return
+        before = self.last.get(step["shape"])
+        if before is not None:
+            self.results.append({"shape": step["shape"], "forwards": len(step["forwards"]),
+                                 "launches": sum(len(r.events) for r in step["forwards"]),
+                                 "differences": differences(before["forwards"], step["forwards"])})
+        self.last[step["shape"]] = step
+
+    def report(self) -> list[dict]:
+        self._close()
+        return self.results
+
+
+_probe: list = [None]
+
+
+def install(worker=None) -> bool:
+    """``LLM.collective_rpc(install)``: record this worker's decode steps from now on (idempotent)."""
+    if _probe[0] is None:
+        _probe[0] = _Probe(worker.model_runner, spec_rows(worker.model_runner))
+    return True
+
+
+def report(worker=None) -> list[dict]:
+    """``LLM.collective_rpc(report)``: [{"shape": (requests, rows), "forwards": n, "launches": n, "differences": {site:
+    where}}] for each decode step compared with the previous decode step of its shape (``differences``)."""
+    return [] if _probe[0] is None else _probe[0].report()
