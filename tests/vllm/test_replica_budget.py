@@ -56,7 +56,8 @@ def test_auto_runtime_store_fits_what_the_engine_reserved(mem, seqs, max_len, ro
 
 def test_step_request_ids_only_describe_real_requests():
     """Patch 0008's ids land in the worker's runtime, which gives them only for real requests."""
-    rt = worker_runtime.for_engine(types.SimpleNamespace(device_config=types.SimpleNamespace(device="cpu")))
+    ns = types.SimpleNamespace
+    rt = worker_runtime.for_engine(ns(device_config=ns(device="cpu"), compilation_config=ns()))
     set_request_ids(["a", "b", "c"])
     assert rt.step_request_ids(2) == ["a", "b"] and rt.step_request_ids(3) == ["a", "b", "c"]
     assert rt.step_request_ids(4) is None  # a padded dummy batch
