@@ -268,13 +268,14 @@ def _plant(worker=None):
     from sparkinfer.decode import paged_sparse_mla
     from sparkinfer.vllm import sparse_mla_backend
 
-    orig = paged_sparse_mla.paged_sparse_mla
+    orig = paged_sparse_mla.attend
 
-    def planted(*args, **kwargs):
-        paged_sparse_mla._check_topk_inputs(args[4], args[5], args[6], args[2].shape[1], *args[8:11])
-        return orig(*args, **kwargs)
+    def planted(step, q_nope, q_rope, kv_cache, fmt, topk, scale, dcp_rank, dcp_world):
+        paged_sparse_mla._check_topk_inputs(topk, step.token_req[:topk.shape[0]], step.block_table, kv_cache.shape[1],
+                                            dcp_rank, dcp_world, step.interleave)
+        return orig(step, q_nope, q_rope, kv_cache, fmt, topk, scale, dcp_rank, dcp_world)
 
-    sparse_mla_backend.paged_sparse_mla = planted
+    sparse_mla_backend.attend = planted
     return True
 
 
