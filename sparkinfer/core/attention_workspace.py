@@ -7,7 +7,7 @@ inside a forward is in no memory vLLM measured; sized by the step's rows, at GLM
 (8,192 tokens x 64 heads, k 2,048) one prefill chunk's output and scratch came to ~1.7 GiB per rank
 on top of the KV cache. So the bytes are laid out here, reserved out of the KV budget
 (``sparkinfer.vllm.reservations``: ``attention_workspace``), allocated once by the worker at
-engine start (``sparkinfer.decode.layer_buffers.reserve``) and handed out as views.
+engine start (``sparkinfer.decode.layer_buffers.AttentionArena.reserve``) and handed out as views.
 
 The output and LSE cover a step's rows; the decode kernel's scratch covers one block (the forward
 attends a larger step block by block), which is what keeps the scratch independent of the chunk
@@ -37,7 +37,7 @@ partial_lse     float32 [S, m, h], S x m x h <= P
 indexer_q       float8 [N, index_dim]: the indexer's quantized q (vLLM quantizes it per head row)
 indexer_scales  float32 [N, index_dim / index_group]
 record_rows     uint8 [M, <= 656]: a cache write's encoded records before their scatter into a
-                strided (DCP) cache view (``paged_sparse_mla.write_cache_records``)
+                strided (DCP) cache view (``paged_sparse_mla.forward_write_records``)
 record_latent   float32 [M, <= 512]: the fp32 copy a cache write encodes from when the model's
                 latent (or indexer key) is bf16 (the encoders read fp32)
 record_rope     float32 [M, 64]: the same for the rope part

@@ -9,15 +9,14 @@ ordered after that step's kernels by the stream; an event says when it landed). 
 raises ``DeviceCheckError`` naming the check and the fix, which fails the engine: nothing after it
 is served from a wrong answer. On CPU the copy is immediate and the behaviour is the same.
 
-One ``DeviceChecks`` per device in a process (``for_device``); the sparkinfer backend's metadata
-builder polls it once per step.
+Each worker holds one (``runtime.WorkerRuntime.checks``); the sparkinfer backend's metadata builder
+polls it once per step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from sparkinfer import native
 from sparkinfer.decode.host_copies import host_array
 
 # check name -> what it means and what to do about it
@@ -98,13 +97,3 @@ class DeviceChecks:
             self._event.record()
         self._issued = True
 
-
-_per_device: dict = {}
-
-
-def for_device(device) -> DeviceChecks:
-    """This process's checks on ``device``."""
-    key = str(native.device_key(device))
-    if key not in _per_device:
-        _per_device[key] = DeviceChecks(device)
-    return _per_device[key]

@@ -121,15 +121,15 @@ CUDA_GRAPH_REASON = (
     "exchange): a captured graph would freeze them; a gathered step reads the longest sequence and a "
     "host-sized exchange the counts on the host; the layers' forwards themselves read nothing back "
     "(tests/vllm/test_vllm_host_reads.py)")
-_graph_line_logged = [False]
 
 
-def log_graph_support(cudagraph_mode) -> None:
-    """The one engine log line (per worker process) saying how vLLM runs the sparkinfer layers under
-    CUDA graphs; on the ``vllm.sparkinfer`` logger, so it goes wherever vLLM's own lines go."""
-    if _graph_line_logged[0]:
+def log_graph_support(runtime, cudagraph_mode) -> None:
+    """The one engine log line (per worker: ``runtime``, a ``runtime.WorkerRuntime``) saying how vLLM
+    runs the sparkinfer layers under CUDA graphs; on the ``vllm.sparkinfer`` logger, so it goes
+    wherever vLLM's own lines go."""
+    if runtime.graph_line_logged:
         return
-    _graph_line_logged[0] = True
+    runtime.graph_line_logged = True
     import logging
 
     logging.getLogger("vllm.sparkinfer").info(

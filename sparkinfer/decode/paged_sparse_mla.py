@@ -17,33 +17,34 @@ import torch
 
 
 def topk_to_slots(topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, block_size: int,
-                  dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None) -> torch.Tensor:
+                  dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1) -> torch.Tensor:
     """Physical cache slots int64 [M, K] of the logical top-k positions (-1 where unused or remote).
 
     topk int32/int64 [M, K] (logical positions in row m's request, -1 = unused); token_req int [M]
-    (row m's request, an index into block_table); block_table int [R, B].
-
-    Called directly, every argument is checked on the host (reading the tensors back). ``checks``
-    (``device_checks.DeviceChecks``) is the forward's form: shapes and the host-built ``token_req``
-    are trusted (the metadata build made them), and a position below -1 or beyond the request's
-    blocks is flagged on the device (``topk_position``) and maps to -1: fixed-shape device work.
+    (row m's request, an index into block_table); block_table int [R, B]. Every argument is checked
+    on the host (reading the tensors back); the forward's form is ``topk_slots``.
     """
-    if checks is None:
-        _check_topk_inputs(topk, token_req, block_table, block_size, dcp_rank, dcp_world, interleave)
-    num_reqs, max_blocks = block_table.shape
+    _check_topk_inputs(topk, token_req, block_table, block_size, dcp_rank, dcp_world, interleave)
+    return topk_slots(topk, token_req, block_table, block_size, dcp_rank, dcp_world, interleave)[0]
+
+
+def topk_slots(topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, block_size: int,
+               dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slots, bad): ``topk_to_slots``' slots without a check or a host read, fixed-shape device work
+    (the forward's torch form, the twin of ``triton_paging.topk_rows``): a position below -1 or
+    beyond its request's blocks is ``bad`` (bool [M, K]; the forward flags it, ``topk_position``)
+    and maps to -1."""
+    max_blocks = block_table.shape[1]
     t = topk.to(torch.int64)
-    used = t >= 0
     owner = (t // interleave) % dcp_world
     local = (t // (dcp_world * interleave)) * interleave + t % interleave
-    keep = used & (owner == dcp_rank)
-    if checks is not None:
-        beyond = keep & (local >= max_blocks * block_size)
-        checks.flag("topk_position", beyond | (t < -1))
-        keep = keep & ~beyond
+    keep = (t >= 0) & (owner == dcp_rank)
+    beyond = keep & (local >= max_blocks * block_size)
+    keep = keep & ~beyond
     local = torch.where(keep, local, torch.zeros_like(local))
     rows = block_table.to(torch.int64)[token_req.to(torch.int64)]  # [M, B]
     blocks = torch.gather(rows, 1, local // block_size)
-    return torch.where(keep, blocks * block_size + local % block_size, torch.full_like(local, -1))
+    return torch.where(keep, blocks * block_size + local % block_size, torch.full_like(local, -1)), beyond | (t < -1)
 
 
 def _check_topk_inputs(topk, token_req, block_table, block_size, dcp_rank, dcp_world, interleave) -> None:
@@ -73,33 +74,47 @@ def _check_topk_inputs(topk, token_req, block_table, block_size, dcp_rank, dcp_w
 NULL_BLOCK = 0
 
 
-def scatter_rows(kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, checks=None) -> None:
+def scatter_rows(kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
     """``kv_cache[slot // block_size, slot % block_size] = rows[i]`` for every ``slots[i] >= 0``, into a
     cache ``[num_blocks, block_size, W]`` of any strides (vLLM's strided layer views included).
 
     rows [N, W] in the cache's dtype, slots int [N] (-1 = skip). A slot in ``NULL_BLOCK`` or outside
-    the cache is not written: the forward's form (``checks``) flags it (``cache_slots``), the direct
-    call raises. The forward's form is one kernel on a GPU (``triton_paging.scatter_rows``); its
-    torch twin is fixed-shape device work, no host read: a skipped row targets the first record of
-    ``NULL_BLOCK`` with that record's own bytes, so every write to it carries the same value.
+    the cache is refused (read back on the host); the forward's form, which flags it instead, is
+    ``forward_scatter_rows``.
     """
-    from sparkinfer.decode.impls import kernel_backend
+    slots, bad = _bad_slots(kv_cache, slots)
+    if bool(bad.any()):
+        raise ValueError(f"a cache write's slot lies in vLLM's null block {NULL_BLOCK} or outside the cache's "
+                         f"{kv_cache.shape[0]} blocks of {kv_cache.shape[1]}: the slot mapping is corrupt")
+    _write_rows(kv_cache, slots, rows, bad)
 
-    nb, bs = kv_cache.shape[:2]
-    if checks is not None and kernel_backend(kv_cache.device) == "triton" and rows.stride(-1) == 1:
+
+def forward_scatter_rows(step, kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """``scatter_rows`` in a layer's forward (``step``: its ``ForwardStep``): a slot in ``NULL_BLOCK`` or
+    outside the cache is not written but flagged (``cache_slots``). One kernel on the Triton backend
+    (``triton_paging.scatter_rows``); its torch twin is fixed-shape device work, no host read: a
+    skipped row targets the first record of ``NULL_BLOCK`` with that record's own bytes, so every
+    write to it carries the same value."""
+    if step.backend == "triton" and rows.stride(-1) == 1:
         from sparkinfer.attention import triton_paging
 
-        triton_paging.scatter_rows(kv_cache, slots, rows, NULL_BLOCK, checks.word("cache_slots"))
+        triton_paging.scatter_rows(kv_cache, slots, rows, NULL_BLOCK, step.checks.word("cache_slots"))
         return
+    slots, bad = _bad_slots(kv_cache, slots)
+    step.checks.flag("cache_slots", bad)
+    _write_rows(kv_cache, slots, rows, bad)
+
+
+def _bad_slots(kv_cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slots int64, bad bool [N]: a slot in ``NULL_BLOCK`` or past the cache)."""
+    nb, bs = kv_cache.shape[:2]
     slots = slots.to(torch.int64)
-    valid = slots >= 0
-    bad = valid & ((slots // bs == NULL_BLOCK) | (slots >= nb * bs))
-    if checks is not None:
-        checks.flag("cache_slots", bad)
-    elif bool(bad.any()):
-        raise ValueError(f"a cache write's slot lies in vLLM's null block {NULL_BLOCK} or outside the cache's "
-                         f"{nb} blocks of {bs}: the slot mapping is corrupt")
-    valid = valid & ~bad
+    return slots, (slots >= 0) & ((slots // bs == NULL_BLOCK) | (slots >= nb * bs))
+
+
+def _write_rows(kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, bad: torch.Tensor) -> None:
+    bs = kv_cache.shape[1]
+    valid = (slots >= 0) & ~bad
     block = torch.where(valid, slots // bs, NULL_BLOCK)
     offset = torch.where(valid, slots % bs, 0)
     kv_cache[block, offset] = torch.where(valid[:, None], rows, kv_cache[NULL_BLOCK, 0])
@@ -127,24 +142,29 @@ def copy_rows(dst: torch.Tensor, src: torch.Tensor, src_rows: torch.Tensor, mask
         dst[dst_rows] = value if mask is None else torch.where(mask[:, None], value, dst[dst_rows])
 
 
-def write_cache_records(fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent, rope=None, checks=None) -> None:
+def write_cache_records(fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent, rope=None) -> None:
     """Encode ``latent [N, D]`` (and ``rope [N, 64]``) as ``fmt`` records into ``kv_cache [num_blocks,
     block_size, W]`` at ``slots [N]`` (-1 = skip): in place through the format's writer when the cache
-    is contiguous, else encoded and scattered into the strided view (``scatter_rows``). The forward's
-    form (``checks``) stages a bf16 input's fp32 copy and the encoded rows in the attention arena
-    (``layer_buffers``): no allocation."""
-    if checks is None:
-        rows = None
-    else:
-        from sparkinfer.decode import layer_buffers
-
-        latent, rope = layer_buffers.record_inputs(latent, rope)
-        rows = None if kv_cache.is_contiguous() else layer_buffers.record_rows(latent.shape[0], fmt.record_bytes,
-                                                                               kv_cache.device)
+    is contiguous, else encoded and scattered into the strided view (``scatter_rows``). Checked on
+    the host; the forward's form is ``forward_write_records``."""
     if kv_cache.is_contiguous():
-        fmt.write(kv_cache, slots, latent, rope, checks=checks)
+        fmt.write(kv_cache, slots, latent, rope)
     else:
-        scatter_rows(kv_cache, slots, fmt.encode(latent, rope, checks=checks, out=rows), checks)
+        scatter_rows(kv_cache, slots, fmt.encode(latent, rope))
+
+
+def forward_write_records(step, fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent, rope=None) -> None:
+    """``write_cache_records`` in a layer's forward (``step``: its ``ForwardStep``): values and slots
+    flagged on the device, not read back; a bf16 input's fp32 copy and the encoded rows staged in the
+    step's arena (``layer_buffers``): no allocation."""
+    from sparkinfer.decode import layer_buffers
+
+    latent, rope = layer_buffers.record_inputs(step.arena, latent, rope)
+    if kv_cache.is_contiguous():
+        fmt.write(kv_cache, slots, latent, rope, checks=step.checks)
+    else:
+        rows = layer_buffers.record_rows(step.arena, latent.shape[0], fmt.record_bytes)
+        forward_scatter_rows(step, kv_cache, slots, fmt.encode(latent, rope, checks=step.checks, out=rows))
 
 
 def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):
@@ -215,30 +235,44 @@ def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
 
 
 def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor,
-                    dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None, out=None):
+                    dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1):
     """(rows of ``kv_cache``, int64 [M, K] row of each top-k position in them, -1 where unused or remote):
     what the attention kernels read (``topk_to_slots`` then ``row_view``; the pages copied out by
-    ``compact_pages`` when the cache has no row view). The forward's form (``checks``) on a GPU is
-    one kernel (``triton_paging.topk_rows``) from the top-k straight to rows, into ``out`` (int64
-    [M, K]) when given.
+    ``compact_pages`` when the cache has no row view). Checked on the host; the forward's form is
+    ``forward_cache_rows``.
 
     The strided pages are read in place: copying the pages a top-k touches moves up to the whole
     shard per layer, many times the k records attention reads. int64 rows: the view spans the cache,
     4 bytes a row, so a layer view over 8 GiB has rows past 2^31 (the decode keeps them int64 to the
     address: ``attention.triton_decode``).
     """
-    from sparkinfer.decode.impls import kernel_backend
+    slots = topk_to_slots(topk, token_req, block_table, kv_cache.shape[1], dcp_rank, dcp_world, interleave)
+    return _rows_at(kv_cache, slots)
 
+
+def forward_cache_rows(step, kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch.Tensor, dcp_rank: int,
+                       dcp_world: int, out=None):
+    """``topk_cache_rows`` in a layer's forward (``step``: its ``ForwardStep``, whose block table and
+    interleave it reads): a bad position is flagged (``topk_position``) and maps to -1. On the Triton
+    backend, over a cache with a row view, one kernel (``triton_paging.topk_rows``) from the top-k
+    straight to rows, into ``out`` (int64 [M, K]) when given."""
     strides = row_strides(kv_cache)
     bs = kv_cache.shape[1]
-    if checks is not None and strides is not None and kernel_backend(kv_cache.device) == "triton":
+    dcp = (dcp_rank, dcp_world, step.interleave)
+    if strides is not None and step.backend == "triton":
         from sparkinfer.attention import triton_paging
 
-        rows = triton_paging.topk_rows(topk, token_req, block_table, bs, *strides, checks.word("topk_position"),
-                                       dcp_rank, dcp_world, interleave, out=out)
+        rows = triton_paging.topk_rows(topk, token_req, step.block_table, bs, *strides,
+                                       step.checks.word("topk_position"), *dcp, out=out)
         return row_view(kv_cache, None)[0], rows
-    slots = topk_to_slots(topk, token_req, block_table, bs, dcp_rank, dcp_world, interleave, checks=checks)
-    if strides is not None:
+    slots, bad = topk_slots(topk, token_req, step.block_table, bs, *dcp)
+    step.checks.flag("topk_position", bad)
+    return _rows_at(kv_cache, slots)
+
+
+def _rows_at(kv_cache: torch.Tensor, slots: torch.Tensor):
+    """(rows, row of each of ``slots``): the cache's row view, or its touched pages copied out."""
+    if row_strides(kv_cache) is not None:
         return row_view(kv_cache, slots)
     pages, local, _ = compact_pages(kv_cache, slots)
     return pages.view(-1, kv_cache.shape[-1]), local
@@ -246,36 +280,41 @@ def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch
 
 def paged_sparse_mla(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, cache_dtype: str,
                      topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, scale: float,
-                     dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1, *, checks=None):
-    """(out [M, H, 512], lse float32 [M, H]) of each row over its top-k records in the paged cache (out
-    bf16 for bf16 queries in the forward's Triton form, else float32).
+                     dcp_rank: int = 0, dcp_world: int = 1, interleave: int = 1):
+    """(out float32 [M, H, 512], lse float32 [M, H]) of each row over its top-k records in the paged cache.
 
     q_nope [M, H, 512] (absorbed), q_rope [M, H, 64]; kv_cache uint8 [num_blocks, block_size, record];
     see ``sparkinfer.attention.sparse_mla_decode`` for the attention and LSE definitions. The kernel
     is ``sparkinfer.decode.impls.kernel_backend``'s: Triton on a GPU or when forced, else torch.
-    ``checks``: the forward's form, without host reads (``topk_to_slots``) and, on the Triton path,
-    in blocks of rows into views of the attention arena (``layer_buffers``: consumed before the next
-    call).
+    Every argument is checked on the host; the forward's form is ``attend``.
     """
     from sparkinfer.attention import sparse_mla_decode
-    from sparkinfer.formats import get_format
     from sparkinfer.decode.impls import kernel_backend
+    from sparkinfer.formats import get_format
 
     fmt = get_format(cache_dtype)  # any spelling vLLM accepts for a record format
     if kv_cache.dim() != 3 or kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != fmt.record_bytes:
         raise ValueError(f"kv_cache must be uint8 [num_blocks, block_size, {fmt.record_bytes}] for {fmt.name}, "
                          f"got {kv_cache.dtype} {tuple(kv_cache.shape)}")
-    dcp = (dcp_rank, dcp_world, interleave)
-    backend = kernel_backend(kv_cache.device)
-    if checks is not None and backend == "triton" and row_strides(kv_cache) is not None:
-        # the forward's form: block by block, every buffer a view of the attention arena
-        from sparkinfer.decode.layer_buffers import attend_in_blocks
+    records, rows = topk_cache_rows(kv_cache, topk, token_req, block_table, dcp_rank, dcp_world, interleave)
+    return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=kernel_backend(kv_cache.device))
 
+
+def attend(step, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, fmt, topk: torch.Tensor,
+           scale: float, dcp_rank: int, dcp_world: int):
+    """``paged_sparse_mla`` in a layer's forward (``step``: its ``ForwardStep``, which holds each row's
+    request, the block table, the kernels' backend and the arena; ``fmt`` the cache's record format):
+    no host read and nothing checked here (``forward_cache_rows``). On the Triton backend over a cache
+    with a row view it attends in blocks of rows into views of the step's arena (``layer_buffers``:
+    consumed before the next call; out bf16 for bf16 queries), else as ``paged_sparse_mla``."""
+    from sparkinfer.attention import sparse_mla_decode
+    from sparkinfer.decode.layer_buffers import attend_in_blocks
+
+    token_req = step.token_req[:q_nope.shape[0]]
+    if step.backend == "triton" and row_strides(kv_cache) is not None:
         def cache_rows(a, b, topk_rows):
-            return topk_cache_rows(kv_cache, topk[a:b], token_req[a:b], block_table, *dcp, checks=checks,
-                                   out=topk_rows)
+            return forward_cache_rows(step, kv_cache, topk[a:b], token_req[a:b], dcp_rank, dcp_world, out=topk_rows)
 
-        return attend_in_blocks(q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows)
-    records, rows = topk_cache_rows(kv_cache, topk, token_req, block_table, *dcp, checks=checks)
-    return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=backend,
-                             check_indices=checks is None)
+        return attend_in_blocks(step.arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows)
+    records, rows = forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world)
+    return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=step.backend, check_indices=False)

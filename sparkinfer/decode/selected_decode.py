@@ -60,6 +60,7 @@ from sparkinfer.comm.pack import Shard
 from sparkinfer.comm.ring import PrefetchRing, prefix_union
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.decode.group_plan import GroupPlan, patch_and_planes, plan_reference
+from sparkinfer.decode.layer_buffers import AttentionArena, attend_in_blocks
 from sparkinfer.decode.paged_sparse_mla import copy_rows
 
 
@@ -85,12 +86,13 @@ class SelectedDecode:
 
     def __init__(self, exchange: SelectedExchange, fmt, dcp: DcpLayout, pattern: IndexSharePattern, *,
                  max_batch: int, rows: int, topk: int, depth: int, scale: float, backend: str = "auto",
-                 gather_rows: int = 0, checks=None):
+                 gather_rows: int = 0, checks=None, arena=None):
         """``gather_rows``: workspace rows a gathered step may use (``B * T``); the ring holds
         ``max(max_batch * R * K, gather_rows / (depth + 1))`` rows per slot, and a gathered step larger
         than a slot takes the whole ring as one slot, a layer at a time (``PrefetchRing.widen``). ``checks``
         (``sparkinfer.decode.device_checks.DeviceChecks``): a decode step's values are then checked on
-        the device, not read back (None: on the host)."""
+        the device, not read back (None: on the host). ``arena`` (``layer_buffers.AttentionArena``): the
+        worker's, where the forward's form attends (None: one of this decoder's own)."""
         if exchange.layout.width != fmt.record_bytes:
             raise ValueError(f"exchange width {exchange.layout.width} != record bytes {fmt.record_bytes} of {fmt.name}")
         if dcp.world_size != exchange.world:
@@ -103,6 +105,7 @@ class SelectedDecode:
         self.R, self.K, self.U, self.max_batch = rows, topk, U, max_batch
         self.depth, self.scale, self.backend, self.checks = depth, scale, backend, checks
         self.ring = PrefetchRing(exchange, depth, rows=max(max_batch * U, -(-gather_rows // (depth + 1))))
+        self.arena = arena if arena is not None else AttentionArena(self.ring.buf.device)
         # a decode step's Full-layer plans, held from engine start (None: this decoder gathers only)
         self.plan = GroupPlan(dcp, max_batch=max_batch, rows=rows, topk=topk, device=self.ring.buf.device,
                               backend="triton" if backend == "triton" else "torch") if max_batch else None
@@ -248,9 +251,7 @@ class SelectedDecode:
             copy_rows(rows, self._replicas.store[layer], patch["store_rows"], patch["kept"])
         if self.backend == "triton" and self.checks is not None:  # the forward's form: block by block into
             # views of the attention arena, consumed by the layer before the next call (``layer_buffers``)
-            from sparkinfer.decode.layer_buffers import attend_in_blocks
-
-            out, lse = attend_in_blocks(q_nope, q_rope, self.fmt, self.scale, slots.shape[1],
+            out, lse = attend_in_blocks(self.arena, q_nope, q_rope, self.fmt, self.scale, slots.shape[1],
                                         lambda a, b, _: (ws, slots[a:b]))
         else:
             out, lse = sparse_mla_decode(q_nope, q_rope, ws, self.fmt, slots, self.scale, backend=self.backend,

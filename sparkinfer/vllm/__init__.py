@@ -6,21 +6,25 @@ import neither torch nor vllm at module level; ``sparse_mla_backend`` (loaded by
 vLLM is up) imports vllm.
 
 * ``cache_dtypes``      sparkinfer record formats as vLLM KV-cache dtypes: names, sizes, the
-                        backend-can-read check and the cache writer (patch 0001).
+                        backend-can-read check and the checked cache writer (patch 0001).
 * ``indexer_layout``    replicated vs. DCP-sharded indexer cache (patch 0003).
-* ``paged_sparse_mla``  sparse MLA over vLLM's paged record cache, logical top-k -> physical
-                        slots (DCP-aware); the core of the backend's forward_mqa.
 * ``platforms``         what the CPU and CUDA platforms need to know: backend name and path, the
                         DSA block size, the sm_12x MLA priorities (0005, 0007).
-* ``sparse_mla_backend``  the sparkinfer sparse-MLA backend (0005 on CPU, 0007 on sm_12x).
-* ``replicated_indexer``       the GLM-DSA indexer on CPU: metadata, q quantization, top-k (0003).
+* ``sparse_mla_backend``  the sparkinfer sparse-MLA backend (0005 on CPU, 0007 on sm_12x): its
+                        builder makes each step's ``decode.forward_step.ForwardStep``.
+* ``replicated_indexer``  the GLM-DSA indexer: metadata, q quantization, top-k (0003).
+* ``indexer_scoring``   replicated or DCP-sharded scoring of the indexer, per step.
 * ``cpu_dcp``           DCP on the CPU platform: slot mapping and LSE combine twins (0006).
-* ``step_path``         the per-step gates: stock, selected or gathered.
+* ``dcp_slots``         the MTP drafter's later passes write where DCP puts the record (0009).
+* ``model_config_check``  start-up checks of settings, heads and the DCP group (0002).
+* ``worker_runtime``    where the adapter finds the worker's ``decode.runtime.WorkerRuntime``.
+* ``engine_start``      worker start-up: refusals, the arena, the selected path's fabric (0008).
 * ``selected_runtime``  the backend's hooks into selected and gathered steps (one per worker).
-* ``selected_decode``   the per-step executor: union, planes, ring, exchange, attention.
-* ``replica_budget``    the replica store's bytes, reserved out of the KV memory (0008) and
-                        the window the runtime keeps.
-* ``tiny_model``        the tiny GLM-5.2-shaped checkpoint and its transformers reference.
+* ``reservations``, ``replica_budget``  the bytes reserved out of the KV memory (0008) and the
+                        replica window the runtime keeps.
+* ``step_requests``     the step's request ids (0008), into the worker's runtime.
+
+The vLLM-free decode step they drive lives in ``sparkinfer.decode``.
 
 Configuration (patch 0002) lives in ``sparkinfer.config``.
 """

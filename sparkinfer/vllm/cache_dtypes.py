@@ -58,15 +58,15 @@ def check_backend_reads(backend_name: str, supported_kv_cache_dtypes, cache_dtyp
             f"use the SPARKINFER_SPARSE_MLA backend or another kv_cache_dtype")
 
 
-def write_records(cache_dtype: str, kv_c_normed, k_pe, kv_cache, slot_mapping, checks=None) -> None:
+def write_records(cache_dtype: str, kv_c_normed, k_pe, kv_cache, slot_mapping) -> None:
     """Encode each token's latent ``kv_c_normed [T, 512]`` and rope ``k_pe [T, 64]`` (or [T, 1, 64])
     into ``kv_cache`` (uint8 ``[num_blocks, block_size, record_bytes]``, contiguous or one of vLLM's
     strided layer views) at ``slot_mapping [T]`` (flat slot = block * block_size + offset; -1 =
     padding, skipped).
 
     sparkinfer.formats runs the CUDA encoder on a GPU and the host build on CPU; both are byte
-    identical to the torch reference. ``checks``: the forward's form, no host read
-    (``paged_sparse_mla.write_cache_records``).
+    identical to the torch reference. Checked on the host (``paged_sparse_mla.write_cache_records``);
+    the backend's forward writes through ``paged_sparse_mla.forward_write_records``.
     """
     from sparkinfer.formats import get_format
     from sparkinfer.decode.paged_sparse_mla import write_cache_records
@@ -75,4 +75,4 @@ def write_records(cache_dtype: str, kv_c_normed, k_pe, kv_cache, slot_mapping, c
         k_pe = k_pe.squeeze(1)
     num_tokens = slot_mapping.shape[0]
     write_cache_records(get_format(canonical_cache_dtype(cache_dtype)), kv_cache, slot_mapping,
-                        kv_c_normed[:num_tokens], k_pe[:num_tokens], checks)
+                        kv_c_normed[:num_tokens], k_pe[:num_tokens])

@@ -8,12 +8,14 @@ Everything a step needs that can fail is settled here, before the first request:
   modes, the breakable CUDA graph, and piecewise graphs whose ``splitting_ops`` leave one of those
   ops inside a captured piece), and with the selected path a fabric that cannot reach the caches
   (``fabric = host`` with the caches on a GPU, ``fabric = cuda`` with them on the CPU);
-* the attention arena is allocated (``layer_buffers.reserve``: its bytes were reserved out of the
-  KV memory, ``reservations.attention_workspace``), in every mode;
+* the worker's runtime (``worker_runtime.for_engine``: every piece of state a worker keeps between
+  steps, ``sparkinfer.decode.runtime``) gets its attention arena (``AttentionArena.reserve``: its
+  bytes were reserved out of the KV memory, ``reservations.attention_workspace``), in every mode;
 * the selected path's buffers are allocated (their bytes were reserved out of the KV memory,
   ``reservations``), the fabric is built and proven with a real exchange (``comm.proof``); a
   node without working P2P serves stock DCP from the first request, with one log line naming the
-  fix (``sparkinfer.vllm.selected_runtime.SelectedRuntime.start``).
+  fix (``sparkinfer.vllm.selected_runtime.SelectedRuntime.start``); the runtime holds it
+  (``WorkerRuntime.selected``).
 
 Torch-free at import (patched vLLM imports it at start); the work is imported when it runs.
 """
@@ -67,12 +69,14 @@ def start(vllm_config) -> None:
     if not uses_sparkinfer(vllm_config):
         return
     check_worker(vllm_config)
-    from sparkinfer.decode import layer_buffers
-    from sparkinfer.vllm import reservations
+    from sparkinfer.vllm import reservations, worker_runtime
     from sparkinfer.vllm.selected_runtime import SelectedRuntime
 
-    layer_buffers.reserve(reservations.attention_workspace(vllm_config).segments(), _cache_device(vllm_config))
-
-    rt = SelectedRuntime.create(vllm_config)
+    runtime = worker_runtime.for_engine(vllm_config)
+    if runtime.device != _cache_device(vllm_config):
+        raise RuntimeError(f"sparkinfer: the worker's device {runtime.device} is not its caches' "
+                           f"{_cache_device(vllm_config)}")
+    runtime.arena.reserve(reservations.attention_workspace(vllm_config).segments())
+    rt = SelectedRuntime.create(vllm_config, runtime)
     if rt is not None:
         rt.start()

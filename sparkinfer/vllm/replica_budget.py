@@ -32,7 +32,7 @@ AUTO_SHARE = 5  # auto reserves at most 1 / AUTO_SHARE of each worker's KV memor
 
 
 def selected_path_possible(vllm_config) -> bool:
-    """The engine can take the selected path at all (what ``SelectedRuntime.of`` builds a runtime for)."""
+    """The engine can take the selected path at all (what ``SelectedRuntime.create`` builds a runtime for)."""
     from sparkinfer.vllm.indexer_layout import indexer_replicated
 
     par = getattr(vllm_config, "parallel_config", None)

@@ -23,17 +23,20 @@ sum_h w_h * relu(q_h . key)), as logical positions in ``topk_indices_buffer [T, 
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-from sparkinfer import native
 from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS
+from sparkinfer.formats import get_format
+from sparkinfer.vllm import worker_runtime
 from sparkinfer.vllm.indexer_layout import serves_replicated_indexer  # noqa: F401 (patch 0003 calls it here)
 from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scored_steps
 
 E4M3_MAX = 448.0
+INDEXER_FORMAT = get_format("indexer_fp8")  # the indexer cache's 132-byte key records
 
 
 @dataclass
@@ -51,10 +54,11 @@ class ReplicatedIndexerMetadata:
     # step's indexer layers share them (``_request_keys``)
     key_plans: dict = field(default_factory=dict, repr=False)
     # host copies the builder planned from (numpy int64: query_start_loc [R + 1], seq_lens [R]),
-    # and the device error flag the op's checks write; None when called directly (checked on the host)
+    # and what the op needs in the forward, resolved by the builder (``decode.forward_step``: kernel
+    # backend, device checks, the worker's arena); None when called directly (checked on the host)
     host_qsl: object = None
     host_seq_lens: object = None
-    checks: object = None
+    step: object = None
     workspace: object = None  # the engine's TopkWorkspace (indexer.tiled); None: a call allocates its own
     merge: object = None  # the engine's MergeBuffers (indexer.sharded) when it may score sharded; None: as above
 
@@ -90,8 +94,10 @@ def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = Fa
         from sparkinfer.decode import layer_buffers
         from sparkinfer.indexer.triton_quant import group_quant_fp8
 
-        # in vLLM's forward the layer's indexer op consumes them: the shape's shared buffers
-        out = layer_buffers.indexer_q_buffers(*x.shape, group_size, x.device) if layer_buffers.in_forward() else None
+        # in vLLM's forward the layer's indexer op consumes them: views of the worker's arena (patch
+        # 0003 hands this call nothing but q, so the worker's runtime is the one it has)
+        runtime = worker_runtime.current() if _in_forward() else None
+        out = None if runtime is None else layer_buffers.indexer_q_buffers(runtime.arena, *x.shape, group_size)
         return group_quant_fp8(x, group_size, use_ue8m0, out=out)
     groups = x.float().reshape(-1, x.shape[-1] // group_size, group_size)
     scale = groups.abs().amax(dim=-1).clamp(min=1e-4) / E4M3_MAX
@@ -104,6 +110,23 @@ def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = Fa
     return q.reshape(x.shape), scale
 
 
+def _check_direct_call(kv_cache: torch.Tensor) -> str:
+    """Refuse an indexer cache that is not ``INDEXER_FORMAT``'s or a CUDA device outside sm_90 /
+    sm_120; the kernels' backend for it."""
+    from sparkinfer.decode.impls import check_capability, kernel_backend
+
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != INDEXER_FORMAT.record_bytes:
+        raise ValueError(f"indexer cache must be uint8 [num_blocks, block_size, 132], got {tuple(kv_cache.shape)}")
+    check_capability(kv_cache.device, "the sparkinfer replicated indexer")
+    return kernel_backend(kv_cache.device)
+
+
+def _in_forward() -> bool:
+    """Whether vLLM is running a forward (its forward context is set); False where vLLM is not loaded."""
+    context = sys.modules.get("vllm.forward_context")
+    return context is not None and context.is_forward_context_available()
+
+
 def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: torch.Tensor, k: torch.Tensor,
                 weights: torch.Tensor, topk_indices_buffer: torch.Tensor, index_topk: int) -> torch.Tensor:
     """Write the keys ``k [T, 128]`` and fill ``topk_indices_buffer[:T]`` (see the module docstring).
@@ -111,28 +134,27 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     The same code on every device: the scorer is ``impls.kernel_backend``'s (the Triton kernel on a
     GPU or when the GPU implementations are forced, the float64 torch reference otherwise), the
     selection ``select_topk``'s (score descending, then token ascending: one answer on every rank).
-    On CUDA only sm_90 and sm_120 are accepted (``impls.check_capability``).
+    On CUDA only sm_90 and sm_120 are accepted (``impls.check_capability``: here for a direct call,
+    at the builder's construction for the forward's, ``md.step``).
     """
-    from sparkinfer.formats import get_format
+    from sparkinfer.decode.paged_sparse_mla import forward_write_records, write_cache_records
     from sparkinfer.indexer import MergeBuffers, all_gather_merge, indexer_topk_rows
-    from sparkinfer.decode.impls import check_capability, kernel_backend
-    from sparkinfer.decode.paged_sparse_mla import write_cache_records
 
     n = md.num_actual_tokens
-    fmt = get_format("indexer_fp8")
-    if kv_cache.dim() != 3 or kv_cache.shape[-1] != fmt.record_bytes:
-        raise ValueError(f"indexer cache must be uint8 [num_blocks, block_size, 132], got {tuple(kv_cache.shape)}")
     dev = kv_cache.device
-    check_capability(dev, "the sparkinfer replicated indexer")
-    backend = kernel_backend(dev)
+    step = md.step
+    slots = md.slot_mapping[:n].to(device=dev, dtype=torch.int64)
     # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: written in place
-    checks = md.checks
-    write_cache_records(fmt, kv_cache, md.slot_mapping[:n].to(device=dev, dtype=torch.int64),
-                        k[:n] if checks is not None else k[:n].float(), checks=checks)
-    if checks is not None:  # the scorer's value checks, without a host read or a temporary. The weights
-        # carry q's scales (vLLM's indexer folds them in), and a q group holding a NaN or an infinity
-        # has a NaN or infinite scale (``quant_q_fp8``), so checking the weights checks q too
-        checks.flag_nonfinite("indexer_inputs", weights[:n])
+    if step is None:  # a direct call: its arguments checked on the host
+        backend = _check_direct_call(kv_cache)
+        write_cache_records(INDEXER_FORMAT, kv_cache, slots, k[:n].float())
+    else:
+        backend = step.backend
+        forward_write_records(step, INDEXER_FORMAT, kv_cache, slots, k[:n])
+        # the scorer's value checks, without a host read or a temporary. The weights carry q's scales
+        # (vLLM's indexer folds them in), and a q group holding a NaN or an infinity has a NaN or
+        # infinite scale (``quant_q_fp8``), so checking the weights checks q too
+        step.checks.flag_nonfinite("indexer_inputs", weights[:n])
     topk_indices_buffer[:n].fill_(-1)
     sharded = md.sharded
     scored_steps["sharded" if sharded else "replicated"] += 1
@@ -145,7 +167,7 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
             out = topk_indices_buffer[b, :k_step]
             ids = indexer_topk_rows(q_fp8[b], weights[b].float(), records, pos[b], k_step,
                                     row_start=lists.row_start[b], row_len=lists.row_len[b], max_len=lists.max_len,
-                                    token_slots=lists.token_slots, backend=backend, check_values=checks is None,
+                                    token_slots=lists.token_slots, backend=backend, check_values=step is None,
                                     tile_bytes=ENGINE_TILE_BYTES, workspace=md.workspace,
                                     out=out if out.dtype == torch.int32 else None)
             if ids is not out:
@@ -173,7 +195,7 @@ def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata,
     owns, written into ``keys`` int64 [len(rows), k] and returned: the selected keys
     (``indexer.topk.pack_keys``: score and position), INT64_MIN past a row's owned causal prefix. One
     batched top-k per block of rows over the step's lists of owned positions (``_step_rows``), k the
-    model's on every rank (the all-gather's shape), no host read given the forward's ``md.checks``."""
+    model's on every rank (the all-gather's shape), no host read given the forward's ``md.step``."""
     from sparkinfer.indexer import indexer_topk_rows
 
     rows = slice(0, md.num_actual_tokens) if rows is None else rows
@@ -185,7 +207,7 @@ def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata,
         indexer_topk_rows(q_fp8[b], weights[b].float(), records, pos[b], index_topk,
                           row_start=lists.row_start[b], row_len=lists.row_len[b], max_len=lists.max_len,
                           token_slots=lists.token_slots, token_ids=lists.token_ids, backend=backend,
-                          check_values=md.checks is None, tile_bytes=ENGINE_TILE_BYTES, workspace=md.workspace,
+                          check_values=md.step is None, tile_bytes=ENGINE_TILE_BYTES, workspace=md.workspace,
                           out=keys[b0 - rows.start:b.stop - rows.start], as_keys=True)
     return keys
 
@@ -259,44 +281,27 @@ def _drafts(vllm_config) -> int:
     return spec.num_speculative_tokens if spec is not None else 0
 
 
-_workspaces: dict = {}  # device -> the process's TopkWorkspace (the builders of its indexer layers share one)
-
-
-def _engine_workspace(vllm_config, device):
+def _engine_workspace(vllm_config, runtime):
     """The top-k workspace every batched call of this engine's steps fits in, made at engine start and
-    shared by the process's builders (one call runs at a time): vLLM's token budget in rows, the
-    model's top-k, a context of ``max_model_len`` plus the drafts a drafter's host lengths may count
-    past it (``core.indexer_tiles.engine_workspace_bytes``)."""
+    shared by the worker's builders (``runtime.topk_workspace_of``; one call runs at a time): vLLM's
+    token budget in rows, the model's top-k, a context of ``max_model_len`` plus the drafts a drafter's
+    host lengths may count past it (``core.indexer_tiles.engine_workspace_bytes``)."""
     from sparkinfer.core.indexer_tiles import engine_workspace_bytes
-    from sparkinfer.indexer import TopkWorkspace
 
     drafts = _drafts(vllm_config)
-    nbytes = engine_workspace_bytes(vllm_config.scheduler_config.max_num_batched_tokens,
-                                    vllm_config.model_config.hf_config.index_topk,
-                                    vllm_config.model_config.max_model_len + drafts + 1)
-    key = str(native.device_key(device))
-    if key not in _workspaces or 8 * _workspaces[key].buffer.numel() < nbytes:
-        _workspaces[key] = TopkWorkspace(nbytes, device)
-    return _workspaces[key]
+    return runtime.topk_workspace_of(engine_workspace_bytes(vllm_config.scheduler_config.max_num_batched_tokens,
+                                                            vllm_config.model_config.hf_config.index_topk,
+                                                            vllm_config.model_config.max_model_len + drafts + 1))
 
 
-_merges: dict = {}  # device -> the process's MergeBuffers (its builders share one, as the workspace)
-
-
-def _engine_merge(vllm_config, device):
+def _engine_merge(vllm_config, runtime):
     """The sharded merge's buffers for every decode step of this engine (``max_num_seqs`` requests of
     1 + drafts rows, the model's top-k over the DCP group) and for each ``INDEXER_ROWS`` block of a
-    larger step (a prefill chunk is merged block by block), made at engine start. The bytes are
-    ``core.reservations``' ``indexer_merge``."""
-    from sparkinfer.indexer import MergeBuffers
-
+    larger step (a prefill chunk is merged block by block), made at engine start and shared by the
+    worker's builders (``runtime.merge_of``). The bytes are ``core.reservations``' ``indexer_merge``."""
     rows = max(vllm_config.scheduler_config.max_num_seqs * (1 + _drafts(vllm_config)), INDEXER_ROWS)
     world, k = vllm_config.parallel_config.decode_context_parallel_size, vllm_config.model_config.hf_config.index_topk
-    key = str(native.device_key(device))
-    held = _merges.get(key)
-    if held is None or (held.world, held.k) != (world, k) or held.rows < rows:
-        held = _merges[key] = MergeBuffers(world, rows, k, device)
-    return held
+    return runtime.merge_of(world, rows, k)
 
 
 @functools.cache
@@ -312,9 +317,15 @@ def indexer_backend():
 
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+            from sparkinfer.decode.forward_step import ForwardStep
+            from sparkinfer.decode.impls import check_capability
+
+            check_capability(device, "the sparkinfer replicated indexer")
             self.scoring = IndexerScoring(vllm_config)
-            self.workspace = _engine_workspace(vllm_config, device)
-            self.merge = _engine_merge(vllm_config, device) if self.scoring.can_shard else None
+            self.runtime = worker_runtime.for_engine(vllm_config)  # the worker's state (decode.runtime)
+            self.step = ForwardStep.of(self.runtime)  # the op's kernels and buffers (no step data)
+            self.workspace = _engine_workspace(vllm_config, self.runtime)
+            self.merge = _engine_merge(vllm_config, self.runtime) if self.scoring.can_shard else None
             from sparkinfer.decode.step_plan import Uploads
 
             # the step plan's token_req and distances back from the sequence's end, [T] each, and the
@@ -327,7 +338,7 @@ def indexer_backend():
             """Planned on the host from vLLM's host copies (``step_plan``); the causal positions and
             slots are made on the device from its exact ``seq_lens`` (a drafter's host lengths are
             only an upper bound), so nothing is read back."""
-            from sparkinfer.decode import device_checks, step_plan
+            from sparkinfer.decode import step_plan
 
             cm = common_attn_metadata
             n = cm.num_actual_tokens
@@ -345,7 +356,7 @@ def indexer_backend():
             md = ReplicatedIndexerMetadata(n, cm.num_reqs, torch.from_numpy(token_req), pos,
                                            torch.from_numpy(seq_lens), table, slots,
                                            self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,
-                                           checks=device_checks.for_device(table.device), workspace=self.workspace,
+                                           step=self.step, workspace=self.workspace,
                                            merge=self.merge)
             cache = self._layer_cache()
             if cache is not None:  # the step's rows planned here, not in a layer

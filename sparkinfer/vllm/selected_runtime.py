@@ -2,8 +2,8 @@
 (driven by ``sparse_mla_backend``; patch 0001 skips vLLM's DCP query gather and LSE combine of such
 a step, patch 0008 starts the runtime at engine start).
 
-One ``SelectedRuntime`` per worker process (``SelectedRuntime.of(vllm_config)`` from the metadata
-builder, ``SelectedRuntime.current()`` from the attention impl; None when the engine can never
+One ``SelectedRuntime`` per worker process, held by the worker's runtime (``WorkerRuntime.selected``,
+``sparkinfer.decode.runtime``; made at engine start by ``create``; None when the engine can never
 take the selected path: DCP 1, mode stock, a cache dtype that is not a record format (368, 432,
 656 B), or a sharded indexer). The backend calls it at three points of a step:
 
@@ -54,10 +54,6 @@ from sparkinfer.decode.step_path import StepPath
 
 log = logging.getLogger(__name__)
 
-_runtimes: dict[int, "SelectedRuntime | None"] = {}  # id(vllm_config) -> runtime
-_current: list = [None]  # the runtime of this worker's engine
-
-
 def _layer_index(layer_name: str) -> int:
     from vllm.model_executor.models.utils import extract_layer_index
 
@@ -65,12 +61,13 @@ def _layer_index(layer_name: str) -> int:
 
 
 class SelectedRuntime:
-    def __init__(self, vllm_config):
+    def __init__(self, vllm_config, runtime):
         from sparkinfer.formats import get_format
 
         hf = vllm_config.model_config.hf_config
         spec = vllm_config.speculative_config
         self.vllm_config = vllm_config
+        self.runtime = runtime  # the worker's (decode.runtime.WorkerRuntime): its arena, its device checks
         self.config = from_additional_config(vllm_config.additional_config)
         self.dcp = vllm_config.parallel_config.decode_context_parallel_size
         self.interleave = vllm_config.parallel_config.cp_kv_cache_interleave_size
@@ -129,24 +126,13 @@ class SelectedRuntime:
                           mode="auto", env={})
 
     @classmethod
-    def of(cls, vllm_config) -> "SelectedRuntime | None":
-        """This engine's runtime once engine start built it (``create``); None before (profiling runs
-        take the stock path) and where the engine can never take the selected path."""
-        return _runtimes.get(id(vllm_config))
-
-    @classmethod
-    def create(cls, vllm_config) -> "SelectedRuntime | None":
-        key = id(vllm_config)
-        if key not in _runtimes:
-            # every rank must compute the same top-k (replicated indexer) to plan the same exchange
-            eligible = replica_budget.selected_path_possible(vllm_config)
-            _runtimes[key] = cls(vllm_config) if eligible else None
-            _current[0] = _runtimes[key]
-        return _runtimes[key]
-
-    @staticmethod
-    def current() -> "SelectedRuntime | None":
-        return _current[0]
+    def create(cls, vllm_config, runtime) -> "SelectedRuntime | None":
+        """Engine start: the runtime of ``runtime``'s worker (``WorkerRuntime.selected``), None where
+        the engine can never take the selected path. Until then (profiling runs) steps are stock."""
+        # every rank must compute the same top-k (replicated indexer) to plan the same exchange
+        eligible = replica_budget.selected_path_possible(vllm_config)
+        runtime.selected = cls(vllm_config, runtime) if eligible else None
+        return runtime.selected
 
     def _kv_bytes(self) -> int:
         """Bytes of every KV cache this worker allocated (all attention and indexer layers)."""
@@ -196,8 +182,7 @@ class SelectedRuntime:
         self.keep_records = self.selected or self._step_replicas is not None
         return path
 
-    def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int,
-              checks=None) -> None:
+    def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int) -> None:
         """The step's own records of the layer whose cache is ``kv_cache`` (all tokens, every rank):
         kept for a selected step's attention and written into the replica store."""
         if self._layer_of is None:
@@ -206,7 +191,7 @@ class SelectedRuntime:
         if idx is None:  # not a target model layer (the MTP layer): its records are not planned
             return
         k_pe = k_pe.squeeze(1) if k_pe.dim() == 3 else k_pe
-        records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens], checks=checks)
+        records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens], checks=self.runtime.checks)
         if self.selected:
             self._records[kv_cache.data_ptr()] = records
         if self._step_replicas is not None and self._step_replicas[0] is not None:
@@ -268,12 +253,9 @@ class SelectedRuntime:
         return False
 
     def drop(self) -> None:
-        """Take the selected path out of this engine: ``of`` / ``current`` return None from now on."""
-        for key, rt in list(_runtimes.items()):
-            if rt is self:
-                _runtimes[key] = None
-        if _current[0] is self:
-            _current[0] = None
+        """Take the selected path out of this engine: the worker's runtime holds none from now on."""
+        if self.runtime.selected is self:
+            self.runtime.selected = None
         self.decoder = self.checks = self.replicas = self._replica_store = None
 
     def _build_decoder(self, scale: float, device: torch.device, kind: str):
@@ -300,7 +282,8 @@ class SelectedRuntime:
         exchange = SelectedExchange(fabric, sizing)
         return SelectedDecode(exchange, self.fmt, DcpLayout(group.world_size, self.interleave), self.pattern,
                               max_batch=self.max_batch, rows=self.rows, topk=self.topk, depth=depth, scale=scale,
-                              backend=backend, gather_rows=self.gather_rows)
+                              backend=backend, gather_rows=self.gather_rows, checks=self.runtime.checks,
+                              arena=self.runtime.arena)
 
     def attend(self, layer, q_nope: torch.Tensor, q_rope: torch.Tensor, topk_buffer: torch.Tensor, md):
         """(out [T, H, 512], lse [T, H]) of this rank's heads at ``layer`` (an MLAAttention)."""
@@ -312,7 +295,6 @@ class SelectedRuntime:
         gathered = md.sparkinfer_gather
         step = get_forward_context()  # one per model forward; layers may carry different metadata objects
         if step is not self._step:  # the step's first DSA layer
-            self.decoder.checks = md.checks  # the forward's checks go to the device error flag
             layers = self._dsa_layers()
             cache = layers[0].kv_cache
             self.decoder.begin_step([layers[i].kv_cache for i in range(self.num_layers)], md.block_table,
@@ -362,17 +344,26 @@ class PathLedger:
         self.exchanges_skipped += skipped
 
 
+def worker_selected(worker=None) -> "SelectedRuntime | None":
+    """This worker's selected runtime (``WorkerRuntime.selected``), for the ``collective_rpc`` probes
+    below; None without one."""
+    from sparkinfer.vllm import worker_runtime
+
+    runtime = worker_runtime.current()
+    return None if runtime is None else runtime.selected
+
+
 def transport_ledger(worker=None) -> dict:
     """This worker's ``PathLedger`` per path (``selected``, ``gather``), as dicts; empty when the
     engine never takes those paths (``LLM.collective_rpc(transport_ledger)`` asks every worker)."""
-    rt = SelectedRuntime.current()
+    rt = worker_selected()
     return {} if rt is None else {path: asdict(led) for path, led in rt.ledger.items()}
 
 
 def replica_memory(worker=None) -> dict:
     """This worker's KV cache bytes and replica store (window, bytes), for
     ``LLM.collective_rpc(replica_memory)``; empty without a runtime."""
-    rt = SelectedRuntime.current()
+    rt = worker_selected()
     if rt is None:
         return {}
     store = rt._replica_store or []
@@ -385,14 +376,12 @@ def engine_memory(worker=None) -> dict:
     bytes, from ``reservations``; the replica store as allocated) and what the worker actually
     holds (``held``: measured from its tensors, the attention arena's included), for
     ``LLM.collective_rpc(engine_memory)``; empty without a runtime."""
-    rt = SelectedRuntime.current()
+    rt = worker_selected()
     if rt is None or rt.decoder is None:
         return {}
-    from sparkinfer.decode import layer_buffers
-
     store = sum(t.numel() for t in rt._replica_store or [])
     exchange = rt.decoder.ring.exchange
-    held = {"attention_workspace": layer_buffers.held_bytes(rt.decoder.ring.buf.device),
+    held = {"attention_workspace": rt.runtime.arena.held_bytes(),
             "prefetch_ring": rt.decoder.ring.buf.numel(), **exchange.fabric.held_bytes(),
             "exchange_index": exchange.index_bytes(), "group_plan": rt.decoder.plan.nbytes}
     reserved = {"attention_workspace": reservations.attention_workspace(rt.vllm_config).nbytes, **rt.sizing.buffers()}

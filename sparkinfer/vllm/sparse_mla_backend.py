@@ -11,14 +11,16 @@ they run on either device) and changes three things:
   block table;
 * ``forward_mqa``: logical top-k (``topk_indices_buffer``, written by the indexer) -> physical
   slots -> attention, returning (out [T, H, 512], lse [T, H]). Record formats (368/432/656) go through
-  ``paged_sparse_mla`` (``sparkinfer.attention``: the Triton kernel on a GPU, torch on CPU); the
-  unquantized cache (``auto``: float [num_blocks, block_size, 576], latent then rope) through the
+  ``paged_sparse_mla.attend`` (``sparkinfer.attention``: the Triton kernel on a GPU, torch on CPU);
+  the unquantized cache (``auto``: float [num_blocks, block_size, 576], latent then rope) through the
   float path below;
-* ``do_kv_cache_update``: record formats are encoded by ``cache_dtypes.write_records`` (the CUDA
-  encoder on a GPU, the host build on CPU), in place into vLLM's strided layer views.
+* ``do_kv_cache_update``: record formats are encoded by ``paged_sparse_mla.forward_write_records``
+  (the CUDA encoder on a GPU, the host build on CPU), in place into vLLM's strided layer views.
 
 Host planning once per step, device work only in a layer's forward: the builder plans from vLLM's
-host copies (``step_plan``) and copies the plan to the device once; ``forward_mqa`` and
+host copies (``step_plan``), copies the plan to the device once and resolves what the forward needs
+into the step's ``ForwardStep`` (kernel backend, the worker's arena and device checks, each row's
+request, the block table: ``decode.forward_step``); ``forward_mqa`` and
 ``do_kv_cache_update`` read nothing back, and their checks of device values set the device error
 flag (``device_checks``), which ``build`` polls a step later (``tests/vllm/test_vllm_host_reads.py``
 counts what is left).
@@ -46,12 +48,12 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuild
 from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
 
 from sparkinfer.core.layouts import LATENT_DIM
-from sparkinfer.decode import impls
-from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, is_record_cache_dtype, write_records
-from sparkinfer.decode import device_checks, step_plan
-from sparkinfer.vllm.selected_runtime import SelectedRuntime
-from sparkinfer.vllm.step_requests import request_ids
-from sparkinfer.decode.paged_sparse_mla import paged_sparse_mla, scatter_rows, topk_cache_rows
+from sparkinfer.decode import impls, step_plan
+from sparkinfer.decode.forward_step import ForwardStep
+from sparkinfer.decode.paged_sparse_mla import attend, forward_cache_rows, forward_scatter_rows, forward_write_records
+from sparkinfer.formats import get_format
+from sparkinfer.vllm import worker_runtime
+from sparkinfer.vllm.cache_dtypes import RECORD_DTYPES, canonical_cache_dtype, is_record_cache_dtype
 from sparkinfer.vllm.platforms import BACKEND_NAME
 
 
@@ -77,8 +79,8 @@ class SparseMetadata:
     context: torch.Tensor | None = None
     sparkinfer_gather: bool = False
     query_lens: torch.Tensor | None = None
-    # the device error flag the forward's checks write (device_checks); None: check on the host
-    checks: device_checks.DeviceChecks | None = None
+    # what a layer's forward needs this step, resolved by the build (decode.forward_step)
+    step: ForwardStep | None = None
     prefill: None = None
     decode: None = None
 
@@ -89,24 +91,23 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        impls.log_graph_support(vllm_config.compilation_config.cudagraph_mode)
+        self.runtime = worker_runtime.for_engine(vllm_config)  # the worker's state (decode.runtime)
+        impls.log_graph_support(self.runtime, vllm_config.compilation_config.cudagraph_mode)
         sched = vllm_config.scheduler_config  # the step plan: token_req [T], contexts and query lengths [R]
         self._uploads = step_plan.Uploads(device, sched.max_num_batched_tokens + 2 * sched.max_num_seqs)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
-        checks = device_checks.for_device(common_attn_metadata.block_table_tensor.device)
-        checks.poll()  # a check set by an earlier step's forward fails the engine here
-        return self._build(common_attn_metadata, may_select=True, checks=checks)
+        self.runtime.checks.poll()  # a check set by an earlier step's forward fails the engine here
+        return self._build(common_attn_metadata, may_select=True)
 
     def build_for_drafting(self, common_attn_metadata, draft_index):
         """MTP draft passes take stock DCP: the selected executor plans the target model's layers."""
-        rt = SelectedRuntime.current()
+        rt = self.runtime.selected
         if rt is not None:
             rt.selected = rt.keep_records = False  # nor do the draft's cache writes need the step's records
-        checks = device_checks.for_device(common_attn_metadata.block_table_tensor.device)
-        return self._build(common_attn_metadata, may_select=False, checks=checks)
+        return self._build(common_attn_metadata, may_select=False)
 
-    def _build(self, common_attn_metadata, may_select: bool, checks):
+    def _build(self, common_attn_metadata, may_select: bool):
         """Plan on the host (``step_plan``) from vLLM's host copies; one copy to the device."""
         cm = common_attn_metadata
         n = cm.num_actual_tokens
@@ -115,20 +116,22 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         local_lens = cm.dcp_local_seq_lens if cm.dcp_local_seq_lens is not None else cm.seq_lens
         path, context, query_lens = "stock", None, None
         sharded = getattr(self.kv_cache_spec, "dcp_sharded", False)
-        rt = SelectedRuntime.of(self.vllm_config) if may_select and sharded else None
+        rt = self.runtime.selected if may_select and sharded else None
         if rt is not None:  # the same decision on every rank: the scheduler output is the same
             if not step_plan.exact_seq_lens(self.vllm_config):  # async speculative steps: no exact host copy
                 seq_lens = cm.seq_lens[: cm.num_reqs].cpu().numpy().astype(np.int64)
             qlens = qsl[1:] - qsl[:-1]
             contexts = seq_lens - qlens
-            path = rt.choose(qlens.tolist(), contexts.tolist(), request_ids(cm.num_reqs))
+            path = rt.choose(qlens.tolist(), contexts.tolist(), self.runtime.step_request_ids(cm.num_reqs))
             token_req, context, query_lens = self._uploads(token_req, contexts, qlens)
         else:
             token_req, = self._uploads(token_req)
+        interleave = self.vllm_config.parallel_config.cp_kv_cache_interleave_size
+        step = ForwardStep.of(self.runtime, token_req=token_req, block_table=cm.block_table_tensor,
+                              interleave=interleave)
         return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
-                              cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc,
-                              self.vllm_config.parallel_config.cp_kv_cache_interleave_size, path != "stock",
-                              context, path == "gather", query_lens, checks)
+                              cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc, interleave,
+                              path != "stock", context, path == "gather", query_lens, step)
 
 
 def float_cache_attention(q_nope, q_rope, kv_cache, slots, scale):
@@ -156,6 +159,13 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
     def __init__(self, *args, topk_indices_buffer=None, index_group_builder=None, **kwargs):
         dcp = self.dcp_world_size, self.dcp_rank  # set by AttentionImpl.__new__; CPUMLAImpl resets them
         super().__init__(*args, **kwargs)
+        # the worker's state (decode.runtime): vLLM builds the impl at model load, under its config
+        self.runtime = worker_runtime.for_engine()
+        # the cache's record format (None: the unquantized cache)
+        self.fmt = get_format(canonical_cache_dtype(self.kv_cache_dtype)) if is_record_cache_dtype(
+            self.kv_cache_dtype) else None
+        # the cache write's step (it reads no step data): the worker's buffers, the device's kernels
+        self.write_step = ForwardStep.of(self.runtime)
         self.dcp_world_size, self.dcp_rank = dcp
         if topk_indices_buffer is None:
             raise ValueError(f"{BACKEND_NAME} needs the indexer's topk_indices_buffer")
@@ -173,36 +183,34 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
             h = layer.num_heads
             if q_nope.shape[1] != h:  # queries replicated over the DCP group (every head): keep this rank's
                 q_nope, q_rope = (t[:, self.dcp_rank * h:(self.dcp_rank + 1) * h] for t in (q_nope, q_rope))
-            out, lse = SelectedRuntime.current().attend(layer, q_nope, q_rope, self.topk_indices_buffer, md)
+            out, lse = self.runtime.selected.attend(layer, q_nope, q_rope, self.topk_indices_buffer, md)
             return out.to(q_nope.dtype), lse
         # Under DCP the top-k is global (the indexer is replicated): keep this rank's tokens only; a row
         # with none gets lse -inf, and vLLM merges the ranks' partials with their LSEs.
-        dcp = (self.dcp_rank, self.dcp_world_size, md.dcp_interleave)
-        if is_record_cache_dtype(self.kv_cache_dtype):
-            out, lse = paged_sparse_mla(q_nope, q_rope, kv_c_and_k_pe_cache, self.kv_cache_dtype, topk,
-                                        md.token_req[:n], md.block_table, self.scale, *dcp, checks=md.checks)
+        dcp = (self.dcp_rank, self.dcp_world_size)
+        if self.fmt is not None:
+            out, lse = attend(md.step, q_nope, q_rope, kv_c_and_k_pe_cache, self.fmt, topk, self.scale, *dcp)
         else:  # float rows read in place (row_view: every element starts a row of a strided view)
-            rows, at = topk_cache_rows(kv_c_and_k_pe_cache, topk, md.token_req[:n], md.block_table, *dcp,
-                                       checks=md.checks)
+            rows, at = forward_cache_rows(md.step, kv_c_and_k_pe_cache, topk, md.token_req[:n], *dcp)
             out, lse = float_cache_attention(q_nope, q_rope, rows, at, self.scale)
         return out.to(q_nope.dtype), lse
 
     def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale):
         if kv_cache.numel() == 0:
             return
-        checks = device_checks.for_device(kv_cache.device)
-        rt = SelectedRuntime.current()
+        rt = self.runtime.selected
         if rt is not None and rt.keep_records:  # selected steps patch them in; replicas keep them
-            rt.stash(kv_cache, kv_c_normed, k_pe, slot_mapping.shape[0], checks)
+            rt.stash(kv_cache, kv_c_normed, k_pe, slot_mapping.shape[0])
         # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: written in
-        # place (scatter_rows), no copy of the touched pages and no host read.
+        # place (forward_scatter_rows), no copy of the touched pages and no host read.
         slots = slot_mapping.flatten()
-        if is_record_cache_dtype(kv_cache_dtype):
-            write_records(kv_cache_dtype, kv_c_normed, k_pe, kv_cache, slots, checks)
+        n = slots.shape[0]
+        k_pe = k_pe.reshape(k_pe.shape[0], -1)  # vLLM hands MLA's rope key as [T, 1, 64]
+        if self.fmt is not None:
+            forward_write_records(self.write_step, self.fmt, kv_cache, slots, kv_c_normed[:n], k_pe[:n])
         else:  # unquantized [latent ; rope] rows
-            n = slots.shape[0]
-            rows = torch.cat([kv_c_normed[:n], k_pe.reshape(k_pe.shape[0], -1)[:n]], dim=1)
-            scatter_rows(kv_cache, slots, rows.to(kv_cache.dtype), checks)
+            rows = torch.cat([kv_c_normed[:n], k_pe[:n]], dim=1)
+            forward_scatter_rows(self.write_step, kv_cache, slots, rows.to(kv_cache.dtype))
 
 
 class SparkinferSparseMLABackend(CPUMLABackend):

@@ -1,7 +1,7 @@
 """The paged-addressing kernels (sparkinfer.attention.triton_paging) against their torch twins, bit for bit.
 
-``topk_rows`` against ``topk_to_slots`` + ``row_view``, ``scatter_rows`` against the torch
-``scatter_rows``: over contiguous caches and vLLM-like strided layer views (block-outermost, layers
+``topk_rows`` against ``topk_slots`` + ``row_view``, ``scatter_rows`` against the torch form of
+``forward_scatter_rows``: over contiguous caches and vLLM-like strided layer views (block-outermost, layers
 interleaved), DCP worlds 1, 2 and 4 with interleaves 1 and 4, top-k shapes across the kernels'
 tiles, and bad inputs (positions beyond the blocks or below -1, slots in the null block or outside
 the cache): the same rows or bytes, the same device flag, and the bad entries never written. Under
@@ -15,7 +15,9 @@ import torch
 from sparkinfer.testing import host_reads
 from sparkinfer.attention import triton_paging
 from sparkinfer.decode.device_checks import DeviceChecks
-from sparkinfer.decode.paged_sparse_mla import NULL_BLOCK, row_strides, row_view, topk_to_slots
+from sparkinfer.decode.forward_step import ForwardStep
+from sparkinfer.decode.paged_sparse_mla import (NULL_BLOCK, forward_scatter_rows, row_strides, row_view, topk_slots,
+                                                topk_to_slots)
 from sparkinfer.decode.paged_sparse_mla import scatter_rows as torch_scatter_rows
 
 
@@ -61,7 +63,8 @@ def test_topk_rows_equal_the_torch_slots_through_the_row_view(dev, strided, worl
     topk = _topk_case(g, m, k, 4 * bs * world, bad)
     for rank in range(world):
         want_checks, got_checks = DeviceChecks("cpu"), DeviceChecks(dev)
-        slots = topk_to_slots(topk, token_req, table, bs, rank, world, interleave, checks=want_checks)
+        slots, bad_entries = topk_slots(topk, token_req, table, bs, rank, world, interleave)
+        want_checks.flag("topk_position", bad_entries)  # what the forward's torch form does
         rows, want = row_view(cache, slots)
         got = triton_paging.topk_rows(topk.to(dev), token_req.to(dev), table.to(dev), bs, *row_strides(cache),
                                       got_checks.word("topk_position"), rank, world, interleave).cpu()
@@ -128,7 +131,7 @@ def test_scatter_rows_equal_the_torch_twin(dev, dtype, width, strided, bad):
     want_cache, got_cache = _layer(want_backing, width, strided), _layer(got_backing, width, strided)
     before = got_cache.clone()
     want_checks, got_checks = DeviceChecks("cpu"), DeviceChecks(dev)
-    torch_scatter_rows(want_cache, slots, rows, want_checks)
+    forward_scatter_rows(ForwardStep("torch", want_checks, None), want_cache, slots, rows)  # the torch twin
     dev_slots, dev_rows = slots.to(dev), rows.to(dev)
     with host_reads.count_allocations() as made, host_reads.count_reads() as reads:
         triton_paging.scatter_rows(got_cache, dev_slots, dev_rows, NULL_BLOCK, got_checks.word("cache_slots"))

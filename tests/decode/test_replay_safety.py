@@ -21,15 +21,19 @@ def _cache_and_arena():
 
     write_cache_records(fmt, cache, torch.arange(16, 56), torch.randn(40, 512, generator=g),
                         torch.randn(40, 64, generator=g))
-    layer_buffers.reserve(AttentionWorkspace(rows=3, heads=2, topk=8, out_bytes=4).segments(), "cpu")
-    return cache, torch.tensor([[1, 2, 3, 4]], dtype=torch.int32)
+    arena = layer_buffers.AttentionArena(torch.device("cpu"))
+    arena.reserve(AttentionWorkspace(rows=3, heads=2, topk=8, out_bytes=4).segments())
+    return cache, torch.tensor([[1, 2, 3, 4]], dtype=torch.int32), arena
 
 
 def _step(seed, cache, table, token_req, fresh_metadata=False, rows=3, scale=0.1):
-    """One layer's attention in the forward's form (``checks``) over a top-k and queries of ``seed``:
-    the buffers an engine step writes before the forward (top-k, queries) are refilled in place."""
-    from sparkinfer.decode.device_checks import DeviceChecks
-    from sparkinfer.decode.paged_sparse_mla import paged_sparse_mla
+    """One layer's attention in the forward's form (``attend``, given the step's ``ForwardStep``) over a
+    top-k and queries of ``seed``: the buffers an engine step writes before the forward (top-k,
+    queries) are refilled in place."""
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.impls import kernel_backend
+    from sparkinfer.decode.paged_sparse_mla import attend
+    from sparkinfer.formats import get_format
 
     g = torch.Generator().manual_seed(seed)
     _step.topk.copy_(torch.randint(-1, 40, (3, 8), generator=g, dtype=torch.int32))
@@ -37,9 +41,10 @@ def _step(seed, cache, table, token_req, fresh_metadata=False, rows=3, scale=0.1
     _step.q[1].copy_(torch.randn(3, 2, 64, generator=g))
     if fresh_metadata:  # what a builder that copies its plan into a new tensor each step does
         token_req = token_req.clone()
+    step = ForwardStep(kernel_backend(cache.device), _step.checks, _step.arena, token_req=token_req, block_table=table)
+    fmt = get_format("nvfp4_368")
     with launches.record() as rec:
-        out, lse = paged_sparse_mla(_step.q[0][:rows], _step.q[1][:rows], cache, "nvfp4_368", _step.topk[:rows],
-                                    token_req[:rows], table, scale, 0, 2, 1, checks=_step.checks)
+        out, lse = attend(step, _step.q[0][:rows], _step.q[1][:rows], cache, fmt, _step.topk[:rows], scale, 0, 2)
         (out * 2).sum()  # a temporary made inside the forward: the graph's pool holds it
     return rec, out.clone()
 
@@ -49,13 +54,12 @@ _step.q = (torch.zeros(3, 2, 512), torch.zeros(3, 2, 64))
 
 
 def test_two_steps_of_one_shape_make_the_same_launches_and_changes_are_seen(monkeypatch):
-    from sparkinfer.decode import impls, layer_buffers
+    from sparkinfer.decode import impls
     from sparkinfer.decode.device_checks import DeviceChecks
 
     monkeypatch.setenv(impls.FORCE_ENV, "1")  # the GPU code path: Triton kernels, interpreted
-    monkeypatch.setattr(layer_buffers, "_arenas", {})
     _step.checks = DeviceChecks("cpu")
-    cache, table = _cache_and_arena()
+    cache, table, _step.arena = _cache_and_arena()
     token_req = torch.zeros(3, dtype=torch.int64)
     a, out_a = _step(1, cache, table, token_req)
     b, out_b = _step(2, cache, table, token_req)

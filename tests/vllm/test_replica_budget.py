@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from sparkinfer.config import SparkinferConfig
 from sparkinfer.core.replicas import store_bytes
 from sparkinfer.vllm import replica_budget as rb
-from sparkinfer.vllm.step_requests import request_ids, set_request_ids
+from sparkinfer.vllm import worker_runtime
+from sparkinfer.vllm.step_requests import set_request_ids
 
 
 def _config(window="auto", mode="auto", dcp=4, dtype="nvfp4_368", seqs=8, layers=78, max_len=1 << 20):
@@ -54,10 +55,13 @@ def test_auto_runtime_store_fits_what_the_engine_reserved(mem, seqs, max_len, ro
 
 
 def test_step_request_ids_only_describe_real_requests():
+    """Patch 0008's ids land in the worker's runtime, which gives them only for real requests."""
+    ns = types.SimpleNamespace
+    rt = worker_runtime.for_engine(ns(device_config=ns(device="cpu"), compilation_config=ns()))
     set_request_ids(["a", "b", "c"])
-    assert request_ids(2) == ["a", "b"] and request_ids(3) == ["a", "b", "c"]
-    assert request_ids(4) is None  # a padded dummy batch
+    assert rt.step_request_ids(2) == ["a", "b"] and rt.step_request_ids(3) == ["a", "b", "c"]
+    assert rt.step_request_ids(4) is None  # a padded dummy batch
     set_request_ids(["a", None])
-    assert request_ids(2) is None
+    assert rt.step_request_ids(2) is None
     set_request_ids(None)
-    assert request_ids(1) is None
+    assert rt.step_request_ids(1) is None

@@ -118,26 +118,30 @@ def test_vllm_indexer_custom_op_runs_the_replicated_indexer():
 
 
 def test_indexer_q_quantization_shares_its_buffers_inside_vllms_forward(monkeypatch):
-    """On the GPU path the indexer's q quantization writes into the attention arena while vLLM runs a
-    forward (its indexer op consumes it in the layer): a repeated call allocates nothing, writes the
-    same memory and gives the same bytes as a direct call, which returns tensors of its own."""
+    """On the GPU path the indexer's q quantization writes into the worker's attention arena while vLLM
+    runs a forward (its indexer op consumes it in the layer): a repeated call allocates nothing, writes
+    the same memory and gives the same bytes as a direct call, which returns tensors of its own."""
     pytest.importorskip("vllm")
     from vllm.config import VllmConfig
     from vllm.forward_context import set_forward_context
 
     from sparkinfer.testing import host_reads
+    from sparkinfer.vllm import worker_runtime
     from sparkinfer.vllm.replicated_indexer import quant_q_fp8
 
     monkeypatch.setenv(impls.FORCE_ENV, "1")
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(0))
     want, other = quant_q_fp8(x, 128, use_ue8m0=True), quant_q_fp8(x, 128, use_ue8m0=True)
     assert want[0] is not other[0]
-    with set_forward_context({}, VllmConfig()):
+    config = VllmConfig()
+    runtime = worker_runtime.for_engine(config)  # made where vLLM builds the worker's sparkinfer objects
+    with set_forward_context({}, config):
         first = quant_q_fp8(x, 128, use_ue8m0=True)
         with host_reads.count_allocations() as made:
             again = quant_q_fp8(x, 128, use_ue8m0=True)
     assert not made, dict(made)
     assert again[0].data_ptr() == first[0].data_ptr() and again[1].data_ptr() == first[1].data_ptr()
+    assert first[0].untyped_storage().data_ptr() == runtime.arena.arena.buf.data_ptr()
     assert torch.equal(again[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(again[1], want[1])
 
 
@@ -218,12 +222,15 @@ def test_a_non_finite_indexer_q_sets_the_device_flag(monkeypatch, forced, bad_q)
     a NaN or infinity in the model's q, which reaches the weights through its quantization scale:
     ``indexer_inputs`` raises a step later, naming the check; finite inputs raise nothing."""
     from sparkinfer.testing import host_reads
-    from sparkinfer.decode.device_checks import DeviceCheckError, DeviceChecks
+    from sparkinfer.decode.device_checks import DeviceCheckError
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.runtime import WorkerRuntime
     from sparkinfer.vllm.replicated_indexer import run_indexer
 
     monkeypatch.setenv(impls.FORCE_ENV, forced)
     cache, md, q, k, w = _indexer_inputs(bad_q=bad_q)
-    md.checks = checks = DeviceChecks("cpu")
+    md.step = ForwardStep.of(WorkerRuntime("cpu"))  # the builder's: the worker's checks and arena
+    checks = md.step.checks
     md.host_qsl, md.host_seq_lens = np.array([0, 6, 7]), md.seq_lens.numpy()
     with host_reads.count_reads() as reads:
         run_indexer(cache, md, q, k, w, torch.full((16, 8), 99, dtype=torch.int32), 8)
@@ -246,8 +253,9 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
     candidates in rank order."""
     from sparkinfer.core.topology import DcpLayout
     from sparkinfer.testing import host_reads
-    from sparkinfer.decode.device_checks import DeviceChecks
+    from sparkinfer.decode.forward_step import ForwardStep
     from sparkinfer.decode.impls import kernel_backend
+    from sparkinfer.decode.runtime import WorkerRuntime
     from sparkinfer.vllm.indexer_scoring import ShardedScoring
     from sparkinfer.indexer import MergeBuffers, TopkWorkspace
     from sparkinfer.indexer.topk import unpack_keys
@@ -291,7 +299,7 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
     # the forward's form (device checks, the builder's host copies, its workspace and merge buffers for
     # all the step's rows, for fewer: the step merged in blocks of 15 and 1, of 3): the same top-k; with
     # the GPU implementations no host read in sparkinfer code and no allocation at all
-    md.checks, md.key_plans = DeviceChecks(dev), {}
+    md.step, md.key_plans = ForwardStep.of(WorkerRuntime(dev)), {}
     md.host_qsl, md.host_seq_lens = _host_layout(md)
     for rows in (n, n - 1, 3):
         md.merge, md.workspace = MergeBuffers(world, rows, 8, dev), TopkWorkspace(1 << 20, dev)
@@ -389,9 +397,9 @@ def tiny_mtp(tmp_path_factory):
 
 def _impls_probe(worker=None):
     from sparkinfer.decode.impls import probe_counts
-    from sparkinfer.vllm.selected_runtime import SelectedRuntime, transport_ledger
+    from sparkinfer.vllm.selected_runtime import transport_ledger, worker_selected
 
-    rt = SelectedRuntime.current()
+    rt = worker_selected()
     decoder = None if rt is None else rt.decoder
     return {"calls": probe_counts(), "ledger": transport_ledger(),
             "sizing": None if decoder is None else decoder.ring.exchange.sizing,
@@ -472,10 +480,12 @@ def test_builders_declare_no_cuda_graphs_for_the_stated_reasons():
     assert _host_reads(lambda: run_indexer(cache, md, qi, k, w, buf, 8)) & {"__int__", "__bool__", "item"}
 
 
-def test_graph_line_is_logged_once_per_process(caplog, monkeypatch):
+def test_graph_line_is_logged_once_per_worker(caplog, monkeypatch):
     import logging
 
-    monkeypatch.setattr(impls, "_graph_line_logged", [False])
+    from sparkinfer.decode.runtime import WorkerRuntime
+
+    runtime = WorkerRuntime("cpu")  # the worker's state: whether its line was logged
     # once vllm is imported its logging config stops "vllm.*" from propagating to caplog's root handler:
     # capture on the logger itself, without propagation, so each record is seen once either way
     logger = logging.getLogger("vllm.sparkinfer")
@@ -483,8 +493,8 @@ def test_graph_line_is_logged_once_per_process(caplog, monkeypatch):
     logger.addHandler(caplog.handler)
     try:
         with caplog.at_level("INFO", logger="vllm.sparkinfer"):
-            impls.log_graph_support("FULL_AND_PIECEWISE")
-            impls.log_graph_support("FULL_AND_PIECEWISE")
+            impls.log_graph_support(runtime, "FULL_AND_PIECEWISE")
+            impls.log_graph_support(runtime, "FULL_AND_PIECEWISE")
     finally:
         logger.removeHandler(caplog.handler)
     lines = [r.getMessage() for r in caplog.records if r.name == "vllm.sparkinfer"]

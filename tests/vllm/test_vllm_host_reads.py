@@ -70,10 +70,12 @@ def _paged_inputs(seed=0):
 
 def test_probe_counts_the_checked_forms_and_not_the_hot_path(monkeypatch):
     """The validated direct-call forms read back (ranges, a unique, boolean masks) and the probe books
-    them at their sparkinfer sites; the forward's forms (``checks``) give the same output with none."""
+    them at their sparkinfer sites; the forward's forms (``attend``) give the same output with none."""
     monkeypatch.setenv("SPARKINFER_FORCE_GPU_IMPLS", "1")
-    from sparkinfer.decode.device_checks import DeviceChecks
-    from sparkinfer.decode.paged_sparse_mla import compact_pages, paged_sparse_mla
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.paged_sparse_mla import attend, compact_pages, paged_sparse_mla
+    from sparkinfer.decode.runtime import WorkerRuntime
+    from sparkinfer.formats import get_format
 
     cache, topk, table, q = _paged_inputs()
     token_req = torch.zeros(3, dtype=torch.int64)
@@ -85,9 +87,9 @@ def test_probe_counts_the_checked_forms_and_not_the_hot_path(monkeypatch):
     assert "sparkinfer:decode/paged_sparse_mla.py:_check_topk_inputs:__bool__" in sites
     assert "sparkinfer:decode/paged_sparse_mla.py:compact_pages:unique" in sites
     assert "sparkinfer:attention/validate.py:check_decode_inputs:__int__" in sites
-    checks = DeviceChecks("cpu")
+    step, fmt = ForwardStep.of(WorkerRuntime("cpu"), token_req=token_req, block_table=table), get_format("nvfp4_368")
     with host_reads.count_reads() as hot:
-        got = paged_sparse_mla(*q, cache, "nvfp4_368", topk, token_req, table, 0.1, 0, 2, 1, checks=checks)
+        got = attend(step, *q, cache, fmt, topk, 0.1, 0, 2)
     assert not hot, dict(hot)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
@@ -98,7 +100,7 @@ def test_probe_counts_the_checked_forms_and_not_the_hot_path(monkeypatch):
 
 def test_the_forward_form_allocates_nothing_within_the_reserved_arena(monkeypatch, caplog):
     """With the GPU implementations forced and the attention arena reserved for a step of 3 rows, a
-    layer's attention (``paged_sparse_mla`` given ``checks``) allocates nothing: the output and LSE,
+    layer's attention (``attend``, the forward's form) allocates nothing: the output and LSE,
     the decode kernel's scratch and the top-k's rows are views of the arena, for that step, a smaller
     one and, with blocks of 2 rows (``BLOCK_ROWS`` patched), a step attended block by block. Each
     equals the direct (validated, allocating) form. A step larger than the arena still runs, in a
@@ -108,22 +110,25 @@ def test_the_forward_form_allocates_nothing_within_the_reserved_arena(monkeypatc
     from sparkinfer.core.attention_workspace import AttentionWorkspace
     from sparkinfer.decode import layer_buffers
     from sparkinfer.decode.device_checks import DeviceChecks
-    from sparkinfer.decode.paged_sparse_mla import paged_sparse_mla
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.paged_sparse_mla import attend, paged_sparse_mla
+    from sparkinfer.formats import get_format
 
     cache, topk, table, q = _paged_inputs()
-    token_req, checks = torch.zeros(3, dtype=torch.int64), DeviceChecks("cpu")
+    token_req, fmt = torch.zeros(3, dtype=torch.int64), get_format("nvfp4_368")
+    arenas = layer_buffers.AttentionArena(torch.device("cpu"))
+    step = ForwardStep("triton", DeviceChecks("cpu"), arenas, token_req=token_req, block_table=table)
 
     def both(rows):
-        args = (q[0][:rows], q[1][:rows], cache, "nvfp4_368", topk[:rows], token_req[:rows], table, 0.1, 0, 2, 1)
-        want = paged_sparse_mla(*args)
+        want = paged_sparse_mla(q[0][:rows], q[1][:rows], cache, "nvfp4_368", topk[:rows], token_req[:rows], table,
+                                0.1, 0, 2, 1)
         with host_reads.count_allocations() as made:
-            got = paged_sparse_mla(*args, checks=checks)
+            got = attend(step, q[0][:rows], q[1][:rows], cache, fmt, topk[:rows], 0.1, 0, 2)
         return want, got, made
 
-    monkeypatch.setattr(layer_buffers, "_arenas", {})
     layout = AttentionWorkspace(rows=3, heads=2, topk=8, out_bytes=4)
-    arena = layer_buffers.reserve(layout.segments(), "cpu")
-    assert layer_buffers.held_bytes("cpu") == layout.nbytes == arena.buf.numel()
+    arena = arenas.reserve(layout.segments())
+    assert arenas.held_bytes() == layout.nbytes == arena.buf.numel()
     for rows, block in ((3, 1024), (2, 1024), (3, 2)):
         monkeypatch.setattr(attention_workspace, "BLOCK_ROWS", block)
         want, got, made = both(rows)
@@ -132,7 +137,7 @@ def test_the_forward_form_allocates_nothing_within_the_reserved_arena(monkeypatc
         assert all(torch.equal(a, b) for a, b in zip(got, want)), (rows, block)
     monkeypatch.setattr(attention_workspace, "BLOCK_ROWS", 1024)
     caplog.set_level("WARNING", logger=layer_buffers.__name__)
-    layer_buffers.reserve(AttentionWorkspace(rows=2, heads=2, topk=8, out_bytes=4).segments(), "cpu")
+    arenas.reserve(AttentionWorkspace(rows=2, heads=2, topk=8, out_bytes=4).segments())
     want, got, made = both(3)
     assert made and all(torch.equal(a, b) for a, b in zip(got, want))
     assert "outside the KV budget" in caplog.text
@@ -144,13 +149,14 @@ def test_device_checks_raise_a_step_later_naming_the_check():
     """A bad top-k position in the forward's form sets the flag without raising; the next poll but
     one (the copy issued at a poll is read at the following one) raises naming the check."""
     from sparkinfer.decode.device_checks import DeviceCheckError, DeviceChecks
-    from sparkinfer.decode.paged_sparse_mla import topk_to_slots
+    from sparkinfer.decode.paged_sparse_mla import topk_slots, topk_to_slots
 
     checks = DeviceChecks("cpu")
     checks.poll()
     table = torch.tensor([[1, 2]], dtype=torch.int32)
     with host_reads.count_reads() as reads:
-        slots = topk_to_slots(torch.tensor([[3, 40, -1]]), torch.zeros(1, dtype=torch.int64), table, 4, checks=checks)
+        slots, bad = topk_slots(torch.tensor([[3, 40, -1]]), torch.zeros(1, dtype=torch.int64), table, 4)
+        checks.flag("topk_position", bad)
     assert not reads
     assert slots.tolist() == [[7, -1, -1]]  # the position past the 2 blocks maps to -1, flagged
     with pytest.raises(ValueError, match="beyond the request's 2 blocks"):  # the direct call still refuses it
@@ -203,8 +209,9 @@ def test_a_bf16_write_into_a_strided_cache_is_staged_in_the_arena(monkeypatch, d
     allocated per layer), and the bytes are the direct call's on the fp32 values."""
     from sparkinfer.formats import get_format
     from sparkinfer.decode import impls
-    from sparkinfer.decode.device_checks import DeviceChecks
-    from sparkinfer.decode.paged_sparse_mla import write_cache_records
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.paged_sparse_mla import forward_write_records, write_cache_records
+    from sparkinfer.decode.runtime import WorkerRuntime
 
     monkeypatch.setenv(impls.FORCE_ENV, "1")
     g = torch.Generator().manual_seed(6)
@@ -215,20 +222,22 @@ def test_a_bf16_write_into_a_strided_cache_is_staged_in_the_arena(monkeypatch, d
     lat = torch.randn(5, 512, generator=g).to(device, torch.bfloat16)
     rope = torch.randn(5, 1, 64, generator=g).to(device, torch.bfloat16)[:, 0]  # a view, as vLLM's k_pe
     write_cache_records(fmt, want[:, :, :368], slots, lat.float(), rope.float())
-    checks = DeviceChecks(device)
-    write_cache_records(fmt, backing[:, :, :368], slots, lat, rope, checks=checks)  # the arena may grow here
+    step = ForwardStep.of(WorkerRuntime(device))
+    forward_write_records(step, fmt, backing[:, :, :368], slots, lat, rope)  # the arena may grow here
     backing.copy_(want)
     with host_reads.count_allocations() as made:
-        write_cache_records(fmt, backing[:, :, :368], slots, lat, rope, checks=checks)
+        forward_write_records(step, fmt, backing[:, :, :368], slots, lat, rope)
     assert not {k: v for k, v in made.items() if "|alloc|" in k}, made
     assert torch.equal(backing, want)
 
 
 def test_strided_write_in_place_equals_the_page_copy():
-    """``write_cache_records`` into a strided view (scatter_rows: -1 rows rewrite the null block's
+    """``forward_write_records`` into a strided view (forward_scatter_rows: -1 rows rewrite the null block's
     first record with itself) gives exactly the bytes of writing contiguous copies of the pages."""
     from sparkinfer.formats import get_format
-    from sparkinfer.decode.paged_sparse_mla import write_cache_records
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.paged_sparse_mla import forward_write_records
+    from sparkinfer.decode.runtime import WorkerRuntime
 
     g = torch.Generator().manual_seed(2)
     fmt = get_format("nvfp4_368")
@@ -240,11 +249,9 @@ def test_strided_write_in_place_equals_the_page_copy():
     pages = want[:, :, :368].contiguous()
     fmt.write(pages, slots, lat, rope)
     want[:, :, :368] = pages
-    from sparkinfer.decode.device_checks import DeviceChecks
-
-    checks = DeviceChecks("cpu")
+    step = ForwardStep.of(WorkerRuntime("cpu"))
     with host_reads.count_reads() as reads:
-        write_cache_records(fmt, view, slots, lat, rope, checks=checks)
+        forward_write_records(step, fmt, view, slots, lat, rope)
     assert not reads
     assert torch.equal(backing, want)
 
@@ -265,13 +272,14 @@ def _plant(worker=None):
     from sparkinfer.decode import paged_sparse_mla
     from sparkinfer.vllm import sparse_mla_backend
 
-    orig = paged_sparse_mla.paged_sparse_mla
+    orig = paged_sparse_mla.attend
 
-    def planted(*args, **kwargs):
-        paged_sparse_mla._check_topk_inputs(args[4], args[5], args[6], args[2].shape[1], *args[8:11])
-        return orig(*args, **kwargs)
+    def planted(step, q_nope, q_rope, kv_cache, fmt, topk, scale, dcp_rank, dcp_world):
+        paged_sparse_mla._check_topk_inputs(topk, step.token_req[:topk.shape[0]], step.block_table, kv_cache.shape[1],
+                                            dcp_rank, dcp_world, step.interleave)
+        return orig(step, q_nope, q_rope, kv_cache, fmt, topk, scale, dcp_rank, dcp_world)
 
-    sparse_mla_backend.paged_sparse_mla = planted
+    sparse_mla_backend.attend = planted
     return True
 
 

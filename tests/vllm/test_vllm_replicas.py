@@ -38,11 +38,9 @@ def _remote_below(lo: int, rank: int, world: int) -> int:
 
 
 def _ledger_and_memory(worker=None):
-    from sparkinfer.vllm.selected_runtime import engine_memory, replica_memory, transport_ledger
+    from sparkinfer.vllm.selected_runtime import engine_memory, replica_memory, transport_ledger, worker_selected
 
-    from sparkinfer.vllm.selected_runtime import SelectedRuntime
-
-    rows = SelectedRuntime.current().vllm_config.scheduler_config.max_num_batched_tokens
+    rows = worker_selected().vllm_config.scheduler_config.max_num_batched_tokens
     return {"ledger": transport_ledger(), "memory": replica_memory(), "engine": engine_memory(), "step_tokens": rows}
 
 
