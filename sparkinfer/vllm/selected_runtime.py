@@ -60,6 +60,19 @@ def _layer_index(layer_name: str) -> int:
     return extract_layer_index(layer_name)
 
 
+def _replica_writes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(store rows, token rows, taken int64 0/1), one entry per token row of the step, from
+    ``ReplicaStep.write_rows`` (-1: the token is not kept): a fixed shape whatever the step keeps,
+    so the layers' copies replay from a graph. An entry not kept repeats the step's first kept write
+    (same source, same row, same bytes: a write every copy may make); with none kept, every entry
+    is masked off (row 0 rewritten with itself by the torch twin)."""
+    kept = np.flatnonzero(rows >= 0)
+    first = kept[0] if kept.size else 0
+    src = np.where(rows >= 0, np.arange(rows.shape[0]), first)
+    dst = np.where(rows >= 0, rows, max(rows[first], 0) if rows.size else 0)
+    return dst, src, np.full(rows.shape[0], int(kept.size > 0), dtype=np.int64)
+
+
 class SelectedRuntime:
     def __init__(self, vllm_config, runtime):
         from sparkinfer.formats import get_format
@@ -102,9 +115,12 @@ class SelectedRuntime:
         self.keep_records = False  # the step's cache writes are stashed (selected) or kept (replicas)
         self.replicas: ReplicaWindow | None = None  # built at the first step (auto needs the caches)
         self._replica_store: list[torch.Tensor] | None = None  # per layer uint8 [slots * window, W]
-        # (None or (store rows, token rows) int64 on the store's device, the executor's LocalReplicas) of the
-        # step being built
+        # ((store rows, token rows, taken) of the step's writes, the executor's LocalReplicas) of the step
+        # being built (None: no replicas this step); the writes in fixed shape, one per token row
+        # (``_replica_writes``), in persistent buffers: a captured graph replays them
         self._step_replicas = None
+        self._replica_uploads = None
+        self._taken: torch.Tensor | None = None
         self._layer_of: dict[int, int] | None = None  # kv_cache data_ptr -> model layer
     def _policy(self, hf, stock: StockDcpShape):
         """``auto``'s cost model for decode steps when a shipped profile describes this node (GPU
@@ -166,15 +182,19 @@ class SelectedRuntime:
         self._step_replicas = None
         if rule is not None:
             step = rule.begin_step(keys, contexts, query_lens)
-            rows = step.write_rows()
-            kept = np.flatnonzero(rows >= 0)  # on the host, once per step, not once per layer's write
-            dev = self._replica_store[0].device
+            dst, src, taken = _replica_writes(step.write_rows())
+            if self._replica_uploads is None:
+                sched = self.vllm_config.scheduler_config
+                dev = self._replica_store[0].device
+                self._replica_uploads = step_plan.Uploads(dev, 2 * sched.max_num_seqs + 3 * sched.max_num_batched_tokens)
+                self._taken = torch.empty(sched.max_num_batched_tokens, dtype=torch.bool, device=dev)
             # the rows this step writes and the window's bounds reach the device in one copy, here
-            lo, base, write_rows, tokens = step_plan.to_device(dev, step.lo, step.slot.clip(min=0) * step.window,
-                                                               rows[kept], kept)
+            lo, base, dst, src, taken = self._replica_uploads(step.lo, step.slot.clip(min=0) * step.window, dst, src,
+                                                              taken)
+            mask = torch.ne(taken, 0, out=self._taken[: taken.shape[0]])
             from sparkinfer.decode.selected_decode import LocalReplicas
 
-            self._step_replicas = ((write_rows, tokens) if kept.size else None,
+            self._step_replicas = ((dst, src, mask),
                                    LocalReplicas(self._replica_store, lo, base, step.window, bool(step.all_local)))
             all_local, fetched_below = step.all_local, step.lo.tolist()
         path = self.path.choose(query_lens, contexts, all_local=all_local, fetched_below=fetched_below).path
@@ -194,9 +214,9 @@ class SelectedRuntime:
         records = self.fmt.encode(kv_c_normed[:num_tokens], k_pe[:num_tokens], checks=self.runtime.checks)
         if self.selected:
             self._records[kv_cache.data_ptr()] = records
-        if self._step_replicas is not None and self._step_replicas[0] is not None:
-            rows, tokens = self._step_replicas[0]
-            copy_rows(self._replica_store[idx], records, tokens, dst_rows=rows)
+        if self._step_replicas is not None:
+            dst, src, mask = self._step_replicas[0]
+            copy_rows(self._replica_store[idx], records, src, mask, dst_rows=dst)
 
     def _dsa_layers(self) -> dict[int, object]:
         """Model layer index -> attention layer (its ``kv_cache`` is the layer's record cache)."""

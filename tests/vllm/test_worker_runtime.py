@@ -4,6 +4,8 @@ shares the engine's compilation config) included; another engine gets a new one.
 
 import types
 
+import pytest
+
 from sparkinfer.vllm import worker_runtime
 
 
@@ -20,3 +22,32 @@ def test_one_runtime_per_engine_drafter_included():
     assert worker_runtime.current() is rt
     other = worker_runtime.for_engine(_config(types.SimpleNamespace()))  # a later engine in this process
     assert other is not rt and worker_runtime.current() is other
+
+
+@pytest.mark.parametrize("kept", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("forced", [False, True])
+def test_fixed_shape_replica_writes_equal_the_kept_ones(monkeypatch, kept, forced):
+    """A step's replica writes in fixed shape (one entry per token row, ``_replica_writes``: what a
+    graph replays) leave the store exactly as writing only the kept rows does, through the torch
+    twin and the Triton kernel (forced, interpreted)."""
+    import numpy as np
+    import torch
+
+    from sparkinfer.decode import impls
+    from sparkinfer.decode.paged_sparse_mla import copy_rows
+    from sparkinfer.vllm.selected_runtime import _replica_writes
+
+    if forced:
+        monkeypatch.setenv(impls.FORCE_ENV, "1")
+    rng = np.random.default_rng(int(kept * 10) + forced)
+    t = 12
+    rows = np.where(rng.random(t) < kept, rng.permutation(40)[:t], -1)  # a write never hits a row twice
+    g = torch.Generator().manual_seed(1)
+    store = torch.randint(0, 256, (40, 16), generator=g, dtype=torch.uint8)
+    records = torch.randint(0, 256, (t, 16), generator=g, dtype=torch.uint8)
+    want = store.clone()
+    for i in np.flatnonzero(rows >= 0):
+        want[rows[i]] = records[i]
+    dst, src, taken = (torch.from_numpy(a) for a in _replica_writes(rows))
+    copy_rows(store, records, src, taken != 0, dst_rows=dst)
+    assert torch.equal(store, want)
