@@ -64,7 +64,7 @@ _SHAPES = ("nonzero", "argwhere", "unique", "unique_consecutive", "masked_select
 # a layer's forward: anything under these is per-layer work
 LAYER_ENTRIES = {"forward_mqa", "do_kv_cache_update", "run_indexer", "quant_q_fp8"}
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../sparkinfer/
-_SELF = os.path.abspath(__file__)
+_PROBES = os.path.dirname(os.path.abspath(__file__)) + os.sep  # sparkinfer/testing: probes are not sites
 # the reads of vLLM's host copies (``host_array``: pinned host memory on a GPU node, no sync)
 _HOST_ARRAY = (os.path.join(_PKG, "decode", "host_copies.py"), "host_array")
 # files whose code stands in for a kernel launch (on a GPU it reads nothing): not counted, as Triton's
@@ -95,7 +95,7 @@ def _site(depth: int = 3, standins: frozenset = frozenset()):
             return None, None
         if (path, name) == _HOST_ARRAY and site is None:
             return "host", "host"
-        if path.startswith(_PKG) and path != _SELF:  # the probe's own frames are not sites
+        if path.startswith(_PKG) and not path.startswith(_PROBES):  # the probes' own frames are not sites
             if site is None:
                 site = f"sparkinfer:{os.path.relpath(path, _PKG)}:{name}"
             if name in LAYER_ENTRIES:

@@ -182,26 +182,31 @@ def record(layers_only: bool = False):
         _active.remove(rec)
 
 
-def differences(a: list[Recording], b: list[Recording]) -> dict[str, str]:
-    """{site: the first difference there, in words} between the forwards ``a`` and ``b`` (one step's,
-    in order): empty when they made the same launches. Forwards that made different numbers of
-    launches are compared up to the shorter, and the count is reported under "count"."""
-    out: dict[str, str] = {}
+def differences(a: list[Recording], b: list[Recording]) -> list[dict[str, str]]:
+    """Per forward of ``a`` and ``b`` (one step's, in order), {site: the first difference there, in
+    words}: all empty when they made the same launches. Forwards that made different numbers of
+    launches are compared up to the shorter, and the counts are reported under "count"; steps with
+    different numbers of forwards give one entry, {"count": ...}."""
     if len(a) != len(b):
-        return {"count": f"{len(a)} forwards against {len(b)}"}
+        return [{"count": f"{len(a)} forwards against {len(b)}"}]
+    out = []
     for f, (x, y) in enumerate(zip(a, b)):
+        found: dict[str, str] = {}
         for i, (p, q) in enumerate(zip(x.events, y.events)):
             if p != q:
-                out.setdefault(p[0], f"forward {f}, launch {i} ({p[1]}): {_diff(p, q)}")
+                found.setdefault(p[0], f"forward {f}, launch {i} ({p[1]}): {_diff(p, q)}")
         if len(x.events) != len(y.events):
-            out.setdefault("count", f"forward {f}: {len(x.events)} launches against {len(y.events)}")
+            found.setdefault("count", f"forward {f}: {len(x.events)} launches against {len(y.events)}")
+        out.append(found)
     return out
 
 
 def first_difference(a: list[Recording], b: list[Recording]) -> str | None:
     """None when the forwards ``a`` and ``b`` made the same launches; else the first difference."""
-    found = differences(a, b)
-    return None if not found else next(f"{site}: {why}" if site != "count" else why for site, why in found.items())
+    for found in differences(a, b):
+        for site, why in found.items():
+            return why if site == "count" else f"{site}: {why}"
+    return None
 
 
 def _diff(p, q) -> str:
@@ -296,6 +301,5 @@ def install(worker=None) -> bool:
 
 def report(worker=None) -> list[dict]:
     """``LLM.collective_rpc(report)``: [{"shape": (requests, rows), "paths": [path of each forward], "forwards": n, "launches": n, "kernels":
-    [kernel launches of each forward], "differences": {site:
-    where}}] for each decode step compared with the previous decode step of its shape (``differences``)."""
+    [kernel launches of each forward], "differences": [{site: where} per forward]}] for each decode step compared with the previous decode step of its shape (``differences``)."""
     return [] if _probe[0] is None else _probe[0].report()
