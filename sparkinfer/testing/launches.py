@@ -6,7 +6,7 @@ decode step is capture-safe when every decode step at the same padded batch shap
 the same launches, whatever its requests, their lengths and contexts. This probe records the
 launches each forward makes in vLLM's workers and compares two decode steps of equal shape that
 take the same path (stock, selected or gathered: a graph is captured for one path,
-docs/design/cuda-graphs.md).
+docs/design/cuda-graphs.md), after the first step of each kind (``WARMUP``).
 
 What a launch is on CPU: an aten op (a kernel on a GPU) or an interpreted Triton kernel, made
 by sparkinfer's code; in the engine, under a layer's forward (``host_reads.LAYER_ENTRIES``: the cache write, the
@@ -48,6 +48,9 @@ from sparkinfer.testing.host_reads import LAYER_ENTRIES, OpWatcher, is_decode_st
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../sparkinfer/
 _TESTING = os.path.join(_PKG, "testing") + os.sep
 _active: list = []  # the recordings open in this process (innermost last)
+# decode steps of a kind not compared: the first builds what the path keeps between steps (the ring's
+# first prefetch, lazily sized plans), as vLLM's warm-up runs do before it captures a graph
+WARMUP = 1
 
 
 def _site(layers_only: bool):
@@ -226,6 +229,7 @@ class _Probe:
         self.spec_rows = spec_rows
         self.step: dict | None = None
         self.last: dict = {}  # (batch shape, paths of its forwards) -> the last decode step of that kind
+        self.seen: dict = {}  # the same key -> decode steps of that kind so far
         self.results: list[dict] = []
         execute = runner.execute_model
 
@@ -262,7 +266,8 @@ class _Probe:
             return
         key = (step["shape"], tuple(step["paths"]))
         before = self.last.get(key)
-        if before is not None:
+        self.seen[key] = self.seen.get(key, 0) + 1
+        if before is not None and self.seen[key] > WARMUP + 1:
             self.results.append({"shape": step["shape"], "paths": step["paths"], "forwards": len(step["forwards"]),
                                  "launches": sum(len(r.events) for r in step["forwards"]),
                                  "kernels": [r.kernels for r in step["forwards"]],

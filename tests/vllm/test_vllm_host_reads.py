@@ -348,30 +348,25 @@ def test_no_host_read_per_layer_and_few_per_step(model, monkeypatch, name):
 
 # Where two decode steps of one shape and path still launch differently (docs/design/cuda-graphs.md,
 # "What is left"): the indexer's key lists, whose length follows the contexts, in every forward (the
-# target model's and the MTP drafter's passes, which run stock in every mode); and the selected
-# path's target forward as a whole (its exchange and group plan are sized on the host). A fix
-# removes its entry here: the test fails until it does, and fails on a new difference anywhere.
+# target model's on each mode's path and the MTP drafter's passes, which run stock in every mode).
+# A fix removes its site here: the test fails until it does, and fails on a new difference anywhere.
 INDEXER_LISTS = {"vllm/replicated_indexer.py:run_indexer", "indexer/triton_scores.py:_launch"}
-SELECTED_TARGET_REPLAYS = False
 
 
 def _check_replays(name: str, replays: list) -> None:
     """Decode steps of one shape and path made the same launches (``launches``: pointers, shapes,
-    scalars and grids; what a CUDA graph replays) but where ``INDEXER_LISTS`` and
-    ``SELECTED_TARGET_REPLAYS`` say, in every worker; and the probe compared some."""
+    scalars and grids; what a CUDA graph replays) but at ``INDEXER_LISTS``, in every forward of every
+    worker; and the probe compared some (steps after the first of their kind: ``launches.WARMUP``)."""
     for w in replays:
         assert w, "no two decode steps of one shape and path to compare"
         for r in w:
             assert len(r["differences"]) == r["forwards"] > 1, r  # the target's forward and the drafter's
+            assert r["paths"][0] == ("stock" if name == "stock" else "selected"), r["paths"]
             sites = [set(found) for found in r["differences"]]
             print(f"{name} {r['paths']}: {r['forwards']} forwards of {r['kernels']} kernel launches; sites "
                   f"differing per forward {[sorted(x) for x in sites]}")
-            target_selected = r["paths"][0] != "stock"
             for f, differing in enumerate(sites):
-                if f == 0 and target_selected:
-                    assert bool(differing - INDEXER_LISTS) != SELECTED_TARGET_REPLAYS, r["differences"][0]
-                else:
-                    assert differing == INDEXER_LISTS, r["differences"][f]
+                assert differing == INDEXER_LISTS, r["differences"][f]
 
 
 def _model_layers(w: dict) -> dict:
