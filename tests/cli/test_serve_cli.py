@@ -375,15 +375,15 @@ def test_dry_run_fails_on_what_vllm_refuses_at_startup(changes, sets, env, use_m
 
 ATTENTION_OP = "vllm::unified_mla_attention_with_output"
 WORKER = [  # every reason patched vLLM's worker refuses at engine start (model_config_check.worker_problems):
-    # (profile, --set overrides, environment, what the FAIL lines name, in order); tests/vllm/test_engine_start.py
+    # (profile, --set overrides, what the FAIL lines name, in order); tests/vllm/test_engine_start.py
     # holds each against the worker's own check
-    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL"], {},
+    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL"],
      ["cudagraph_mode FULL captures whole steps"]),
-    (PROFILE, [f"vllm.compilation_config.splitting_ops=['{ATTENTION_OP}']"], {},
+    (PROFILE, [f"vllm.compilation_config.splitting_ops=['{ATTENTION_OP}']"],
      [f"splitting_ops ['{ATTENTION_OP}'] leaves ['vllm::sparse_attn_indexer', 'vllm::unified_mla_kv_cache_update']"]),
-    (PROFILE, [], {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}, ["the breakable CUDA graph"]),
-    (PROFILE, ["sparkinfer.fabric=host"], {}, ["sparkinfer fabric 'host' with the caches on a GPU"]),
-    (PROFILE, ["sparkinfer.fabric=host", "env.VLLM_USE_BREAKABLE_CUDAGRAPH=1"], {},  # the profile's [env]
+    (PROFILE, ["env.VLLM_USE_BREAKABLE_CUDAGRAPH=1"], ["the breakable CUDA graph"]),  # over the profile's 0
+    (PROFILE, ["sparkinfer.fabric=host"], ["sparkinfer fabric 'host' with the caches on a GPU"]),
+    (PROFILE, ["sparkinfer.fabric=host", "env.VLLM_USE_BREAKABLE_CUDAGRAPH=1"],  # the profile's [env]
      ["the breakable CUDA graph", "sparkinfer fabric 'host'"]),
 ]
 WORKER_STARTS = [  # what the worker starts though it looks close to the above: (profile, --set overrides)
@@ -396,13 +396,10 @@ WORKER_STARTS = [  # what the worker starts though it looks close to the above: 
 ]
 
 
-@pytest.mark.parametrize("profile,sets,env,names", WORKER, ids=[str(i) for i in range(len(WORKER))])
-def test_dry_run_fails_on_what_the_worker_refuses_at_engine_start(profile, sets, env, names, glm, capsys,
-                                                                    monkeypatch):
+@pytest.mark.parametrize("profile,sets,names", WORKER, ids=[str(i) for i in range(len(WORKER))])
+def test_dry_run_fails_on_what_the_worker_refuses_at_engine_start(profile, sets, names, glm, capsys):
     """Graph modes that would capture a sparkinfer op and a fabric that cannot reach the caches on
     GPUs: FAIL lines, exit 2, each naming its reason in the worker's order (graphs, then fabric)."""
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
     argv = ["--profile", profile, glm()]
     for s in sets:
         argv += ["--set", s]
@@ -430,6 +427,16 @@ def test_dry_run_passes_what_the_worker_starts(profile, sets, glm, capsys):
         argv += ["--set", s]
     rc, out, err = dry_run(capsys, *argv)
     assert rc == 0 and "# FAIL" not in out, (out, err)
+
+
+def test_the_profiles_opt_out_of_the_breakable_graph_whatever_the_caller_set(glm, capsys, monkeypatch):
+    """vLLM turns its breakable CUDA graph on for GLM-DSA models and sets the variable itself (so a
+    process that built one engine config has it set); every profile's [env] sets it to 0, and the
+    profile's [env] is what vLLM runs with (``sparkinfer serve`` execs it over the caller's)."""
+    monkeypatch.setenv("VLLM_USE_BREAKABLE_CUDAGRAPH", "1")
+    for name in NAMES:
+        assert serve.load_profile(name)["env"]["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "0"
+        assert dry_run(capsys, "--profile", name, glm())[0] == 0
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -503,7 +510,7 @@ def test_profile_by_path_and_kv_gb_absent(glm, tmp_path, capsys):
     path.write_text("replicas = 2\n" + text)
     rc, _, err = dry_run(capsys, "--profile", str(path), glm())
     assert rc == 2 and err.startswith("sparkinfer serve: replicas: unknown profile key")
-    path.write_text(text + "replicas = 2\n")  # now inside [sparkinfer]
+    path.write_text(text.replace("[sparkinfer]\n", "[sparkinfer]\nreplicas = 2\n"))  # now inside [sparkinfer]
     rc, _, err = dry_run(capsys, "--profile", str(path), glm())
     assert rc == 2 and err.startswith("sparkinfer serve: sparkinfer.replicas: not a sparkinfer setting")
     path.write_text(text.replace('replica_window = "auto"', "replica_window = 300000"))

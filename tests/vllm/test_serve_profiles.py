@@ -121,14 +121,15 @@ def test_profile_validates_against_the_tiny_model(name, tiny_dir):
 def test_vllm_builds_the_engine_config(name, tiny_dir, vllm_parser, monkeypatch):
     """Past the parser: patched vLLM's EngineArgs.create_engine_config (model, parallel, cache,
     speculative and sparkinfer configuration; no engine start) accepts the dry-run command for the
-    tiny model, with the CPU machine's overrides (256 positions, host fabric)."""
+    tiny model, with the CPU machine's overrides (256 positions; fabric auto, which the dry run judges
+    for the GPU node the profile is for and this CPU engine resolves to the host fabric)."""
     from vllm.engine.arg_utils import EngineArgs
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert cli_main(["serve", "--dry-run", "--profile", name, str(tiny_dir), "--set", "max_model_len=256",
-                         "--set", "sparkinfer.fabric=host", "--", "--dtype", "float32"]) == 0
+                         "--set", "sparkinfer.fabric=auto", "--", "--dtype", "float32"]) == 0
     args = vllm_parser.parse_args(shlex.split(out.getvalue().strip().splitlines()[-1])[2:])
     args.model = args.model_tag  # what `vllm serve` does before it builds the engine arguments
     cfg = EngineArgs.from_cli_args(args).create_engine_config()
@@ -138,7 +139,7 @@ def test_vllm_builds_the_engine_config(name, tiny_dir, vllm_parser, monkeypatch)
     assert cfg.model_config.max_model_len == 256
     k = v.get("speculative_config", {}).get("num_speculative_tokens")
     assert (cfg.speculative_config.num_speculative_tokens if cfg.speculative_config else None) == k
-    want = sc.resolve({**data["sparkinfer"], "fabric": "host"}, environ={}).as_dict()
+    want = sc.resolve({**data["sparkinfer"], "fabric": "auto"}, environ={}).as_dict()
     assert cfg.additional_config[sc.ADDITIONAL_CONFIG_KEY] == want
 
 
