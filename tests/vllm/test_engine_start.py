@@ -98,11 +98,11 @@ def dry_run_fails(profile: str, sets: list[str], env: dict) -> list[str]:
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("profile, sets, env, names", WORKER, ids=[str(i) for i in range(len(WORKER))])
-def test_the_dry_run_refuses_what_the_worker_refuses(profile, sets, env, names, monkeypatch):
+@pytest.mark.parametrize("profile, sets, names", WORKER, ids=[str(i) for i in range(len(WORKER))])
+def test_the_dry_run_refuses_what_the_worker_refuses(profile, sets, names, monkeypatch):
     pytest.importorskip("vllm")
-    fails = dry_run_fails(profile, sets, env)
-    said = worker_refusal(profile, sets, env, monkeypatch)
+    fails = dry_run_fails(profile, sets, {})
+    said = worker_refusal(profile, sets, {}, monkeypatch)
     assert fails and said is not None, (fails, said)
     if said.startswith("vLLM: "):  # vLLM refuses it before sparkinfer's check, in its own words
         assert "CUDAGraphMode.FULL is not supported" in said, said
