@@ -86,6 +86,18 @@ class TopkWorkspace:
         b = self.buffer
         return b[:n_work].view(m, k + tile), b[n_work:need]
 
+    def take_paged(self, m: int, splits: int, k: int, tile: int):
+        """(work int64 [M x splits, k + tile], heads int64 [M, splits x k] or None for one split,
+        top int64 [M, k]) for a paged top-k call (``triton_paged``; bytes:
+        ``core.indexer_tiles.paged_workspace_bytes``)."""
+        sizes = (m * splits * (k + tile), m * splits * k if splits > 1 else 0, m * k)
+        if sum(sizes) > self.buffer.numel():
+            raise ValueError(f"the top-k workspace holds {8 * self.buffer.numel()} bytes, a paged call of {m} rows, "
+                             f"k {k} and tiles of {tile} needs {8 * sum(sizes)}: size it with "
+                             "core.indexer_tiles.paged_workspace_bytes")
+        work, heads, top = torch.split(self.buffer[:sum(sizes)], sizes)
+        return work.view(m * splits, k + tile), heads.view(m, splits * k) if splits > 1 else None, top.view(m, k)
+
 
 def plan_rows(requests: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], num_rows: int) -> RowLists:
     """RowLists (host tensors) from, per request, (its rows int [m_r], the cache rows int64 [L_r] of

@@ -209,6 +209,13 @@ def test_replicated_indexer_op_triton_equals_torch(monkeypatch):
     blocked = torch.full((16, 8), 99, dtype=torch.int32)
     run_indexer(cache, md, q, k, w, blocked, 8)
     assert torch.equal(blocked, out["1"][0])
+    # the paged top-k (the builder's choice on the Triton backend: each row's request on the device, the
+    # lists its block table row): the same, in blocks too
+    md.row_req, md.paged_tile = md.token_req.clone(), 64
+    monkeypatch.setattr(replicated_indexer, "_step_rows", None)  # no list is planned
+    paged = torch.full((16, 8), 99, dtype=torch.int32)
+    run_indexer(cache, md, q, k, w, paged, 8)
+    assert torch.equal(paged, out["1"][0])
     buf = out["1"][0]
     assert bool((buf[:6] >= 0).all())  # the chunk's rows (positions 31..36) each pick 8 tokens
     assert sorted(buf[6, :5].tolist()) == [0, 1, 2, 3, 4] and buf[6, 5:].tolist() == [-1] * 3  # 5 tokens
@@ -297,11 +304,18 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
         run_indexer(cache, md, q, k, w, got, 8)
         assert torch.equal(got, want), rank
     # the forward's form (device checks, the builder's host copies, its workspace and merge buffers for
-    # all the step's rows, for fewer: the step merged in blocks of 15 and 1, of 3): the same top-k; with
-    # the GPU implementations no host read in sparkinfer code and no allocation at all
+    # all the step's rows, for fewer: the step merged in blocks of 15 and 1, of 3), on the Triton
+    # backend also scoring each row's pages (the paged top-k; ``gather`` holds its candidates to the
+    # planned lists' bit for bit): the same top-k; with the GPU implementations no host read in
+    # sparkinfer code and no allocation at all
     md.step, md.key_plans = ForwardStep.of(WorkerRuntime(dev)), {}
     md.host_qsl, md.host_seq_lens = _host_layout(md)
-    for rows in (n, n - 1, 3):
+    md.row_req = md.token_req.to(dev)
+    from sparkinfer.vllm import replicated_indexer
+
+    planned = replicated_indexer._step_rows
+    for rows, md.paged_tile in [(r, t) for r in (n, n - 1, 3) for t in (None, 64)[:1 + (backend == "triton")]]:
+        monkeypatch.setattr(replicated_indexer, "_step_rows", planned if md.paged_tile is None else None)
         md.merge, md.workspace = MergeBuffers(world, rows, 8, dev), TopkWorkspace(1 << 20, dev)
         got = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
         run_indexer(cache, md, q, k, w, got, 8)  # plans the step's rows (the builder does, before a layer)
