@@ -97,10 +97,17 @@ def paged_splits(m: int) -> int:
     return max(1, min(MAX_SPLITS, PAGED_PROGRAMS // max(m, 1)))
 
 
+def paged_split_rows() -> int:
+    """The most rows a paged call of several splits has (a call of more takes one split a row): the
+    size of its split counters."""
+    return PAGED_PROGRAMS // 2
+
+
 def paged_workspace_bytes(m: int, k: int, tile: int) -> int:
     """A paged top-k call's workspace (``TopkWorkspace.take_paged``): a work row int64 [k + tile] per
     program, the splits' heads side by side int64 [M, splits x k] when there are several, and the
-    sorted top-k keys int64 [M, k]."""
+    sorted top-k keys int64 [M, k]. (With several splits, the rows' int32 split counters are held
+    beside it: 4 x ``paged_split_rows()`` = 512 B, made once.)"""
     splits = paged_splits(m)
     return 8 * m * (splits * (k + tile) + (splits * k if splits > 1 else 0) + k)
 

@@ -17,13 +17,16 @@ sequence, so the same fp32 scores and int64 keys as the tiled top-k) go after th
 then ``triton_topk.select_row`` keeps the k largest in the head, in place. The keys are distinct
 (the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
 the top-k of the program's share, and the top-k of the shares is the row's. With one split the
-program sorts its head into the output (one launch); with more, each writes its head side by side
-and one ``triton_topk.topk_keys`` merges them, sorted. The result is the tiled top-k's
+program sorts its head into the output; with more, each writes its head beside the others' and
+counts itself done on the row's counter (an atomic, acquire-release), and the last to finish
+merges the heads (``select_row`` sorted, the sharded merge's form) and sets the counter back to 0
+for the next call: one launch either way. The result is the tiled top-k's
 (``tiled.indexer_topk_rows``) bit for bit: keys, order, INT64_MIN padding of a row with fewer than
 k tokens, hence the ids and the tie rule (score descending, token id ascending).
 
 Memory: ``core.indexer_tiles.paged_workspace_bytes``, fixed by M, k and the tile, whatever the
-context. No allocation given a workspace, no host read.
+context, plus the split counters beside it (``paged_split_rows``, zeroed once, left at 0 by every call). No
+allocation given a workspace, no host read.
 """
 
 from __future__ import annotations
@@ -37,16 +40,16 @@ from sparkinfer.core.topology import DcpLayout
 
 from .topk import unpack_keys
 from .triton_scores import BLOCK_D, BLOCK_T, NUM_STAGES, NUM_WARPS, block_h, q_operand, row_scores, selection_keys
-from .triton_topk import BLOCK, select_row, topk_keys
+from .triton_topk import BLOCK, select_row
 
 _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
 
 
 @triton.jit
 def _paged_topk_kernel(
-    q_ptr, w_ptr, cache_ptr, table_ptr, req_ptr, pos_ptr, work_ptr, res_ptr,
+    q_ptr, w_ptr, cache_ptr, table_ptr, req_ptr, pos_ptr, work_ptr, heads_ptr, count_ptr, out_ptr,
     HI, K, S, RANK, INTERLEAVE, PERIOD, block_size, table_width,
-    s_q_m, s_q_h, s_w_m, s_w_h, s_block, s_token, s_table, s_work, s_res,
+    s_q_m, s_q_h, s_w_m, s_w_h, s_block, s_token, s_table, s_work, s_heads, s_out,
     TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
 ):
@@ -76,15 +79,20 @@ def _paged_topk_kernel(
         tl.debug_barrier()  # the tile's keys are visible to the whole CTA
         select_row(work, K + tl.cdiv(span, BLOCK_T) * BLOCK_T, K, K, work, work, BLOCK, 1, False)
         tl.debug_barrier()  # the head is kept before the next tile is written
-    res = res_ptr + m * s_res
+    out = out_ptr + m * s_out
     if SORTED:  # the only split: its head, sorted, is the row's top-k
         i = tl.arange(0, SORT)
         best = tl.sort(tl.load(work + i, mask=i < K, other=_MIN), 0, descending=True)
-        tl.store(res + i, best, mask=i < K)
-    else:  # the split's top-k beside the others', for topk_keys to merge
+        tl.store(out + i, best, mask=i < K)
+    else:  # the split's top-k beside the others'; the row's last split to finish merges them
+        heads = heads_ptr + m * s_heads
         for i0 in range(0, K, BLOCK):
             i = i0 + lanes
-            tl.store(res + s * K + i, tl.load(work + i, mask=i < K), mask=i < K)
+            tl.store(heads + s * K + i, tl.load(work + i, mask=i < K), mask=i < K)
+        tl.debug_barrier()  # the whole head is stored before the count releases it
+        if tl.atomic_add(count_ptr + m, 1, sem="acq_rel") == S - 1:
+            select_row(heads, S * K, K, K, out, out, BLOCK, SORT, True)
+            tl.store(count_ptr + m, 0)  # the next call's count starts at 0
 
 
 def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: int, out, workspace=None,
@@ -98,7 +106,8 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
     [R, B], row_req int [M] (a row of block_table), pos int [M], all on one device; ``shard`` (rank,
     layout): score the positions ``rank`` owns, ids the tokens (a sharded step's candidates); tile a
     multiple of ``triton_scores.BLOCK_T``; ``workspace`` a ``tiled.TopkWorkspace`` holding
-    ``paged_workspace_bytes(M, k, tile)`` (None: one of that size is made). Shapes and strides are checked here, values not (no read).
+    ``paged_workspace_bytes(M, k, tile)`` (None: one of that size is made). Shapes and strides are
+    checked here, values not (no read).
     """
     m = q.shape[0]
     if tile % BLOCK_T or tile <= 0:
@@ -125,21 +134,20 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
         from .tiled import TopkWorkspace
 
         workspace = TopkWorkspace(paged_workspace_bytes(m, k, tile), q.device)
-    work, res, top = workspace.take_paged(m, splits, k, tile)
+    work, heads, top, counts = workspace.take_paged(m, splits, k, tile)
     top = out if as_keys else top
     rank, layout = (0, DcpLayout(1)) if shard is None else shard
     q, precision, codes = q_operand(q)
+    one = heads is None  # one split: heads and counts are never read (work stands in)
     _paged_topk_kernel[(m, splits)](
-        q, w, kv_cache, block_table, row_req, pos, work, top if res is None else res,
+        q, w, kv_cache, block_table, row_req, pos, work, work if one else heads, work if one else counts, top,
         q.shape[1], k, splits, rank, layout.interleave, layout.period, kv_cache.shape[1], block_table.shape[1],
         q.stride(0), q.stride(1), w.stride(0), w.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-        block_table.stride(0), work.stride(0), (top if res is None else res).stride(0),
-        TILE=tile, SORTED=res is None, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
+        block_table.stride(0), work.stride(0), 0 if one else heads.stride(0), top.stride(0),
+        TILE=tile, SORTED=one, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
         BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=precision, Q_CODES=codes, num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )
-    if res is not None:
-        topk_keys(res, k, top)
     return out if as_keys else unpack_keys(top, False, out)
 
 
@@ -147,7 +155,7 @@ def compile_specs(k: int = 2048) -> list[dict]:
     """The paged top-k's launches in the engine at GLM-5.2's shapes (32 index heads, fp8 q, k 2,048,
     the tile of a long context), as the compile test reads them: name, fn, signature, constexprs,
     num_warps, num_stages. One split (it sorts its head into the output) and several (the heads side
-    by side, merged by ``triton_topk.topk_keys``)."""
+    by side, merged by the row's last split)."""
     from .triton_scores import BLOCK_T as block_t
     from sparkinfer.core.indexer_tiles import PAGED_TILE
 
@@ -156,7 +164,7 @@ def compile_specs(k: int = 2048) -> list[dict]:
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
                       "BLOCK_H": 32, "BLOCK_T": block_t, "BLOCK_D": BLOCK_D, "PRECISION": "tf32", "Q_CODES": True}
         ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
-                "pos_ptr": "*i64", "work_ptr": "*i64", "res_ptr": "*i64"}
+                "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "out_ptr": "*i64"}
         sig = {n: ptrs.get(n, "i32") for n in _paged_topk_kernel.arg_names if n not in constexprs}
         sig.update({n: "constexpr" for n in constexprs})
         specs.append({"name": f"{name}[k{k}]", "fn": _paged_topk_kernel, "signature": sig, "constexprs": constexprs,

@@ -176,7 +176,8 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
         for b0 in range(0, n, INDEXER_ROWS):  # blocks of rows: the reserved workspace
             b = slice(b0, min(n, b0 + INDEXER_ROWS))
             paged_topk_rows(q_fp8[b], weights[b].float(), kv_cache, md.block_table, md.row_req[b], md.positions[b],
-                            index_topk, tile=md.paged_tile, workspace=md.workspace, out=topk_indices_buffer[b, :index_topk])
+                            index_topk, tile=md.paged_tile, workspace=md.workspace,
+                            out=topk_indices_buffer[b, :index_topk])
         return topk_indices_buffer
     if sharded is None:
         records, lists = _step_rows(kv_cache, md)

@@ -130,7 +130,8 @@ def test_indexer_workspace_is_what_a_topk_call_allocates(m, k, n, tile_bytes):
 @pytest.mark.parametrize("m, k, tile, programs", [(4, 16, 64, 256), (5, 8, 128, 1)])  # several splits a row; one
 def test_paged_workspace_is_what_a_paged_call_allocates(monkeypatch, m, k, tile, programs):
     """``paged_workspace_bytes`` against the bytes one paged top-k call (``triton_paged``) allocates
-    given its output, counted by the allocation probe: equal; given the engine's workspace
+    given its output, counted by the allocation probe: equal, with its split counters when it has
+    several splits; given the engine's workspace
     (``engine_workspace_bytes`` for a context of ``tile`` and at least m rows) it allocates nothing
     and gives the same ids."""
     import torch
@@ -151,14 +152,18 @@ def test_paged_workspace_is_what_a_paged_call_allocates(monkeypatch, m, k, tile,
     want = torch.zeros(m, k, dtype=torch.int32)
     with host_reads.count_allocations() as made:
         call(want)
-    assert sum(v for key, v in made.items() if key.split("|")[1] == "alloc_bytes") == paged_workspace_bytes(m, k, tile)
+    counters = 4 * indexer_tiles.paged_split_rows() if paged_splits(m) > 1 else 0  # made once, beside it
+    assert sum(v for key, v in made.items() if key.split("|")[1] == "alloc_bytes") == \
+        paged_workspace_bytes(m, k, tile) + counters
     assert (paged_splits(m) > 1) == (programs > 1)
     ws = TopkWorkspace(engine_workspace_bytes(m, k, tile), "cpu")
     got = torch.zeros(m, k, dtype=torch.int32)
+    call(got, ws)  # the first call of several splits makes the counters
     with host_reads.count_allocations() as made:
         call(got, ws)
     assert not made, dict(made)
     assert torch.equal(got, want)
+    assert ws.counts is None or not ws.counts.any()  # every row's count back at 0
 
 
 def test_only_the_attention_arena_is_reserved_without_a_selected_path():

@@ -144,7 +144,8 @@ def test_paged_bad_input_raises():
 def test_two_steps_of_one_shape_launch_the_same_whatever_their_contexts():
     """What a captured CUDA graph needs (``testing.launches``: kernels, pointers, shapes, scalars and
     grids): two steps of 4 rows whose contexts differ (positions refilled in place, as the builder's
-    persistent buffers are) make the same launches with the paged top-k and give each its own top-k,
+    persistent buffers are) make the same launches with the paged top-k after a first call (which
+    makes the workspace's split counters, as vLLM's warm-up runs would) and give each its own top-k,
     while the tiled top-k over host-planned lists does not (its lists and passes follow the contexts)."""
     from sparkinfer.testing import launches
 
@@ -154,6 +155,8 @@ def test_two_steps_of_one_shape_launch_the_same_whatever_their_contexts():
     pos = torch.zeros(4, dtype=torch.int64)
     ws = TopkWorkspace(paged_workspace_bytes(4, k, tile), "cpu")
     out = torch.zeros(4, k, dtype=torch.int32)
+    paged_topk_rows(q, w, cache, table, row_req, pos, k, tile=tile, workspace=ws, out=out)  # warm-up: the counters
+    assert not ws.counts.any()
     recs, tops = [], []
     for step in ([300, 301, 40, 41], [20, 21, 88, 89]):
         pos.copy_(torch.tensor(step))
@@ -175,3 +178,32 @@ def test_two_steps_of_one_shape_launch_the_same_whatever_their_contexts():
                    k, "triton")
         tiled_recs.append(rec)
     assert launches.first_difference(tiled_recs[:1], tiled_recs[1:]) is not None
+
+
+@pytest.mark.gpu
+def test_gpu_paged_equals_tiled_at_decode_shapes():
+    """On a GPU, where the splits run at once and the row's last one merges (the memory ordering the
+    interpreter cannot check): 16 and 64 rows (16 and 4 splits) of four requests over 40,000-token
+    contexts of 64-token pages, k 2,048, the engine's tile: the tiled call's ids exactly."""
+    from sparkinfer.core.indexer_tiles import paged_tile
+    from sparkinfer.indexer import tiled
+
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(9)
+    t, bs, k = 40000, 64, 2048
+    records = IDX.encode(torch.randn(4 * t, 128, generator=g)).to(dev)
+    pages = records.view(-1, bs, 132)
+    table = torch.randperm(pages.shape[0], generator=g).view(4, -1).to(dev, torch.int32)
+    for m in (16, 64):
+        q = torch.randn(m, 32, 128, generator=g).to(dev, torch.bfloat16)
+        w = torch.rand(m, 32, generator=g).to(dev)
+        req = torch.arange(m, device=dev) % 4
+        pos = t - 1 - torch.randint(0, 3000, (m,), generator=g).to(dev)
+        ws = TopkWorkspace(paged_workspace_bytes(m, k, paged_tile(t)), dev)
+        got = paged_topk_rows(q, w, pages, table, req, pos, k, tile=paged_tile(t), workspace=ws,
+                              out=torch.empty(m, k, dtype=torch.int32, device=dev))
+        slots = (table.long()[:, :, None] * bs + torch.arange(bs, device=dev)).view(4, -1)[:, :t]
+        plan = plan_rows([(torch.nonzero(req.cpu() == r).flatten(), slots[r].cpu(), None) for r in range(4)], m)
+        want = indexer_topk_rows(q, w, records, pos, k, **plan.to(dev).kwargs(), check_values=False)
+        assert torch.equal(got, want), m
+        assert not ws.counts.any()
