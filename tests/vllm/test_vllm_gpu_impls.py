@@ -329,6 +329,60 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
         assert not allocs, allocs
 
 
+def test_indexer_decode_steps_of_one_shape_launch_the_same(monkeypatch):
+    """The indexer op's forward form on the Triton path (GPU implementations forced) over two decode
+    steps of 2 requests x 4 MTP rows whose contexts differ (40 and 23 tokens, then 61 and 9): after a
+    warm-up step, the same launches (``testing.launches``: pointers, shapes, scalars and grids, what
+    a captured graph replays), the builder's buffers (rows' requests, positions, slots, q and
+    weights) refilled in place; each step's top-k equal to the direct torch call's."""
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.runtime import WorkerRuntime
+    from sparkinfer.formats import get_format
+    from sparkinfer.indexer import TopkWorkspace
+    from sparkinfer.testing import launches
+    from sparkinfer.vllm.replicated_indexer import ReplicatedIndexerMetadata, quant_q_fp8, run_indexer
+
+    g = torch.Generator().manual_seed(12)
+    pages = torch.zeros(12, 16, 132, dtype=torch.uint8)
+    get_format("indexer_fp8").write(pages, torch.arange(12 * 16), torch.randn(12 * 16, 128, generator=g))
+    backing = torch.zeros(12, 16, 200, dtype=torch.uint8)  # strided like vLLM's block-outermost layout
+    cache = backing[:, :, :132]
+    table = (torch.randperm(11, generator=g)[:8] + 1).to(torch.int32).view(2, 4)
+    bufs = {name: torch.zeros(8, dtype=torch.int64) for name in ("req", "pos", "slots")}
+    q_buf, w_buf, k_buf = torch.zeros(8, 2, 128, dtype=torch.float8_e4m3fn), torch.zeros(8, 2), torch.zeros(8, 128)
+    step, ws = ForwardStep.of(WorkerRuntime("cpu")), TopkWorkspace(1 << 20, "cpu")
+    buf = torch.zeros(16, 8, dtype=torch.int32)
+    token_req = torch.arange(2).repeat_interleave(4)
+
+    def run(seq_lens, forced):
+        monkeypatch.setenv(impls.FORCE_ENV, forced)
+        seq = torch.tensor(seq_lens)
+        pos = seq[token_req] - 4 + torch.arange(8) % 4
+        slots = table.long()[token_req, pos // 16] * 16 + pos % 16
+        for name, v in (("req", token_req), ("pos", pos), ("slots", slots)):
+            bufs[name].copy_(v)
+        q, scale = quant_q_fp8(torch.randn(16, 128, generator=g), 128, use_ue8m0=True)
+        q_buf.copy_(q.view(8, 2, 128))
+        w_buf.copy_(torch.rand(8, 2, generator=g) * scale.view(8, 2))
+        k_buf.copy_(torch.randn(8, 128, generator=g))
+        cache.copy_(pages)  # the context's keys, as earlier steps wrote them
+        want, direct = torch.full((16, 8), 99, dtype=torch.int32), cache.clone()
+        run_indexer(direct, ReplicatedIndexerMetadata(8, 2, token_req, pos, seq, table, slots), q_buf, k_buf,
+                    w_buf, want, 8)
+        md = ReplicatedIndexerMetadata(8, 2, token_req, bufs["pos"], seq, table, bufs["slots"], step=step,
+                                       workspace=ws, row_req=bufs["req"], paged_tile=64)
+        with launches.record() as rec:
+            run_indexer(cache, md, q_buf, k_buf, w_buf, buf, 8)
+        assert torch.equal(buf[:8], want[:8]) and torch.equal(cache, direct)
+        return rec, buf.clone()
+
+    run((30, 30), "1")  # warm-up (the workspace's split counters)
+    (a, top_a), (b, top_b) = run((40, 23), "1"), run((61, 9), "1")
+    assert not torch.equal(top_a, top_b)
+    assert launches.first_difference([a], [b]) is None
+    assert any(e[1] == "triton:_paged_topk_kernel" for e in a.events)
+
+
 def test_decode_exchange_writes_a_row_limited_ring_view():
     """A device-sized decode exchange writes the first ``max_batch * U`` rows of ring slots sized for
     larger gathered steps: a layer-strided workspace view (J = 2 layers), which the native direct and
