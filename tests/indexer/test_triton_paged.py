@@ -82,12 +82,12 @@ def _paged(q, w, cache, table, row_req, pos, k, tile, shard=None, as_keys=True):
 
 @pytest.mark.parametrize("programs", [1, 256])  # one split per row (one launch), and several
 def test_paged_equals_tiled_ties_short_rows_and_block_boundaries(monkeypatch, programs):
-    """Three requests (330 tokens with 4 MTP rows, 64 = 4 whole pages with 3 rows, 5 with 1 row) and
+    """Three requests (200 tokens with 4 MTP rows, 64 = 4 whole pages with 3 rows, 5 with 1 row) and
     a row moved to position 15 (the end of the first page) and one to 16 (the first of the next):
     rows shorter than k, at block boundaries, of different lengths, in one call; passes of 64
     positions. Keys, ids and the -1 / INT64_MIN padding equal today's (Triton and its torch twin)."""
     monkeypatch.setattr(indexer_tiles, "PAGED_PROGRAMS", programs)
-    cache, table, row_req, pos, slots = _pages((330, 64, 5), (4, 3, 1), strided=False)
+    cache, table, row_req, pos, slots = _pages((200, 64, 5), (4, 3, 1), strided=False)
     pos[4], pos[5] = BS - 1, BS  # request 1's rows at a page's last and the next page's first token
     q, w = _qw(pos.numel())
     k = 40
@@ -107,7 +107,7 @@ def test_paged_equals_tiled_ties_short_rows_and_block_boundaries(monkeypatch, pr
 def test_paged_strided_cache_fp8_q_and_random_scores():
     """A block-outermost cache view (pages 172 bytes apart per record), fp8 q (the engine's), random
     floats; tile 128, more rows than the splits' budget spreads (one split each)."""
-    cache, table, row_req, pos, slots = _pages((300, 129), (4, 4), strided=True, exact=False, seed=3)
+    cache, table, row_req, pos, slots = _pages((200, 129), (4, 4), strided=True, exact=False, seed=3)
     q, w = _qw(pos.numel(), exact=False, seed=4)
     q = q.to(torch.float8_e4m3fn)
     k = 50
