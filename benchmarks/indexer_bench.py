@@ -6,7 +6,11 @@ the Triton scoring kernel, the top-k selection (select_topk) and both
 together (triton.testing.do_bench, median), and printing the key bytes read
 (T * 132) over the scoring time. The selected sets are checked against the
 reference (float64 scoring) on the same inputs: it prints how many ids differ,
-which can only be near-ties (see tests/indexer/test_indexer.py).
+which can only be near-ties (see tests/indexer/test_indexer.py). Then the
+engine's two Triton forms of the whole top-k, each one call: the tiled one over
+a planned list (``indexer_topk_rows``) and the paged one straight from the pages
+(``triton_paged.paged_topk_rows``, the cache as 64-token pages of a block
+table), with "paged == tiled" whether their ids are equal (they must be).
 
 Without a GPU it says so and times only the torch reference at a reduced shape.
 
@@ -99,6 +103,32 @@ def prefill_memory(contexts, chunk, heads, k, device, tile_bytes=None):
     return rows
 
 
+def _engine_forms(q, w, rec, pos, k, block_size=64):
+    """(tiled us, paged us, equal ids) of the engine's two Triton top-k forms over the T records, in
+    workspaces of their own made before the timing: the tiled call with one list for all rows, the
+    paged one with the records as pages of one request's block table (T a multiple of block_size)."""
+    import triton.testing
+
+    from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, paged_tile, paged_workspace_bytes, topk_rows_bytes
+    from sparkinfer.indexer import TopkWorkspace
+    from sparkinfer.indexer.triton_paged import paged_topk_rows
+
+    m, t, dev = q.shape[0], rec.shape[0], q.device
+    ids = [torch.empty(m, k, dtype=torch.int32, device=dev) for _ in range(2)]
+    ws = TopkWorkspace(topk_rows_bytes(m, k, t, ENGINE_TILE_BYTES), dev)
+    lists = tiled.one_list(m, t, dev)
+    tiled_call = lambda: indexer_topk_rows(q, w, rec, pos, k, **lists, check_values=False,
+                                           tile_bytes=ENGINE_TILE_BYTES, workspace=ws, out=ids[0])
+    pages, tile = rec.view(t // block_size, block_size, rec.shape[1]), paged_tile(t)
+    table = torch.arange(t // block_size, dtype=torch.int32, device=dev)[None]
+    req, pws = torch.zeros(m, dtype=torch.int64, device=dev), TopkWorkspace(paged_workspace_bytes(m, k, tile), dev)
+    paged_call = lambda: paged_topk_rows(q, w, pages, table, req, pos, k, tile=tile, workspace=pws, out=ids[1])
+    tiled_call(), paged_call()
+    same = torch.equal(ids[0], ids[1])
+    return (triton.testing.do_bench(tiled_call, warmup=10, rep=100) * 1e3,
+            triton.testing.do_bench(paged_call, warmup=10, rep=100) * 1e3, same)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 65536, 262144])
@@ -137,7 +167,8 @@ def main() -> int:
 
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name(dev)}; Hi={args.heads} k={args.k}")
-    print(f"{'T':>8} {'M':>4} {'score us':>9} {'topk us':>8} {'total us':>9} {'key GB/s':>9} {'ids != ref':>10}")
+    print(f"{'T':>8} {'M':>4} {'score us':>9} {'topk us':>8} {'total us':>9} {'key GB/s':>9} {'ids != ref':>10} "
+          f"{'tiled us':>9} {'paged us':>9} {'paged == tiled':>14}")
     for t in args.tokens:
         for m in args.rows:
             q, w, rec, pos = make_inputs(m, args.heads, t, dev, seed=t + m)
@@ -151,7 +182,9 @@ def main() -> int:
             ids = select().cpu()
             ref = indexer_topk_torch(q.cpu(), w.cpu(), rec.cpu(), pos.cpu(), args.k)
             diff = sum(len(set(a) ^ set(b)) for a, b in zip(ids.tolist(), ref.tolist()))
-            print(f"{t:8d} {m:4d} {s_us:9.1f} {k_us:8.1f} {t_us:9.1f} {t * 132 / s_us / 1e3:9.1f} {diff:10d}")
+            tiled_us, paged_us, same = _engine_forms(q, w, rec, pos, args.k)
+            print(f"{t:8d} {m:4d} {s_us:9.1f} {k_us:8.1f} {t_us:9.1f} {t * 132 / s_us / 1e3:9.1f} {diff:10d} "
+                  f"{tiled_us:9.1f} {paged_us:9.1f} {str(same):>14}")
     return 0
 
 

@@ -69,8 +69,47 @@ ENGINE_TILE_BYTES = 16 << 20
 
 def engine_workspace_bytes(step_rows: int, k: int, max_model_len: int) -> int:
     """The engine's indexer workspace: every block of a step of ``step_rows`` rows (vLLM's token
-    budget), top-``k``, context up to ``max_model_len``."""
-    return workspace_bytes(min(step_rows, INDEXER_ROWS), k, max(max_model_len, k), ENGINE_TILE_BYTES)
+    budget), top-``k``, context up to ``max_model_len``, scored tiled or paged."""
+    rows = min(step_rows, INDEXER_ROWS)
+    paged = max((paged_workspace_bytes(m, k, paged_tile(max_model_len)) for m in range(1, rows + 1)), default=0)
+    return max(workspace_bytes(rows, k, max(max_model_len, k), ENGINE_TILE_BYTES), paged)
+
+
+# The paged top-k (``indexer.triton_paged``: a row scores its request's pages and selects in one
+# program per split, looping to the row's length read on the device): ``paged_splits(M)`` programs
+# per row, so a step of few rows still spreads over the GPU (about 2 waves of 132 SMs at any M up to
+# 256), each keeping a running top-k of k + PAGED_TILE keys. Both follow the rows only, never the
+# contexts, so a captured graph's launch fits every step of its batch size. At k 2,048 the work
+# buffers are 8 x 256 x (2 k + 4,096) = 16 MiB at most, within the tiled path's 19.
+PAGED_TILE = 4096
+PAGED_PROGRAMS = 256
+MAX_SPLITS = 16
+
+
+def paged_tile(max_len: int) -> int:
+    """The paged top-k's positions per running selection for lists up to ``max_len`` (an engine's
+    context bound): PAGED_TILE, or fewer when no list is that long (a multiple of 64)."""
+    return min(PAGED_TILE, -(-max(max_len, 1) // ALIGN) * ALIGN)
+
+
+def paged_splits(m: int) -> int:
+    """Programs per row of a paged top-k call of M rows."""
+    return max(1, min(MAX_SPLITS, PAGED_PROGRAMS // max(m, 1)))
+
+
+def paged_split_rows() -> int:
+    """The most rows a paged call of several splits has (a call of more takes one split a row): the
+    size of its split counters."""
+    return PAGED_PROGRAMS // 2
+
+
+def paged_workspace_bytes(m: int, k: int, tile: int) -> int:
+    """A paged top-k call's workspace (``TopkWorkspace.take_paged``): a work row int64 [k + tile] per
+    program, the splits' heads side by side int64 [M, splits x k] when there are several, and the
+    sorted top-k keys int64 [M, k]. (With several splits, the rows' int32 split counters are held
+    beside it: 4 x ``paged_split_rows()`` = 512 B, made once.)"""
+    splits = paged_splits(m)
+    return 8 * m * (splits * (k + tile) + (splits * k if splits > 1 else 0) + k)
 
 
 def merge_bytes(world: int, rows: int, k: int) -> int:

@@ -117,9 +117,9 @@ def probe_counts(worker=None) -> dict:
 # each claim against the code): a captured graph would freeze what these read on the host.
 CUDA_GRAPH_REASON = (
     "the step's path (stock / selected / gathered) is chosen on the host from the scheduled rows, and "
-    "the host plans each step's shapes (the indexer's per-request key counts, the selected groups that "
-    "exchange): a captured graph would freeze them; a gathered step reads the longest sequence and a "
-    "host-sized exchange the counts on the host; the layers' forwards themselves read nothing back "
+    "the host plans each step's shapes (the selected groups that exchange; the indexer's per-request key "
+    "counts on the torch backend): a captured graph would freeze them; a gathered step reads the longest "
+    "sequence and a host-sized exchange the counts on the host; the layers' forwards themselves read nothing back "
     "(tests/vllm/test_vllm_host_reads.py)")
 
 

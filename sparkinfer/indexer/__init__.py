@@ -15,6 +15,11 @@ Selection runs tiled in bounded memory (``tiled.py``); a step's requests go in o
 
     plan = plan_rows([(rows_r, slots_r, ids_r), ...], M).to(device)   # host, once per step
     ids = indexer_topk_rows(q, w, records, pos, k, **plan.kwargs(), check_values=False)
+
+or, on the Triton backend, straight from the requests' pages, shaped by the rows alone (what a CUDA
+graph replays; ``triton_paged``):
+
+    paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k, tile=..., workspace=ws, out=ids)
 """
 
 from __future__ import annotations

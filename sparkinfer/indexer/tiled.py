@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sparkinfer.core.indexer_tiles import TILE_BYTES, pass_workspace_bytes, pick_tile
+from sparkinfer.core.indexer_tiles import TILE_BYTES, paged_split_rows, pass_workspace_bytes, pick_tile
 
 from .topk import _NONE, pack_keys, unpack_keys
 from .validate import check_index_inputs
@@ -73,6 +73,7 @@ class TopkWorkspace:
 
     def __init__(self, nbytes: int, device):
         self.buffer = torch.empty(nbytes // 8, dtype=torch.int64, device=device)
+        self.counts = None  # the paged top-k's split counters (``take_paged``)
 
     def take(self, m: int, k: int, tile: int):
         """(work, rest) for a call of M rows, top-k, passes of ``tile`` positions: work int64
@@ -85,6 +86,25 @@ class TopkWorkspace:
                              "for the largest rows, k and context of its calls")
         b = self.buffer
         return b[:n_work].view(m, k + tile), b[n_work:need]
+
+    def take_paged(self, m: int, splits: int, k: int, tile: int):
+        """(work int64 [M x splits, k + tile], heads int64 [M, splits x k], top int64 [M, k], counts
+        int32 [M]; heads and counts None for one split) for a paged top-k call (``triton_paged``;
+        bytes: ``core.indexer_tiles.paged_workspace_bytes``). The counts are the rows' split
+        counters, which the kernel leaves at 0: made zeroed beside the buffer by the first call of
+        several splits, for as many rows as any such call has (``paged_split_rows``), so they stay
+        where a captured graph saw them."""
+        sizes = (m * splits * (k + tile), m * splits * k if splits > 1 else 0, m * k)
+        if sum(sizes) > self.buffer.numel():
+            raise ValueError(f"the top-k workspace holds {8 * self.buffer.numel()} bytes, a paged call of {m} rows, "
+                             f"k {k} and tiles of {tile} needs {8 * sum(sizes)}: size it with "
+                             "core.indexer_tiles.paged_workspace_bytes")
+        work, heads, top = torch.split(self.buffer[:sum(sizes)], sizes)
+        if splits == 1:
+            return work.view(m, k + tile), None, top.view(m, k), None
+        if self.counts is None:
+            self.counts = torch.zeros(paged_split_rows(), dtype=torch.int32, device=self.buffer.device)
+        return work.view(m * splits, k + tile), heads.view(m, splits * k), top.view(m, k), self.counts[:m]
 
 
 def plan_rows(requests: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], num_rows: int) -> RowLists:

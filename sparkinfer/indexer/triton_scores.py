@@ -70,23 +70,8 @@ def _indexer_scores_kernel(
         slot = tl.load(slot_ptr + at, mask=tmask, other=0).to(tl.int64)
     else:
         slot = at
-    row_ptr = rec_ptr + slot * rec_stride
-    scale = load_f32(row_ptr + 128, tmask)
-    h = tl.arange(0, BLOCK_H)
-    hmask = h < HI
-    q_row = q_ptr + m * s_q_m + h[:, None] * s_q_h
-    s = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
-    for d0 in range(0, 128, BLOCK_D):  # the GEMM's K loop: a slice of the 128 dims at a time
-        d = d0 + tl.arange(0, BLOCK_D)
-        codes = tl.load(row_ptr[None, :] + d[:, None], mask=tmask[None, :], other=0)  # [BLOCK_D, BLOCK_T]
-        qv = tl.load(q_row + d[None, :], mask=hmask[:, None], other=0)
-        if Q_CODES:
-            qv = e4m3_to_f32(qv)
-        else:
-            qv = qv.to(tl.float32)
-        s = tl.dot(qv, e4m3_to_f32(codes) * scale[None, :], s, input_precision=PRECISION)
-    wv = tl.load(w_ptr + m * s_w_m + h * s_w_h, mask=hmask, other=0.0).to(tl.float32)
-    score = tl.sum(wv[:, None] * tl.maximum(s, 0.0), axis=0)
+    score = row_scores(q_ptr + m * s_q_m, s_q_h, w_ptr + m * s_w_m, s_w_h, HI, rec_ptr + slot * rec_stride, tmask,
+                       BLOCK_H, BLOCK_T, BLOCK_D, PRECISION, Q_CODES)
     if HAS_IDS:
         tid = tl.load(id_ptr + at, mask=tmask, other=0).to(tl.int64)
     else:
@@ -95,13 +80,44 @@ def _indexer_scores_kernel(
     if HAS_POS:
         valid = valid & (tid <= tl.load(pos_ptr + m).to(tl.int64))
     if KEYS:
-        bits = (score + 0.0).to(tl.int32, bitcast=True)  # + 0.0 folds -0.0 into +0.0
-        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-        key = (ordered << 32) | (4294967295 - tid)
-        key = tl.where(valid, key, -9223372036854775808)
-        tl.store(out_ptr + m * s_out_m + col0 + local, key)
+        tl.store(out_ptr + m * s_out_m + col0 + local, selection_keys(score, tid, valid))
     else:
         tl.store(out_ptr + m * s_out_m + j, tl.where(valid, score, float("-inf")), mask=tmask)
+
+
+@triton.jit
+def row_scores(q_row, s_q_h, w_row, s_w_h, HI, row_ptr, tmask, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
+               BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr):
+    """fp32 score [BLOCK_T] of one query row (its heads at ``q_row``, stride ``s_q_h``; weights at
+    ``w_row``) against the records at byte pointers ``row_ptr`` [BLOCK_T] (0 where not ``tmask``):
+    the module docstring's MMA and relu-weighted head sum. Every caller scores a key with this one
+    instruction sequence, so a key's score is the same in every kernel, tile and rank."""
+    scale = load_f32(row_ptr + 128, tmask)
+    h = tl.arange(0, BLOCK_H)
+    hmask = h < HI
+    q_h = q_row + h[:, None] * s_q_h
+    s = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
+    for d0 in range(0, 128, BLOCK_D):  # the GEMM's K loop: a slice of the 128 dims at a time
+        d = d0 + tl.arange(0, BLOCK_D)
+        codes = tl.load(row_ptr[None, :] + d[:, None], mask=tmask[None, :], other=0)  # [BLOCK_D, BLOCK_T]
+        qv = tl.load(q_h + d[None, :], mask=hmask[:, None], other=0)
+        if Q_CODES:
+            qv = e4m3_to_f32(qv)
+        else:
+            qv = qv.to(tl.float32)
+        s = tl.dot(qv, e4m3_to_f32(codes) * scale[None, :], s, input_precision=PRECISION)
+    wv = tl.load(w_row + h * s_w_h, mask=hmask, other=0.0).to(tl.float32)
+    return tl.sum(wv[:, None] * tl.maximum(s, 0.0), axis=0)
+
+
+@triton.jit
+def selection_keys(score, tid, valid):
+    """int64 selection keys (``topk.pack_keys``) of fp32 scores and int64 token ids; INT64_MIN where
+    not ``valid``."""
+    bits = (score + 0.0).to(tl.int32, bitcast=True)  # + 0.0 folds -0.0 into +0.0
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+    key = (ordered << 32) | (4294967295 - tid)
+    return tl.where(valid, key, -9223372036854775808)
 
 
 def block_h(hi: int) -> int:
@@ -112,11 +128,16 @@ def block_h(hi: int) -> int:
     raise ValueError(f"at most {HEAD_BLOCKS[-1]} index heads are supported, got {hi}")
 
 
-def _launch(q, w, records, out, grid, *, slots, ids, pos, start, length, n_tokens, j0, col0, keys):
+def q_operand(q):
+    """(q as the kernels read it, PRECISION, Q_CODES) for ``row_scores``: unit stride in the dims, a
+    float8 q as its bytes (the module docstring's precision rule)."""
     q = q if q.stride(-1) == 1 else q.contiguous()
     codes = q.dtype == torch.float8_e4m3fn
-    precision = "tf32" if codes else _PRECISION[q.dtype]
-    q = q.view(torch.uint8) if codes else q
+    return (q.view(torch.uint8) if codes else q), ("tf32" if codes else _PRECISION[q.dtype]), codes
+
+
+def _launch(q, w, records, out, grid, *, slots, ids, pos, start, length, n_tokens, j0, col0, keys):
+    q, precision, codes = q_operand(q)
     dummy = out  # never read where its HAS_* / ROWS flag is False
     _indexer_scores_kernel[grid](
         q, w, records, dummy if slots is None else slots, dummy if ids is None else ids,

@@ -52,8 +52,15 @@ _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
 def _topk_keys_kernel(work_ptr, out_ptr, cand_ptr, N, K, CAP, s_work, s_out, s_cand,
                       BLOCK: tl.constexpr, SORT: tl.constexpr, SORTED: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
-    row = work_ptr + m * s_work
-    cand = cand_ptr + m * s_cand
+    select_row(work_ptr + m * s_work, N, K, CAP, cand_ptr + m * s_cand, out_ptr + m * s_out, BLOCK, SORT, SORTED)
+
+
+@triton.jit
+def select_row(row, N, K, CAP, cand, out, BLOCK: tl.constexpr, SORT: tl.constexpr, SORTED: tl.constexpr):
+    """The k largest of the N keys at ``row`` into ``out`` (the module docstring's three steps), in
+    one program: ``_topk_keys_kernel``'s row, and the paged top-k's running selection
+    (``triton_paged``), which selects a row's head in place (``out`` = ``cand`` = ``row``, unsorted:
+    a key is compacted to a column at or before its own, already read)."""
     bins = tl.arange(0, 256)
     lanes = tl.arange(0, BLOCK)
     shift = tl.full((), 56, tl.int64)
@@ -97,11 +104,11 @@ def _topk_keys_kernel(work_ptr, out_ptr, cand_ptr, N, K, CAP, s_work, s_out, s_c
         i = tl.arange(0, SORT)
         best = tl.sort(tl.load(cand + i, mask=(i < count) & (i < CAP), other=_MIN), 0, descending=True)
         tl.debug_barrier()  # every thread has loaded cand before out (possibly cand's head) is written
-        tl.store(out_ptr + m * s_out + i, best, mask=i < K)
+        tl.store(out + i, best, mask=i < K)
     else:  # cand is out and CAP = K: the k keys are in place, in scan order; pad a short row
         for i0 in range(0, K, BLOCK):
             i = i0 + lanes
-            tl.store(out_ptr + m * s_out + i, tl.full([BLOCK], _MIN, tl.int64), mask=(i >= count) & (i < K))
+            tl.store(out + i, tl.full([BLOCK], _MIN, tl.int64), mask=(i >= count) & (i < K))
 
 
 def topk_keys(work: torch.Tensor, k: int, out: torch.Tensor, cand: torch.Tensor | None = None,

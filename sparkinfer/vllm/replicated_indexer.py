@@ -18,6 +18,12 @@ weights by the caller), and the op itself: write each token's key as a 132-byte 
 record into the indexer cache (``uint8 [num_blocks, block_size, 132]``), then for every query row
 the top-k over its request's causal prefix with ``sparkinfer.indexer`` (score =
 sum_h w_h * relu(q_h . key)), as logical positions in ``topk_indices_buffer [T, index_topk]``.
+
+On the Triton backend each row scores its request's pages straight from the block table
+(``indexer.triton_paged``: the row's request and position are device data the builder wrote into
+persistent buffers, the row's length is read in the kernel), so a decode step launches the same
+kernels with the same arguments whatever its contexts, as a captured CUDA graph replays them. The
+torch backend (the CPU reference) scores lists planned on the host per step (``_step_rows``).
 """
 
 from __future__ import annotations
@@ -61,6 +67,10 @@ class ReplicatedIndexerMetadata:
     step: object = None
     workspace: object = None  # the engine's TopkWorkspace (indexer.tiled); None: a call allocates its own
     merge: object = None  # the engine's MergeBuffers (indexer.sharded) when it may score sharded; None: as above
+    # the paged top-k (``_paged``): each row's request on the device (int64 [T], the builder's persistent
+    # upload) and the engine's tile; None: the rows score the host-planned lists (``_step_rows``)
+    row_req: torch.Tensor | None = None
+    paged_tile: int | None = None
 
 
 def token_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
@@ -135,7 +145,9 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     GPU or when the GPU implementations are forced, the float64 torch reference otherwise), the
     selection ``select_topk``'s (score descending, then token ascending: one answer on every rank).
     On CUDA only sm_90 and sm_120 are accepted (``impls.check_capability``: here for a direct call,
-    at the builder's construction for the forward's, ``md.step``).
+    at the builder's construction for the forward's, ``md.step``). The rows score their pages
+    (``_paged``, one launch per block of rows and the model's k whatever the contexts) or the
+    host-planned lists (``_step_rows``, k and passes bounded by the step's longest list).
     """
     from sparkinfer.decode.paged_sparse_mla import forward_write_records, write_cache_records
     from sparkinfer.indexer import MergeBuffers, all_gather_merge, indexer_topk_rows
@@ -158,6 +170,15 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     topk_indices_buffer[:n].fill_(-1)
     sharded = md.sharded
     scored_steps["sharded" if sharded else "replicated"] += 1
+    if sharded is None and _paged(kv_cache, md):
+        from sparkinfer.indexer.triton_paged import paged_topk_rows
+
+        for b0 in range(0, n, INDEXER_ROWS):  # blocks of rows: the reserved workspace
+            b = slice(b0, min(n, b0 + INDEXER_ROWS))
+            paged_topk_rows(q_fp8[b], weights[b].float(), kv_cache, md.block_table, md.row_req[b], md.positions[b],
+                            index_topk, tile=md.paged_tile, workspace=md.workspace,
+                            out=topk_indices_buffer[b, :index_topk])
+        return topk_indices_buffer
     if sharded is None:
         records, lists = _step_rows(kv_cache, md)
         k_step = min(index_topk, lists.max_len)
@@ -199,6 +220,16 @@ def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata,
     from sparkinfer.indexer import indexer_topk_rows
 
     rows = slice(0, md.num_actual_tokens) if rows is None else rows
+    if _paged(kv_cache, md):
+        from sparkinfer.indexer.triton_paged import paged_topk_rows
+
+        for b0 in range(rows.start, rows.stop, INDEXER_ROWS):  # blocks of rows: the reserved workspace
+            b = slice(b0, min(rows.stop, b0 + INDEXER_ROWS))
+            paged_topk_rows(q_fp8[b], weights[b].float(), kv_cache, md.block_table, md.row_req[b], md.positions[b],
+                            index_topk, tile=md.paged_tile, workspace=md.workspace,
+                            out=keys[b0 - rows.start:b.stop - rows.start], shard=(sharded.rank, sharded.layout),
+                            as_keys=True)
+        return keys
     records, lists = _step_rows(kv_cache, md, sharded)
     pos = md.positions[:md.num_actual_tokens].to(kv_cache.device)
     # every block runs, also where this rank owns no position (max_len 0: all padding)
@@ -210,6 +241,17 @@ def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata,
                           check_values=md.step is None, tile_bytes=ENGINE_TILE_BYTES, workspace=md.workspace,
                           out=keys[b0 - rows.start:b.stop - rows.start], as_keys=True)
     return keys
+
+
+def _paged(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata) -> bool:
+    """Whether the step's rows score their requests' pages (``indexer.triton_paged``: one launch per
+    block of rows, shaped by the rows alone, as a captured CUDA graph needs) rather than lists planned
+    on the host (``_step_rows``, whose length and passes follow the contexts): where the builder
+    planned for it (the Triton backend) and the layer's cache keeps the records' scales 4-byte aligned
+    (every layout vLLM makes here; ``paged_sparse_mla.row_strides``)."""
+    from sparkinfer.decode.paged_sparse_mla import row_strides
+
+    return md.paged_tile is not None and row_strides(kv_cache) is not None
 
 
 def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: ShardedScoring | None = None):
@@ -288,10 +330,15 @@ def _engine_workspace(vllm_config, runtime):
     host lengths may count past it (``core.indexer_tiles.engine_workspace_bytes``)."""
     from sparkinfer.core.indexer_tiles import engine_workspace_bytes
 
-    drafts = _drafts(vllm_config)
     return runtime.topk_workspace_of(engine_workspace_bytes(vllm_config.scheduler_config.max_num_batched_tokens,
                                                             vllm_config.model_config.hf_config.index_topk,
-                                                            vllm_config.model_config.max_model_len + drafts + 1))
+                                                            _context_bound(vllm_config)))
+
+
+def _context_bound(vllm_config) -> int:
+    """The longest list a row of this engine scores: ``max_model_len`` plus the drafts a drafter's
+    host lengths may count past it."""
+    return vllm_config.model_config.max_model_len + _drafts(vllm_config) + 1
 
 
 def _engine_merge(vllm_config, runtime):
@@ -311,8 +358,10 @@ def indexer_backend():
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
 
     class SparkinferIndexerBuilder(AttentionMetadataBuilder):
-        # The op loops over the step's requests with shapes from the host plan (each request's
-        # length): a captured graph would freeze them, so vLLM keeps it outside (PIECEWISE) or eager.
+        # On the Triton backend the op's launches follow the rows alone (the paged top-k, ``_paged``);
+        # the torch backend's host-planned lists follow the contexts. vLLM keeps the op outside its
+        # graphs (PIECEWISE) or eager until the builders declare uniform batches
+        # (docs/design/cuda-graphs.md, "What is left").
         _cudagraph_support = AttentionCGSupport.NEVER
 
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
@@ -326,6 +375,10 @@ def indexer_backend():
             self.step = ForwardStep.of(self.runtime)  # the op's kernels and buffers (no step data)
             self.workspace = _engine_workspace(vllm_config, self.runtime)
             self.merge = _engine_merge(vllm_config, self.runtime) if self.scoring.can_shard else None
+            from sparkinfer.core.indexer_tiles import paged_tile
+
+            # the paged top-k's tile, fixed per engine (the workspace holds it: engine_workspace_bytes)
+            self.paged_tile = paged_tile(_context_bound(vllm_config)) if self.step.backend == "triton" else None
             from sparkinfer.decode.step_plan import Uploads
 
             # the step plan's token_req and distances back from the sequence's end, [T] each, and the
@@ -357,9 +410,9 @@ def indexer_backend():
                                            torch.from_numpy(seq_lens), table, slots,
                                            self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,
                                            step=self.step, workspace=self.workspace,
-                                           merge=self.merge)
+                                           merge=self.merge, row_req=tr, paged_tile=self.paged_tile)
             cache = self._layer_cache()
-            if cache is not None:  # the step's rows planned here, not in a layer
+            if cache is not None and not _paged(cache, md):  # the step's lists planned here, not in a layer
                 _step_rows(cache, md, md.sharded)
             return md
 

@@ -127,6 +127,45 @@ def test_indexer_workspace_is_what_a_topk_call_allocates(m, k, n, tile_bytes):
         call(m, n, 2 * k, workspace=ws)()
 
 
+@pytest.mark.parametrize("m, k, tile, programs", [(4, 16, 64, 256), (5, 8, 128, 1)])  # several splits a row; one
+def test_paged_workspace_is_what_a_paged_call_allocates(monkeypatch, m, k, tile, programs):
+    """``paged_workspace_bytes`` against the bytes one paged top-k call (``triton_paged``) allocates
+    given its output, counted by the allocation probe: equal, with its split counters when it has
+    several splits; given the engine's workspace
+    (``engine_workspace_bytes`` for a context of ``tile`` and at least m rows) it allocates nothing
+    and gives the same ids."""
+    import torch
+
+    from sparkinfer.core import indexer_tiles
+    from sparkinfer.core.indexer_tiles import engine_workspace_bytes, paged_splits, paged_workspace_bytes
+    from sparkinfer.indexer.tiled import TopkWorkspace
+    from sparkinfer.indexer.triton_paged import paged_topk_rows
+    from sparkinfer.testing import host_reads
+
+    monkeypatch.setattr(indexer_tiles, "PAGED_PROGRAMS", programs)
+    g = torch.Generator().manual_seed(m)
+    q, w = torch.randn(m, 2, 128, generator=g), torch.randn(m, 2, generator=g)
+    cache = torch.randint(0, 256, (4, 16, 132), dtype=torch.uint8, generator=g)
+    cache[..., 128:] = 0  # scales of 0: finite scores
+    table, req, pos = torch.arange(4, dtype=torch.int32).view(1, 4), torch.zeros(m, dtype=torch.int64), torch.arange(m)
+    call = lambda out, ws=None: paged_topk_rows(q, w, cache, table, req, pos, k, tile=tile, out=out, workspace=ws)
+    want = torch.zeros(m, k, dtype=torch.int32)
+    with host_reads.count_allocations() as made:
+        call(want)
+    counters = 4 * indexer_tiles.paged_split_rows() if paged_splits(m) > 1 else 0  # made once, beside it
+    assert sum(v for key, v in made.items() if key.split("|")[1] == "alloc_bytes") == \
+        paged_workspace_bytes(m, k, tile) + counters
+    assert (paged_splits(m) > 1) == (programs > 1)
+    ws = TopkWorkspace(engine_workspace_bytes(m, k, tile), "cpu")
+    got = torch.zeros(m, k, dtype=torch.int32)
+    call(got, ws)  # the first call of several splits makes the counters
+    with host_reads.count_allocations() as made:
+        call(got, ws)
+    assert not made, dict(made)
+    assert torch.equal(got, want)
+    assert ws.counts is None or not ws.counts.any()  # every row's count back at 0
+
+
 def test_only_the_attention_arena_is_reserved_without_a_selected_path():
     """DCP1 and a sharded indexer: no selected path, and vLLM's own indexer op (no indexer q in the
     arena); the arena's heads are a TP rank's 16 at DCP1, the gathered 64 under DCP4; a cache write's

@@ -2,7 +2,7 @@
 
 Every launch configuration the wrappers use (``triton_scores.compile_specs()``: the score matrix and
 the tiled top-k's key pass without and with token ids, for fp32 and bf16 q, at GLM-5.2's 32 index
-heads) is compiled with
+heads; ``triton_paged.compile_specs()``: the paged top-k, one split and several) is compiled with
 ``triton.compile`` for sm_120 (RTX PRO 6000: at most 99 KB of shared memory per block) and sm_90.
 The cubin Triton produced, the code a GPU would run, is read back with the toolkit's
 ``cuobjdump --dump-resource-usage``: a spill needs a local-memory stack frame, so STACK and LOCAL
@@ -26,11 +26,11 @@ import json, os, re, subprocess, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from sparkinfer.indexer import triton_scores as ts
+from sparkinfer.indexer import triton_paged as tp, triton_scores as ts
 
 cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 out = {}
-for spec in ts.compile_specs():
+for spec in ts.compile_specs() + tp.compile_specs():
     for arch in (120, 90):
         k = triton.compile(ASTSource(spec["fn"], spec["signature"], constexprs=spec["constexprs"]),
                            target=GPUTarget("cuda", arch, 32),
@@ -64,11 +64,12 @@ def compiled():
 
 
 def test_every_spec_compiled_for_both_targets(compiled):
-    from sparkinfer.indexer.triton_scores import compile_specs
+    from sparkinfer.indexer import triton_paged, triton_scores
 
-    names = {s["name"] for s in compile_specs()}
+    names = {s["name"] for s in triton_scores.compile_specs() + triton_paged.compile_specs()}
     assert names == {f"{k}[q_{d}]" for k in ("indexer_scores", "indexer_keys", "indexer_keys_ids")
-                     for d in ("fp32", "bf16")} | {"indexer_keys[q_fp8]"}  # the engine's key pass reads fp8 q
+                     for d in ("fp32", "bf16")} | {"indexer_keys[q_fp8]",  # the engine's key pass reads fp8 q
+                                                   "paged_topk[k2048]", "paged_topk_split[k2048]"}
     assert set(compiled) == {f"{n}-{a}" for n in names for a in (120, 90)}
 
 
@@ -88,10 +89,13 @@ def test_no_spills_shared_memory_fits_and_mma(compiled, arch):
 
 
 def test_spec_signatures_match_the_kernel():
-    from sparkinfer.indexer.triton_scores import _indexer_scores_kernel, compile_specs
+    from sparkinfer.indexer import triton_paged, triton_scores
 
-    for spec in compile_specs():
-        assert spec["fn"] is _indexer_scores_kernel
-        assert set(spec["signature"]) == set(_indexer_scores_kernel.arg_names)
-        assert all(spec["signature"][n] == "constexpr" for n in spec["constexprs"])
-        assert all(re.fullmatch(r"\*(fp32|bf16|u8|i64|i32)|i32|constexpr", t) for t in spec["signature"].values())
+    for mod, kernel in ((triton_scores, triton_scores._indexer_scores_kernel),
+                        (triton_paged, triton_paged._paged_topk_kernel)):
+        for spec in mod.compile_specs():
+            assert spec["fn"] is kernel
+            assert set(spec["signature"]) == set(kernel.arg_names)
+            assert all(spec["signature"][n] == "constexpr" for n in spec["constexprs"])
+            assert all(re.fullmatch(r"\*(fp32|bf16|u8|i64|i32)|i32|constexpr", t) for t in spec["signature"].values())
+

@@ -209,6 +209,13 @@ def test_replicated_indexer_op_triton_equals_torch(monkeypatch):
     blocked = torch.full((16, 8), 99, dtype=torch.int32)
     run_indexer(cache, md, q, k, w, blocked, 8)
     assert torch.equal(blocked, out["1"][0])
+    # the paged top-k (the builder's choice on the Triton backend: each row's request on the device, the
+    # lists its block table row): the same, in blocks too
+    md.row_req, md.paged_tile = md.token_req.clone(), 64
+    monkeypatch.setattr(replicated_indexer, "_step_rows", None)  # no list is planned
+    paged = torch.full((16, 8), 99, dtype=torch.int32)
+    run_indexer(cache, md, q, k, w, paged, 8)
+    assert torch.equal(paged, out["1"][0])
     buf = out["1"][0]
     assert bool((buf[:6] >= 0).all())  # the chunk's rows (positions 31..36) each pick 8 tokens
     assert sorted(buf[6, :5].tolist()) == [0, 1, 2, 3, 4] and buf[6, 5:].tolist() == [-1] * 3  # 5 tokens
@@ -297,11 +304,18 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
         run_indexer(cache, md, q, k, w, got, 8)
         assert torch.equal(got, want), rank
     # the forward's form (device checks, the builder's host copies, its workspace and merge buffers for
-    # all the step's rows, for fewer: the step merged in blocks of 15 and 1, of 3): the same top-k; with
-    # the GPU implementations no host read in sparkinfer code and no allocation at all
+    # all the step's rows, for fewer: the step merged in blocks of 15 and 1, of 3), on the Triton
+    # backend also scoring each row's pages (the paged top-k; ``gather`` holds its candidates to the
+    # planned lists' bit for bit): the same top-k; with the GPU implementations no host read in
+    # sparkinfer code and no allocation at all
     md.step, md.key_plans = ForwardStep.of(WorkerRuntime(dev)), {}
     md.host_qsl, md.host_seq_lens = _host_layout(md)
-    for rows in (n, n - 1, 3):
+    md.row_req = md.token_req.to(dev)
+    from sparkinfer.vllm import replicated_indexer
+
+    planned = replicated_indexer._step_rows
+    for rows, md.paged_tile in [(r, t) for r in (n, n - 1, 3) for t in (None, 64)[:1 + (backend == "triton")]]:
+        monkeypatch.setattr(replicated_indexer, "_step_rows", planned if md.paged_tile is None else None)
         md.merge, md.workspace = MergeBuffers(world, rows, 8, dev), TopkWorkspace(1 << 20, dev)
         got = torch.full((16, 8), 99, dtype=torch.int32, device=dev)
         run_indexer(cache, md, q, k, w, got, 8)  # plans the step's rows (the builder does, before a layer)
@@ -313,6 +327,60 @@ def test_sharded_scoring_gives_the_replicated_topk(monkeypatch, device, forced, 
         if backend == "torch":  # the float64 reference scorer allocates its temporaries
             continue
         assert not allocs, allocs
+
+
+def test_indexer_decode_steps_of_one_shape_launch_the_same(monkeypatch):
+    """The indexer op's forward form on the Triton path (GPU implementations forced) over two decode
+    steps of 2 requests x 4 MTP rows whose contexts differ (40 and 23 tokens, then 61 and 9): after a
+    warm-up step, the same launches (``testing.launches``: pointers, shapes, scalars and grids, what
+    a captured graph replays), the builder's buffers (rows' requests, positions, slots, q and
+    weights) refilled in place; each step's top-k equal to the direct torch call's."""
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.runtime import WorkerRuntime
+    from sparkinfer.formats import get_format
+    from sparkinfer.indexer import TopkWorkspace
+    from sparkinfer.testing import launches
+    from sparkinfer.vllm.replicated_indexer import ReplicatedIndexerMetadata, quant_q_fp8, run_indexer
+
+    g = torch.Generator().manual_seed(12)
+    pages = torch.zeros(12, 16, 132, dtype=torch.uint8)
+    get_format("indexer_fp8").write(pages, torch.arange(12 * 16), torch.randn(12 * 16, 128, generator=g))
+    backing = torch.zeros(12, 16, 200, dtype=torch.uint8)  # strided like vLLM's block-outermost layout
+    cache = backing[:, :, :132]
+    table = (torch.randperm(11, generator=g)[:8] + 1).to(torch.int32).view(2, 4)
+    bufs = {name: torch.zeros(8, dtype=torch.int64) for name in ("req", "pos", "slots")}
+    q_buf, w_buf, k_buf = torch.zeros(8, 2, 128, dtype=torch.float8_e4m3fn), torch.zeros(8, 2), torch.zeros(8, 128)
+    step, ws = ForwardStep.of(WorkerRuntime("cpu")), TopkWorkspace(1 << 20, "cpu")
+    buf = torch.zeros(16, 8, dtype=torch.int32)
+    token_req = torch.arange(2).repeat_interleave(4)
+
+    def run(seq_lens, forced):
+        monkeypatch.setenv(impls.FORCE_ENV, forced)
+        seq = torch.tensor(seq_lens)
+        pos = seq[token_req] - 4 + torch.arange(8) % 4
+        slots = table.long()[token_req, pos // 16] * 16 + pos % 16
+        for name, v in (("req", token_req), ("pos", pos), ("slots", slots)):
+            bufs[name].copy_(v)
+        q, scale = quant_q_fp8(torch.randn(16, 128, generator=g), 128, use_ue8m0=True)
+        q_buf.copy_(q.view(8, 2, 128))
+        w_buf.copy_(torch.rand(8, 2, generator=g) * scale.view(8, 2))
+        k_buf.copy_(torch.randn(8, 128, generator=g))
+        cache.copy_(pages)  # the context's keys, as earlier steps wrote them
+        want, direct = torch.full((16, 8), 99, dtype=torch.int32), cache.clone()
+        run_indexer(direct, ReplicatedIndexerMetadata(8, 2, token_req, pos, seq, table, slots), q_buf, k_buf,
+                    w_buf, want, 8)
+        md = ReplicatedIndexerMetadata(8, 2, token_req, bufs["pos"], seq, table, bufs["slots"], step=step,
+                                       workspace=ws, row_req=bufs["req"], paged_tile=64)
+        with launches.record() as rec:
+            run_indexer(cache, md, q_buf, k_buf, w_buf, buf, 8)
+        assert torch.equal(buf[:8], want[:8]) and torch.equal(cache, direct)
+        return rec, buf.clone()
+
+    run((30, 30), "1")  # warm-up (the workspace's split counters)
+    (a, top_a), (b, top_b) = run((40, 23), "1"), run((61, 9), "1")
+    assert not torch.equal(top_a, top_b)
+    assert launches.first_difference([a], [b]) is None
+    assert any(e[1] == "triton:_paged_topk_kernel" for e in a.events)
 
 
 def test_decode_exchange_writes_a_row_limited_ring_view():

@@ -1,0 +1,172 @@
+"""The indexer's top-k of every row straight from its request's pages: one launch that scores and
+selects, shaped by the rows alone (what a CUDA graph replays).
+
+Row m of a step is a query row of request ``row_req[m]`` at causal position ``pos[m]``: it scores
+the tokens 0 .. pos[m] (scored sharded, the ones a DCP rank owns: ``DcpLayout.token_of`` of its
+local ordinals 0 .. local_len(pos[m] + 1) - 1), whose keys are the records of the indexer cache
+``uint8 [num_blocks, block_size, 132]`` that the request's block table row names: token t is
+record ``t % block_size`` of block ``block_table[row_req[m], t // block_size]``. The program reads
+its row's position, request and block table entries from memory and loops to the row's own
+length, so nothing on the host follows the contexts: the grid is (M, splits), ``splits`` fixed by
+M (``core.indexer_tiles.paged_splits``), and every scalar is the engine's.
+
+Program (m, s) keeps a running top-k of its share of the row (tiles s, s + splits, ... of
+``tile`` positions) in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``):
+a tile's keys (``triton_scores.row_scores`` and ``selection_keys``: the scorer's instruction
+sequence, so the same fp32 scores and int64 keys as the tiled top-k) go after the k kept ones,
+then ``triton_topk.select_row`` keeps the k largest in the head, in place. The keys are distinct
+(the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
+the top-k of the program's share, and the top-k of the shares is the row's. With one split the
+program sorts its head into the output; with more, each writes its head beside the others' and
+counts itself done on the row's counter (an atomic, acquire-release), and the last to finish
+merges the heads (``select_row`` sorted, the sharded merge's form) and sets the counter back to 0
+for the next call: one launch either way. The result is the tiled top-k's
+(``tiled.indexer_topk_rows``) bit for bit: keys, order, INT64_MIN padding of a row with fewer than
+k tokens, hence the ids and the tie rule (score descending, token id ascending).
+
+Memory: ``core.indexer_tiles.paged_workspace_bytes``, fixed by M, k and the tile, whatever the
+context, plus the split counters beside it (``paged_split_rows``, zeroed once, left at 0 by every call). No
+allocation given a workspace, no host read.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sparkinfer.core.indexer_tiles import paged_splits, paged_workspace_bytes
+from sparkinfer.core.topology import DcpLayout
+
+from .topk import unpack_keys
+from .triton_scores import BLOCK_D, BLOCK_T, NUM_STAGES, NUM_WARPS, block_h, q_operand, row_scores, selection_keys
+from .triton_topk import BLOCK, select_row
+
+_MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
+
+
+@triton.jit
+def _paged_topk_kernel(
+    q_ptr, w_ptr, cache_ptr, table_ptr, req_ptr, pos_ptr, work_ptr, heads_ptr, count_ptr, out_ptr,
+    HI, K, S, RANK, INTERLEAVE, PERIOD, block_size, table_width,
+    s_q_m, s_q_h, s_w_m, s_w_h, s_block, s_token, s_table, s_work, s_heads, s_out,
+    TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
+):
+    m = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    pos = tl.load(pos_ptr + m).to(tl.int32)
+    table = table_ptr + tl.load(req_ptr + m).to(tl.int64) * s_table
+    # the row's list: its RANK's share of tokens 0 .. pos (DcpLayout.local_len; all of them at PERIOD 1)
+    n = pos + 1
+    length = (n // PERIOD) * INTERLEAVE + tl.minimum(tl.maximum(n % PERIOD - RANK * INTERLEAVE, 0), INTERLEAVE)
+    work = work_ptr + (m * S + s) * s_work
+    lanes = tl.arange(0, BLOCK)
+    for i0 in range(0, K, BLOCK):
+        tl.store(work + i0 + lanes, tl.full([BLOCK], _MIN, tl.int64), mask=i0 + lanes < K)
+    cols = tl.arange(0, BLOCK_T)
+    for j0 in range(s * TILE, length, S * TILE):  # this split's tiles of the row, to its length in memory
+        span = tl.minimum(length - j0, TILE)
+        for c in range(0, span, BLOCK_T):
+            j = j0 + c + cols
+            tmask = j < length
+            t = (j // INTERLEAVE) * PERIOD + RANK * INTERLEAVE + j % INTERLEAVE  # DcpLayout.token_of
+            block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0).to(tl.int64)
+            rec = cache_ptr + block * s_block + (t % block_size).to(tl.int64) * s_token
+            score = row_scores(q_ptr + m * s_q_m, s_q_h, w_ptr + m * s_w_m, s_w_h, HI, rec, tmask, BLOCK_H, BLOCK_T,
+                               BLOCK_D, PRECISION, Q_CODES)
+            tl.store(work + K + c + cols, selection_keys(score, t.to(tl.int64), tmask & (t <= pos)))
+        tl.debug_barrier()  # the tile's keys are visible to the whole CTA
+        select_row(work, K + tl.cdiv(span, BLOCK_T) * BLOCK_T, K, K, work, work, BLOCK, 1, False)
+        tl.debug_barrier()  # the head is kept before the next tile is written
+    out = out_ptr + m * s_out
+    if SORTED:  # the only split: its head, sorted, is the row's top-k
+        i = tl.arange(0, SORT)
+        best = tl.sort(tl.load(work + i, mask=i < K, other=_MIN), 0, descending=True)
+        tl.store(out + i, best, mask=i < K)
+    else:  # the split's top-k beside the others'; the row's last split to finish merges them
+        heads = heads_ptr + m * s_heads
+        for i0 in range(0, K, BLOCK):
+            i = i0 + lanes
+            tl.store(heads + s * K + i, tl.load(work + i, mask=i < K), mask=i < K)
+        tl.debug_barrier()  # the whole head is stored before the count releases it
+        if tl.atomic_add(count_ptr + m, 1, sem="acq_rel") == S - 1:
+            select_row(heads, S * K, K, K, out, out, BLOCK, SORT, True)
+            tl.store(count_ptr + m, 0)  # the next call's count starts at 0
+
+
+def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: int, out, workspace=None,
+                    shard: tuple[int, DcpLayout] | None = None, as_keys: bool = False) -> torch.Tensor:
+    """Every row's top-k (the module docstring) into ``out``: token ids int32 [M, k], -1 padded, or
+    with ``as_keys`` the selected int64 keys [M, k] (``topk.pack_keys``, INT64_MIN padded), best
+    first. Returns ``out``.
+
+    q float32/bf16/float8_e4m3fn [M, Hi, 128], w float32 [M, Hi], kv_cache uint8 [num_blocks,
+    block_size, 132] (any strides that keep a record's 4-byte scale aligned), block_table int32/int64
+    [R, B], row_req int [M] (a row of block_table), pos int [M], all on one device; ``shard`` (rank,
+    layout): score the positions ``rank`` owns, ids the tokens (a sharded step's candidates); tile a
+    multiple of ``triton_scores.BLOCK_T``; ``workspace`` a ``tiled.TopkWorkspace`` holding
+    ``paged_workspace_bytes(M, k, tile)`` (None: one of that size is made). Shapes and strides are
+    checked here, values not (no read).
+    """
+    m = q.shape[0]
+    if tile % BLOCK_T or tile <= 0:
+        raise ValueError(f"tile must be a positive multiple of {BLOCK_T}, got {tile}")
+    if kv_cache.dim() != 3 or kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != 132 or kv_cache.stride(2) != 1:
+        raise ValueError(f"kv_cache must be uint8 [num_blocks, block_size, 132] with unit record stride, got "
+                         f"{kv_cache.dtype} {tuple(kv_cache.shape)} strides {kv_cache.stride()}")
+    if kv_cache.stride(0) % 4 or kv_cache.stride(1) % 4 or kv_cache.data_ptr() % 4:
+        raise ValueError(f"kv_cache strides {kv_cache.stride()} do not keep the records' scales 4-byte aligned")
+    want = (torch.int64 if as_keys else torch.int32, (m, k))
+    if (out.dtype, tuple(out.shape)) != want or (as_keys and m and out.stride(1) != 1):
+        raise ValueError(f"out must be {want[0]} {want[1]}{' with unit column stride' if as_keys else ''}, got "
+                         f"{out.dtype} {tuple(out.shape)}")
+    for name, t in (("row_req", row_req), ("pos", pos)):
+        if tuple(t.shape) != (m,) or t.device != kv_cache.device:
+            raise ValueError(f"{name} must be [M={m}] on {kv_cache.device}, got {tuple(t.shape)} on {t.device}")
+    from sparkinfer.attention.dispatch import pick_backend
+
+    pick_backend("triton", q.is_cuda, "indexer")  # counted where a test reads which scorer ran
+    if m == 0:
+        return out
+    splits = paged_splits(m)
+    if workspace is None:
+        from .tiled import TopkWorkspace
+
+        workspace = TopkWorkspace(paged_workspace_bytes(m, k, tile), q.device)
+    work, heads, top, counts = workspace.take_paged(m, splits, k, tile)
+    top = out if as_keys else top
+    rank, layout = (0, DcpLayout(1)) if shard is None else shard
+    q, precision, codes = q_operand(q)
+    one = heads is None  # one split: heads and counts are never read (work stands in)
+    _paged_topk_kernel[(m, splits)](
+        q, w, kv_cache, block_table, row_req, pos, work, work if one else heads, work if one else counts, top,
+        q.shape[1], k, splits, rank, layout.interleave, layout.period, kv_cache.shape[1], block_table.shape[1],
+        q.stride(0), q.stride(1), w.stride(0), w.stride(1), kv_cache.stride(0), kv_cache.stride(1),
+        block_table.stride(0), work.stride(0), 0 if one else heads.stride(0), top.stride(0),
+        TILE=tile, SORTED=one, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
+        BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=precision, Q_CODES=codes, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )
+    return out if as_keys else unpack_keys(top, False, out)
+
+
+def compile_specs(k: int = 2048) -> list[dict]:
+    """The paged top-k's launches in the engine at GLM-5.2's shapes (32 index heads, fp8 q, k 2,048,
+    the tile of a long context), as the compile test reads them: name, fn, signature, constexprs,
+    num_warps, num_stages. One split (it sorts its head into the output) and several (the heads side
+    by side, merged by the row's last split)."""
+    from .triton_scores import BLOCK_T as block_t
+    from sparkinfer.core.indexer_tiles import PAGED_TILE
+
+    specs = []
+    for name, is_sorted in (("paged_topk", True), ("paged_topk_split", False)):
+        constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
+                      "BLOCK_H": 32, "BLOCK_T": block_t, "BLOCK_D": BLOCK_D, "PRECISION": "tf32", "Q_CODES": True}
+        ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
+                "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "out_ptr": "*i64"}
+        sig = {n: ptrs.get(n, "i32") for n in _paged_topk_kernel.arg_names if n not in constexprs}
+        sig.update({n: "constexpr" for n in constexprs})
+        specs.append({"name": f"{name}[k{k}]", "fn": _paged_topk_kernel, "signature": sig, "constexprs": constexprs,
+                      "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+    return specs
