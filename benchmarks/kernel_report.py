@@ -145,8 +145,8 @@ def _launch(kernel: str, ctas: int, warps: int, iters: int = 0, loop: str = "non
 
 
 def _splits(m: int, h: int, listed: int) -> int:
-    """The wrapper's split-K count at this shape on the RTX PRO 6000 (the same on the H200 at every
-    shape below)."""
+    """The wrapper's split-K count at this shape on the RTX PRO 6000 (the same on the H200's 132 SMs at
+    every shape below: one wave of programs either way)."""
     from sparkinfer.attention.triton_decode import num_splits_for
 
     return num_splits_for(m, h, listed, HW["rtx_pro_6000"]["sms"])
@@ -158,8 +158,10 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     (``gathered`` records in all when the rows of a request read their union once), QK over 576
     dims, PV over 512 (absorbed), bf16 MMA with an fp32 accumulator. The engine's default
     "bf16x2" keeps bf16 queries whole (one QK dot) and splits the fp32 probabilities into hi + lo
-    (two PV dots). With S > 1 splits it writes S fp32 partials (out + LSE) for the merge kernel,
-    else the output."""
+    (two PV dots). With S > 1 splits it writes S fp32 partials (out + LSE), which the last split of
+    each row and head block reads back and merges into the output (the merge is fused: its loop over
+    the splits runs once per (row, head block) and is counted with the rest, once per program);
+    with one split the output only (counted fp32)."""
     from sparkinfer.attention import triton_decode as td
     from sparkinfer.core.layouts import FP8_DS_MLA, NVFP4_368, NVFP4_432
 
@@ -173,7 +175,9 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     lay = {x.short: x for x in (NVFP4_368, NVFP4_432, FP8_DS_MLA)}[fmt]
     launch = _launch(f"sparse_mla_decode[{fmt}]", m * hb * s, td.NUM_WARPS[lay.name], m * hb * tiles,
                      f"{td.BLOCK_K}-key tiles")
-    nbytes = gathered * RECORD[fmt] + m * k * 8 + m * 4 + m * h * (LATENT + ROPE) * 2 + s * m * h * (LATENT + 1) * 4
+    out = m * h * (LATENT + 1) * 4
+    nbytes = gathered * RECORD[fmt] + m * k * 8 + m * 4 + m * h * (LATENT + ROPE) * 2 \
+        + (2 * s * out + out if s > 1 else out)
     flops = 2 * m * h * k * (LATENT + ROPE + LATENT)
     mma = 2 * m * h * k * (LATENT + ROPE + 2 * LATENT)
     expect = ("bf16 tensor cores (mma.sync), memory-bound on both GPUs: within 2x of the floor on the H200 "
@@ -229,21 +233,6 @@ def _compact(m: int, listed: int, k: int, shape: str, listed_bytes: int) -> dict
                 m * listed * listed_bytes + m * k * 8 + m * 4, 0, "none",
                 "launch-bound (64 CTAs of 1,024 entries): within ~2 us of an empty launch",
                 covers=["sparse_mla_compact[i32]", "sparse_mla_compact[i64]"], launch=launch)
-
-
-def _merge(m: int, h: int, listed: int, shape: str) -> dict:
-    """Split-K merge: per (row, head) read the S partial outputs and LSEs, write the exact merge."""
-    s = _splits(m, h, listed)
-    nbytes = (s + 1) * m * h * (LATENT + 1) * 4
-    flops = 2 * s * m * h * LATENT + 4 * s * m * h
-    from sparkinfer.attention import triton_decode as td
-
-    # grid (M, H): each program loops over the S partials (a bf16 model's output: the [bf16] variant)
-    launch = _launch("sparse_mla_merge_splits[bf16]", m * h, td.MERGE_WARPS, m * h * s, "splits")
-    return _row("sparse_mla_merge_splits", shape, {"M": m, "H": h, "splits": s}, nbytes, flops, "fp32",
-                "memory- or launch-bound (fp32 CUDA cores, a few FLOPs per byte): near the floor; "
-                "together with compact and decode under 28.7 us per call",
-                covers=["sparse_mla_merge_splits", "sparse_mla_merge_splits[bf16]"], launch=launch)
 
 
 def _qw_bytes(m: int) -> int:
@@ -337,8 +326,6 @@ def roofline() -> list[dict]:
     rows.append(_mla("nvfp4_368", R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
     rows.append(_compact(B * R, K, K, "selected: 16 req x 4 rows x 2048 listed, all valid", 4))
     rows.append(_compact(B * R, K, K // D, "stock DCP4: 2048 listed, 512 valid", 8))
-    rows.append(_merge(B * R, HEADS_PER_RANK, K, "selected: 16 req x 4 rows, 16 heads/rank, top-2048"))
-    rows.append(_merge(R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
     rows.append(_indexer(R, 131072, "decode: one request, 4 rows, 128K context"))
     rows.append(_indexer(R, B * 65536, "decode step: 16 req x 4 rows at 64K each (one batched launch)"))
     rows.append(_indexer(2048, 131072, "prefill chunk 2048 at 128K, scores materialized [M, T]"))

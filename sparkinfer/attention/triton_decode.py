@@ -1,6 +1,6 @@
 """Triton sparse MLA decode on tensor cores, reading 368 / 432 / 656 byte records directly.
 
-Three kernels, all launched without a host read:
+Two kernels, both launched without a host read:
 
 1. ``_compact_kernel`` (grid M): copies each row's valid indices (>= 0), in order, to the front
    of a workspace row and stores their count. On the stock DCP path about 3/4 of a rank's top-k
@@ -28,12 +28,17 @@ Three kernels, all launched without a host read:
        m' = max(m, max_j s_j);  l' = l 2^(m - m') + sum_j 2^(s_j - m')
 
    out = acc / l, lse = (m + log2 l) ln 2, or 0 and -inf for a split that saw no valid index.
-3. ``_merge_splits_kernel`` (grid M x H, only when S > 1): the exact LSE merge of the S partials
-   (out fp32 [S, M, H, 512], lse fp32 [S, M, H]), the formula of ``merge_lse``.
+   With one split the program writes out (fp32, or bf16 rounded to nearest even: ``_bf16_bits``)
+   and lse. With S > 1 it writes its partial (out fp32 [S, M, H, 512], lse fp32 [S, M, H]), then
+   takes a ticket from the (row, head block) counter (after a barrier, acq_rel at gpu scope); the
+   program that draws the last of the S tickets resets the counter to 0 (so the launch can be
+   replayed: CUDA graphs) and merges the S partials exactly (``_merge_partials``, the formula of
+   ``merge_lse``) into out / lse. The split merge is fused: no third launch.
 
-Workspace (``DecodeWorkspace``): compacted indices int64 [M, K], counts int32 [M], partials
-out fp32 [S, M, H, 512] and lse fp32 [S, M, H] (S > 1 only). A caller that owns one (and the
-outputs) runs the whole decode without allocating.
+Workspace (``DecodeWorkspace``): compacted indices int64 [M, K], counts int32 [M]; with S > 1 the
+partials out fp32 [S, M, H, 512] and lse fp32 [S, M, H] and the tickets int32 [M, ceil(H / 16)]
+(zero at allocation, left zero by every launch). A caller that owns one (and the outputs) runs
+the whole decode without allocating.
 
 Index widths: a record index is int64 from the caller's list to the address. The engine's indices
 are rows of a strided cache's ``row_view`` (``decode.paged_sparse_mla``), 4 bytes apart, so a layer
@@ -72,9 +77,7 @@ NUM_WARPS = {NVFP4_368.name: 8, NVFP4_432.name: 8, FP8_DS_MLA.name: 4}
 NUM_STAGES = 1
 COMPACT_BLOCK = 1024
 COMPACT_WARPS = 4
-MERGE_WARPS = 4
-# At most this many splits (the merge kernel's block).
-MAX_SPLITS = 64
+MAX_SPLITS = 64  # splits of a row's keys (a ticket's count)
 # A split covers at least this many listed keys: its partial (16 heads x 513 fp32 = 33 KB, written
 # and read back by the merge) then stays below the records it gathers (256 x 368 B = 94 KB when
 # all are valid; a quarter of that on the stock DCP4 path, where the partials dominate).
@@ -233,11 +236,6 @@ def _finish(m_i, l_i):
 
 
 @triton.jit
-def _store_chunk(out_ptr, acc, inv_l, cols, hmask):
-    tl.store(out_ptr + cols[None, :], acc * inv_l[:, None], mask=hmask[:, None])
-
-
-@triton.jit
 def _bf16_bits(x):
     """fp32 ``x`` rounded to bf16 (nearest, ties to even; NaN to the canonical 0x7FC0) as int16 bits,
     the same on a GPU and in the interpreter (whose fp32 -> bf16 cast truncates)."""
@@ -249,12 +247,12 @@ def _bf16_bits(x):
 
 @triton.jit
 def _sparse_mla_decode_kernel(
-    qn_ptr, qr_ptr, rec_ptr, idx_ptr, cnt_ptr, out_ptr, lse_ptr,
+    qn_ptr, qr_ptr, rec_ptr, idx_ptr, cnt_ptr, out_ptr, lse_ptr, po_ptr, pl_ptr, tk_ptr,
     H, num_splits, rec_stride, qk_scale, outer_scale,
     s_qn_m, s_qn_h, s_qr_m, s_qr_h, s_idx_m,
-    s_out_s, s_out_m, s_out_h, s_lse_s, s_lse_m,
+    s_out_m, s_out_h, s_lse_m, s_po_s, s_po_m, s_po_h, s_pl_s, s_pl_m,
     FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
+    Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr, OUT_BF16: tl.constexpr,
 ):
     m = tl.program_id(0).to(tl.int64)  # every row offset below in int64 (module docstring)
     hb = tl.program_id(1)
@@ -313,13 +311,69 @@ def _sparse_mla_decode_kernel(
                                                        a0, a1, a2, a3, NVFP4, P_SPLIT, F32_DOT)
 
     inv_l, lse = _finish(m_i, l_i)
-    out_row = out_ptr + split * s_out_s + m * s_out_m + heads[:, None] * s_out_h
-    _store_chunk(out_row, acc0, inv_l, cw, hmask)
-    _store_chunk(out_row, acc1, inv_l, CW + cw, hmask)
-    if not NVFP4:
-        _store_chunk(out_row, acc2, inv_l, 256 + cw, hmask)
-        _store_chunk(out_row, acc3, inv_l, 384 + cw, hmask)
-    tl.store(lse_ptr + split * s_lse_s + m * s_lse_m + heads, lse, mask=hmask)
+    vmask = hmask[:, None]
+    if num_splits == 1:  # (Triton specializes an int argument of 1: this branch is compiled alone)
+        o_row = out_ptr + m * s_out_m + heads[:, None] * s_out_h
+        _store_out(o_row + cw[None, :], acc0 * inv_l[:, None], vmask, OUT_BF16)
+        _store_out(o_row + CW + cw[None, :], acc1 * inv_l[:, None], vmask, OUT_BF16)
+        if not NVFP4:
+            _store_out(o_row + 256 + cw[None, :], acc2 * inv_l[:, None], vmask, OUT_BF16)
+            _store_out(o_row + 384 + cw[None, :], acc3 * inv_l[:, None], vmask, OUT_BF16)
+        tl.store(lse_ptr + m * s_lse_m + heads, lse, mask=hmask)
+    else:
+        p_row = po_ptr + split * s_po_s + m * s_po_m + heads[:, None] * s_po_h
+        tl.store(p_row + cw[None, :], acc0 * inv_l[:, None], mask=vmask)
+        tl.store(p_row + CW + cw[None, :], acc1 * inv_l[:, None], mask=vmask)
+        if not NVFP4:
+            tl.store(p_row + 256 + cw[None, :], acc2 * inv_l[:, None], mask=vmask)
+            tl.store(p_row + 384 + cw[None, :], acc3 * inv_l[:, None], mask=vmask)
+        tl.store(pl_ptr + split * s_pl_s + m * s_pl_m + heads, lse, mask=hmask)
+        # Every thread's partial is written (barrier) before the ticket is taken (acq_rel, gpu scope);
+        # the S programs of a (row, head block) share its ticket and the last one merges.
+        tl.debug_barrier()
+        tk = tk_ptr + m * tl.num_programs(1) + hb
+        if tl.atomic_add(tk, 1, sem="acq_rel") == num_splits - 1:
+            tl.store(tk, 0)  # the next launch (a CUDA-graph replay) starts from 0 again
+            _merge_partials(po_ptr + m * s_po_m + heads * s_po_h, pl_ptr + m * s_pl_m + heads,
+                            out_ptr + m * s_out_m + heads * s_out_h, lse_ptr + m * s_lse_m + heads, hmask,
+                            num_splits, s_po_s, s_pl_s, BLOCK_H, OUT_BF16)
+
+
+@triton.jit
+def _store_out(ptr, x, mask, OUT_BF16: tl.constexpr):
+    if OUT_BF16:  # rounded to nearest even on the bits (``_bf16_bits``: the interpreter's cast truncates)
+        tl.store(ptr.to(tl.pointer_type(tl.int16)), _bf16_bits(x), mask=mask)
+    else:
+        tl.store(ptr, x, mask=mask)
+
+
+@triton.jit
+def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_s, BLOCK: tl.constexpr,
+                    OUT_BF16: tl.constexpr):
+    """merge_lse of the S partials of BLOCK (row, head) pairs: lse = ln sum_s e^lse_s, out = sum_s
+    e^(lse_s - lse) out_s; no partial seen: out 0, lse -inf. po_rows, pl_rows, out_rows, lse_rows: [BLOCK]
+    pointers to split 0's partial row (512 contiguous fp32), its LSE, the output row (512 contiguous)
+    and the LSE; split s is s_po_s / s_pl_s elements on. Partials are read with .cg (from L2: other SMs
+    wrote them)."""
+    mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    for s in range(0, S):
+        mx = tl.maximum(mx, tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg"))
+    anchor = tl.where(mx == float("-inf"), 0.0, mx)
+    total = tl.zeros([BLOCK], tl.float32)
+    for s in range(0, S):
+        total += tl.exp(tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg") - anchor)
+    seen = total > 0
+    inv = 1.0 / tl.where(seen, total, 1.0)
+    d = tl.arange(0, 128)
+    for c in tl.static_range(4):  # 128 output columns at a time
+        acc = tl.zeros([BLOCK, 128], tl.float32)
+        for s in range(0, S):
+            w = tl.exp(tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg") - anchor) * inv
+            part = tl.load(po_rows[:, None] + s * s_po_s + 128 * c + d[None, :], mask=mask[:, None], other=0.0,
+                           cache_modifier=".cg")
+            acc += w[:, None] * part
+        _store_out(out_rows[:, None] + 128 * c + d[None, :], acc, mask[:, None], OUT_BF16)
+    tl.store(lse_rows, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")), mask=mask)
 
 
 @triton.jit
@@ -342,35 +396,6 @@ def _compact_kernel(idx_ptr, s_idx_m, s_idx_k, K, cidx_ptr, s_cidx_m, cnt_ptr, B
     tl.store(cnt_ptr + m, base)
 
 
-@triton.jit
-def _merge_splits_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, H, S,
-                         s_po_s, s_po_m, s_po_h, s_pl_s, s_pl_m, s_out_m, s_out_h, s_lse_m,
-                         BLOCK_S: tl.constexpr, OUT_BF16: tl.constexpr):
-    """merge_lse of S partials for one (m, h): lse = ln sum_s e^lse_s, out = sum_s e^(lse_s - lse) out_s;
-    OUT_BF16: out is bf16, written as its rounded bits (one partial merges to itself exactly, so a
-    bf16 output of one split is this kernel's rounding too)."""
-    m = tl.program_id(0)
-    h = tl.program_id(1)
-    ss = tl.arange(0, BLOCK_S)
-    lses = tl.load(pl_ptr + ss * s_pl_s + m * s_pl_m + h, mask=ss < S, other=float("-inf"))
-    mx = tl.max(lses, axis=0)
-    anchor = tl.where(mx == float("-inf"), 0.0, mx)
-    w = tl.exp(lses - anchor)
-    total = tl.sum(w, axis=0)
-    w = w / tl.where(total > 0, total, 1.0)
-    d = tl.arange(0, 512)
-    acc = tl.zeros([512], tl.float32)
-    for s in range(0, S):
-        ws = tl.sum(tl.where(ss == s, w, 0.0), axis=0)
-        acc += ws * tl.load(po_ptr + s * s_po_s + m * s_po_m + h * s_po_h + d)
-    if OUT_BF16:
-        tl.store(out_ptr + m * s_out_m + h * s_out_h + d, _bf16_bits(acc))
-    else:
-        tl.store(out_ptr + m * s_out_m + h * s_out_h + d, acc)
-    seen = total > 0
-    tl.store(lse_ptr + m * s_lse_m + h, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")))
-
-
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -383,9 +408,12 @@ def _sm_count(device: torch.device) -> int:
 
 
 def num_splits_for(m: int, h: int, k: int, sms: int) -> int:
-    """Splits of each row's keys: about one program per SM (one wave), each split covering at least
-    MIN_KEYS_PER_SPLIT of the K listed keys, at most MAX_SPLITS."""
-    want = -(-sms // max(1, m * triton.cdiv(h, BLOCK_H)))
+    """Splits of each row's keys: as many as one wave holds (M x head blocks x S programs <= the SMs,
+    one program per SM: the kernel's shared memory allows one on sm_120), each split covering at least
+    MIN_KEYS_PER_SPLIT of the K listed keys, at most MAX_SPLITS. One wave rather than the next
+    multiple: at 64 rows on 188 SMs, 3 splits were 192 programs, a second wave of 4 after the first
+    (2 x 1/3 of a row's keys in time, where 2 splits take 1/2)."""
+    want = sms // max(1, m * triton.cdiv(h, BLOCK_H))
     return max(1, min(want, k // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
 
 
@@ -401,26 +429,29 @@ class DecodeWorkspace:
     """Device buffers of one decode shape (M rows, H heads, K indices per row, S splits).
 
     indices int64 [M, K] (compacted; record indices pass 2^31: the module docstring), counts int32
-    [M] (at most K), partial_out fp32 [S, M, H, 512] and partial_lse fp32 [S, M, H] (None when
-    S == 1 and the output is fp32: the kernel writes the outputs directly; a bf16 output always goes
-    through the merge kernel, which rounds it).
+    [M] (at most K); with S > 1 (None otherwise: the kernel writes the outputs directly)
+    partial_out fp32 [S, M, H, 512], partial_lse fp32 [S, M, H] and tickets int32 [M, ceil(H /
+    BLOCK_H)], zero when allocated and left zero by every launch (the merging program resets its
+    ticket), so a workspace serves any number of calls and CUDA-graph replays.
     """
 
     indices: torch.Tensor
     counts: torch.Tensor
     partial_out: torch.Tensor | None
     partial_lse: torch.Tensor | None
+    tickets: torch.Tensor | None
 
     @classmethod
-    def allocate(cls, m: int, h: int, k: int, num_splits: int, device, bf16_out: bool = False) -> "DecodeWorkspace":
+    def allocate(cls, m: int, h: int, k: int, num_splits: int, device) -> "DecodeWorkspace":
         if not 1 <= num_splits <= MAX_SPLITS:
-            raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}] (the merge kernel's block), got {num_splits}")
+            raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
         f32 = dict(dtype=torch.float32, device=device)
-        many = num_splits > 1 or bf16_out
+        many = num_splits > 1
         return cls(torch.empty((m, k), dtype=torch.int64, device=device),
                    torch.empty((m,), dtype=torch.int32, device=device),
                    torch.empty((num_splits, m, h, LATENT_DIM), **f32) if many else None,
-                   torch.empty((num_splits, m, h), **f32) if many else None)
+                   torch.empty((num_splits, m, h), **f32) if many else None,
+                   torch.zeros((m, triton.cdiv(h, BLOCK_H)), dtype=torch.int32, device=device) if many else None)
 
     @property
     def num_splits(self) -> int:
@@ -432,9 +463,9 @@ class DecodeWorkspace:
         if self.partial_out is not None:
             s = self.partial_out.shape[0]
             if not 1 <= s <= MAX_SPLITS:
-                raise ValueError(f"workspace has {s} splits; at most {MAX_SPLITS} (the merge kernel's block)")
+                raise ValueError(f"workspace has {s} splits; at most {MAX_SPLITS}")
             want.update(partial_out=((s, m, h, LATENT_DIM), torch.float32),
-                        partial_lse=((s, m, h), torch.float32))
+                        partial_lse=((s, m, h), torch.float32), tickets=((m, triton.cdiv(h, BLOCK_H)), torch.int32))
         for name, (shape, dtype) in want.items():
             t = getattr(self, name)
             if t is None or tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() \
@@ -459,24 +490,19 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     """Launch the kernels on already-validated inputs; see ``sparse_mla_decode`` for the contract.
 
     outer_scale is the per-cache constant S of the 432 format (ignored by the others). out
-    (float32 or bfloat16 [M, H, 512]: a bf16 model's attention needs no cast after it, the merge
-    kernel rounds the output), lse (float32 [M, H]) and workspace (whose S wins over num_splits; with
-    partials for a bf16 output) are optional preallocated buffers.
+    (float32 or bfloat16 [M, H, 512]: a bf16 model's attention needs no cast after it, the kernel
+    rounds the output), lse (float32 [M, H]) and workspace (whose S wins over num_splits) are
+    optional preallocated buffers.
     """
     m, h = q_nope.shape[:2]
     k = indices.shape[1]
     dev = q_nope.device
     out = torch.empty((m, h, LATENT_DIM), dtype=torch.float32, device=dev) if out is None \
         else _check_output("out", out, (m, h, LATENT_DIM), dev, (torch.float32, torch.bfloat16))
-    bf16_out = out.dtype == torch.bfloat16
     if workspace is None:
-        splits = num_splits or default_num_splits(m, h, k, dev)
-        workspace = DecodeWorkspace.allocate(m, h, k, splits, dev, bf16_out)
+        workspace = DecodeWorkspace.allocate(m, h, k, num_splits or default_num_splits(m, h, k, dev), dev)
     else:
         workspace.check(m, h, k, dev)
-        if bf16_out and workspace.partial_out is None:
-            raise ValueError("a bf16 output is rounded by the merge kernel: build the workspace with "
-                             "DecodeWorkspace.allocate(M, H, K, S, device, bf16_out=True)")
     splits = workspace.num_splits
     lse = torch.empty((m, h), dtype=torch.float32, device=dev) if lse is None \
         else _check_output("lse", lse, (m, h), dev)
@@ -487,53 +513,54 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     _compact_kernel[(m,)](indices, indices.stride(0), indices.stride(1), k, workspace.indices,
                           workspace.indices.stride(0), workspace.counts, BLOCK=COMPACT_BLOCK,
                           num_warps=COMPACT_WARPS)
-    merged = workspace.partial_out is not None
-    po, pl = (workspace.partial_out, workspace.partial_lse) if merged else (out.unsqueeze(0), lse.unsqueeze(0))
+    # one split: the partial buffers are not touched (the outputs stand in, strides 0)
+    po, pl, tk = (workspace.partial_out, workspace.partial_lse, workspace.tickets) if splits > 1 \
+        else (out, lse, workspace.counts)
     _sparse_mla_decode_kernel[(m, triton.cdiv(h, BLOCK_H), splits)](
-        q_nope, q_rope, records, workspace.indices, workspace.counts, po, pl,
+        q_nope, q_rope, records, workspace.indices, workspace.counts, out, lse, po, pl, tk,
         h, splits, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
         q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), workspace.indices.stride(0),
-        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda"), num_warps=NUM_WARPS[lay.name],
-        num_stages=NUM_STAGES,
+        out.stride(0), out.stride(1), lse.stride(0),
+        *((po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1)) if splits > 1 else (0,) * 5),
+        **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda", out.dtype == torch.bfloat16),
+        num_warps=NUM_WARPS[lay.name], num_stages=NUM_STAGES,
     )
-    if merged:  # a bf16 output is stored as its rounded bits (``_bf16_bits``)
-        _merge_splits_kernel[(m, h)](
-            po, pl, out.view(torch.int16) if bf16_out else out, lse, h, splits, po.stride(0), po.stride(1),
-            po.stride(2), pl.stride(0), pl.stride(1), out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=MAX_SPLITS,
-            OUT_BF16=bf16_out, num_warps=MERGE_WARPS)
     return out, lse
 
 
-def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: str, interpreted: bool = False) -> dict:
-    """The decode kernel's constexprs for a format, query dtype and precision (interpreted: under
-    TRITON_INTERPRET=1, see ``_dot``)."""
+def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: str, interpreted: bool = False,
+                      bf16_out: bool = False) -> dict:
+    """The decode kernel's constexprs for a format, query dtype, precision and output dtype (interpreted:
+    under TRITON_INTERPRET=1, see ``_dot``)."""
     if dot_precision not in PRECISIONS:
         raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     split = dot_precision == "bf16x2"
     return dict(FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K,
-                Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted)
+                Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted, OUT_BF16=bf16_out)
 
 
 _DECODE_SIG = {
     "qn_ptr": "*bf16", "qr_ptr": "*bf16", "rec_ptr": "*u8", "idx_ptr": "*i64", "cnt_ptr": "*i32",
-    "out_ptr": "*fp32", "lse_ptr": "*fp32", "qk_scale": "fp32", "outer_scale": "fp32",
+    "out_ptr": "*fp32", "lse_ptr": "*fp32", "po_ptr": "*fp32", "pl_ptr": "*fp32", "tk_ptr": "*i32",
+    "qk_scale": "fp32", "outer_scale": "fp32",
 }
 
 
 def compile_specs() -> list[dict]:
     """Every launch configuration the wrapper uses, for compiling without a GPU (benchmarks/kernel_report.py).
 
-    The decode kernel per record format with bf16 queries (the engine's dtype) and fp32 queries
-    (the CPU twin's and the tests'), at the default precision; the compaction kernel; the merge
-    kernel into fp32 and bf16 outputs.
+    The decode kernel per record format with bf16 queries into a bf16 output (the engine's dtypes)
+    and fp32 queries into fp32 (the CPU twin's and the tests'), at the default precision; the
+    compaction kernel.
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
         for q_dtype, q_type in ((torch.bfloat16, "*bf16"), (torch.float32, "*fp32")):
-            c = launch_constexprs(lay, q_dtype, "bf16x2")
+            c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=q_dtype == torch.bfloat16)
             sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
             sig.update(qn_ptr=q_type, qr_ptr=q_type, **{n: "constexpr" for n in c})
+            if c["OUT_BF16"]:
+                sig["out_ptr"] = "*bf16"
             q = "" if q_dtype == torch.bfloat16 else ",q_fp32"
             specs.append(dict(name=f"sparse_mla_decode[{lay.short}{q}]", fn=_sparse_mla_decode_kernel,
                               signature=sig, constexprs=c, num_warps=NUM_WARPS[lay.name], num_stages=NUM_STAGES))
@@ -542,10 +569,4 @@ def compile_specs() -> list[dict]:
                "s_cidx_m": "i32", "cnt_ptr": "*i32", "BLOCK": "constexpr"}
         specs.append(dict(name=f"sparse_mla_compact[{idx_type[1:]}]", fn=_compact_kernel, signature=sig,
                           constexprs={"BLOCK": COMPACT_BLOCK}, num_warps=COMPACT_WARPS, num_stages=1))
-    for bf16_out in (False, True):  # fp32 and bf16 outputs
-        sig = {n: ("*fp32" if n.endswith("_ptr") else "i32") for n in _merge_splits_kernel.arg_names}
-        sig.update(BLOCK_S="constexpr", OUT_BF16="constexpr", **({"out_ptr": "*i16"} if bf16_out else {}))
-        specs.append(dict(name="sparse_mla_merge_splits" + ("[bf16]" if bf16_out else ""), fn=_merge_splits_kernel,
-                          signature=sig, constexprs={"BLOCK_S": MAX_SPLITS, "OUT_BF16": bf16_out},
-                          num_warps=MERGE_WARPS, num_stages=1))
     return specs

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from sparkinfer.attention import merge_lse, sparse_mla_decode, sparse_mla_decode_torch
 from sparkinfer.attention.triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
-from sparkinfer.attention.triton_decode import _bf16_bits
+from sparkinfer.attention.triton_decode import _bf16_bits, _merge_partials
 from sparkinfer.formats import MAIN_FORMATS, get_format
 
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -217,32 +217,72 @@ def test_preallocated_outputs_and_workspace():
         sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.2, backend="triton", out=torch.empty(2, 3, 256))
 
 
-def test_merge_kernel_equals_merge_lse():
-    from sparkinfer.attention.triton_decode import MAX_SPLITS, _merge_splits_kernel
+@triton.jit
+def _merge_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, S, N: tl.constexpr, D: tl.constexpr):
+    """The decode's fused merge (``_merge_partials``) over N (row, head) pairs of partials [S, N, D]."""
+    n = tl.arange(0, N)
+    _merge_partials(po_ptr + n * D, pl_ptr + n, out_ptr + n * D, lse_ptr + n, n < N, S, N * D, N, N, False)
 
+
+def test_fused_merge_equals_merge_lse():
+    """The merge the last split of a row runs, on S partials against ``merge_lse``: a partial with no
+    key (lse -inf) weighs nothing, a pair none of whose partials saw a key gets out 0 and lse -inf."""
     g = torch.Generator().manual_seed(8)
-    s, m, h = 5, 2, 3
+    s, m, h = 5, 2, 8
     po = torch.randn(s, m, h, 512, generator=g)
     pl = torch.randn(s, m, h, generator=g) * 10
     pl[1, 0, 0] = -math.inf
     pl[:, 1, 2] = -math.inf
     po[:, 1, 2] = 0
     out, lse = torch.empty(m, h, 512), torch.empty(m, h)
-    _merge_splits_kernel[(m, h)](po, pl, out, lse, h, s, po.stride(0), po.stride(1), po.stride(2), pl.stride(0),
-                                 pl.stride(1), out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=MAX_SPLITS,
-                                 OUT_BF16=False)
+    _merge_kernel[(1,)](po, pl, out, lse, s, N=m * h, D=512)
     ref_out, ref_lse = merge_lse(po, pl)
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(lse, ref_lse, **TOL)
     assert torch.all(out[1, 2] == 0) and lse[1, 2] == -math.inf
 
 
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_split_merge_in_one_launch_is_replay_safe(q_dtype):
+    """S > 1 splits merged by the last program of each (row, head block): many rows (some with no valid
+    index: out 0, lse -inf), two head blocks, fp32 and bf16 outputs. The tickets are zero after every
+    call, so the same workspace gives the same output again (a CUDA-graph replay); S = 1 and S = 4
+    agree within the kernel's tolerance and both match the float64 oracle."""
+    from sparkinfer.attention.triton_decode import DecodeWorkspace
+
+    fmt = get_format("nvfp4_368")
+    m, h, k = 9, 20, 96
+    q_nope, q_rope, records, indices = make_case(fmt, m=m, h=h, k=k, seed=21, q_dtype=q_dtype, pad_frac=0.5)
+    indices[[2, 7]] = -1
+    indices[4, 40:] = -1  # the later splits of row 4 see nothing, its earlier ones do
+    ref = oracle(q_nope, q_rope, records, fmt, indices, 0.1)
+    one = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", num_splits=1)
+    ws = DecodeWorkspace.allocate(m, h, k, 4, "cpu")
+    assert ws.tickets.shape == (m, 2) and not ws.tickets.any()
+    out_dtype = torch.bfloat16 if q_dtype == torch.bfloat16 else torch.float32
+    outs = []
+    for _ in range(2):
+        out = torch.full((m, h, 512), float("nan"), dtype=out_dtype)
+        outs.append(sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", out=out,
+                                      workspace=ws))
+        assert not ws.tickets.any()
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    got_out, got_lse = outs[0]
+    assert bool((got_out[[2, 7]] == 0).all()) and bool((got_lse[[2, 7]] == -math.inf).all())
+    if out_dtype == torch.float32:
+        assert_matches(got_out, got_lse, *ref, tol=TRITON_TOL)
+        torch.testing.assert_close(got_out, one[0], **TRITON_TOL)
+    else:  # the bf16 output is the merged fp32 one rounded: within a bf16 step of the one-split output
+        torch.testing.assert_close(got_out.float(), one[0].to(torch.bfloat16).float(), atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(got_lse, one[1], **TRITON_TOL)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name", MAIN_FORMATS)
 def test_a_bf16_output_is_the_fp32_one_rounded(name, splits):
-    """bf16 queries into a bf16 output (the engine's form for a bf16 model): the merge kernel rounds
-    the output (one split merges to itself exactly), bit for bit torch's round of the fp32 output
-    (nearest, ties to even); the LSE is unchanged. A workspace without partials is refused."""
+    """bf16 queries into a bf16 output (the engine's form for a bf16 model): the kernel rounds
+    the output (one split as it stores it, S > 1 after the merge), bit for bit torch's round of the fp32
+    output (nearest, ties to even); the LSE is unchanged."""
     fmt = get_format(name)
     q_nope, q_rope, records, indices = make_case(fmt, m=3, h=5, k=70, seed=12, q_dtype=torch.bfloat16)
     want, want_lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton",
@@ -253,12 +293,6 @@ def test_a_bf16_output_is_the_fp32_one_rounded(name, splits):
     assert got is out
     assert torch.equal(out.view(torch.int16), want.to(torch.bfloat16).view(torch.int16))
     assert torch.equal(lse, want_lse)
-    if splits == 1:
-        from sparkinfer.attention.triton_decode import DecodeWorkspace
-
-        with pytest.raises(ValueError, match="bf16_out=True"):
-            sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", out=out,
-                              workspace=DecodeWorkspace.allocate(3, 5, 70, 1, "cpu"))
 
 
 @triton.jit
@@ -417,6 +451,6 @@ def test_gpu_kernel_matches_float64(name):
     out, lse = sparse_mla_decode(q_nope.to(dev), q_rope.to(dev), records.to(dev), fmt, indices.to(dev), scale)
     torch.testing.assert_close(out.cpu().double(), ref[0], **TRITON_TOL)
     torch.testing.assert_close(lse.cpu().double(), ref[1], **TRITON_TOL)
-    bf16 = torch.empty(out.shape, dtype=torch.bfloat16, device=dev)  # the merge kernel's rounding, compiled
+    bf16 = torch.empty(out.shape, dtype=torch.bfloat16, device=dev)  # the kernel's rounding, compiled
     sparse_mla_decode(q_nope.to(dev), q_rope.to(dev), records.to(dev), fmt, indices.to(dev), scale, out=bf16)
     assert torch.equal(bf16.view(torch.int16), out.to(torch.bfloat16).view(torch.int16))
