@@ -7,7 +7,7 @@ The shapes, bytes, FLOPs and floors are those of ``benchmarks/kernel_report.py``
 GLM-5.2 at the main profile). On a GPU each kernel runs through its public entry point (the
 sparse-MLA and indexer wrappers and the tiled indexer top-k ``indexer_topk_rows`` with the Triton
 backend and no host-side checks, the pack moves of ``sparkinfer.comm.pack``, the MTP union, the
-record codecs; the decode's compaction kernel alone, launched as the wrapper launches it) on random inputs (the timing does not depend on the values: random record bytes
+record codecs) on random inputs (the timing does not depend on the values: random record bytes
 may decode to NaN), timed with ``triton.testing.do_bench``
 (median; L2 flushed before each call). Per row: ``measured_us``, the floor of this GPU (the H200's
 figures unless the device is an RTX PRO 6000), ``frac_of_floor`` = floor / measured (1.0 = at the
@@ -127,21 +127,6 @@ def _union_decode_case(row, dev, smoke):
     return lambda: sparse_mla_union_decode(q_nope, q_rope, records, lay, union, union_len, mask, r, 0.04)
 
 
-def _compact_case(row, dev, smoke):
-    """The decode's index compaction alone (``_compact_kernel`` into a workspace, as the wrapper launches it)."""
-    import torch
-
-    from sparkinfer.attention import triton_decode as T
-
-    p = row["params"]
-    g = torch.Generator(device="cpu").manual_seed(3)
-    idx = _mla_indices({**p, "K": p["valid"], "gathered": p["M"] * p["valid"]}, 65536, g, smoke).to(dev)
-    m, listed = idx.shape
-    ws = T.DecodeWorkspace.allocate(m, 16, listed, 1, dev)
-    return lambda: T._compact_kernel[(m,)](idx, idx.stride(0), idx.stride(1), listed, ws.indices, ws.indices.stride(0),
-                                           ws.counts, BLOCK=T.COMPACT_BLOCK, num_warps=T.COMPACT_WARPS)
-
-
 def _indexer_inputs(row, dev, smoke):
     import torch
 
@@ -240,8 +225,6 @@ def _case(row, dev, smoke):
         return _mla_case(row, dev, smoke), None
     if name.startswith("sparse_mla_union_decode"):
         return _union_decode_case(row, dev, smoke), None
-    if name == "sparse_mla_compact":
-        return _compact_case(row, dev, smoke), None
     if name == "indexer_scores":
         return _indexer_case(row, dev, smoke), None
     if name == "indexer_topk_rows":

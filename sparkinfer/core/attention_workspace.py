@@ -30,7 +30,6 @@ lse             float32 [M, H]
 topk_rows       int64 [B, K]: a block's cache rows of its top-k (``triton_paging.topk_rows``)
 indices         int64 [B, K]: the decode kernel's compacted indices (cache rows of a strided
                 view pass 2^31: ``triton_decode``'s index widths)
-counts          int32 [B]
 partial_out     float32 [S, m, h, 512] with S x m x h <= P: the S splits' partial outputs of an
                 m-row block of h <= H heads (S x m x ceil(h / HEAD_BLOCK) <= BLOCK_PROGRAMS)
 partial_lse     float32 [S, m, h], S x m x h <= P
@@ -99,7 +98,7 @@ class AttentionWorkspace:
         m, h, k, b = self.rows, self.heads, self.topk, self.block_rows
         n, p = m * self.index_heads, BLOCK_PROGRAMS * min(h, HEAD_BLOCK)
         return {"out": m * h * LATENT_DIM * self.out_bytes, "lse": 4 * m * h, "topk_rows": 8 * b * k,
-                "indices": 8 * b * k, "counts": 4 * b, "partial_out": 4 * p * LATENT_DIM,
+                "indices": 8 * b * k, "partial_out": 4 * p * LATENT_DIM,
                 "partial_lse": 4 * p, "tickets": 4 * BLOCK_PROGRAMS, "indexer_q": n * self.index_dim,
                 "indexer_scales": 4 * n * (self.index_dim // self.index_group),
                 "record_rows": m * MAX_RECORD_BYTES, "record_latent": 4 * m * LATENT_DIM, "record_rope": 4 * m * ROPE_DIM}
@@ -134,7 +133,7 @@ def call_plan(m: int, h: int, k: int, out_bytes: int, splits_for) -> tuple[dict[
     partial = max(((b - a) * s for a, b, s in blocks if s > 1), default=0)
     ticketed = max(((b - a) * hb for a, b, s in blocks if s > 1), default=0)
     return ({"out": m * h * LATENT_DIM * out_bytes, "lse": 4 * m * h, "topk_rows": 8 * rows * k,
-             "indices": 8 * rows * k, "counts": 4 * rows, "partial_out": 4 * partial * h * LATENT_DIM,
+             "indices": 8 * rows * k, "partial_out": 4 * partial * h * LATENT_DIM,
              "partial_lse": 4 * partial * h, "tickets": 4 * ticketed}, blocks)
 
 

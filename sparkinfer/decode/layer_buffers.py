@@ -110,7 +110,7 @@ def attend_in_blocks(arenas: AttentionArena, q_nope: torch.Tensor, q_rope: torch
     for a, b, s in blocks:
         n = b - a
         many = s > 1
-        ws = DecodeWorkspace(arena.view("indices", torch.int64, (n, k)), arena.view("counts", torch.int32, (n,)),
+        ws = DecodeWorkspace(arena.view("indices", torch.int64, (n, k)),
                              arena.view("partial_out", torch.float32, (s, n, h, LATENT_DIM)) if many else None,
                              arena.view("partial_lse", torch.float32, (s, n, h)) if many else None,
                              arena.view("tickets", torch.int32, (n, -(-h // BLOCK_H))) if many else None)

@@ -112,25 +112,25 @@ def test_roofline_arithmetic():
     assert mla["mma_flops"] == 2 * 64 * 16 * 2048 * 1600 == 6_710_886_400
     # splits: one wave, 188 SMs // (64 rows x 1 head block) = 2, under 2048 // 256 = 8 and MAX_SPLITS 64
     assert mla["params"]["splits"] == 2
-    # records 64*2048*368 + compacted indices (int64) 64*2048*8 + counts 64*4 + q 64*16*576*2 (bf16)
-    # + 2 fp32 partials (out + LSE) written and read back by the merging split, 2*2*64*16*513*4, + the output
-    assert mla["bytes"] == 48_234_496 + 1_048_576 + 256 + 1_179_648 + 4 * 2_101_248 + 2_101_248
+    # records 64*2048*368 + listed slots (int32) 64*2048*4 + compacted indices (int64) written and read
+    # back 2*64*2048*8 + q 64*16*576*2 (bf16) + 2 fp32 partials (out + LSE) written and read back by the
+    # merging split, 2*2*64*16*513*4, + the output
+    assert mla["bytes"] == 48_234_496 + 524_288 + 2_097_152 + 1_179_648 + 4 * 2_101_248 + 2_101_248
     h200, pro = mla["times"]["h200"], mla["times"]["rtx_pro_6000"]
     assert h200["mem_us"] == pytest.approx(mla["bytes"] / 4.8e12 * 1e6, abs=1e-3)
     assert pro["mem_us"] == pytest.approx(mla["bytes"] / 1.79e12 * 1e6, abs=1e-3)
     assert pro["tc_bf16_us"] == pytest.approx(6_710_886_400 / 500e12 * 1e6, abs=1e-3)
-    # on bf16 tensor cores it is memory-bound on both GPUs (61.0 MB: 34.1 / 12.7 us)
-    assert h200["bound"] == pro["bound"] == "memory" and 12 < h200["floor_us"] < 13 and 34 < pro["floor_us"] < 35
+    # on bf16 tensor cores it is memory-bound on both GPUs (62.5 MB: 34.9 / 13.0 us)
+    assert h200["bound"] == pro["bound"] == "memory" and 12.9 < h200["floor_us"] < 13.1 and 34 < pro["floor_us"] < 35
     stock = next(r for r in rows if r["kernel"] == "sparse_mla_decode[nvfp4_368]" and r["params"]["H"] == 64)
-    # stock DCP4: of 2048 listed, the 512 of this rank are compacted and read: a quarter of the records
+    # stock DCP4: of 2048 listed (int64 cache rows, read once), the 512 of this rank are compacted (int64,
+    # written and read back) and their records read: a quarter of the records
     assert stock["params"]["K"] == 512 and stock["params"]["splits"] == 1
-    assert stock["bytes"] == 64 * 512 * 368 + 64 * 512 * 8 + 64 * 4 + 64 * 64 * 576 * 2 + 64 * 64 * 513 * 4
-    compact = next(r for r in rows if r["kernel"] == "sparse_mla_compact" and r["params"]["valid"] == 512)
-    # the stock path's list is its int64 cache rows; the 512 valid ones are written int64
-    assert compact["bytes"] == 64 * 2048 * 8 + 64 * 512 * 8 + 64 * 4 and compact["times"]["h200"]["bound"] == "launch"
+    assert stock["bytes"] == 64 * 512 * 368 + 64 * 2048 * 8 + 2 * 64 * 512 * 8 + 64 * 64 * 576 * 2 \
+        + 64 * 64 * 513 * 4
     one = next(r for r in rows if r["kernel"] == "sparse_mla_decode[nvfp4_368]" and r["params"]["M"] == 4)
     # batch 1: 188 // 4 = 47 splits wanted, 8 allowed by 2048 // 256; 8 partials written, read, one output
-    assert one["params"]["splits"] == 8 and one["bytes"] == 4 * 2048 * (368 + 8) + 4 * 4 + 4 * 16 * 576 * 2 \
+    assert one["params"]["splits"] == 8 and one["bytes"] == 4 * 2048 * (368 + 4 + 16) + 4 * 16 * 576 * 2 \
         + 17 * 4 * 16 * 513 * 4
     idx = next(r for r in rows if r["kernel"] == "indexer_scores" and r["params"]["M"] == 4
                and r["params"]["T"] == 131072)
@@ -246,13 +246,15 @@ def test_loops_of_hand_written_sass_and_ptx():
 
 def test_issue_time_arithmetic():
     prof = {"hot_body": 100, "outside": 20, "count_from": "sass"}
-    # 376 CTAs of 8 warps, 10 iterations each: 8 x (376 x 20 + 3,760 x 100) warp instructions over
-    # 188 SMs x 4 schedulers at 2.617 GHz (RTX PRO 6000), 132 x 4 at 1.98 GHz (H200)
+    # 376 CTAs of 8 warps, 10 iterations each: 8 x (376 x 20 + 3,760 x 100) warp instructions, the
+    # busiest SM's share over its 4 schedulers: 2 CTAs of 376 on 188 SMs at 2.617 GHz (RTX PRO 6000),
+    # 3 on 132 SMs at 1.98 GHz (H200: 376 = 2 x 132 + 112, so 112 SMs run a third CTA)
     t = kr.issue_time(prof, kr._launch("x", 376, 8, 3760), "rtx_pro_6000")
-    assert t["warp_instr"] == 3_068_160 and t["iters_per_cta"] == 10
+    assert t["warp_instr"] == 3_068_160 and t["iters_per_cta"] == 10 and t["busiest_sm_ctas"] == 2
     assert t["issue_us"] == pytest.approx(3_068_160 / (188 * 4 * 2.617e9) * 1e6, abs=1e-3)
     t = kr.issue_time(prof, kr._launch("x", 376, 8, 3760), "h200")
-    assert t["issue_us"] == pytest.approx(3_068_160 / (132 * 4 * 1.98e9) * 1e6, abs=1e-3)
+    assert t["busiest_sm_ctas"] == 3
+    assert t["issue_us"] == pytest.approx(3 * 3_068_160 / 376 / (4 * 1.98e9) * 1e6, abs=1e-3)
     # 10 CTAs occupy 10 SMs, not all of them; a kernel without a loop issues its whole count per warp
     t = kr.issue_time({"hot_body": 0, "outside": 500, "count_from": "sass"}, kr._launch("x", 10, 4), "h200")
     assert t["warp_instr"] == 4 * 10 * 500
@@ -438,8 +440,7 @@ def test_device_script_dry_run_runs_the_cpu_parts(tmp_path):
     assert not [r for r in rows if "error" in r]
     timed = [r for r in rows if "measured_us" in r]
     assert {r["kernel"] for r in timed} >= {"pack", "unpack", "direct", "union", "indexer_scores",
-                                            "indexer_topk_rows", "sparse_mla_decode[nvfp4_368]",
-                                            "sparse_mla_compact"}
+                                            "indexer_topk_rows", "sparse_mla_decode[nvfp4_368]"}
     assert all(r["measured_us"] > 0 and r["frac_of_floor"] > 0 for r in timed)
     assert doc["graph_decode_step"]["all_equal"] is True and doc["graph_exchange"] is not None
     assert sorted(os.listdir(tmp_path)) == ["gpu_checks.json"]  # the dry run leaves only the document
