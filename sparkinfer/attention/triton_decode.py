@@ -406,7 +406,7 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     seen = total > 0
     inv = 1.0 / tl.where(seen, total, 1.0)
     d = tl.arange(0, 128)
-    for c in tl.static_range(4):  # 128 output columns at a time
+    for c in range(0, 4):  # 128 output columns at a time (a loop, not unrolled: the code once)
         acc = tl.zeros([BLOCK, 128], tl.float32)
         for s in range(0, S):
             w = tl.exp(tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg") - anchor) * inv
