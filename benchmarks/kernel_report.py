@@ -36,7 +36,8 @@ its SASS (``cuobjdump -sass``; the PTX without cuobjdump) for sm_120 (the RTX PR
 sm_90 (the H200's): the hot loop's instructions per iteration (found from the control flow: the
 rule above ``parse_sass``) times its iterations under the wrapper's grid (``_launch``, next to the
 row builders), plus the rest once per warp, over the SMs' issue rate (4 schedulers x 1 instruction
-per clock). A kernel whose issue time exceeds its floor cannot reach the floor: the table flags it.
+per clock) of the busiest SM (ceil(CTAs / SMs) CTAs: a CTA issues on one SM). A kernel whose issue
+time exceeds its floor cannot reach the floor: the table flags it.
 
 Without nvcc/ptxas (or without Triton's NVIDIA backend) the compile rows say why they are missing.
 """
@@ -145,21 +146,29 @@ def _launch(kernel: str, ctas: int, warps: int, iters: int = 0, loop: str = "non
 
 
 def _splits(m: int, h: int, listed: int) -> int:
-    """The wrapper's split-K count at this shape on the RTX PRO 6000 (the same on the H200 at every
-    shape below)."""
+    """The wrapper's split-K count at this shape on the RTX PRO 6000 (the same on the H200's 132 SMs at
+    every shape below: one wave of programs either way)."""
     from sparkinfer.attention.triton_decode import num_splits_for
 
     return num_splits_for(m, h, listed, HW["rtx_pro_6000"]["sms"])
 
 
-def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None, listed: int = K) -> dict:
-    """Sparse-MLA decode, the attention kernel itself: each row reads its k compacted indices (int64, of the
-    ``listed`` it was given; k < listed when other ranks' entries are -1) and gathers those records
+def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None, listed: int = K,
+         listed_bytes: int = 4) -> dict:
+    """Sparse-MLA decode, one launch per call: each row's ``listed`` indices (the selected path's int32
+    workspace slots, the stock path's int64 cache rows: ``listed_bytes``; k < listed when other
+    ranks' entries are -1) are read from DRAM once (every program of the row scans them twice to
+    compact its split, from L2; the two scans are outside the hot loop, counted once per program),
+    its k valid ones written to the workspace as int64 and read back, and those records gathered
     (``gathered`` records in all when the rows of a request read their union once), QK over 576
     dims, PV over 512 (absorbed), bf16 MMA with an fp32 accumulator. The engine's default
     "bf16x2" keeps bf16 queries whole (one QK dot) and splits the fp32 probabilities into hi + lo
-    (two PV dots). With S > 1 splits it writes S fp32 partials (out + LSE) for the merge kernel,
-    else the output."""
+    (two PV dots). With S > 1 splits it writes S fp32 partials (out + LSE), which the last split of
+    each row and head block reads back and merges into the output (the merge is fused: its loop over
+    the splits runs once per (row, head block) and is counted with the rest, once per program);
+    with one split the output only (counted fp32)."""
+    import torch
+
     from sparkinfer.attention import triton_decode as td
     from sparkinfer.core.layouts import FP8_DS_MLA, NVFP4_368, NVFP4_432
 
@@ -171,14 +180,19 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     tiles = sum(_cdiv(max(0, min(kps, k - i * kps)), td.BLOCK_K) for i in range(s))
     hb = _cdiv(h, td.BLOCK_H)
     lay = {x.short: x for x in (NVFP4_368, NVFP4_432, FP8_DS_MLA)}[fmt]
-    launch = _launch(f"sparse_mla_decode[{fmt}]", m * hb * s, td.NUM_WARPS[lay.name], m * hb * tiles,
-                     f"{td.BLOCK_K}-key tiles")
-    nbytes = gathered * RECORD[fmt] + m * k * 8 + m * 4 + m * h * (LATENT + ROPE) * 2 + s * m * h * (LATENT + 1) * 4
+    # the compiled variant the wrapper launches: with the fused merge for S > 1, ",s1" for one split
+    warps = td.launch_options(lay, torch.bfloat16)["num_warps"]  # the engine's bf16 queries
+    launch = _launch(f"sparse_mla_decode[{fmt}{'' if s > 1 else ',s1'}]", m * hb * s, warps,
+                     m * hb * tiles, f"{td.BLOCK_K}-key tiles")
+    out = m * h * (LATENT + 1) * 4
+    nbytes = gathered * RECORD[fmt] + m * listed * listed_bytes + 2 * m * k * 8 + m * h * (LATENT + ROPE) * 2 \
+        + (2 * s * out + out if s > 1 else out)
     flops = 2 * m * h * k * (LATENT + ROPE + LATENT)
     mma = 2 * m * h * k * (LATENT + ROPE + 2 * LATENT)
     expect = ("bf16 tensor cores (mma.sync), memory-bound on both GPUs: within 2x of the floor on the H200 "
               "and faster than the upstream sm_12x split-K Triton kernel's 28.7 us per call")
-    return _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "listed": listed, "splits": s,
+    return _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "listed": listed,
+                                                     "listed_bytes": listed_bytes, "splits": s,
                                                      "record": RECORD[fmt], "gathered": gathered},
                 nbytes, flops, "bf16", expect, mma_flops=mma, launch=launch)
 
@@ -214,36 +228,6 @@ def _mla_union(fmt: str, b: int, r: int, h: int, u: int, k: int, shape: str) -> 
     return _row(f"sparse_mla_union_decode[{fmt}]", shape, {"B": b, "R": r, "H": h, "U": u, "K": k, "splits": s,
                                                            "block_m": bm, "record": RECORD[fmt]},
                 nbytes, flops, "bf16", expect, mma_flops=mma, launch=launch)
-
-
-def _compact(m: int, listed: int, k: int, shape: str, listed_bytes: int) -> dict:
-    """Index compaction ahead of the decode: one CTA per row reads its list (the selected path's
-    workspace slots are int32, the stock path's cache rows int64: ``listed_bytes``) and writes the k
-    valid indices (int64) to the front of a workspace row and their count."""
-    from sparkinfer.attention import triton_decode as td
-
-    # grid (M,): each program walks its row's listed entries in blocks of COMPACT_BLOCK
-    launch = _launch(f"sparse_mla_compact[i{8 * listed_bytes}]", m, td.COMPACT_WARPS,
-                     m * _cdiv(listed, td.COMPACT_BLOCK), f"{td.COMPACT_BLOCK}-entry blocks")
-    return _row("sparse_mla_compact", shape, {"M": m, "listed": listed, "valid": k},
-                m * listed * listed_bytes + m * k * 8 + m * 4, 0, "none",
-                "launch-bound (64 CTAs of 1,024 entries): within ~2 us of an empty launch",
-                covers=["sparse_mla_compact[i32]", "sparse_mla_compact[i64]"], launch=launch)
-
-
-def _merge(m: int, h: int, listed: int, shape: str) -> dict:
-    """Split-K merge: per (row, head) read the S partial outputs and LSEs, write the exact merge."""
-    s = _splits(m, h, listed)
-    nbytes = (s + 1) * m * h * (LATENT + 1) * 4
-    flops = 2 * s * m * h * LATENT + 4 * s * m * h
-    from sparkinfer.attention import triton_decode as td
-
-    # grid (M, H): each program loops over the S partials (a bf16 model's output: the [bf16] variant)
-    launch = _launch("sparse_mla_merge_splits[bf16]", m * h, td.MERGE_WARPS, m * h * s, "splits")
-    return _row("sparse_mla_merge_splits", shape, {"M": m, "H": h, "splits": s}, nbytes, flops, "fp32",
-                "memory- or launch-bound (fp32 CUDA cores, a few FLOPs per byte): near the floor; "
-                "together with compact and decode under 28.7 us per call",
-                covers=["sparse_mla_merge_splits", "sparse_mla_merge_splits[bf16]"], launch=launch)
 
 
 def _qw_bytes(m: int) -> int:
@@ -333,12 +317,8 @@ def roofline() -> list[dict]:
         rows.append(_mla_union(fmt, B, R, HEADS_PER_RANK, U, K, "selected, union kernel: 16 req x (4 rows x 16 "
                                "heads), 3,584-record unions, top-2048 per row"))
     rows.append(_mla("nvfp4_368", B * R, HEADS, K // D, "stock DCP4: 16 req x 4 rows, 64 heads, 2048 listed, "
-                     "512 valid (compacted)"))
+                     "512 valid (compacted)", listed=K, listed_bytes=8))
     rows.append(_mla("nvfp4_368", R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
-    rows.append(_compact(B * R, K, K, "selected: 16 req x 4 rows x 2048 listed, all valid", 4))
-    rows.append(_compact(B * R, K, K // D, "stock DCP4: 2048 listed, 512 valid", 8))
-    rows.append(_merge(B * R, HEADS_PER_RANK, K, "selected: 16 req x 4 rows, 16 heads/rank, top-2048"))
-    rows.append(_merge(R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
     rows.append(_indexer(R, 131072, "decode: one request, 4 rows, 128K context"))
     rows.append(_indexer(R, B * 65536, "decode step: 16 req x 4 rows at 64K each (one batched launch)"))
     rows.append(_indexer(2048, 131072, "prefill chunk 2048 at 128K, scores materialized [M, T]"))
@@ -558,18 +538,21 @@ def loop_profile(code: list, source: str) -> dict:
 
 
 def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
-    """The issue-bound time of ``launch`` (``_launch``) with ``profile``'s counts on ``gpu``: warp
-    instructions / (SMs x schedulers x 1 per clock x clock), over min(SMs, CTAs) SMs (a grid of fewer
-    CTAs than SMs leaves the rest idle). A lower bound: no stall, every scheduler issuing each clock."""
+    """The issue-bound time of ``launch`` (``_launch``) with ``profile``'s counts on ``gpu``: the
+    instructions of the busiest SM / (schedulers x 1 per clock x clock). A CTA's warps issue on one SM,
+    so with CTAs of equal work the busiest SM runs ceil(CTAs / SMs) of them (a grid of fewer CTAs
+    than SMs leaves the rest idle; 192 CTAs on 188 SMs give 4 SMs two, twice the time of one). A
+    lower bound: no stall, every scheduler issuing each clock, the CTAs' instructions averaged."""
     h = HW[gpu]
     # a loop the launch has no trip count for (a helper's loop in a csrc kernel) runs once per CTA here
     iters = (launch["iters"] or launch["ctas"]) if profile["hot_body"] else 0
     warp_instr = launch["warps"] * (launch["ctas"] * profile["outside"] + iters * profile["hot_body"])
-    sms = min(h["sms"], launch["ctas"])
+    busiest = _cdiv(launch["ctas"], h["sms"])  # CTAs on the busiest SM
     out = {"kernel": launch["kernel"], "per_iter": profile["hot_body"], "outside": profile["outside"],
            "iters_per_cta": round(iters / launch["ctas"], 2), "ctas": launch["ctas"], "warps": launch["warps"],
            "warp_instr": warp_instr, "count_from": profile["count_from"],
-           "issue_us": round(warp_instr / (sms * h["schedulers"] * h["clock_hz"]) * 1e6, 3)}
+           "busiest_sm_ctas": busiest,
+           "issue_us": round(warp_instr * busiest / launch["ctas"] / (h["schedulers"] * h["clock_hz"]) * 1e6, 3)}
     if profile["hot_body"] and not launch["iters"]:
         out["trips_unknown"] = True
     return out
@@ -710,7 +693,8 @@ def _compile_spec(mod: str, index: int, arch: int) -> dict:
     src = ASTSource(spec["fn"], spec["signature"], constexprs=spec["constexprs"], attrs=spec.get("attrs"))
     k = triton.compile(src,
                        target=GPUTarget("cuda", arch, 32),
-                       options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"]})
+                       options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"],
+                                **spec.get("options", {})})
     ptx = k.asm["ptx"]
     with tempfile.TemporaryDirectory(prefix="si-kreport-") as tmp:
         info = _ptxas_triton(ptx, arch, tmp, spec["name"])

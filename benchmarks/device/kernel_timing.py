@@ -7,8 +7,7 @@ The shapes, bytes, FLOPs and floors are those of ``benchmarks/kernel_report.py``
 GLM-5.2 at the main profile). On a GPU each kernel runs through its public entry point (the
 sparse-MLA and indexer wrappers and the tiled indexer top-k ``indexer_topk_rows`` with the Triton
 backend and no host-side checks, the pack moves of ``sparkinfer.comm.pack``, the MTP union, the
-record codecs; the decode's compaction and split-K merge kernels alone, launched as the wrapper
-launches them) on random inputs (the timing does not depend on the values: random record bytes
+record codecs) on random inputs (the timing does not depend on the values: random record bytes
 may decode to NaN), timed with ``triton.testing.do_bench``
 (median; L2 flushed before each call). Per row: ``measured_us``, the floor of this GPU (the H200's
 figures unless the device is an RTX PRO 6000), ``frac_of_floor`` = floor / measured (1.0 = at the
@@ -128,39 +127,6 @@ def _union_decode_case(row, dev, smoke):
     return lambda: sparse_mla_union_decode(q_nope, q_rope, records, lay, union, union_len, mask, r, 0.04)
 
 
-def _compact_case(row, dev, smoke):
-    """The decode's index compaction alone (``_compact_kernel`` into a workspace, as the wrapper launches it)."""
-    import torch
-
-    from sparkinfer.attention import triton_decode as T
-
-    p = row["params"]
-    g = torch.Generator(device="cpu").manual_seed(3)
-    idx = _mla_indices({**p, "K": p["valid"], "gathered": p["M"] * p["valid"]}, 65536, g, smoke).to(dev)
-    m, listed = idx.shape
-    ws = T.DecodeWorkspace.allocate(m, 16, listed, 1, dev)
-    return lambda: T._compact_kernel[(m,)](idx, idx.stride(0), idx.stride(1), listed, ws.indices, ws.indices.stride(0),
-                                           ws.counts, BLOCK=T.COMPACT_BLOCK, num_warps=T.COMPACT_WARPS)
-
-
-def _merge_case(row, dev, smoke):
-    """The split-K merge alone (``_merge_splits_kernel`` on S random partials, as the wrapper launches it)."""
-    import torch
-
-    from sparkinfer.attention import triton_decode as T
-
-    p = row["params"]
-    m, h, s = (2, 16, 2) if smoke else (p["M"], p["H"], p["splits"])
-    g = torch.Generator(device="cpu").manual_seed(4)
-    po = torch.randn(s, m, h, 512, generator=g).to(dev)
-    pl = torch.randn(s, m, h, generator=g).to(dev)
-    out = torch.empty(m, h, 512, device=dev)
-    lse = torch.empty(m, h, device=dev)
-    return lambda: T._merge_splits_kernel[(m, h)](
-        po, pl, out, lse, h, s, po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=T.MAX_SPLITS, OUT_BF16=False, num_warps=T.MERGE_WARPS)
-
-
 def _indexer_inputs(row, dev, smoke):
     import torch
 
@@ -259,10 +225,6 @@ def _case(row, dev, smoke):
         return _mla_case(row, dev, smoke), None
     if name.startswith("sparse_mla_union_decode"):
         return _union_decode_case(row, dev, smoke), None
-    if name == "sparse_mla_compact":
-        return _compact_case(row, dev, smoke), None
-    if name == "sparse_mla_merge_splits":
-        return _merge_case(row, dev, smoke), None
     if name == "indexer_scores":
         return _indexer_case(row, dev, smoke), None
     if name == "indexer_topk_rows":

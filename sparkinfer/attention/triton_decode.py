@@ -1,14 +1,16 @@
 """Triton sparse MLA decode on tensor cores, reading 368 / 432 / 656 byte records directly.
 
-Three kernels, all launched without a host read:
+One kernel, one launch per call, without a host read: ``_sparse_mla_decode_kernel`` (grid M x
+ceil(H / BLOCK_H) x S). Program (m, hb, s):
 
-1. ``_compact_kernel`` (grid M): copies each row's valid indices (>= 0), in order, to the front
-   of a workspace row and stores their count. On the stock DCP path about 3/4 of a rank's top-k
-   is -1 (tokens of other ranks), so the attention kernel then walks only this rank's records.
-2. ``_sparse_mla_decode_kernel`` (grid M x ceil(H / BLOCK_H) x S): program (m, hb, s) loads the
-   row's count from the device, takes the s-th of S equal slices of the compacted indices (whole
-   tiles of BLOCK_K, so the trip count is count-driven and no tile straddles two programs),
-   gathers those records and decodes them into bf16 tiles: the latent in chunks (NVFP4: two of
+1. compacts its split (``_compact_split``): it counts row m's valid indices (>= 0) among its K
+   listed ones and stores those whose position in the compacted order falls in the s-th of S equal
+   slices of the count (whole tiles of BLOCK_K, so the trip count is count-driven and no tile
+   straddles two programs) at that position of the workspace row, int64. On the stock DCP path
+   about 3/4 of a rank's top-k is -1 (tokens of other ranks), so the attention walks only this
+   rank's records, in equal slices. The list is read from DRAM once; the row's other programs
+   find it in L2. (A separate compaction kernel did this before: one more launch.)
+2. walks its slice of the compacted indices, gathers those records and decodes them into bf16 tiles: the latent in chunks (NVFP4: two of
    [BLOCK_K, 256]; 656: four of [BLOCK_K, 128]) and the rope [BLOCK_K, 64]. The decoded values
    are exact in bf16: an E2M1 value times its E4M3 group scale has at most 6 significant bits,
    an E4M3 value 4, a bf16 rope value is bf16. The remaining scales are per key
@@ -28,18 +30,23 @@ Three kernels, all launched without a host read:
        m' = max(m, max_j s_j);  l' = l 2^(m - m') + sum_j 2^(s_j - m')
 
    out = acc / l, lse = (m + log2 l) ln 2, or 0 and -inf for a split that saw no valid index.
-3. ``_merge_splits_kernel`` (grid M x H, only when S > 1): the exact LSE merge of the S partials
-   (out fp32 [S, M, H, 512], lse fp32 [S, M, H]), the formula of ``merge_lse``.
+3. With one split the program writes out (fp32, or bf16 rounded to nearest even: ``_bf16_bits``)
+   and lse. With S > 1 it writes its partial (out fp32 [S, M, H, 512], lse fp32 [S, M, H]), then
+   takes a ticket from the (row, head block) counter (after a barrier, acq_rel at gpu scope); the
+   program that draws the last of the S tickets resets the counter to 0 (so the launch can be
+   replayed: CUDA graphs) and merges the S partials exactly (``_merge_partials``, the formula of
+   ``merge_lse``) into out / lse. (A separate merge kernel did this before: one more launch.)
 
-Workspace (``DecodeWorkspace``): compacted indices int64 [M, K], counts int32 [M], partials
-out fp32 [S, M, H, 512] and lse fp32 [S, M, H] (S > 1 only). A caller that owns one (and the
-outputs) runs the whole decode without allocating.
+Workspace (``DecodeWorkspace``): compacted indices int64 [M, K] (each split writes and reads its
+slice); with S > 1 the partials out fp32 [S, M, H, 512] and lse fp32 [S, M, H] and the tickets
+int32 [M, ceil(H / 16)] (zero at allocation, left zero by every launch). A caller that owns one
+(and the outputs) runs the whole decode without allocating.
 
 Index widths: a record index is int64 from the caller's list to the address. The engine's indices
 are rows of a strided cache's ``row_view`` (``decode.paged_sparse_mla``), 4 bytes apart, so a layer
 view spanning more than 8 GiB has rows past 2^31; the address ``records + index * row stride`` is
 int64 as well. Row offsets into the index buffers (``m * stride``) are int64 too. Positions within
-a row's top-k (the ``ks`` below, a compacted position, the counts) stay int32: bounded by K.
+a row's top-k (the ``ks`` below, a compacted position, the count) stay int32: bounded by K.
 """
 
 from __future__ import annotations
@@ -63,18 +70,25 @@ PRECISIONS = ("bf16x2", "bf16")
 # 16 heads fill the M = 16 of an mma.sync tile; 32 keys per tile give the QK dot N = 32 and the
 # PV dot K = 32. Warps per format: with 4, the NVFP4 kernels sit at 255 registers (the 432 one
 # with fp32 queries spills 120 B on sm_120), with 8 they need 128 (bf16 queries) / 200 (fp32);
-# the 656 kernel needs 184 / 255 with 4, while with 8 ptxas holds it to 128 and spills.
+# the 656 kernel needs 184 with 4 (bf16 queries), while with 8 ptxas holds it to 128 and spills.
 # num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline them and extra
 # stages would only cost shared memory.
 BLOCK_H = HEAD_BLOCK  # 16: the attention arena counts its partials in these programs
 BLOCK_K = 32
-NUM_WARPS = {NVFP4_368.name: 8, NVFP4_432.name: 8, FP8_DS_MLA.name: 4}
+NUM_WARPS = {NVFP4_368.name: 8, NVFP4_432.name: 8, FP8_DS_MLA.name: 4}  # bf16 queries (the engine's)
 NUM_STAGES = 1
-COMPACT_BLOCK = 1024
-COMPACT_WARPS = 4
-MERGE_WARPS = 4
-# At most this many splits (the merge kernel's block).
-MAX_SPLITS = 64
+# Where ptxas's own choice spills, a register ceiling (.maxnreg) and for fp32 queries (hi + lo: twice
+# the query registers) more warps, by (format, split queries): (warps, ceiling). With the fused merge
+# and compaction ptxas holds the 432 kernel to 128 registers (two CTAs an SM's worth, which its 55 KB
+# of shared memory does not allow on sm_120) and spills 32 B on sm_120 around the hot loop; allowed
+# 200 it takes 166 (bf16 queries) / 146-168 (fp32), no spill. The 656 kernel with fp32 queries sat at
+# 255 registers with 4 warps and spilled 24 B on sm_120; with 8 warps and a ceiling of 200, none.
+LAUNCH_OVERRIDES = {(NVFP4_432.name, False): (8, 200), (NVFP4_432.name, True): (8, 200),
+                    (FP8_DS_MLA.name, True): (8, 200)}
+# Listed indices a program scans at a time when it compacts its split (``_compact_split``): 256 int64
+# are one register pair a thread at 8 warps; a wider block only widens the scan.
+COMPACT_BLOCK = 256
+MAX_SPLITS = 64  # splits of a row's keys (a ticket's count)
 # A split covers at least this many listed keys: its partial (16 heads x 513 fp32 = 33 KB, written
 # and read back by the merge) then stays below the records it gathers (256 x 368 B = 94 KB when
 # all are valid; a quarter of that on the stock DCP4 path, where the partials dominate).
@@ -201,6 +215,33 @@ def _split_range(count, num_splits, split, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This split's keys [lo, hi) of the row's valid indices, compacted: the row's K listed indices
+    (int32/int64 at ``row_ptr``, stride ``s_k``; -1 = skip) are counted, and those whose position in
+    the compacted order falls in the split's slice (``_split_range`` of the count) are stored, int64, at
+    that position of the workspace row ``crow_ptr``. Every program of the row reads the whole list
+    twice (K indices, from L2 after the first program) and writes only its slice (the head blocks of a split
+    write the same values), then a barrier makes the slice visible to all of its threads.
+
+    Positions are bounded by K: int32; the stored indices keep their width up to int64."""
+    count = tl.zeros([], tl.int32)
+    for c0 in range(0, K, BLOCK_C):
+        ks = c0 + tl.arange(0, BLOCK_C)
+        count += tl.sum((tl.load(row_ptr + ks * s_k, mask=ks < K, other=-1) >= 0).to(tl.int32), axis=0)
+    lo, hi = _split_range(count, num_splits, split, BLOCK_K)
+    base = tl.zeros([], tl.int32)
+    for c0 in range(0, K, BLOCK_C):
+        ks = c0 + tl.arange(0, BLOCK_C)
+        idx = tl.load(row_ptr + ks * s_k, mask=ks < K, other=-1)
+        flag = (idx >= 0).to(tl.int32)
+        pos = base + tl.cumsum(flag, axis=0) - 1
+        tl.store(crow_ptr + pos, idx.to(tl.int64), mask=(flag != 0) & (pos >= lo) & (pos < hi))
+        base += tl.sum(flag, axis=0)
+    tl.debug_barrier()
+    return lo, hi
+
+
+@triton.jit
 def _softmax_pv(s, m_i, l_i, acc0, acc1, acc2, acc3, t0, t1, t2, t3, a0, a1, a2, a3,
                 NVFP4: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr):
     """One online-softmax step over base-2 scores s [BH, BK] (-inf: not a key of that row) and the PV
@@ -233,11 +274,6 @@ def _finish(m_i, l_i):
 
 
 @triton.jit
-def _store_chunk(out_ptr, acc, inv_l, cols, hmask):
-    tl.store(out_ptr + cols[None, :], acc * inv_l[:, None], mask=hmask[:, None])
-
-
-@triton.jit
 def _bf16_bits(x):
     """fp32 ``x`` rounded to bf16 (nearest, ties to even; NaN to the canonical 0x7FC0) as int16 bits,
     the same on a GPU and in the interpreter (whose fp32 -> bf16 cast truncates)."""
@@ -249,12 +285,13 @@ def _bf16_bits(x):
 
 @triton.jit
 def _sparse_mla_decode_kernel(
-    qn_ptr, qr_ptr, rec_ptr, idx_ptr, cnt_ptr, out_ptr, lse_ptr,
-    H, num_splits, rec_stride, qk_scale, outer_scale,
-    s_qn_m, s_qn_h, s_qr_m, s_qr_h, s_idx_m,
-    s_out_s, s_out_m, s_out_h, s_lse_s, s_lse_m,
-    FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-    Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
+    qn_ptr, qr_ptr, rec_ptr, idx_ptr, cidx_ptr, out_ptr, lse_ptr, po_ptr, pl_ptr, tk_ptr,
+    H, K, num_splits, rec_stride, qk_scale, outer_scale,
+    s_qn_m, s_qn_h, s_qr_m, s_qr_h, s_idx_m, s_idx_k, s_cidx_m,
+    s_out_m, s_out_h, s_lse_m, s_po_s, s_po_m, s_po_h, s_pl_s, s_pl_m,
+    FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+    Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr, OUT_BF16: tl.constexpr,
+    MERGE: tl.constexpr,
 ):
     m = tl.program_id(0).to(tl.int64)  # every row offset below in int64 (module docstring)
     hb = tl.program_id(1)
@@ -266,6 +303,9 @@ def _sparse_mla_decode_kernel(
     # Latent chunks: NVFP4 2 x 256 columns (one E4M3 group scale per 16), 656 4 x 128 (one tile scale each).
     CW: tl.constexpr = 256 if NVFP4 else 128
     cw = tl.arange(0, CW)
+    # the split's keys first: the compaction's scans run before the queries take their registers
+    k_lo, k_hi = _compact_split(idx_ptr + m * s_idx_m, s_idx_k, K, cidx_ptr + m * s_cidx_m, num_splits, split,
+                                BLOCK_K, BLOCK_C)
     qn_row = qn_ptr + m * s_qn_m + heads[:, None] * s_qn_h
     q0h, q0l = _load_q(qn_row, cw, hmask, Q_SPLIT)
     q1h, q1l = _load_q(qn_row, CW + cw, hmask, Q_SPLIT)
@@ -275,11 +315,10 @@ def _sparse_mla_decode_kernel(
     qrh, qrl = _load_q(qr_ptr + m * s_qr_m + heads[:, None] * s_qr_h, r, hmask, Q_SPLIT)
 
     m_i, l_i, acc0, acc1, acc2, acc3 = _start(BLOCK_H, CW)
-    k_lo, k_hi = _split_range(tl.load(cnt_ptr + m), num_splits, split, BLOCK_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         valid = ks < k_hi
-        idx = tl.load(idx_ptr + m * s_idx_m + ks, mask=valid, other=0)  # int64 (the workspace's)
+        idx = tl.load(cidx_ptr + m * s_cidx_m + ks, mask=valid, other=0)  # int64 (the workspace's)
         row_ptr = rec_ptr + idx * rec_stride  # int64: idx * stride passes 2^31 (module docstring)
         vm = valid[:, None]
         zero_s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
@@ -313,62 +352,69 @@ def _sparse_mla_decode_kernel(
                                                        a0, a1, a2, a3, NVFP4, P_SPLIT, F32_DOT)
 
     inv_l, lse = _finish(m_i, l_i)
-    out_row = out_ptr + split * s_out_s + m * s_out_m + heads[:, None] * s_out_h
-    _store_chunk(out_row, acc0, inv_l, cw, hmask)
-    _store_chunk(out_row, acc1, inv_l, CW + cw, hmask)
-    if not NVFP4:
-        _store_chunk(out_row, acc2, inv_l, 256 + cw, hmask)
-        _store_chunk(out_row, acc3, inv_l, 384 + cw, hmask)
-    tl.store(lse_ptr + split * s_lse_s + m * s_lse_m + heads, lse, mask=hmask)
-
-
-@triton.jit
-def _compact_kernel(idx_ptr, s_idx_m, s_idx_k, K, cidx_ptr, s_cidx_m, cnt_ptr, BLOCK: tl.constexpr):
-    """Row m of indices [M, K] (int32/int64, -1 = skip) -> its valid entries in order, int64, at the
-    front of cidx[m] (entries past the count are left as they were), and their count in cnt[m].
-
-    The entries are stored as int64 whatever their input width: the engine's (cache rows of a
-    strided view) pass 2^31. ``base`` and ``pos`` are positions within the row, bounded by K: int32."""
-    m = tl.program_id(0).to(tl.int64)
-    base = tl.zeros([], tl.int32)
-    for k0 in range(0, K, BLOCK):
-        ks = k0 + tl.arange(0, BLOCK)
-        idx = tl.load(idx_ptr + m * s_idx_m + ks * s_idx_k, mask=ks < K, other=-1)
-        valid = idx >= 0
-        flag = valid.to(tl.int32)
-        pos = base + tl.cumsum(flag, axis=0) - 1
-        tl.store(cidx_ptr + m * s_cidx_m + pos, idx.to(tl.int64), mask=valid)
-        base += tl.sum(flag, axis=0)
-    tl.store(cnt_ptr + m, base)
-
-
-@triton.jit
-def _merge_splits_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, H, S,
-                         s_po_s, s_po_m, s_po_h, s_pl_s, s_pl_m, s_out_m, s_out_h, s_lse_m,
-                         BLOCK_S: tl.constexpr, OUT_BF16: tl.constexpr):
-    """merge_lse of S partials for one (m, h): lse = ln sum_s e^lse_s, out = sum_s e^(lse_s - lse) out_s;
-    OUT_BF16: out is bf16, written as its rounded bits (one partial merges to itself exactly, so a
-    bf16 output of one split is this kernel's rounding too)."""
-    m = tl.program_id(0)
-    h = tl.program_id(1)
-    ss = tl.arange(0, BLOCK_S)
-    lses = tl.load(pl_ptr + ss * s_pl_s + m * s_pl_m + h, mask=ss < S, other=float("-inf"))
-    mx = tl.max(lses, axis=0)
-    anchor = tl.where(mx == float("-inf"), 0.0, mx)
-    w = tl.exp(lses - anchor)
-    total = tl.sum(w, axis=0)
-    w = w / tl.where(total > 0, total, 1.0)
-    d = tl.arange(0, 512)
-    acc = tl.zeros([512], tl.float32)
-    for s in range(0, S):
-        ws = tl.sum(tl.where(ss == s, w, 0.0), axis=0)
-        acc += ws * tl.load(po_ptr + s * s_po_s + m * s_po_m + h * s_po_h + d)
-    if OUT_BF16:
-        tl.store(out_ptr + m * s_out_m + h * s_out_h + d, _bf16_bits(acc))
+    vmask = hmask[:, None]
+    if not MERGE:  # one split (a constexpr: each variant compiles only its epilogue)
+        o_row = out_ptr + m * s_out_m + heads[:, None] * s_out_h
+        _store_out(o_row + cw[None, :], acc0 * inv_l[:, None], vmask, OUT_BF16)
+        _store_out(o_row + CW + cw[None, :], acc1 * inv_l[:, None], vmask, OUT_BF16)
+        if not NVFP4:
+            _store_out(o_row + 256 + cw[None, :], acc2 * inv_l[:, None], vmask, OUT_BF16)
+            _store_out(o_row + 384 + cw[None, :], acc3 * inv_l[:, None], vmask, OUT_BF16)
+        tl.store(lse_ptr + m * s_lse_m + heads, lse, mask=hmask)
     else:
-        tl.store(out_ptr + m * s_out_m + h * s_out_h + d, acc)
+        p_row = po_ptr + split * s_po_s + m * s_po_m + heads[:, None] * s_po_h
+        tl.store(p_row + cw[None, :], acc0 * inv_l[:, None], mask=vmask)
+        tl.store(p_row + CW + cw[None, :], acc1 * inv_l[:, None], mask=vmask)
+        if not NVFP4:
+            tl.store(p_row + 256 + cw[None, :], acc2 * inv_l[:, None], mask=vmask)
+            tl.store(p_row + 384 + cw[None, :], acc3 * inv_l[:, None], mask=vmask)
+        tl.store(pl_ptr + split * s_pl_s + m * s_pl_m + heads, lse, mask=hmask)
+        # Every thread's partial is written (barrier) before the ticket is taken (acq_rel, gpu scope);
+        # the S programs of a (row, head block) share its ticket and the last one merges.
+        tl.debug_barrier()
+        tk = tk_ptr + m * tl.num_programs(1) + hb
+        if tl.atomic_add(tk, 1, sem="acq_rel") == num_splits - 1:
+            tl.store(tk, 0)  # the next launch (a CUDA-graph replay) starts from 0 again
+            _merge_partials(po_ptr + m * s_po_m + heads * s_po_h, pl_ptr + m * s_pl_m + heads,
+                            out_ptr + m * s_out_m + heads * s_out_h, lse_ptr + m * s_lse_m + heads, hmask,
+                            num_splits, s_po_s, s_pl_s, BLOCK_H, OUT_BF16)
+
+
+@triton.jit
+def _store_out(ptr, x, mask, OUT_BF16: tl.constexpr):
+    if OUT_BF16:  # rounded to nearest even on the bits (``_bf16_bits``: the interpreter's cast truncates)
+        tl.store(ptr.to(tl.pointer_type(tl.int16)), _bf16_bits(x), mask=mask)
+    else:
+        tl.store(ptr, x, mask=mask)
+
+
+@triton.jit
+def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_s, BLOCK: tl.constexpr,
+                    OUT_BF16: tl.constexpr):
+    """merge_lse of the S partials of BLOCK (row, head) pairs: lse = ln sum_s e^lse_s, out = sum_s
+    e^(lse_s - lse) out_s; no partial seen: out 0, lse -inf. po_rows, pl_rows, out_rows, lse_rows: [BLOCK]
+    pointers to split 0's partial row (512 contiguous fp32), its LSE, the output row (512 contiguous)
+    and the LSE; split s is s_po_s / s_pl_s elements on. Partials are read with .cg (from L2: other SMs
+    wrote them)."""
+    mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    for s in range(0, S):
+        mx = tl.maximum(mx, tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg"))
+    anchor = tl.where(mx == float("-inf"), 0.0, mx)
+    total = tl.zeros([BLOCK], tl.float32)
+    for s in range(0, S):
+        total += tl.exp(tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg") - anchor)
     seen = total > 0
-    tl.store(lse_ptr + m * s_lse_m + h, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")))
+    inv = 1.0 / tl.where(seen, total, 1.0)
+    d = tl.arange(0, 128)
+    for c in range(0, 4):  # 128 output columns at a time (a loop, not unrolled: the code once)
+        acc = tl.zeros([BLOCK, 128], tl.float32)
+        for s in range(0, S):
+            w = tl.exp(tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg") - anchor) * inv
+            part = tl.load(po_rows[:, None] + s * s_po_s + 128 * c + d[None, :], mask=mask[:, None], other=0.0,
+                           cache_modifier=".cg")
+            acc += w[:, None] * part
+        _store_out(out_rows[:, None] + 128 * c + d[None, :], acc, mask[:, None], OUT_BF16)
+    tl.store(lse_rows, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")), mask=mask)
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -383,9 +429,12 @@ def _sm_count(device: torch.device) -> int:
 
 
 def num_splits_for(m: int, h: int, k: int, sms: int) -> int:
-    """Splits of each row's keys: about one program per SM (one wave), each split covering at least
-    MIN_KEYS_PER_SPLIT of the K listed keys, at most MAX_SPLITS."""
-    want = -(-sms // max(1, m * triton.cdiv(h, BLOCK_H)))
+    """Splits of each row's keys: as many as one wave holds (M x head blocks x S programs <= the SMs,
+    one program per SM: the kernel's shared memory allows one on sm_120), each split covering at least
+    MIN_KEYS_PER_SPLIT of the K listed keys, at most MAX_SPLITS. One wave rather than the next
+    multiple: at 64 rows on 188 SMs, 3 splits were 192 programs, a second wave of 4 after the first
+    (2 x 1/3 of a row's keys in time, where 2 splits take 1/2)."""
+    want = sms // max(1, m * triton.cdiv(h, BLOCK_H))
     return max(1, min(want, k // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
 
 
@@ -400,27 +449,29 @@ def default_num_splits(m: int, h: int, k: int, device: torch.device) -> int:
 class DecodeWorkspace:
     """Device buffers of one decode shape (M rows, H heads, K indices per row, S splits).
 
-    indices int64 [M, K] (compacted; record indices pass 2^31: the module docstring), counts int32
-    [M] (at most K), partial_out fp32 [S, M, H, 512] and partial_lse fp32 [S, M, H] (None when
-    S == 1 and the output is fp32: the kernel writes the outputs directly; a bf16 output always goes
-    through the merge kernel, which rounds it).
+    indices int64 [M, K] (each split's slice of the compacted indices, written and read by the
+    kernel; record indices pass 2^31: the module docstring); with S > 1 (None otherwise: the kernel
+    writes the outputs directly) partial_out fp32 [S, M, H, 512], partial_lse fp32 [S, M, H] and
+    tickets int32 [M, ceil(H / BLOCK_H)], zero when allocated and left zero by every launch (the
+    merging program resets its ticket), so a workspace serves any number of calls and CUDA-graph
+    replays.
     """
 
     indices: torch.Tensor
-    counts: torch.Tensor
-    partial_out: torch.Tensor | None
-    partial_lse: torch.Tensor | None
+    partial_out: torch.Tensor | None = None
+    partial_lse: torch.Tensor | None = None
+    tickets: torch.Tensor | None = None
 
     @classmethod
-    def allocate(cls, m: int, h: int, k: int, num_splits: int, device, bf16_out: bool = False) -> "DecodeWorkspace":
+    def allocate(cls, m: int, h: int, k: int, num_splits: int, device) -> "DecodeWorkspace":
         if not 1 <= num_splits <= MAX_SPLITS:
-            raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}] (the merge kernel's block), got {num_splits}")
+            raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+        indices = torch.empty((m, k), dtype=torch.int64, device=device)
+        if num_splits == 1:
+            return cls(indices)
         f32 = dict(dtype=torch.float32, device=device)
-        many = num_splits > 1 or bf16_out
-        return cls(torch.empty((m, k), dtype=torch.int64, device=device),
-                   torch.empty((m,), dtype=torch.int32, device=device),
-                   torch.empty((num_splits, m, h, LATENT_DIM), **f32) if many else None,
-                   torch.empty((num_splits, m, h), **f32) if many else None)
+        return cls(indices, torch.empty((num_splits, m, h, LATENT_DIM), **f32), torch.empty((num_splits, m, h), **f32),
+                   torch.zeros((m, triton.cdiv(h, BLOCK_H)), dtype=torch.int32, device=device))
 
     @property
     def num_splits(self) -> int:
@@ -428,13 +479,13 @@ class DecodeWorkspace:
 
     def check(self, m: int, h: int, k: int, device) -> None:
         """Raise ValueError unless these buffers serve M rows, H heads and K indices on ``device``."""
-        want = {"indices": ((m, k), torch.int64), "counts": ((m,), torch.int32)}
+        want = {"indices": ((m, k), torch.int64)}
         if self.partial_out is not None:
             s = self.partial_out.shape[0]
             if not 1 <= s <= MAX_SPLITS:
-                raise ValueError(f"workspace has {s} splits; at most {MAX_SPLITS} (the merge kernel's block)")
+                raise ValueError(f"workspace has {s} splits; at most {MAX_SPLITS}")
             want.update(partial_out=((s, m, h, LATENT_DIM), torch.float32),
-                        partial_lse=((s, m, h), torch.float32))
+                        partial_lse=((s, m, h), torch.float32), tickets=((m, triton.cdiv(h, BLOCK_H)), torch.int32))
         for name, (shape, dtype) in want.items():
             t = getattr(self, name)
             if t is None or tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() \
@@ -459,24 +510,19 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     """Launch the kernels on already-validated inputs; see ``sparse_mla_decode`` for the contract.
 
     outer_scale is the per-cache constant S of the 432 format (ignored by the others). out
-    (float32 or bfloat16 [M, H, 512]: a bf16 model's attention needs no cast after it, the merge
-    kernel rounds the output), lse (float32 [M, H]) and workspace (whose S wins over num_splits; with
-    partials for a bf16 output) are optional preallocated buffers.
+    (float32 or bfloat16 [M, H, 512]: a bf16 model's attention needs no cast after it, the kernel
+    rounds the output), lse (float32 [M, H]) and workspace (whose S wins over num_splits) are
+    optional preallocated buffers.
     """
     m, h = q_nope.shape[:2]
     k = indices.shape[1]
     dev = q_nope.device
     out = torch.empty((m, h, LATENT_DIM), dtype=torch.float32, device=dev) if out is None \
         else _check_output("out", out, (m, h, LATENT_DIM), dev, (torch.float32, torch.bfloat16))
-    bf16_out = out.dtype == torch.bfloat16
     if workspace is None:
-        splits = num_splits or default_num_splits(m, h, k, dev)
-        workspace = DecodeWorkspace.allocate(m, h, k, splits, dev, bf16_out)
+        workspace = DecodeWorkspace.allocate(m, h, k, num_splits or default_num_splits(m, h, k, dev), dev)
     else:
         workspace.check(m, h, k, dev)
-        if bf16_out and workspace.partial_out is None:
-            raise ValueError("a bf16 output is rounded by the merge kernel: build the workspace with "
-                             "DecodeWorkspace.allocate(M, H, K, S, device, bf16_out=True)")
     splits = workspace.num_splits
     lse = torch.empty((m, h), dtype=torch.float32, device=dev) if lse is None \
         else _check_output("lse", lse, (m, h), dev)
@@ -484,68 +530,73 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
         return out, lse
     q_nope = q_nope if q_nope.stride(-1) == 1 else q_nope.contiguous()
     q_rope = q_rope if q_rope.stride(-1) == 1 else q_rope.contiguous()
-    _compact_kernel[(m,)](indices, indices.stride(0), indices.stride(1), k, workspace.indices,
-                          workspace.indices.stride(0), workspace.counts, BLOCK=COMPACT_BLOCK,
-                          num_warps=COMPACT_WARPS)
-    merged = workspace.partial_out is not None
-    po, pl = (workspace.partial_out, workspace.partial_lse) if merged else (out.unsqueeze(0), lse.unsqueeze(0))
+    # one split: the partial buffers and tickets are not touched (the outputs stand in, strides 0)
+    po, pl, tk = (workspace.partial_out, workspace.partial_lse, workspace.tickets) if splits > 1 \
+        else (out, lse, lse)
+    cidx = workspace.indices
     _sparse_mla_decode_kernel[(m, triton.cdiv(h, BLOCK_H), splits)](
-        q_nope, q_rope, records, workspace.indices, workspace.counts, po, pl,
-        h, splits, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
-        q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), workspace.indices.stride(0),
-        po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1),
-        **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda"), num_warps=NUM_WARPS[lay.name],
-        num_stages=NUM_STAGES,
+        q_nope, q_rope, records, indices, cidx, out, lse, po, pl, tk,
+        h, k, splits, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
+        q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), indices.stride(0), indices.stride(1),
+        cidx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+        *((po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1)) if splits > 1 else (0,) * 5),
+        **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda", out.dtype == torch.bfloat16,
+                            splits > 1),
+        num_stages=NUM_STAGES, **launch_options(lay, q_nope.dtype),
     )
-    if merged:  # a bf16 output is stored as its rounded bits (``_bf16_bits``)
-        _merge_splits_kernel[(m, h)](
-            po, pl, out.view(torch.int16) if bf16_out else out, lse, h, splits, po.stride(0), po.stride(1),
-            po.stride(2), pl.stride(0), pl.stride(1), out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=MAX_SPLITS,
-            OUT_BF16=bf16_out, num_warps=MERGE_WARPS)
     return out, lse
 
 
-def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: str, interpreted: bool = False) -> dict:
-    """The decode kernel's constexprs for a format, query dtype and precision (interpreted: under
-    TRITON_INTERPRET=1, see ``_dot``)."""
+def launch_options(lay: RecordLayout, q_dtype: torch.dtype) -> dict:
+    """num_warps and, where set, the ptxas register ceiling of a launch (``LAUNCH_OVERRIDES``)."""
+    over = LAUNCH_OVERRIDES.get((lay.name, q_dtype != torch.bfloat16))
+    return {"num_warps": NUM_WARPS[lay.name]} if over is None else {"num_warps": over[0], "maxnreg": over[1]}
+
+
+def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: str, interpreted: bool = False,
+                      bf16_out: bool = False, merge: bool = False) -> dict:
+    """The decode kernel's constexprs for a format, query dtype, precision, output dtype and split
+    count (merge: S > 1, partials and the fused merge; interpreted: under TRITON_INTERPRET=1, see
+    ``_dot``)."""
     if dot_precision not in PRECISIONS:
         raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     split = dot_precision == "bf16x2"
-    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K,
-                Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted)
+    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K, BLOCK_C=COMPACT_BLOCK,
+                Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted, OUT_BF16=bf16_out,
+                MERGE=merge)
 
 
 _DECODE_SIG = {
-    "qn_ptr": "*bf16", "qr_ptr": "*bf16", "rec_ptr": "*u8", "idx_ptr": "*i64", "cnt_ptr": "*i32",
-    "out_ptr": "*fp32", "lse_ptr": "*fp32", "qk_scale": "fp32", "outer_scale": "fp32",
+    "qn_ptr": "*bf16", "qr_ptr": "*bf16", "rec_ptr": "*u8", "idx_ptr": "*i64", "cidx_ptr": "*i64",
+    "out_ptr": "*fp32", "lse_ptr": "*fp32", "po_ptr": "*fp32", "pl_ptr": "*fp32", "tk_ptr": "*i32",
+    "qk_scale": "fp32", "outer_scale": "fp32",
 }
+
+
+def _spec_options(lay: RecordLayout, q_dtype: torch.dtype) -> dict:
+    """``launch_options`` as a compile spec holds them: num_warps, the rest under options."""
+    opts = launch_options(lay, q_dtype)
+    return {"num_warps": opts.pop("num_warps"), "options": opts}
 
 
 def compile_specs() -> list[dict]:
     """Every launch configuration the wrapper uses, for compiling without a GPU (benchmarks/kernel_report.py).
 
-    The decode kernel per record format with bf16 queries (the engine's dtype) and fp32 queries
-    (the CPU twin's and the tests'), at the default precision; the compaction kernel; the merge
-    kernel into fp32 and bf16 outputs.
+    The decode kernel per record format with bf16 queries into a bf16 output and int64 indices (the
+    engine's dtypes; the paged path's cache rows) and with fp32 queries into fp32 and int32 indices
+    (the CPU twin's and the tests'; the selected path's workspace slots), at the default precision,
+    each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly).
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
         for q_dtype, q_type in ((torch.bfloat16, "*bf16"), (torch.float32, "*fp32")):
-            c = launch_constexprs(lay, q_dtype, "bf16x2")
-            sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
-            sig.update(qn_ptr=q_type, qr_ptr=q_type, **{n: "constexpr" for n in c})
-            q = "" if q_dtype == torch.bfloat16 else ",q_fp32"
-            specs.append(dict(name=f"sparse_mla_decode[{lay.short}{q}]", fn=_sparse_mla_decode_kernel,
-                              signature=sig, constexprs=c, num_warps=NUM_WARPS[lay.name], num_stages=NUM_STAGES))
-    for idx_type in ("*i32", "*i64"):
-        sig = {"idx_ptr": idx_type, "s_idx_m": "i32", "s_idx_k": "i32", "K": "i32", "cidx_ptr": "*i64",
-               "s_cidx_m": "i32", "cnt_ptr": "*i32", "BLOCK": "constexpr"}
-        specs.append(dict(name=f"sparse_mla_compact[{idx_type[1:]}]", fn=_compact_kernel, signature=sig,
-                          constexprs={"BLOCK": COMPACT_BLOCK}, num_warps=COMPACT_WARPS, num_stages=1))
-    for bf16_out in (False, True):  # fp32 and bf16 outputs
-        sig = {n: ("*fp32" if n.endswith("_ptr") else "i32") for n in _merge_splits_kernel.arg_names}
-        sig.update(BLOCK_S="constexpr", OUT_BF16="constexpr", **({"out_ptr": "*i16"} if bf16_out else {}))
-        specs.append(dict(name="sparse_mla_merge_splits" + ("[bf16]" if bf16_out else ""), fn=_merge_splits_kernel,
-                          signature=sig, constexprs={"BLOCK_S": MAX_SPLITS, "OUT_BF16": bf16_out},
-                          num_warps=MERGE_WARPS, num_stages=1))
+            for merge in (True, False):
+                engine = q_dtype == torch.bfloat16
+                c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge)
+                sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
+                sig.update(qn_ptr=q_type, qr_ptr=q_type, out_ptr="*bf16" if engine else "*fp32",
+                           idx_ptr="*i64" if engine else "*i32", **{n: "constexpr" for n in c})
+                name = lay.short + ("" if engine else ",q_fp32") + ("" if merge else ",s1")
+                specs.append(dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
+                                  constexprs=c, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype)))
     return specs

@@ -56,7 +56,7 @@ Decoding without bit-by-bit arithmetic (the values are exact in bf16, as in ``tr
 * bf16 rope is loaded as bf16; per-key scales (368: s_t and r; 432: S; 656: one per 128-chunk)
   multiply the fp32 score and probability columns, as in ``triton_decode``.
 
-Split-K merge, fused: with S > 1 each program writes its normalized partial (its 256 columns of
+Split-K merge, fused (``triton_decode._merge_partials``): with S > 1 each program writes its normalized partial (its 256 columns of
 out [BLOCK_M, 512]; the first half the lse) to the workspace, then takes a ticket from the
 (request, M block) counter, which both halves share; the program that draws the last of the 2 S
 tickets resets the counter to 0 (so the launch can be replayed, CUDA graphs) and merges the S
@@ -74,8 +74,8 @@ import triton.language as tl
 from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432, ROPE_DIM, RecordLayout
 
 from .triton_codes import load_f32
-from .triton_decode import (_FMT_ID, PRECISIONS, _bf16_bits, _finish, _load_q, _pv, _qk, _sm_count,
-                            _split_range, _start)
+from .triton_decode import (_FMT_ID, PRECISIONS, _finish, _load_q, _merge_partials, _pv, _qk, _sm_count,
+                            _split_range, _start, _store_out)
 
 # The M block: the rows x heads of a request in one dot (R = 4 x H = 16); smaller products use the
 # next power of two (at least 16, an mma.sync tile's M). 64 keys per tile: with 32, Triton spreads the
@@ -144,14 +144,6 @@ def _bf16_tile(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
     """N bf16 values of each record from BYTE0 -> bf16 [BK, N] (no decoding)."""
     p = (row_ptr[:, None] + BYTE0 + 2 * tl.arange(0, N)[None, :]).to(tl.pointer_type(tl.bfloat16))
     return tl.load(p, mask=vm, other=0.0)
-
-
-@triton.jit
-def _store_out(ptr, x, mask, OUT_BF16: tl.constexpr):
-    if OUT_BF16:  # rounded to nearest even on the bits (``_bf16_bits``: the interpreter's cast truncates)
-        tl.store(ptr.to(tl.pointer_type(tl.int16)), _bf16_bits(x), mask=mask)
-    else:
-        tl.store(ptr, x, mask=mask)
 
 
 @triton.jit
@@ -259,8 +251,9 @@ def _union_decode_kernel(
         ticket = tl.atomic_add(cnt_ptr + b * num_mb + mb, 1, sem="acq_rel")
         if ticket == 2 * num_splits - 1:
             tl.store(cnt_ptr + b * num_mb + mb, 0)  # the next launch starts from 0 again
-            _merge_partials(po_ptr + b * s_po_b, pl_ptr + b * s_pl_b, out_ptr, lse_ptr, mm, mvalid, qrow, head,
-                            num_splits, s_po_s, s_pl_s, s_out_m, s_out_h, s_lse_m, BLOCK_M, OUT_BF16)
+            _merge_partials(po_ptr + b * s_po_b + mm * _D, pl_ptr + b * s_pl_b + mm,
+                            out_ptr + qrow * s_out_m + head * s_out_h, lse_ptr + qrow * s_lse_m + head, mvalid,
+                            num_splits, s_po_s, s_pl_s, BLOCK_M, OUT_BF16)
 
 
 @triton.jit
@@ -277,37 +270,6 @@ def _softmax_pv_half(s, m_i, l_i, acc0, acc1, t0, t1, a0, a1, TWO: tl.constexpr,
     if TWO:
         acc1 = _pv(p * a1[None, :], t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
     return m_new, l_i * alpha + tl.sum(p, axis=1), acc0, acc1
-
-
-@triton.jit
-def _merge_partials(po_ptr, pl_ptr, out_ptr, lse_ptr, mm, mvalid, qrow, head, S, s_po_s, s_pl_s,
-                    s_out_m, s_out_h, s_lse_m, BLOCK_M: tl.constexpr, OUT_BF16: tl.constexpr):
-    """merge_lse of S partials of BLOCK_M rows: lse = ln sum_s e^lse_s, out = sum_s e^(lse_s - lse) out_s.
-    Partials are read with .cg (from L2: other SMs wrote them)."""
-    mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(0, S):
-        mx = tl.maximum(mx, tl.load(pl_ptr + s * s_pl_s + mm, mask=mvalid, other=float("-inf"),
-                                    cache_modifier=".cg"))
-    anchor = tl.where(mx == float("-inf"), 0.0, mx)
-    total = tl.zeros([BLOCK_M], tl.float32)
-    for s in range(0, S):
-        total += tl.exp(tl.load(pl_ptr + s * s_pl_s + mm, mask=mvalid, other=float("-inf"),
-                                cache_modifier=".cg") - anchor)
-    seen = total > 0
-    inv = 1.0 / tl.where(seen, total, 1.0)
-    d = tl.arange(0, 128)
-    for c in tl.static_range(4):  # 128 output columns at a time
-        acc = tl.zeros([BLOCK_M, 128], tl.float32)
-        for s in range(0, S):
-            w = tl.exp(tl.load(pl_ptr + s * s_pl_s + mm, mask=mvalid, other=float("-inf"),
-                               cache_modifier=".cg") - anchor) * inv
-            part = tl.load(po_ptr + s * s_po_s + mm[:, None] * _D + 128 * c + d[None, :],
-                           mask=mvalid[:, None], other=0.0, cache_modifier=".cg")
-            acc += w[:, None] * part
-        _store_out(out_ptr + qrow[:, None] * s_out_m + head[:, None] * s_out_h + 128 * c + d[None, :], acc,
-                   mvalid[:, None], OUT_BF16)
-    tl.store(lse_ptr + qrow * s_lse_m + head, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)),
-                                                       float("-inf")), mask=mvalid)
 
 
 def block_m(rows: int, heads: int) -> int:

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from sparkinfer.core.attention_workspace import LATENT_DIM, arena_bytes, call_plan, offsets
+from sparkinfer.core.attention_workspace import LATENT_DIM, ZEROED, arena_bytes, call_plan, offsets
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,10 @@ class Arena:
         self.reserved = reserved
         self._at = offsets(self.segments)
         self.buf = torch.empty(arena_bytes(self.segments), dtype=torch.uint8, device=device)
+        for name in ZEROED:  # the decode's merge tickets: every call leaves them zero again
+            if name in self._at:
+                at, size = self._at[name]
+                self.buf[at:at + size].zero_()
 
     def fits(self, need: dict[str, int]) -> bool:
         return all(size <= self.segments.get(name, 0) for name, size in need.items())
@@ -91,10 +95,10 @@ def attend_in_blocks(arenas: AttentionArena, q_nope: torch.Tensor, q_rope: torch
     M rows and H heads with K indices per row, in blocks of ``BLOCK_ROWS`` rows, every buffer a view of
     the arena: ``indices(a, b, topk_rows)`` gives rows [a, b)'s (records, indices [b - a, K]) (the
     paged path maps its top-k into ``topk_rows``, the block's int64 [b - a, K] arena view; the
-    selected path's slots are already rows of its workspace). out is bf16 for bf16 queries (the merge kernel rounds it: no cast after the layer's
+    selected path's slots are already rows of its workspace). out is bf16 for bf16 queries (the decode kernel rounds it: no cast after the layer's
     attention), else float32."""
     from sparkinfer.attention import sparse_mla_decode
-    from sparkinfer.attention.triton_decode import DecodeWorkspace, default_num_splits
+    from sparkinfer.attention.triton_decode import BLOCK_H, DecodeWorkspace, default_num_splits
 
     m, h = q_nope.shape[:2]
     device = q_nope.device
@@ -105,10 +109,11 @@ def attend_in_blocks(arenas: AttentionArena, q_nope: torch.Tensor, q_rope: torch
     lse = arena.view("lse", torch.float32, (m, h))
     for a, b, s in blocks:
         n = b - a
-        many = s > 1 or out_dtype == torch.bfloat16
-        ws = DecodeWorkspace(arena.view("indices", torch.int64, (n, k)), arena.view("counts", torch.int32, (n,)),
+        many = s > 1
+        ws = DecodeWorkspace(arena.view("indices", torch.int64, (n, k)),
                              arena.view("partial_out", torch.float32, (s, n, h, LATENT_DIM)) if many else None,
-                             arena.view("partial_lse", torch.float32, (s, n, h)) if many else None)
+                             arena.view("partial_lse", torch.float32, (s, n, h)) if many else None,
+                             arena.view("tickets", torch.int32, (n, -(-h // BLOCK_H))) if many else None)
         records, rows = indices(a, b, arena.view("topk_rows", torch.int64, (n, k)))
         sparse_mla_decode(q_nope[a:b], q_rope[a:b], records, fmt, rows, scale, backend="triton", check_indices=False,
                           out=out[a:b], lse=lse[a:b], workspace=ws)

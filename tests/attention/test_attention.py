@@ -27,7 +27,7 @@ import triton.language as tl
 
 from sparkinfer.attention import merge_lse, sparse_mla_decode, sparse_mla_decode_torch
 from sparkinfer.attention.triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
-from sparkinfer.attention.triton_decode import _bf16_bits
+from sparkinfer.attention.triton_decode import _bf16_bits, _merge_partials
 from sparkinfer.formats import MAIN_FORMATS, get_format
 
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -134,30 +134,32 @@ def test_bf16_precision_is_coarser_but_sane():
     assert torch.equal(legacy[0], out) and torch.equal(legacy[1], lse)
 
 
-def test_compaction_keeps_valid_indices_in_order():
-    """The compaction kernel against torch: int32 and int64 indices, strided, K across its 1024 blocks.
-    The int64 ones pass 2^31 (just past it, around 2^32, at 2^40: the engine's rows of a strided
-    cache view over 8 GiB) and come out unchanged, int64."""
-    from sparkinfer.attention.triton_decode import COMPACT_BLOCK, _compact_kernel
+def test_compaction_in_the_kernel_keeps_valid_indices_in_order():
+    """The decode compacts each row's list itself (one launch): int32 and int64 indices, strided, K
+    across several of its scan blocks, rows mostly -1 (the stock DCP path), one row all -1, one row
+    all valid. Each of the 3 splits writes its slice of the compacted row into the workspace, so after
+    the call the row's valid indices are at its front, in order; the output matches the float64
+    oracle. (Indices past 2^31: ``test_decode_reads_records_at_indices_past_2_31``.)"""
+    from sparkinfer.attention.triton_decode import COMPACT_BLOCK, DecodeWorkspace
 
+    fmt = get_format("nvfp4_432")
+    k = COMPACT_BLOCK + 100
+    q_nope, q_rope, records, _ = make_case(fmt, m=4, h=2, k=1, t=300, seed=2)
     g = torch.Generator().manual_seed(2)
-    k = 2 * COMPACT_BLOCK + 300
-    base = torch.randint(0, 10_000, (4, 2 * k), generator=g)
+    base = torch.randint(0, 300, (4, 2 * k), generator=g)
     base[torch.rand(4, 2 * k, generator=g) < 0.75] = -1
     base[1] = -1
-    base[2, ::2] = torch.arange(k)  # the strided view sees all of row 2
-    far = torch.tensor([1 << 31, (1 << 32) - 5_000, 1 << 40])[torch.arange(2 * k) % 3]
-    wide = torch.where(base >= 0, base + far, -1)
-    for idx in (wide[:, ::2], base[:, ::2].int()):
-        cidx = torch.full((4, k), -7, dtype=torch.int64)
-        counts = torch.empty(4, dtype=torch.int32)
-        _compact_kernel[(4,)](idx, idx.stride(0), idx.stride(1), k, cidx, cidx.stride(0), counts, BLOCK=COMPACT_BLOCK)
+    base[2, ::2] = torch.arange(k) % 300  # the strided view sees all of row 2
+    ref = oracle(q_nope, q_rope, records, fmt, base[:, ::2], 0.1)
+    for idx in (base[:, ::2], base[:, ::2].int()):
+        ws = DecodeWorkspace.allocate(4, 2, k, 3, "cpu")
+        ws.indices.fill_(-7)
+        got = sparse_mla_decode(q_nope, q_rope, records, fmt, idx, 0.1, backend="triton", workspace=ws)
         for m in range(4):
             want = idx[m][idx[m] >= 0].long()
-            assert counts[m] == want.numel()
-            assert torch.equal(cidx[m, : want.numel()], want)
-            assert bool((cidx[m, want.numel():] == -7).all())  # past the count: left as it was
-    assert (wide >= 1 << 31).any(axis=1)[[0, 2, 3]].all()  # the int64 case does pass 2^31 in the listed rows
+            assert torch.equal(ws.indices[m, : want.numel()], want)
+            assert bool((ws.indices[m, want.numel():] == -7).all())  # past the count: left as it was
+        assert_matches(*got, *ref, tol=TRITON_TOL)
 
 
 def test_decode_reads_records_at_indices_past_2_31():
@@ -167,7 +169,8 @@ def test_decode_reads_records_at_indices_past_2_31():
     ``data_ptr()`` lies ``shift`` (> 2^31) rows before its data, so index ``shift + r`` addresses row r of the
     small view. The output equals, bit for bit, the decode of the same view at indices r, and the
     float64 oracle. With int32 compacted indices the index would wrap and the kernel read 16 GiB
-    away, so the launch is guarded by the workspace's index width."""
+    away, so the launch is guarded by the workspace's index width (the compaction is the decode
+    kernel's own: ``ws.indices`` holds what it compacted)."""
     from sparkinfer.attention.triton_decode import DecodeWorkspace, sparse_mla_decode_triton
     from sparkinfer.attention.validate import resolve_layout
     from sparkinfer.decode.paged_sparse_mla import row_view
@@ -217,32 +220,72 @@ def test_preallocated_outputs_and_workspace():
         sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.2, backend="triton", out=torch.empty(2, 3, 256))
 
 
-def test_merge_kernel_equals_merge_lse():
-    from sparkinfer.attention.triton_decode import MAX_SPLITS, _merge_splits_kernel
+@triton.jit
+def _merge_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, S, N: tl.constexpr, D: tl.constexpr):
+    """The decode's fused merge (``_merge_partials``) over N (row, head) pairs of partials [S, N, D]."""
+    n = tl.arange(0, N)
+    _merge_partials(po_ptr + n * D, pl_ptr + n, out_ptr + n * D, lse_ptr + n, n < N, S, N * D, N, N, False)
 
+
+def test_fused_merge_equals_merge_lse():
+    """The merge the last split of a row runs, on S partials against ``merge_lse``: a partial with no
+    key (lse -inf) weighs nothing, a pair none of whose partials saw a key gets out 0 and lse -inf."""
     g = torch.Generator().manual_seed(8)
-    s, m, h = 5, 2, 3
+    s, m, h = 5, 2, 8
     po = torch.randn(s, m, h, 512, generator=g)
     pl = torch.randn(s, m, h, generator=g) * 10
     pl[1, 0, 0] = -math.inf
     pl[:, 1, 2] = -math.inf
     po[:, 1, 2] = 0
     out, lse = torch.empty(m, h, 512), torch.empty(m, h)
-    _merge_splits_kernel[(m, h)](po, pl, out, lse, h, s, po.stride(0), po.stride(1), po.stride(2), pl.stride(0),
-                                 pl.stride(1), out.stride(0), out.stride(1), lse.stride(0), BLOCK_S=MAX_SPLITS,
-                                 OUT_BF16=False)
+    _merge_kernel[(1,)](po, pl, out, lse, s, N=m * h, D=512)
     ref_out, ref_lse = merge_lse(po, pl)
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(lse, ref_lse, **TOL)
     assert torch.all(out[1, 2] == 0) and lse[1, 2] == -math.inf
 
 
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_split_merge_in_one_launch_is_replay_safe(q_dtype):
+    """S > 1 splits merged by the last program of each (row, head block): many rows (some with no valid
+    index: out 0, lse -inf), two head blocks, fp32 and bf16 outputs. The tickets are zero after every
+    call, so the same workspace gives the same output again (a CUDA-graph replay); S = 1 and S = 4
+    agree within the kernel's tolerance and both match the float64 oracle."""
+    from sparkinfer.attention.triton_decode import DecodeWorkspace
+
+    fmt = get_format("nvfp4_368")
+    m, h, k = 5, 20, 64
+    q_nope, q_rope, records, indices = make_case(fmt, m=m, h=h, k=k, seed=21, q_dtype=q_dtype, pad_frac=0.3)
+    indices[[1, 3]] = -1
+    indices[4, 20:] = -1  # row 4's later splits see nothing, its first does
+    ref = oracle(q_nope, q_rope, records, fmt, indices, 0.1)
+    one = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", num_splits=1)
+    ws = DecodeWorkspace.allocate(m, h, k, 4, "cpu")
+    assert ws.tickets.shape == (m, 2) and not ws.tickets.any()
+    out_dtype = torch.bfloat16 if q_dtype == torch.bfloat16 else torch.float32
+    outs = []
+    for _ in range(2):
+        out = torch.full((m, h, 512), float("nan"), dtype=out_dtype)
+        outs.append(sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", out=out,
+                                      workspace=ws))
+        assert not ws.tickets.any()
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    got_out, got_lse = outs[0]
+    assert bool((got_out[[1, 3]] == 0).all()) and bool((got_lse[[1, 3]] == -math.inf).all())
+    if out_dtype == torch.float32:
+        assert_matches(got_out, got_lse, *ref, tol=TRITON_TOL)
+        torch.testing.assert_close(got_out, one[0], **TRITON_TOL)
+    else:  # the bf16 output is the merged fp32 one rounded: within a bf16 step of the one-split output
+        torch.testing.assert_close(got_out.float(), one[0].to(torch.bfloat16).float(), atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(got_lse, one[1], **TRITON_TOL)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("name", MAIN_FORMATS)
 def test_a_bf16_output_is_the_fp32_one_rounded(name, splits):
-    """bf16 queries into a bf16 output (the engine's form for a bf16 model): the merge kernel rounds
-    the output (one split merges to itself exactly), bit for bit torch's round of the fp32 output
-    (nearest, ties to even); the LSE is unchanged. A workspace without partials is refused."""
+    """bf16 queries into a bf16 output (the engine's form for a bf16 model): the kernel rounds
+    the output (one split as it stores it, S > 1 after the merge), bit for bit torch's round of the fp32
+    output (nearest, ties to even); the LSE is unchanged."""
     fmt = get_format(name)
     q_nope, q_rope, records, indices = make_case(fmt, m=3, h=5, k=70, seed=12, q_dtype=torch.bfloat16)
     want, want_lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton",
@@ -253,12 +296,6 @@ def test_a_bf16_output_is_the_fp32_one_rounded(name, splits):
     assert got is out
     assert torch.equal(out.view(torch.int16), want.to(torch.bfloat16).view(torch.int16))
     assert torch.equal(lse, want_lse)
-    if splits == 1:
-        from sparkinfer.attention.triton_decode import DecodeWorkspace
-
-        with pytest.raises(ValueError, match="bf16_out=True"):
-            sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.1, backend="triton", out=out,
-                              workspace=DecodeWorkspace.allocate(3, 5, 70, 1, "cpu"))
 
 
 @triton.jit
@@ -417,6 +454,6 @@ def test_gpu_kernel_matches_float64(name):
     out, lse = sparse_mla_decode(q_nope.to(dev), q_rope.to(dev), records.to(dev), fmt, indices.to(dev), scale)
     torch.testing.assert_close(out.cpu().double(), ref[0], **TRITON_TOL)
     torch.testing.assert_close(lse.cpu().double(), ref[1], **TRITON_TOL)
-    bf16 = torch.empty(out.shape, dtype=torch.bfloat16, device=dev)  # the merge kernel's rounding, compiled
+    bf16 = torch.empty(out.shape, dtype=torch.bfloat16, device=dev)  # the kernel's rounding, compiled
     sparse_mla_decode(q_nope.to(dev), q_rope.to(dev), records.to(dev), fmt, indices.to(dev), scale, out=bf16)
     assert torch.equal(bf16.view(torch.int16), out.to(torch.bfloat16).view(torch.int16))

@@ -50,15 +50,16 @@ def ptxas_info(ptx, arch):
     return {"registers": num(r"Used (\d+) registers"), "spill_stores": num(r"(\d+) bytes spill stores"),
             "spill_loads": num(r"(\d+) bytes spill loads")}
 
-def compile_(name, fn, sig, constexprs, warps, stages, arch):
+def compile_(name, fn, sig, constexprs, warps, stages, options, arch):
     k = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", arch, 32),
-                       options={"num_warps": warps, "num_stages": stages})
+                       options={"num_warps": warps, "num_stages": stages, **options})
     ptx = k.asm["ptx"]
     info = {"shared": k.metadata.shared, "mma": len(re.findall(r"\b(?:mma\.sync|wgmma\.mma_async)\b", ptx))}
     info.update(ptxas_info(ptx, arch))
     return f"{name}@{arch}", info
 
-jobs = [(s["name"], s["fn"], s["signature"], s["constexprs"], s["num_warps"], s["num_stages"], arch)
+jobs = [(s["name"], s["fn"], s["signature"], s["constexprs"], s["num_warps"], s["num_stages"], s.get("options", {}),
+         arch)
         for s in td.compile_specs() for arch in (120, 90)]
 with ThreadPoolExecutor(2) as pool:
     print(json.dumps(dict(pool.map(lambda j: compile_(*j), jobs))))

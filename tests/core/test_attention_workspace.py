@@ -34,15 +34,15 @@ def test_every_call_within_the_engine_limits_fits_the_layout(rows, heads, topk, 
                            and (b - a) * programs * s <= max(BLOCK_PROGRAMS, programs) for a, b, s in blocks)
 
 
-def test_a_bf16_output_always_has_partials_and_small_blocks_take_more_splits():
+def test_partials_and_tickets_only_for_splits_and_small_blocks_take_more_splits():
     need, blocks = call_plan(1, 64, 2048, 2, lambda n: num_splits_for(n, 64, 2048, 188))
     assert blocks == [(0, 1, 8)]  # 188 SMs over 4 head blocks: 47 wanted, 2048 // 256 = 8 at most
     assert need["partial_out"] == 4 * 8 * 64 * 512
+    assert need["tickets"] == 4 * 1 * 4  # one row x 4 head blocks
     need, blocks = call_plan(2048, 64, 2048, 2, lambda n: 1)
     rows = BLOCK_PROGRAMS // (64 // BLOCK_H)  # one split of 4 head blocks per row
     assert blocks[0] == (0, rows, 1) and len(blocks) == 2048 // rows
-    assert need["partial_out"] == 4 * rows * 64 * 512  # one split still goes through the merge (bf16)
-    assert call_plan(2048, 64, 2048, 4, lambda n: 1)[0]["partial_out"] == 0  # fp32: the kernel writes the output
+    assert need["partial_out"] == need["tickets"] == 0  # one split: the kernel writes the output (bf16 too)
     # the partials are BLOCK_PROGRAMS programs of 16 heads whatever the heads: 16 MiB where they were
     # 1,024 rows x 64 heads (128 MiB)
     assert AttentionWorkspace(8192, 64, 2048, 2).segments()["partial_out"] == 4 * BLOCK_PROGRAMS * BLOCK_H * 512
