@@ -50,8 +50,10 @@ def test_the_report_params_give_the_points_the_shape_text_gives(run1):
     spec.loader.exec_module(kr)
     params = {(r["kernel"], r["shape"]): r["params"] for r in kr.roofline()}
     rows = run1["kernel_timing"]["rows"]
+    # kernels the report no longer has (run 1's separate compaction, fused into the decode since)
+    # are no points of the fit: the rows with params must give every point
     with_params = [{**r, "params": params[(r["kernel"], r["shape"])], "shape": "decode" * r["shape"].startswith(
-        "decode")} for r in rows]
+        "decode")} for r in rows if (r["kernel"], r["shape"]) in params]
     def key(pts):  # a batched decode step's params are M rows over T = the requests' contexts end to end
         return [(p.term, p.units, p.us) for p in pts]
 
