@@ -172,7 +172,7 @@ class SelectedRuntime:
         return self.replicas
 
     def choose(self, query_lens: list[int], contexts: list[int], keys: list[int] | None = None) -> str:
-        """The target model step's path (``StepPath``: stock, selected or gather); ``selected``
+        """The target model step's path (``StepPath``: one of ``step_path.PATHS``); ``selected``
         remembers whether it is not stock, so that only those steps pay for stashing their records.
         ``keys``: each request's id (the replica rule's key; None: no replicas this step)."""
         if self.checks is not None:  # the previous steps' device checks, before planning this one

@@ -72,17 +72,25 @@ class SparseMetadata:
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
     dcp_interleave: int = 1
-    # selected-record or gathered step (sparkinfer.vllm.selected_runtime): patched MLAAttention then skips
-    # the DCP query gather and LSE merge; context int64 [R] = tokens of each request before this step,
-    # query_lens int64 [R] its rows (a gathered step's rows are not uniform)
-    sparkinfer_selected: bool = False
+    # the step's path (step_path.PATHS, sparkinfer.vllm.selected_runtime); context int64 [R] = tokens of
+    # each request before this step, query_lens int64 [R] its rows (a gathered step's rows are not uniform)
+    path: str = "stock"
     context: torch.Tensor | None = None
-    sparkinfer_gather: bool = False
     query_lens: torch.Tensor | None = None
     # what a layer's forward needs this step, resolved by the build (decode.forward_step)
     step: ForwardStep | None = None
     prefill: None = None
     decode: None = None
+
+    @property
+    def sparkinfer_selected(self) -> bool:
+        """Not stock DCP (selected, local or gathered records): patched MLAAttention then skips the DCP
+        query gather and LSE merge (patch 0001)."""
+        return self.path != "stock"
+
+    @property
+    def sparkinfer_gather(self) -> bool:
+        return self.path == "gather"
 
 
 class SparseMetadataBuilder(AttentionMetadataBuilder):
@@ -131,7 +139,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
                               interleave=interleave)
         return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
                               cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc, interleave,
-                              path != "stock", context, path == "gather", query_lens, step)
+                              path, context, query_lens, step)
 
 
 def float_cache_attention(q_nope, q_rope, kv_cache, slots, scale):
