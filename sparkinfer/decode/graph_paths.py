@@ -62,15 +62,20 @@ def unsafe(parts: Iterable[str]) -> dict[str, str]:
 
 def padded_decode_batches(capture_sizes: Iterable[int], rows: int, max_num_seqs: int | None) -> list[int]:
     """The uniform decode batches (in tokens, ``n x rows`` for ``n`` requests up to ``max_num_seqs``;
-    None: no bound but the sizes') that vLLM would replay from a larger FULL graph, padded: those under
-    the largest capture size that are not capture sizes themselves. A batch larger than every capture
-    size runs without a graph."""
-    sizes = set(capture_sizes)
+    None: no bound but the sizes') that vLLM would replay from a larger FULL graph, padded: vLLM pads a
+    batch to the smallest capture size that holds it, and has FULL graphs of the sizes up to
+    ``max_num_seqs x rows`` (``CudagraphDispatcher``); a batch padded past them runs piecewise or
+    eagerly, one larger than every size without a graph."""
+    sizes = sorted(set(capture_sizes))
     if rows < 1 or (max_num_seqs is not None and max_num_seqs < 1):
         raise ValueError(f"rows and max_num_seqs must be >= 1, got {rows}, {max_num_seqs}")
-    largest = max(sizes, default=0)
-    most = largest // rows if max_num_seqs is None else max_num_seqs
-    return [n * rows for n in range(1, most + 1) if n * rows < largest and n * rows not in sizes]
+    most = (sizes[-1] if sizes else 0) // rows if max_num_seqs is None else max_num_seqs
+    padded = []
+    for t in range(rows, most * rows + 1, rows):
+        graph = next((s for s in sizes if s >= t), None)
+        if graph is not None and t < graph <= most * rows:
+            padded.append(t)
+    return padded
 
 
 def capture_path(path: StepPath, num_reqs: int, longest_context: int) -> str:

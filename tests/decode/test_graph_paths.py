@@ -73,15 +73,16 @@ def test_a_graph_is_captured_on_the_hosts_choice_at_the_longest_context(num_reqs
                                    tuple(range(1, 17))])
 def test_padded_decode_batches_against_vllms_padding(rows, max_num_seqs, sizes):
     """A decode batch of n requests (n x rows tokens) is padded exactly when vLLM's dispatcher would
-    replay it from a larger graph: the smallest capture size >= n x rows is larger than it (a batch
-    past every size runs without a graph)."""
+    replay it from a larger FULL graph: the smallest capture size >= n x rows is larger than it and
+    is a FULL graph's (at most max_num_seqs x rows tokens; a batch past every size runs without a
+    graph)."""
     got = gp.padded_decode_batches(sizes, rows, max_num_seqs)
     most = max_num_seqs if max_num_seqs is not None else 64
     want = []
     for n in range(1, most + 1):
         t = n * rows
         graph = min((s for s in sizes if s >= t), default=None)
-        if graph is not None and graph != t:
+        if graph is not None and graph != t and (max_num_seqs is None or graph <= max_num_seqs * rows):
             want.append(t)
     assert got == want
 
