@@ -37,8 +37,8 @@ format, DCP2 (TP2) and DCP4 (TP4) in modes stock, selected (replica window 0) an
 only (selected needs a record format). Without ``--full`` (CI, 6 engines): the reference,
 fp8_ds_mla and nvfp4_432 at DCP1, and nvfp4_368 at DCP2 in all three modes; its DCP2 stock row is
 the 368 point of the format order (DCP changes the numbers by summation order only: equal to
-DCP1 to every printed digit when both were run). One engine per configuration runs every
-measurement.
+DCP1 to every printed digit when both were run). One engine per format and DCP size runs every
+measurement of its modes in turn (``measure_engine``; CI: 4 engines).
 """
 
 from __future__ import annotations
@@ -187,28 +187,57 @@ def serve_args(cfg: Config, max_model_len: int, vocab: int) -> list[str]:
     return out
 
 
-def measure_engine(model_dir, cfg: Config, sets: Sets, vocab: int, max_model_len: int) -> Measured:
-    """One vllm.LLM at TP = DCP = ``cfg.dcp`` (TP1 for DCP1), MTP x NUM_SPEC, every measurement."""
+def engine_groups(configs: list[Config]) -> list[list[Config]]:
+    """The configurations one engine measures: those of one format and DCP size, in matrix order."""
+    groups: dict = {}
+    for cfg in configs:
+        groups.setdefault((cfg.format, cfg.dcp), []).append(cfg)
+    return list(groups.values())
+
+
+def _engine_config(group: list[Config]) -> Config:
+    """The configuration a group's engine starts in: the one that needs the most (a replica store
+    for ``replicas``, the selected runtime for ``selected``); the others are switched to."""
+    rank = {"stock": 0, "selected": 1, "replicas": 2}
+    return max(group, key=lambda c: rank[c.mode])
+
+
+def measure_engine(model_dir, group: list[Config], sets: Sets, vocab: int, max_model_len: int) -> dict:
+    """One vllm.LLM at TP = DCP (TP1 for DCP1), MTP x NUM_SPEC, every measurement of every mode of
+    ``group`` (one format and DCP, ``engine_groups``) -> {Config: Measured}. Between modes the
+    workers switch paths (``worker_runtime.use_paths``) and the prefix cache is emptied, so each
+    mode prefills and decodes every request itself; ``seconds`` of the first includes the start."""
     for k, v in CPU_ENV.items():
         os.environ[k] = v
     from vllm import LLM, SamplingParams
 
+    from sparkinfer.vllm.worker_runtime import use_paths
+
     t0 = time.monotonic()
-    llm = LLM(str(model_dir), **engine_args(cfg, max_model_len, vocab))
+    llm = LLM(str(model_dir), **engine_args(_engine_config(group), max_model_len, vocab))
+    out = {}
     try:
-        tf = llm.generate([{"prompt_token_ids": p} for p in sets.heldout],
-                          SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=vocab), use_tqdm=False)
-        logprobs = [_dense(o.prompt_logprobs[1:], vocab) for o in tf]
-        # one generate call for both greedy sets: the decode steps overlap (CI time)
-        prompts = [p for _, p, _ in sets.retrieval] + sets.mtp_prompts
-        lengths = [len(w) for _, _, w in sets.retrieval] + [sets.mtp_tokens] * len(sets.mtp_prompts)
-        d0, a0 = _spec_counts(llm.get_metrics())
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                            [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths], use_tqdm=False)
-        d1, a1 = _spec_counts(llm.get_metrics())
-        tokens = [list(o.outputs[0].token_ids) for o in outs]
-        k = len(sets.retrieval)
-        return Measured(logprobs, tokens[:k], tokens[k:], d1 - d0, a1 - a0, time.monotonic() - t0)
+        for cfg in group:
+            if len(group) > 1:
+                mode, replicas = ("selected", True) if cfg.mode == "replicas" else (cfg.mode, False)
+                llm.collective_rpc(use_paths, args=(mode, replicas))
+                llm.reset_prefix_cache()
+            tf = llm.generate([{"prompt_token_ids": p} for p in sets.heldout],
+                              SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=vocab), use_tqdm=False)
+            logprobs = [_dense(o.prompt_logprobs[1:], vocab) for o in tf]
+            # one generate call for both greedy sets: the decode steps overlap (CI time)
+            prompts = [p for _, p, _ in sets.retrieval] + sets.mtp_prompts
+            lengths = [len(w) for _, _, w in sets.retrieval] + [sets.mtp_tokens] * len(sets.mtp_prompts)
+            d0, a0 = _spec_counts(llm.get_metrics())
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths],
+                                use_tqdm=False)
+            d1, a1 = _spec_counts(llm.get_metrics())
+            tokens = [list(o.outputs[0].token_ids) for o in outs]
+            k = len(sets.retrieval)
+            out[cfg] = Measured(logprobs, tokens[:k], tokens[k:], d1 - d0, a1 - a0, time.monotonic() - t0)
+            t0 = time.monotonic()
+        return out
     finally:
         llm.llm_engine.engine_core.shutdown()  # stops the TP workers now, not at interpreter exit
         del llm
@@ -378,9 +407,10 @@ def run_fixture(full: bool, model_dir: Path = MODEL_DIR, configs: list[Config] |
     sets, max_model_len, vocab = fixture_setup(model_dir, full)
     configs = configs or fixture_matrix(full)
     measured = {} if measured is None else measured
-    for cfg in configs:
-        measured[cfg] = measure_engine(model_dir, cfg, sets, vocab, max_model_len)
-        print(f"[gate] {cfg.label}: {measured[cfg].seconds:.0f} s", file=sys.stderr, flush=True)
+    for group in engine_groups(configs):
+        measured.update(measure_engine(model_dir, group, sets, vocab, max_model_len))
+        for cfg in group:
+            print(f"[gate] {cfg.label}: {measured[cfg].seconds:.0f} s", file=sys.stderr, flush=True)
     budgets = read_budgets()
     rows = []
     for cfg in configs:

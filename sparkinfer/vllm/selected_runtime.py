@@ -114,6 +114,7 @@ class SelectedRuntime:
         self.selected = False  # the step being built / run takes the selected or gathered path
         self.keep_records = False  # the step's cache writes are stashed (selected) or kept (replicas)
         self.replicas: ReplicaWindow | None = None  # built at the first step (auto needs the caches)
+        self.replicas_on = self.config.replica_window != 0  # the rule runs (``use`` may turn it off)
         self._replica_store: list[torch.Tensor] | None = None  # per layer uint8 [slots * window, W]
         # ((store rows, token rows, taken) of the step's writes, the executor's LocalReplicas) of the step
         # being built (None: no replicas this step); the writes in fixed shape, one per token row
@@ -179,7 +180,7 @@ class SelectedRuntime:
         taken instead of the host's choice (a CUDA graph's capture run, ``capture_path``)."""
         if self.checks is not None:  # the previous steps' device checks, before planning this one
             self.checks.poll()
-        rule = self._replica_rule() if keys is not None else None
+        rule = self._replica_rule() if keys is not None and self.replicas_on else None
         all_local, fetched_below = False, None
         self._step_replicas = None
         if rule is not None:
@@ -210,6 +211,26 @@ class SelectedRuntime:
         host's choice at the engine's longest context (``graph_paths.capture_path``)."""
         longest = self.vllm_config.model_config.max_model_len - self.rows
         return graph_paths.capture_path(self.path, num_reqs, max(longest, 0))
+
+    def use(self, mode: str, replicas: bool) -> None:
+        """Which paths the following steps may take (``worker_runtime.use_paths``, on every rank alike):
+        ``mode`` as the engine's ``sparkinfer_mode`` decides (``stock``: every step stock DCP;
+        ``auto``: the cost model this engine started with, stock where it started without one);
+        ``replicas``: the replica rule runs (its writes and its all-local steps). The buffers stay
+        what the engine reserved at start, so replicas need an engine started with a window. A
+        toggle of the replicas starts a fresh rule: a request in flight then holds no replicas below
+        its next position and fetches those records, as a request seen for the first time does."""
+        if mode not in ("stock", "selected", "auto"):
+            raise ValueError(f"sparkinfer mode must be stock, selected or auto, got {mode!r}")
+        if replicas and self.config.replica_window == 0:
+            raise ValueError("replicas: this engine started without a replica store (sparkinfer_replica_window 0); "
+                             "start it with a window to switch them on")
+        self.config = replace(self.config, mode=mode)
+        self.path.config = self.config
+        if replicas != self.replicas_on:
+            self.replicas_on = bool(replicas)
+            if self.replicas is not None:
+                self.replicas = ReplicaWindow(self.replicas.window, self.replicas.slots)
 
     def stash(self, kv_cache: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, num_tokens: int) -> None:
         """The step's own records of the layer whose cache is ``kv_cache`` (all tokens, every rank):

@@ -44,3 +44,23 @@ def of_engine(vllm_config):
 def current():
     """The runtime of the engine this worker runs, or None before vLLM built a sparkinfer object."""
     return _worker[1]
+
+
+def use_paths(worker, mode: str, replicas: bool = False) -> dict:
+    """Switch the paths this worker's later steps may take, for ``LLM.collective_rpc(use_paths,
+    args=(mode, replicas))`` between requests (every rank must switch alike): one engine then measures
+    stock DCP, the selected path and replicas back to back over the same memory
+    (``SelectedRuntime.use``). ``worker``: the vLLM worker collective_rpc passes (unused). Returns
+    the mode and replica state now in force. An engine that can never take the selected path (DCP
+    1, mode stock at start, not a record format, or a fabric that failed its proof) serves only
+    stock: asking it for more raises."""
+    rt = current()
+    selected = None if rt is None else rt.selected
+    if selected is None:
+        if mode != "stock" or replicas:
+            raise ValueError(f"this engine serves only stock DCP (no selected-path runtime), so it cannot take mode "
+                             f"{mode!r} / replicas {replicas}: start it at DCP > 1 with a record KV cache dtype in "
+                             f"mode selected or auto")
+        return {"mode": "stock", "replicas": False}
+    selected.use(mode, replicas)
+    return {"mode": selected.config.mode, "replicas": selected.replicas_on}

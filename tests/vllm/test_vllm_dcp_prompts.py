@@ -50,10 +50,15 @@ def generate(model_dir, monkeypatch, prompt_ids, *, tp, dcp, mode="stock", max_t
     TP ``tp`` / DCP ``dcp`` in sparkinfer ``mode``; returns ``[(tokens, top)]`` where ``top`` is,
     with ``logprobs=k``, per generated position the ``{token: logprob}`` of the top-k (else None).
     ``before`` / ``after``: ``(callable, args)`` run on every worker (``LLM.collective_rpc``) before
-    and after the generate call; with ``after`` the result is ``(outputs, after's results)``."""
+    and after the generate call; with ``after`` the result is ``(outputs, after's results)``.
+    ``mode`` a tuple: one engine, started in mode selected, generates once per mode in that order
+    (``worker_runtime.use_paths`` before each, the prefix cache emptied) and the outputs are a list,
+    one per mode; ``after`` runs once, at the end."""
     import gc
 
     from vllm import LLM, SamplingParams
+
+    from sparkinfer.vllm.worker_runtime import use_paths
 
     # the settings of test_vllm_dcp._greedy (why: see there), at any TP/DCP and for a batch
     for k, v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -64,20 +69,29 @@ def generate(model_dir, monkeypatch, prompt_ids, *, tp, dcp, mode="stock", max_t
     kwargs.setdefault("max_model_len", 160)
     kwargs.setdefault("max_num_seqs", 8)
     kwargs.setdefault("max_num_batched_tokens", CHUNK)
+    modes = (mode,) if isinstance(mode, str) else tuple(mode)
     llm = LLM(str(model_dir), dtype="float32", enforce_eager=True, enable_chunked_prefill=True,
-              tensor_parallel_size=tp, decode_context_parallel_size=dcp, sparkinfer_mode=mode,
+              tensor_parallel_size=tp, decode_context_parallel_size=dcp,
+              sparkinfer_mode=mode if isinstance(mode, str) else "selected",
               compilation_config={"custom_ops": ["-rotary_embedding"]}, **kwargs)  # CPU rope bug for MLA q
     try:
         if before is not None:
             llm.collective_rpc(before[0], args=before[1])
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids],
-                            SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=logprobs),
-                            use_tqdm=False)
-        result = []
-        for o in outs:
-            c = o.outputs[0]
-            top = None if logprobs is None else [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
-            result.append((list(c.token_ids), top))
+        results = []
+        for m in modes:
+            if not isinstance(mode, str):
+                assert llm.collective_rpc(use_paths, args=(m,)) == [{"mode": m, "replicas": False}] * tp
+                llm.reset_prefix_cache()
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids],
+                                SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                                               logprobs=logprobs), use_tqdm=False)
+            result = []
+            for o in outs:
+                c = o.outputs[0]
+                top = None if logprobs is None else [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
+                result.append((list(c.token_ids), top))
+            results.append(result)
+        result = results[0] if isinstance(mode, str) else results
         return result if after is None else (result, llm.collective_rpc(after[0], args=after[1]))
     finally:
         llm.llm_engine.engine_core.shutdown()  # stops the TP workers now, not at interpreter exit
@@ -193,13 +207,17 @@ def test_tp2_dcp2_equals_tp2_dcp1(tiny, cache_dtype, modes, monkeypatch):
     pytest.importorskip("vllm")
     ref = generate(tiny, monkeypatch, PROMPTS, tp=2, dcp=1, kv_cache_dtype=cache_dtype, logprobs=2)
     assert all(len(t) == MAX_TOKENS for t, _ in ref)
-    for variant in modes:
-        mode, _, scoring = variant.partition("+")
+    # the variants of one indexer scoring share an engine (its modes switched between generate calls)
+    for scoring in dict.fromkeys(v.partition("+")[2] for v in modes):
+        engine_modes = tuple(v.partition("+")[0] for v in modes if v.partition("+")[2] == scoring)
         kw = dict(kv_cache_dtype=cache_dtype, sparkinfer_indexer_scoring=scoring or "replicated")
-        got, scored = generate(tiny, monkeypatch, PROMPTS, tp=2, dcp=2, mode=mode, after=(_scored_steps, ()), **kw)
-        for counts in scored:  # every indexer call of the run scored the chosen way
+        runs, scored = generate(tiny, monkeypatch, PROMPTS, tp=2, dcp=2, after=(_scored_steps, ()),
+                                mode=engine_modes[0] if len(engine_modes) == 1 else engine_modes, **kw)
+        for counts in scored:  # every indexer call of the engine scored the chosen way
             assert set(counts) == {scoring or "replicated"} and counts[scoring or "replicated"] > 0, counts
-        _check(tiny, monkeypatch, ref, got, f"TP2/DCP2 {cache_dtype} {variant}", 2, 2, mode, **kw)
+        for mode, got in zip(engine_modes, [runs] if len(engine_modes) == 1 else runs):
+            _check(tiny, monkeypatch, ref, got, f"TP2/DCP2 {cache_dtype} {mode}{'+' + scoring if scoring else ''}",
+                   2, 2, mode, **kw)
 
 
 def test_tp4_dcp4_equals_tp4_dcp1(tiny4, monkeypatch):

@@ -51,3 +51,33 @@ def test_fixed_shape_replica_writes_equal_the_kept_ones(monkeypatch, kept, force
     dst, src, taken = (torch.from_numpy(a) for a in _replica_writes(rows))
     copy_rows(store, records, src, taken != 0, dst_rows=dst)
     assert torch.equal(store, want)
+
+
+def test_use_paths_on_an_engine_that_serves_only_stock():
+    """``use_paths`` (switching an engine's paths between requests): an engine without a selected
+    runtime (DCP 1, mode stock, not a record format, a failed fabric proof) keeps stock and refuses
+    more with the fix; one with a runtime checks the mode and that a replica store exists."""
+    import dataclasses
+
+    from sparkinfer.config import SparkinferConfig
+    from sparkinfer.vllm.selected_runtime import SelectedRuntime
+
+    rt = worker_runtime.for_engine(_config(types.SimpleNamespace()))
+    assert rt.selected is None
+    assert worker_runtime.use_paths(None, "stock") == {"mode": "stock", "replicas": False}
+    for mode, replicas in (("selected", False), ("auto", False), ("stock", True)):
+        with pytest.raises(ValueError, match="serves only stock DCP"):
+            worker_runtime.use_paths(None, mode, replicas)
+    # the switch itself on a runtime's state alone (its constructor needs a whole engine)
+    sel = SelectedRuntime.__new__(SelectedRuntime)
+    sel.config, sel.replicas, sel.replicas_on = SparkinferConfig(mode="selected", replica_window=0), None, False
+    sel.path = types.SimpleNamespace(config=sel.config)
+    rt.selected = sel
+    assert worker_runtime.use_paths(None, "stock") == {"mode": "stock", "replicas": False}
+    assert sel.path.config.mode == "stock"
+    with pytest.raises(ValueError, match="without a replica store"):
+        worker_runtime.use_paths(None, "selected", True)
+    with pytest.raises(ValueError, match="stock, selected or auto"):
+        worker_runtime.use_paths(None, "replicas")
+    sel.config = dataclasses.replace(sel.config, replica_window=64)
+    assert worker_runtime.use_paths(None, "selected", True) == {"mode": "selected", "replicas": True}
