@@ -22,8 +22,9 @@ temporaries is seen.
 
 The same engines hold the decode steps to CUDA-graph replay (``sparkinfer.testing.launches``,
 docs/design/cuda-graphs.md): two decode steps of one shape and path must make the same launches,
-pointers, shapes, scalars and grids, but at the sites ``NOT_REPLAYABLE_YET`` names (the indexer's
-context-sized key lists), which a fix removes. The probe's own tests are tests/decode/test_replay_safety.py.
+pointers, shapes, scalars and grids, but at the sites ``INDEXER_LISTS`` names (the indexer's
+context-sized key lists), which a fix removes; the replicas engine compares its local steps (every
+record in the window, no exchange) and its selected steps apart (``REPLICAS``). The probe's own tests are tests/decode/test_replay_safety.py.
 
 The probe can fail: a read planted into the layers of a running engine (``_plant``) is counted
 in each layer's own forward, and the unit test below catches the validated (direct-call) forms'
@@ -45,6 +46,10 @@ _spec.loader.exec_module(bench)
 
 PROMPT = bench.PROMPT
 MAX_TOKENS = 4
+# The replicas engine's window and tokens: decode steps at contexts 12-14 hold every record in the
+# window of 18 positions (with their 4 rows), "local", and those at 15-17 exchange, "selected": three
+# of each, so the probe compares steps of both paths (the first of each is warm-up).
+REPLICAS = {"window": 18, "tokens": 7}
 BUDGET = 8  # sparkinfer host reads per decode step, whatever the layer count
 # sparkinfer allocations per decode step after warm-up at FSSF, measured (selected-decode.md) plus ~5%,
 # in all and under a layer's forward. Measured 161 / 161 / 163, under a layer 0 / 0 / 0 (161 / 314 /
@@ -298,9 +303,11 @@ def _serve(model_dir, monkeypatch, path: str, plant: bool = False):
 
     for k, v in bench.ENV.items():
         monkeypatch.setenv(k, v)
+    if path == "replicas":
+        monkeypatch.setitem(bench.PATHS, path, (bench.PATHS[path][0], REPLICAS["window"]))
     llm = bench.make_llm(model_dir, path)
     try:
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+        params = SamplingParams(max_tokens=_tokens(path), temperature=0, ignore_eos=True)
         llm.collective_rpc(host_reads.install)
         llm.collective_rpc(launches.install)
         out = llm.generate([{"prompt_token_ids": PROMPT}], params)
@@ -322,7 +329,7 @@ def _serve(model_dir, monkeypatch, path: str, plant: bool = False):
 def test_no_host_read_per_layer_and_few_per_step(model, monkeypatch, name):
     pytest.importorskip("vllm")
     tokens, runs, replays = _serve(model, monkeypatch, name, plant=name == "stock")
-    assert len(tokens) == MAX_TOKENS
+    assert len(tokens) == _tokens(name)
     _check_replays(name, replays)
     for w in runs[0]:
         print(f"{name} {PATTERN} worker: {w['steps']} decode steps, per step sparkinfer {w['sparkinfer']:.1f} "
@@ -356,6 +363,10 @@ INDEXER_LISTS = {"vllm/replicated_indexer.py:run_indexer", "indexer/triton_score
 TARGET_PATHS = {"stock": {"stock"}, "selected": {"selected"}, "replicas": {"selected", "local"}}
 
 
+def _tokens(path: str) -> int:
+    return REPLICAS["tokens"] if path == "replicas" else MAX_TOKENS
+
+
 def _check_replays(name: str, replays: list) -> None:
     """Decode steps of one shape and path made the same launches (``launches``: pointers, shapes,
     scalars and grids; what a CUDA graph replays) but at ``INDEXER_LISTS``, in every forward of every
@@ -370,6 +381,7 @@ def _check_replays(name: str, replays: list) -> None:
                   f"differing per forward {[sorted(x) for x in sites]}")
             for f, differing in enumerate(sites):
                 assert differing == INDEXER_LISTS, r["differences"][f]
+        assert {r["paths"][0] for r in w} == TARGET_PATHS[name], [r["paths"] for r in w]  # each path compared
 
 
 def _model_layers(w: dict) -> dict:
