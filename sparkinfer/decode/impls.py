@@ -113,28 +113,23 @@ def probe_counts(worker=None) -> dict:
     return dict(calls)
 
 
-# Why the sparkinfer builders declare ``AttentionCGSupport.NEVER`` (tests/vllm/test_vllm_gpu_impls.py holds
-# each claim against the code): a captured graph would freeze what these read on the host.
-CUDA_GRAPH_REASON = (
-    "the step's path (stock / selected / gathered) is chosen on the host from the scheduled rows, and "
-    "the host plans each step's shapes (the selected groups that exchange; the indexer's per-request key "
-    "counts on the torch backend): a captured graph would freeze them; a gathered step reads the longest "
-    "sequence and a host-sized exchange the counts on the host; the layers' forwards themselves read nothing back "
-    "(tests/vllm/test_vllm_host_reads.py)")
-
-
 def log_graph_support(runtime, cudagraph_mode) -> None:
     """The one engine log line (per worker: ``runtime``, a ``runtime.WorkerRuntime``) saying how vLLM
-    runs the sparkinfer layers under CUDA graphs; on the ``vllm.sparkinfer`` logger, so it goes
-    wherever vLLM's own lines go."""
+    runs the sparkinfer layers under CUDA graphs (``graph_paths``: what each builder declares and why);
+    on the ``vllm.sparkinfer`` logger, so it goes wherever vLLM's own lines go."""
     if runtime.graph_line_logged:
         return
     runtime.graph_line_logged = True
     import logging
 
+    from sparkinfer.decode.graph_paths import PARTS, support, unsafe
+
+    declared = ", ".join(f"{p} {support(p)}" for p in PARTS)
+    why = "; ".join(f"{p}: {reason}" for p, reason in unsafe(PARTS).items()) or "none"
     logging.getLogger("vllm.sparkinfer").info(
-        "sparkinfer: sparse-MLA attention and the replicated indexer support no full CUDA graphs "
-        "(AttentionCGSupport.NEVER: %s); with cudagraph_mode %s vLLM runs them outside the captured "
-        "pieces (PIECEWISE), eagerly when graphs are off; FULL modes are downgraded or refused by vLLM",
-        CUDA_GRAPH_REASON, cudagraph_mode)
+        "sparkinfer: CUDA graph support per builder (AttentionCGSupport): %s. FULL graphs capture uniform "
+        "decode batches, each on the path fixed for its size, and a step on another path runs without it; "
+        "not replay-safe yet: %s. With cudagraph_mode %s vLLM keeps a NEVER part outside its captured "
+        "pieces (PIECEWISE) and resolves FULL decode graphs only where every builder supports them",
+        declared, why, cudagraph_mode)
 

@@ -16,7 +16,7 @@ reason is logged once per process (a serving engine takes this decision every st
    cold prefill moves none). Otherwise stock. The byte rule is exact, not a model: both paths do
    the same attention FLOPs (H/N heads over all top-k tokens vs H heads over a 1/N share)
 5. more requests than the decoder's workspace holds (``max_batch``, sized from ``pool_mb``) -> stock
-   (every record local through replicas: decode rows -> selected, rows not uniform -> gathered
+   (every record local through replicas: decode rows -> local, rows not uniform -> gathered
    when they fit the workspace, in every mode but stock: the step runs no exchange and no
    collective, which no stock step can beat)
 6. otherwise ``StepPolicy.decide`` (mode selected: selected whenever its workspace fits; auto: the
@@ -38,11 +38,17 @@ from sparkinfer.core.topology import DcpLayout
 
 log = logging.getLogger(__name__)
 
+# A step's paths. Each launches its own kernels, so a CUDA graph captured on one replays only steps of
+# that path (docs/design/cuda-graphs.md): "stock" (vLLM's DCP decode), "selected" (decode rows over
+# exchanged records), "local" (decode rows whose records are all in the replica store: the selected
+# kernels without the exchange) and "gather" (rows not uniform: each request's whole prefix).
+PATHS = ("stock", "selected", "local", "gather")
+
 
 @dataclass(frozen=True)
 class StepChoice:
-    path: str  # "stock", "selected" (decode rows) or "gather" (rows not uniform)
-    depth: int  # prefetch depth for selected / gather, 0 for stock
+    path: str  # one of PATHS
+    depth: int  # prefetch depth for selected / local / gather, 0 for stock
     reason: str
 
 
@@ -94,7 +100,7 @@ class StepPath:
             return self._stock(f"more than {self.max_batch} requests: the selected workspace (pool_mb "
                                f"{self.config.pool_mb}) does not hold them")
         if all_local:  # no exchange, no collective: strictly cheaper than stock's per-layer a2a
-            return StepChoice("selected", self.config.prefetch_depth, "every record local (replicas)")
+            return StepChoice("local", self.config.prefetch_depth, "every record local (replicas)")
         if self.policy is None:
             if mode == "selected":
                 return StepChoice("selected", self.config.prefetch_depth, "mode selected")

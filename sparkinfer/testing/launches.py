@@ -5,8 +5,8 @@ shapes, strides and scalars; only the bytes inside the buffers may differ from s
 decode step is capture-safe when every decode step at the same padded batch shape makes exactly
 the same launches, whatever its requests, their lengths and contexts. This probe records the
 launches each forward makes in vLLM's workers and compares two decode steps of equal shape that
-take the same path (stock, selected or gathered: a graph is captured for one path,
-docs/design/cuda-graphs.md), after the first step of each kind (``WARMUP``).
+take the same path (``step_path.PATHS``: stock, selected, local or gathered; a graph is captured
+for one path, docs/design/cuda-graphs.md), after the first step of each kind (``WARMUP``).
 
 What a launch is on CPU: an aten op (a kernel on a GPU) or an interpreted Triton kernel, made
 by sparkinfer's code; in the engine, under a layer's forward (``host_reads.LAYER_ENTRIES``: the cache write, the
@@ -280,8 +280,9 @@ class _Probe:
 
 
 def _step_path() -> str | None:
-    """The path of the forward vLLM is about to run (stock, selected or gather), from the sparkinfer
-    attention metadata in its forward context; None without one. Steps of one shape replay one graph
+    """The path of the forward vLLM is about to run (``step_path.PATHS``; a step whose records are all
+    local runs no exchange, so "local" is a key of its own), from the sparkinfer attention metadata in
+    its forward context; None without one. Steps of one shape replay one graph
     only on one path (docs/design/cuda-graphs.md), so the probe compares steps of equal shape and path."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
@@ -289,8 +290,8 @@ def _step_path() -> str | None:
         return None
     mds = get_forward_context().attn_metadata
     for md in (mds.values() if isinstance(mds, dict) else ()):
-        if hasattr(md, "sparkinfer_selected"):
-            return "gather" if md.sparkinfer_gather else "selected" if md.sparkinfer_selected else "stock"
+        if hasattr(md, "sparkinfer_selected"):  # the sparkinfer backend's metadata
+            return md.path
     return None
 
 

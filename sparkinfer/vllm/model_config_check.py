@@ -3,8 +3,8 @@
 the record format against the model, and the GLM-5.2 config keys vLLM 0.32.0 would misread;
 patched vLLM raises them when it builds the engine's config (``check_at_startup``).
 ``backend_problem``: an attention backend named that cannot read a record format (the workers
-refuse it when they build the model's attention). ``worker_problems`` (patch 0008, ``engine_start``): CUDA graphs that would capture a sparkinfer
-op and a fabric that cannot reach the caches; each worker raises them once its KV caches exist.
+refuse it when they build the model's attention). ``worker_problems`` (patch 0008, ``engine_start``): CUDA graphs that would replay a sparkinfer
+op wrongly and a fabric that cannot reach the caches; each worker raises them once its KV caches exist.
 ``sparkinfer serve`` prints both lists before it runs vLLM, so a dry run fails on exactly what
 vLLM would refuse (``profile_graphs``: the graphs vLLM resolves from a profile).
 
@@ -254,31 +254,75 @@ VLLM_DEFAULT_SPLITS = (*SPARKINFER_OPS, *KV_UPDATE_OPS)
 DEFAULT_GRAPH_MODE = "FULL_AND_PIECEWISE"  # vLLM 0.32.0's cudagraph_mode when none is set
 
 
+FULL_DECODE_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")  # FULL graphs of uniform decode batches only
+PIECEWISE_MODES = ("PIECEWISE", "FULL_AND_PIECEWISE")  # piecewise graphs around the split-out ops
+
+
 @dataclass(frozen=True)
 class Graphs:
     """An engine's CUDA-graph settings as vLLM resolved them, what ``graph_problem`` reads:
     ``mode`` (a ``CUDAGraphMode`` name), ``splitting_ops`` (None: vLLM's default), ``compiled``
     (compilation mode ``VLLM_COMPILE``), ``kv_update_split`` (the KV-cache update is split out:
-    ``CompilationConfig.splitting_ops_contain_kv_cache_update``) and ``breakable`` (vLLM's
-    breakable CUDA graph, ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``)."""
+    ``CompilationConfig.splitting_ops_contain_kv_cache_update``), ``breakable`` (vLLM's breakable
+    CUDA graph, ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``), the sparkinfer builders' ``parts`` the engine's
+    steps run (``engine_parts``), the ``rows`` of a uniform decode request (1 + speculative tokens),
+    ``max_num_seqs`` (None: not known here) and the ``capture_sizes`` in tokens (None: vLLM's default
+    list, not known here)."""
 
     mode: str
     splitting_ops: tuple[str, ...] | None
     compiled: bool
     kv_update_split: bool
     breakable: bool = False
+    parts: tuple[str, ...] = ("attention",)
+    rows: int = 1
+    max_num_seqs: int | None = None
+    capture_sizes: tuple[int, ...] | None = None
+
+
+def engine_parts(vllm_config) -> tuple[str, ...]:
+    """The sparkinfer builders' parts (``graph_paths.PARTS``) an engine's steps run whose attention is
+    sparkinfer's: the attention, and the indexer where sparkinfer serves it (``serves_replicated_indexer``;
+    elsewhere vLLM's own indexer runs)."""
+    from sparkinfer.vllm.indexer_layout import serves_replicated_indexer
+
+    return ("attention", "indexer") if serves_replicated_indexer(vllm_config) else ("attention",)
 
 
 def graph_problem(g: Graphs) -> str | None:
-    """Why graphs ``g`` would capture a sparkinfer op (the KV-cache update, the sparse-MLA attention
-    or the indexer); None if they do not."""
+    """Why graphs ``g`` would replay a sparkinfer op wrongly; None if they would not. FULL graphs of
+    uniform decode batches (``FULL_DECODE_MODES``) are refused exactly while a part the engine runs is
+    not replay-safe (``graph_paths.NOT_REPLAY_SAFE``, the reason given) or vLLM would pad a decode
+    batch into a larger graph; piecewise graphs while they leave a sparkinfer op inside a piece."""
+    from sparkinfer.decode.graph_paths import padded_decode_batches, unsafe
+
     if g.mode == "NONE":
         return None
     if g.breakable:
         return ("the breakable CUDA graph (VLLM_USE_BREAKABLE_CUDAGRAPH=1) captures the sparkinfer ops between its "
                 "break points; unset it")
-    if g.mode.startswith("FULL"):
-        return f"cudagraph_mode {g.mode} captures whole steps, the sparse-MLA attention included; use PIECEWISE (or NONE)"
+    if g.mode == "FULL":
+        return (f"cudagraph_mode {g.mode} captures mixed prefill/decode steps whole; the sparkinfer builders capture "
+                "uniform decode batches only (AttentionCGSupport.UNIFORM_BATCH): use FULL_AND_PIECEWISE, "
+                "FULL_DECODE_ONLY or PIECEWISE")
+    if g.mode in FULL_DECODE_MODES:
+        bad = unsafe(g.parts)
+        if bad:
+            why = "; ".join(f"the {p}: {reason}" for p, reason in bad.items())
+            return f"cudagraph_mode {g.mode} replays whole decode steps, and not every part is replay-safe yet ({why}); use PIECEWISE (or NONE)"
+        whole = (f"{[g.rows * n for n in range(1, g.max_num_seqs + 1)]}" if g.max_num_seqs else
+                 f"every multiple of {g.rows} up to max_num_seqs x {g.rows}")
+        fix = (f"which the sparkinfer builders do not plan; set cudagraph_capture_sizes to {whole} (each decode "
+               f"batch of {g.rows} rows per request a size of its own)")
+        if g.capture_sizes is None:
+            return (f"cudagraph_mode {g.mode} with vLLM's default capture sizes pads decode batches into larger "
+                    f"graphs with requests of no rows, {fix}")
+        padded = padded_decode_batches(g.capture_sizes, g.rows, g.max_num_seqs)
+        if padded:
+            return (f"cudagraph_mode {g.mode} would replay decode batches of {padded} tokens from larger graphs, "
+                    f"padded with requests of no rows, {fix}")
+    if g.mode not in PIECEWISE_MODES:
+        return None
     split = None if g.splitting_ops is None else list(g.splitting_ops)
     missing = [op for op in SPARKINFER_OPS if split is None or op not in split]
     if split is not None and not g.kv_update_split:
@@ -289,29 +333,50 @@ def graph_problem(g: Graphs) -> str | None:
     return None
 
 
-def profile_graphs(mode: str | None, splitting_ops, *, eager: bool, breakable: bool) -> Graphs:
+def profile_graphs(mode: str | None, splitting_ops, *, eager: bool, breakable: bool,
+                   parts: tuple[str, ...] = ("attention",), rows: int = 1, max_num_seqs: int | None = None,
+                   capture_sizes=None) -> Graphs:
     """The ``Graphs`` vLLM 0.32.0 resolves from ``vllm serve`` settings (``compilation_config``'s
-    ``cudagraph_mode`` and ``splitting_ops``, ``enforce_eager``) for an engine whose attention is
-    sparkinfer's, by vLLM's own steps: ``enforce_eager`` turns graphs off; an empty
-    ``splitting_ops`` leaves PIECEWISE nothing to capture (NONE) and makes FULL_AND_PIECEWISE FULL
-    (``set_splitting_ops_for_v1``); the sparkinfer builders declare ``AttentionCGSupport.NEVER``, so
-    a FULL decode mode becomes PIECEWISE where attention is split out (``splitting_ops`` unset:
-    vLLM splits out every op of its ``_attention_ops``; a list counts only if it names them all,
-    which this does not know, so a list counts as not split), else NONE
-    (``resolve_cudagraph_mode_and_sizes``); FULL for every step stays FULL, which vLLM and
-    ``graph_problem`` both refuse."""
+    ``cudagraph_mode``, ``splitting_ops`` and ``cudagraph_capture_sizes``, ``enforce_eager``) for an
+    engine whose attention is sparkinfer's and whose steps run ``parts`` (``engine_parts``), by vLLM's
+    own steps: ``enforce_eager`` turns graphs off; an empty ``splitting_ops`` leaves PIECEWISE nothing
+    to capture (NONE) and makes FULL_AND_PIECEWISE FULL (``set_splitting_ops_for_v1``); then
+    ``resolve_cudagraph_mode_and_sizes`` with the builders' least support (``graph_paths.support``).
+    With ``NEVER`` a FULL decode mode becomes PIECEWISE where attention is split out
+    (``splitting_ops`` unset: vLLM splits out every op of its ``_attention_ops``; a list counts only
+    if it names them all, which this does not know, so a list counts as not split), else NONE; FULL
+    for every step stays FULL, which vLLM and ``graph_problem`` both refuse. With ``UNIFORM_BATCH``
+    FULL becomes FULL_AND_PIECEWISE where attention is split out, else FULL_DECODE_ONLY, and a FULL
+    decode mode's capture sizes are rounded up to multiples of ``rows``
+    (``adjust_cudagraph_sizes_for_spec_decode``, sizes past the largest dropped)."""
+    from sparkinfer.decode.graph_paths import support
+
+    sizes = None if capture_sizes is None else tuple(capture_sizes)
     if eager:
-        return Graphs("NONE", None if splitting_ops is None else tuple(splitting_ops), False, False, breakable)
+        return Graphs("NONE", None if splitting_ops is None else tuple(splitting_ops), False, False, breakable,
+                      tuple(parts), rows, max_num_seqs, sizes)
     mode = str(mode or DEFAULT_GRAPH_MODE).upper()
+    uniform = all(support(p) == "UNIFORM_BATCH" for p in parts)
     if splitting_ops is None:  # vLLM's default list
         split = VLLM_DEFAULT_SPLITS
-        mode = "PIECEWISE" if mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") else mode
+        if uniform:
+            mode = "FULL_AND_PIECEWISE" if mode == "FULL" else mode
+        else:
+            mode = "PIECEWISE" if mode in FULL_DECODE_MODES else mode
     else:
         split = tuple(splitting_ops)
         if not split:
             mode = {"PIECEWISE": "NONE", "FULL_AND_PIECEWISE": "FULL"}.get(mode, mode)
-        mode = "NONE" if mode in ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") else mode
-    return Graphs(mode, split, True, all(op in split for op in KV_UPDATE_OPS), breakable)
+        if uniform:
+            mode = "FULL_DECODE_ONLY" if mode == "FULL" else mode
+        else:
+            mode = "NONE" if mode in FULL_DECODE_MODES else mode
+    if mode in FULL_DECODE_MODES and sizes and rows > 1:
+        largest = max(sizes)
+        sizes = tuple(sorted({-(-s // rows) * rows for s in sizes if -(-s // rows) * rows <= largest})) or (
+            (rows,) if rows <= largest else ())
+    return Graphs(mode, split, True, all(op in split for op in KV_UPDATE_OPS), breakable, tuple(parts), rows,
+                  max_num_seqs, sizes)
 
 
 def breakable_graphs(environ: Mapping[str, str]) -> bool:
@@ -323,16 +388,16 @@ def worker_problems(graphs: Graphs, *, selected: bool, fabric: str, device_type:
     """Every reason patched vLLM's worker refuses to start an engine whose attention is sparkinfer's
     (``engine_start.start``, after the KV caches exist), one line each; empty when it starts:
 
-    * ``graphs`` would capture a sparkinfer op (``graph_problem``; ``CUDA_GRAPH_REASON``: the ops
-      read host-side step data, which a graph would freeze);
+    * ``graphs`` would replay a sparkinfer op wrongly (``graph_problem``: a part of the step not yet
+      replay-safe in a FULL graph, ``graph_paths.NOT_REPLAY_SAFE``, or an op left inside a piece);
     * with the selected path (``selected``: ``replica_budget.selected_path_possible``), a
       ``fabric`` setting that cannot move caches on ``device_type`` (``impls.fabric_problem``)."""
-    from sparkinfer.decode.impls import CUDA_GRAPH_REASON, fabric_problem
+    from sparkinfer.decode.impls import fabric_problem
 
     problems = []
     why = graph_problem(graphs)
     if why is not None:
-        problems.append(f"sparkinfer: {why}. The sparkinfer ops are not capture-safe ({CUDA_GRAPH_REASON})")
+        problems.append(f"sparkinfer: {why}")
     why = fabric_problem(fabric, device_type) if selected else None
     if why is not None:
         problems.append(why)

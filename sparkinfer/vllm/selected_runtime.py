@@ -45,7 +45,7 @@ from vllm.forward_context import get_forward_context
 from sparkinfer.config import from_additional_config
 from sparkinfer.core.accounting import StockDcpShape, stock_dcp_layer
 from sparkinfer.core.replicas import ReplicaWindow
-from sparkinfer.decode import impls, step_plan
+from sparkinfer.decode import graph_paths, impls, step_plan
 from sparkinfer.vllm import replica_budget, reservations
 from sparkinfer.core.topology import DcpLayout, IndexSharePattern
 from sparkinfer.vllm.cache_dtypes import canonical_cache_dtype
@@ -172,10 +172,12 @@ class SelectedRuntime:
                          window, slots, self.num_layers, slots * window * self.num_layers * self.fmt.record_bytes / 2**20)
         return self.replicas
 
-    def choose(self, query_lens: list[int], contexts: list[int], keys: list[int] | None = None) -> str:
-        """The target model step's path (``StepPath``: stock, selected or gather); ``selected``
+    def choose(self, query_lens: list[int], contexts: list[int], keys: list[int] | None = None,
+               path: str | None = None) -> str:
+        """The target model step's path (``StepPath``: one of ``step_path.PATHS``); ``selected``
         remembers whether it is not stock, so that only those steps pay for stashing their records.
-        ``keys``: each request's id (the replica rule's key; None: no replicas this step)."""
+        ``keys``: each request's id (the replica rule's key; None: no replicas this step); ``path``:
+        taken instead of the host's choice (a CUDA graph's capture run, ``capture_path``)."""
         if self.checks is not None:  # the previous steps' device checks, before planning this one
             self.checks.poll()
         rule = self._replica_rule() if keys is not None and self.replicas_on else None
@@ -198,10 +200,17 @@ class SelectedRuntime:
             self._step_replicas = ((dst, src, mask),
                                    LocalReplicas(self._replica_store, lo, base, step.window, bool(step.all_local)))
             all_local, fetched_below = step.all_local, step.lo.tolist()
-        path = self.path.choose(query_lens, contexts, all_local=all_local, fetched_below=fetched_below).path
+        if path is None:
+            path = self.path.choose(query_lens, contexts, all_local=all_local, fetched_below=fetched_below).path
         self.selected = path != "stock"
         self.keep_records = self.selected or self._step_replicas is not None
         return path
+
+    def capture_path(self, num_reqs: int) -> str:
+        """The path a FULL CUDA graph of ``num_reqs`` uniform decode requests is captured on: the
+        host's choice at the engine's longest context (``graph_paths.capture_path``)."""
+        longest = self.vllm_config.model_config.max_model_len - self.rows
+        return graph_paths.capture_path(self.path, num_reqs, max(longest, 0))
 
     def use(self, mode: str, replicas: bool) -> None:
         """Which paths the following steps may take (``worker_runtime.use_paths``, on every rank alike):

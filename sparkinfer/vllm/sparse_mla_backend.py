@@ -26,8 +26,11 @@ flag (``device_checks``), which ``build`` polls a step later (``tests/vllm/test_
 counts what is left).
 
 Kernels come from ``sparkinfer.decode.impls`` (Triton on a GPU or with ``SPARKINFER_FORCE_GPU_IMPLS=1``).
-CUDA graphs: the builder declares ``AttentionCGSupport.NEVER`` (``impls.CUDA_GRAPH_REASON``), so vLLM
-keeps these layers out of its graphs (PIECEWISE) and logs why once per worker.
+CUDA graphs: the builder declares what ``decode.graph_paths`` says of the attention (``UNIFORM_BATCH``:
+FULL graphs of uniform decode batches), builds a capture run on the path fixed for the graph's size
+(``build_for_cudagraph_capture``) and records it and each step's path in the worker's
+``GraphPaths``, which the runner's hook (patch 0008, ``sparkinfer.vllm.graph_dispatch``) reads before
+it replays a FULL graph; the worker logs its graph line once.
 
 On CUDA it validates for compute capability 9.x (the H200 test machines) and 12.x (sm_120), and
 0007 puts it first in sm_12x's MLA priorities. Run inside vLLM on CPU only so far (with the GPU
@@ -48,7 +51,7 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuild
 from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend, CPUMLAImpl
 
 from sparkinfer.core.layouts import LATENT_DIM
-from sparkinfer.decode import impls, step_plan
+from sparkinfer.decode import graph_paths, impls, step_plan
 from sparkinfer.decode.forward_step import ForwardStep
 from sparkinfer.decode.paged_sparse_mla import attend, forward_cache_rows, forward_scatter_rows, forward_write_records
 from sparkinfer.formats import get_format
@@ -72,22 +75,31 @@ class SparseMetadata:
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
     dcp_interleave: int = 1
-    # selected-record or gathered step (sparkinfer.vllm.selected_runtime): patched MLAAttention then skips
-    # the DCP query gather and LSE merge; context int64 [R] = tokens of each request before this step,
-    # query_lens int64 [R] its rows (a gathered step's rows are not uniform)
-    sparkinfer_selected: bool = False
+    # the step's path (step_path.PATHS, sparkinfer.vllm.selected_runtime); context int64 [R] = tokens of
+    # each request before this step, query_lens int64 [R] its rows (a gathered step's rows are not uniform)
+    path: str = "stock"
     context: torch.Tensor | None = None
-    sparkinfer_gather: bool = False
     query_lens: torch.Tensor | None = None
     # what a layer's forward needs this step, resolved by the build (decode.forward_step)
     step: ForwardStep | None = None
     prefill: None = None
     decode: None = None
 
+    @property
+    def sparkinfer_selected(self) -> bool:
+        """Not stock DCP (selected, local or gathered records): patched MLAAttention then skips the DCP
+        query gather and LSE merge (patch 0001)."""
+        return self.path != "stock"
+
+    @property
+    def sparkinfer_gather(self) -> bool:
+        return self.path == "gather"
+
 
 class SparseMetadataBuilder(AttentionMetadataBuilder):
-    # Not capturable (impls.CUDA_GRAPH_REASON): vLLM then runs attention outside its graphs (PIECEWISE).
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    # FULL graphs of uniform decode batches (1 + num_speculative_tokens rows per request) where
+    # graph_paths' statement finds the attention replay-safe.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport[graph_paths.support("attention")]
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -98,7 +110,24 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         self.runtime.checks.poll()  # a check set by an earlier step's forward fails the engine here
-        return self._build(common_attn_metadata, may_select=True)
+        md = self._build(common_attn_metadata, may_select=True)
+        if self._tells_the_path():
+            self.runtime.graphs.step_path = md.path  # what the runner's hook holds the FULL graph to
+        return md
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        """A capture (or FULL warm-up) run of a uniform decode batch: built on the path fixed for the
+        graph's size (``graph_paths.capture_path``), which the worker records for its replays."""
+        md = self._build(common_attn_metadata, may_select=True, capture=True)
+        if self._tells_the_path():
+            self.runtime.graphs.capture(common_attn_metadata.num_actual_tokens, md.path)
+        return md
+
+    def _tells_the_path(self) -> bool:
+        """This group's build is the step's path: it plans the selected path (its records are
+        DCP-sharded), or the engine never takes that path (every step stock). A replicated group in an
+        engine that selects (the drafter's layers) builds stock whatever the step takes."""
+        return self.runtime.selected is None or getattr(self.kv_cache_spec, "dcp_sharded", False)
 
     def build_for_drafting(self, common_attn_metadata, draft_index):
         """MTP draft passes take stock DCP: the selected executor plans the target model's layers."""
@@ -107,8 +136,9 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
             rt.selected = rt.keep_records = False  # nor do the draft's cache writes need the step's records
         return self._build(common_attn_metadata, may_select=False)
 
-    def _build(self, common_attn_metadata, may_select: bool):
-        """Plan on the host (``step_plan``) from vLLM's host copies; one copy to the device."""
+    def _build(self, common_attn_metadata, may_select: bool, capture: bool = False):
+        """Plan on the host (``step_plan``) from vLLM's host copies; one copy to the device. ``capture``:
+        the path is the one fixed for the batch's size, not the host's choice for its rows."""
         cm = common_attn_metadata
         n = cm.num_actual_tokens
         qsl, seq_lens = step_plan.host_lens(cm, self.vllm_config)
@@ -122,7 +152,8 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
                 seq_lens = cm.seq_lens[: cm.num_reqs].cpu().numpy().astype(np.int64)
             qlens = qsl[1:] - qsl[:-1]
             contexts = seq_lens - qlens
-            path = rt.choose(qlens.tolist(), contexts.tolist(), self.runtime.step_request_ids(cm.num_reqs))
+            fixed = rt.capture_path(cm.num_reqs) if capture else None
+            path = rt.choose(qlens.tolist(), contexts.tolist(), self.runtime.step_request_ids(cm.num_reqs), fixed)
             token_req, context, query_lens = self._uploads(token_req, contexts, qlens)
         else:
             token_req, = self._uploads(token_req)
@@ -131,7 +162,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
                               interleave=interleave)
         return SparseMetadata(n, cm.num_reqs, cm.num_reqs, 0, n, token_req, cm.block_table_tensor,
                               cm.slot_mapping, local_lens[: cm.num_reqs], cm.query_start_loc, interleave,
-                              path != "stock", context, path == "gather", query_lens, step)
+                              path, context, query_lens, step)
 
 
 def float_cache_attention(q_nope, q_rope, kv_cache, slots, scale):

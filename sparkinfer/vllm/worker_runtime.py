@@ -35,6 +35,12 @@ def for_engine(vllm_config=None):
     return _worker[1]
 
 
+def of_engine(vllm_config):
+    """The runtime made for the engine of ``vllm_config``, or None: the engine built no sparkinfer object
+    (its attention is not sparkinfer's)."""
+    return _worker[1] if _worker[0] is vllm_config.compilation_config else None
+
+
 def current():
     """The runtime of the engine this worker runs, or None before vLLM built a sparkinfer object."""
     return _worker[1]

@@ -377,8 +377,11 @@ ATTENTION_OP = "vllm::unified_mla_attention_with_output"
 WORKER = [  # every reason patched vLLM's worker refuses at engine start (model_config_check.worker_problems):
     # (profile, --set overrides, what the FAIL lines name, in order); tests/vllm/test_engine_start.py
     # holds each against the worker's own check
-    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL"],
-     ["cudagraph_mode FULL captures whole steps"]),
+    (PROFILE, ["vllm.compilation_config.cudagraph_mode=FULL"], ["cudagraph_mode FULL captures mixed"]),
+    # DCP1 (vLLM's indexer, the sparkinfer attention UNIFORM_BATCH): FULL decode graphs, but capture
+    # sizes that leave decode batches of 3, 5, 6 and 7 requests padded into a larger graph
+    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_capture_sizes=[4, 8, 16, 32, 64]"],
+     ["would replay decode batches of [12, 20, 24, 28, 36"]),
     (PROFILE, [f"vllm.compilation_config.splitting_ops=['{ATTENTION_OP}']"],
      [f"splitting_ops ['{ATTENTION_OP}'] leaves ['vllm::sparse_attn_indexer', 'vllm::unified_mla_kv_cache_update']"]),
     (PROFILE, ["env.VLLM_USE_BREAKABLE_CUDAGRAPH=1"], ["the breakable CUDA graph"]),  # over the profile's 0
@@ -387,8 +390,10 @@ WORKER = [  # every reason patched vLLM's worker refuses at engine start (model_
      ["the breakable CUDA graph", "sparkinfer fabric 'host'"]),
 ]
 WORKER_STARTS = [  # what the worker starts though it looks close to the above: (profile, --set overrides)
-    ("glm52-tp4-dcp1-mtp3-368", []),  # vLLM's default FULL_AND_PIECEWISE: PIECEWISE for the sparkinfer backend
-    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL_DECODE_ONLY"]),  # PIECEWISE, too
+    ("glm52-tp4-dcp1-mtp3-368", []),  # vLLM's default FULL_AND_PIECEWISE, every decode batch captured
+    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL_DECODE_ONLY"]),
+    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL"]),  # vLLM: FULL_AND_PIECEWISE
+    (PROFILE, ["vllm.compilation_config.cudagraph_mode=PIECEWISE"]),  # the DCP4 profiles' own
     (PROFILE, ["vllm.compilation_config.splitting_ops=[]"]),  # PIECEWISE, nothing split: NONE
     ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL", "vllm.enforce_eager=true"]),
     ("glm52-tp4-dcp1-mtp3-368", ["sparkinfer.fabric=host"]),  # DCP1: no selected path, no fabric

@@ -80,3 +80,30 @@ def test_two_steps_of_one_shape_make_the_same_launches_and_changes_are_seen(monk
     where = launches.first_difference([a], [e])  # a scalar the graph would freeze (scale x log2 e)
     assert "triton:_sparse_mla_decode_kernel): 0.144" in where and "against 0.288" in where, where
     assert "1 forwards against 2" in launches.first_difference([a], [a, b])
+
+
+def test_the_probe_compares_steps_of_one_path_only(monkeypatch):
+    """Decode steps are keyed by their shape and path (``_step_path``): a step whose records are all
+    local ("local": no exchange) is compared only with local steps, never with a selected one of the
+    same shape, and each path's first step is warm-up (``launches.WARMUP``)."""
+    from types import SimpleNamespace
+
+    paths = iter(["selected", "local", "selected", "local", "selected", "local", "local"])
+    monkeypatch.setattr(launches, "_step_path", lambda: next(paths))
+    x = torch.zeros(4)
+
+    class Runner:
+        def execute_model(self, scheduler_output):
+            return self._model_forward()
+
+        def _model_forward(self):
+            return x.add(1)
+
+    runner = Runner()
+    probe = launches._Probe(runner, spec_rows=4)
+    decode = SimpleNamespace(num_scheduled_tokens={"a": 4}, scheduled_new_reqs=[])
+    for _ in range(7):
+        runner.execute_model(decode)
+    results = probe.report()
+    assert [r["paths"] for r in results] == [["selected"], ["local"], ["local"]]
+    assert all(r["differences"] == [{}] for r in results), results

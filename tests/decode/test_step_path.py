@@ -113,10 +113,14 @@ def test_gathered_steps_need_the_byte_rule_inputs():
         StepPath(SparkinferConfig(mode="auto"), dcp=4, record_format=True, rows=R, max_batch=8, gather_rows=100)
 
 
-def test_all_local_steps_go_selected_even_in_auto_but_never_in_stock():
+def test_all_local_steps_go_local_even_in_auto_but_never_in_stock():
     """A step whose records are all in the replica store moves nothing: auto takes it with no profile
-    (stock would still run its per-layer all-to-all); mode stock and the hard gates still win."""
-    assert _path(mode="auto").choose([R, R], [1000, 50], all_local=True).path == "selected"
+    (stock would still run its per-layer all-to-all); mode stock and the hard gates still win. Its
+    path is "local", not "selected": it runs no exchange, so a CUDA graph of a selected step (with its
+    exchange) cannot replay it."""
+    for mode in ("auto", "selected"):
+        assert _path(mode=mode).choose([R, R], [1000, 50], all_local=True).path == "local"
+    assert _path(mode="selected").choose([R, R], [1000, 50]).path == "selected"
     assert "replicas" in _path(mode="auto").choose([R, R], [1000, 50], all_local=True).reason
     assert _path(mode="auto").choose([R, R], [1000, 50]).path == "stock"
     assert _path(mode="stock").choose([R, R], [1000, 50], all_local=True).path == "stock"

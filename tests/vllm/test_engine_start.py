@@ -1,11 +1,12 @@
 """The worker's start-up refusals (sparkinfer/vllm/engine_start.py, ``model_config_check.worker_problems``)
 on vLLM's own compilation config, and ``sparkinfer serve --dry-run`` held to them.
 
-A CUDA graph mode that would capture a sparkinfer op is refused, with the op named. The dry run
-refuses what the worker refuses, in the worker's words, without an engine: vLLM resolves the
-profile's compilation config as a worker does for the sparkinfer backend (its builders declare
-``AttentionCGSupport.NEVER``; vLLM's own refusal of a FULL mode is a ValueError there), then
-``engine_start.check_worker`` reads the resolved config, the sparkinfer settings and caches on GPUs.
+A CUDA graph mode that would replay a sparkinfer op wrongly is refused, with the reason named. The
+dry run refuses what the worker refuses, in the worker's words, without an engine: vLLM resolves the
+profile's compilation config as a worker does for the sparkinfer builders the engine runs (each
+declares what ``decode.graph_paths`` says of its part; vLLM resolves with the least of them, and its
+own refusal of a FULL mode is a ValueError there), then ``engine_start.check_worker`` reads the
+resolved config, the sparkinfer settings and caches on GPUs.
 """
 
 import os
@@ -24,10 +25,16 @@ from test_serve_cli import ATTENTION_OP, PROFILE, WORKER, WORKER_STARTS, glm52_c
     ("PIECEWISE", ["vllm::unified_mla_attention_with_output", "vllm::sparse_attn_indexer"], False,
      "unified_mla_kv_cache_update"),
     ("FULL", None, False, "FULL"),
-    ("FULL_DECODE_ONLY", None, False, "FULL_DECODE_ONLY"),
+    ("FULL_DECODE_ONLY", None, False, None),  # every decode batch a capture size (below)
+    ("FULL_AND_PIECEWISE", None, False, None),
+    ("FULL_AND_PIECEWISE", ["vllm::unified_mla_attention_with_output"], False, "sparse_attn_indexer"),
+    ("FULL_DECODE_ONLY", ["vllm::unified_mla_attention_with_output"], False, None),  # no piecewise graphs
     ("PIECEWISE", None, True, "breakable"),
 ])
 def test_graph_modes_that_capture_a_sparkinfer_op_are_refused(mode, splitting, breakable, refused):
+    """vLLM's own resolved compilation config at MTP3 (4 rows a request), 4 requests at most, every
+    decode batch a capture size: refused where a piece would capture a sparkinfer op, or FULL graphs
+    of mixed batches."""
     pytest.importorskip("vllm")
     from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
 
@@ -35,9 +42,10 @@ def test_graph_modes_that_capture_a_sparkinfer_op_are_refused(mode, splitting, b
     from sparkinfer.vllm.model_config_check import graph_problem
 
     cfg = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=CUDAGraphMode[mode],
-                            splitting_ops=splitting)
+                            splitting_ops=splitting, cudagraph_capture_sizes=[4, 8, 12, 16],
+                            max_cudagraph_capture_size=16)
     cfg.set_splitting_ops_for_v1("naive")
-    why = graph_problem(graphs(cfg, breakable))
+    why = graph_problem(graphs(cfg, breakable, ("attention",), 4, 4))
     if refused is None:
         assert why is None
     else:
@@ -58,7 +66,8 @@ def worker_refusal(profile: str, sets: list[str], env: dict, monkeypatch) -> str
     from sparkinfer import config as sc
     from sparkinfer.cli import serve
     from sparkinfer.vllm import engine_start
-    from sparkinfer.vllm.model_config_check import DEFAULT_GRAPH_MODE
+    from sparkinfer.decode.graph_paths import support
+    from sparkinfer.vllm.model_config_check import DEFAULT_GRAPH_MODE, engine_parts
 
     data = serve.load_profile(profile)
     for s in sets:
@@ -67,16 +76,22 @@ def worker_refusal(profile: str, sets: list[str], env: dict, monkeypatch) -> str
         monkeypatch.setenv(k, v)
     comp = serve._table(data, "compilation_config")
     eager = data["vllm"].get("enforce_eager") is True  # vLLM then compiles nothing and captures nothing
+    sizes = comp.get("cudagraph_capture_sizes")  # a profile without them gets vLLM's defaults: not here
+    given = {"cudagraph_capture_sizes": sizes, "max_cudagraph_capture_size": max(sizes)} if sizes else {}
     cc = CompilationConfig(mode=CompilationMode.NONE if eager else CompilationMode.VLLM_COMPILE,
                            cudagraph_mode=CUDAGraphMode["NONE" if eager else comp.get("cudagraph_mode", DEFAULT_GRAPH_MODE)],
-                           splitting_ops=comp.get("splitting_ops"))
+                           splitting_ops=comp.get("splitting_ops"), **given)
     cc.set_splitting_ops_for_v1("naive")
-    try:
-        cc.resolve_cudagraph_mode_and_sizes(AttentionCGSupport.NEVER, "SPARKINFER_SPARSE_MLA")
-    except ValueError as e:
-        return f"vLLM: {e}"
     vllm_config = serve.engine_config(data, glm52_config(), os.environ)  # the fields sparkinfer reads
     vllm_config.additional_config = {sc.ADDITIONAL_CONFIG_KEY: sc.resolve(data["sparkinfer"]).as_dict()}  # patch 0002
+    # vLLM resolves with the least support of the builders the engine runs (the GPU runner's
+    # _check_and_update_cudagraph_mode; vLLM's own indexer, where it runs, supports more)
+    least = min((AttentionCGSupport[support(p)] for p in engine_parts(vllm_config)), key=lambda s: s.value)
+    try:
+        cc.resolve_cudagraph_mode_and_sizes(least, "SPARKINFER_SPARSE_MLA",
+                                            uniform_decode_query_len=1 + serve.speculative_tokens(data))
+    except ValueError as e:
+        return f"vLLM: {e}"
     cc.static_forward_context["model.layers.0.self_attn.attn"] = SimpleNamespace(
         impl=_SparkinferImpl(), kv_cache=SimpleNamespace(device=torch.device("cuda")))
     vllm_config.compilation_config = cc
@@ -106,6 +121,7 @@ def test_the_dry_run_refuses_what_the_worker_refuses(profile, sets, names, monke
     assert fails and said is not None, (fails, said)
     if said.startswith("vLLM: "):  # vLLM refuses it before sparkinfer's check, in its own words
         assert "CUDAGraphMode.FULL is not supported" in said, said
+        assert all("cudagraph_mode FULL captures mixed" in f for f in fails), fails
     else:
         assert said == "; ".join(fails)
 

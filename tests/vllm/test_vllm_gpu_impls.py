@@ -513,44 +513,33 @@ def _host_reads(fn):
 
 
 @pytest.mark.vllm
-def test_builders_declare_no_cuda_graphs_for_the_stated_reasons():
-    """Both sparkinfer builders declare ``AttentionCGSupport.NEVER``, and each claim of
-    ``impls.CUDA_GRAPH_REASON`` holds: the stock attention, the gathered step's planning and the
-    indexer op read tensors back to the host (a captured graph would replay stale values)."""
+def test_builders_declare_what_the_statement_says_and_its_claim_holds():
+    """Each sparkinfer builder declares what ``graph_paths.support`` says of its part (the attention
+    ``UNIFORM_BATCH``; a part ``NOT_REPLAY_SAFE`` names, ``NEVER``), and the statement's claim about
+    the indexer holds: its op reads each request's lengths and rows back to the host, so its launches
+    follow the contexts (a captured graph would replay stale ones)."""
     pytest.importorskip("vllm")
     from vllm.v1.attention.backend import AttentionCGSupport
 
-    from sparkinfer.comm.ring import prefix_union
-    from sparkinfer.formats import get_format
+    from sparkinfer.decode import graph_paths
     from sparkinfer.vllm.replicated_indexer import indexer_backend, run_indexer
-    from sparkinfer.decode.paged_sparse_mla import paged_sparse_mla
     from sparkinfer.vllm.sparse_mla_backend import SparseMetadataBuilder
 
-    for builder in (SparseMetadataBuilder, indexer_backend().get_builder_cls()):
-        assert builder.get_cudagraph_support(None, None) is AttentionCGSupport.NEVER, builder.__name__
-    assert "host" in impls.CUDA_GRAPH_REASON
-    # stock attention: top-k -> slots checks its ranges on the host
-    g = torch.Generator().manual_seed(1)
-    fmt = get_format("nvfp4_368")
-    cache = torch.zeros(4, 16, 368, dtype=torch.uint8)
-    fmt.write(cache.view(-1, 368), torch.arange(40), torch.randn(40, 512, generator=g),
-              torch.randn(40, 64, generator=g))
-    topk = torch.randint(0, 40, (3, 8), generator=g, dtype=torch.int32)
-    q = torch.randn(3, 2, 512, generator=g), torch.randn(3, 2, 64, generator=g)
-    attend = lambda: paged_sparse_mla(*q, cache, "nvfp4_368", topk, torch.zeros(3, dtype=torch.int64),  # noqa: E731
-                                      torch.arange(4, dtype=torch.int32)[None], 0.1)
-    assert _host_reads(attend) & {"__int__", "__bool__", "item", "tolist"}
-    # a gathered step: the longest sequence
-    assert "__int__" in _host_reads(lambda: prefix_union(torch.tensor([5, 9])))
-    # the indexer: per-request lengths and rows
-    cache, md, qi, k, w = _indexer_inputs()
-    buf = torch.full((16, 8), -1, dtype=torch.int32)
-    assert _host_reads(lambda: run_indexer(cache, md, qi, k, w, buf, 8)) & {"__int__", "__bool__", "item"}
+    builders = {"attention": SparseMetadataBuilder, "indexer": indexer_backend().get_builder_cls()}
+    assert set(builders) == set(graph_paths.PARTS)
+    for part, builder in builders.items():
+        assert builder.get_cudagraph_support(None, None) is AttentionCGSupport[graph_paths.support(part)], part
+    assert SparseMetadataBuilder.get_cudagraph_support(None, None) is AttentionCGSupport.UNIFORM_BATCH
+    if "indexer" in graph_paths.NOT_REPLAY_SAFE:
+        cache, md, qi, k, w = _indexer_inputs()
+        buf = torch.full((16, 8), -1, dtype=torch.int32)
+        assert _host_reads(lambda: run_indexer(cache, md, qi, k, w, buf, 8)) & {"__int__", "__bool__", "item"}
 
 
 def test_graph_line_is_logged_once_per_worker(caplog, monkeypatch):
     import logging
 
+    from sparkinfer.decode import graph_paths
     from sparkinfer.decode.runtime import WorkerRuntime
 
     runtime = WorkerRuntime("cpu")  # the worker's state: whether its line was logged
@@ -566,34 +555,43 @@ def test_graph_line_is_logged_once_per_worker(caplog, monkeypatch):
     finally:
         logger.removeHandler(caplog.handler)
     lines = [r.getMessage() for r in caplog.records if r.name == "vllm.sparkinfer"]
-    assert len(lines) == 1 and "AttentionCGSupport.NEVER" in lines[0] and "PIECEWISE" in lines[0]
+    assert len(lines) == 1 and "attention UNIFORM_BATCH" in lines[0] and "PIECEWISE" in lines[0], lines
+    assert all(reason in lines[0] for reason in graph_paths.NOT_REPLAY_SAFE.values())
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("requested, resolved", [("FULL_AND_PIECEWISE", "PIECEWISE"), ("PIECEWISE", "PIECEWISE"),
-                                                 ("FULL_DECODE_ONLY", "PIECEWISE"), ("FULL", None)])
-def test_vllm_runs_the_backend_piecewise(requested, resolved):
-    """What vLLM 0.32 makes of NEVER under torch.compile with attention split out (its default
-    splitting ops, which include the indexer op): PIECEWISE for every mode with piecewise pieces
-    (MTP's 4-row decodes included), and FULL refused at start-up."""
+@pytest.mark.parametrize("support, requested, resolved", [
+    ("NEVER", "FULL_AND_PIECEWISE", "PIECEWISE"), ("NEVER", "PIECEWISE", "PIECEWISE"),
+    ("NEVER", "FULL_DECODE_ONLY", "PIECEWISE"), ("NEVER", "FULL", None),
+    ("UNIFORM_BATCH", "FULL_AND_PIECEWISE", "FULL_AND_PIECEWISE"), ("UNIFORM_BATCH", "PIECEWISE", "PIECEWISE"),
+    ("UNIFORM_BATCH", "FULL_DECODE_ONLY", "FULL_DECODE_ONLY"), ("UNIFORM_BATCH", "FULL", "FULL_AND_PIECEWISE")])
+def test_what_vllm_makes_of_the_builders_support(support, requested, resolved):
+    """What vLLM 0.32 makes of the least support of an engine's builders under torch.compile with
+    attention split out (its default splitting ops, which include the indexer op), MTP3's 4-row
+    decodes: with NEVER (sparkinfer's indexer runs) PIECEWISE for every mode with piecewise pieces and
+    FULL refused at start-up; with UNIFORM_BATCH (the attention alone: vLLM's indexer runs) FULL
+    decode graphs, FULL made FULL_AND_PIECEWISE, and the capture sizes rounded up to multiples of 4."""
     pytest.importorskip("vllm")
     from vllm.config import CompilationConfig, CompilationMode
     from vllm.v1.attention.backend import AttentionCGSupport
 
     cfg = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=requested,
-                            splitting_ops=list(CompilationConfig._attention_ops))
+                            splitting_ops=list(CompilationConfig._attention_ops),
+                            cudagraph_capture_sizes=[1, 2, 4, 8, 12, 16], max_cudagraph_capture_size=16)
     assert "vllm::sparse_attn_indexer" in cfg.splitting_ops  # the indexer op stays out of the graphs too
-    args = (AttentionCGSupport.NEVER, "SPARKINFER_SPARSE_MLA")
+    args = (AttentionCGSupport[support], "SPARKINFER_SPARSE_MLA")
     if resolved is None:
         with pytest.raises(ValueError, match="not supported"):
             cfg.resolve_cudagraph_mode_and_sizes(*args, uniform_decode_query_len=4)
-    else:
-        assert cfg.resolve_cudagraph_mode_and_sizes(*args, uniform_decode_query_len=4).name == resolved
+        return
+    assert cfg.resolve_cudagraph_mode_and_sizes(*args, uniform_decode_query_len=4).name == resolved
+    full_decode = resolved in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
+    assert cfg.cudagraph_capture_sizes == ([4, 8, 12, 16] if full_decode else [1, 2, 4, 8, 12, 16])
 
 
 def test_dcp_serve_profiles_run_piecewise():
     """Every DCP > 1 serve profile asks for PIECEWISE itself (vLLM's FULL modes fault with MTP + DCP
-    upstream, and the backend has no full-graph support anyway)."""
+    upstream, and sparkinfer's indexer, which runs there, is not replay-safe yet: graph_paths)."""
     import tomllib
     from pathlib import Path
 

@@ -23,7 +23,9 @@ temporaries is seen.
 The same engines hold the decode steps to CUDA-graph replay (``sparkinfer.testing.launches``,
 docs/design/cuda-graphs.md): two decode steps of one shape and path must make the same launches,
 pointers, shapes, scalars and grids, in every forward (the indexer included: its rows score their
-requests' pages, ``indexer.triton_paged``). The probe's own tests are tests/decode/test_replay_safety.py.
+requests' pages, ``indexer.triton_paged``); the replicas engine compares its local steps (every
+record in the window, no exchange) and its selected steps apart (``REPLICAS``). The probe's own
+tests are tests/decode/test_replay_safety.py.
 
 The probe can fail: a read planted into the layers of a running engine (``_plant``) is counted
 in each layer's own forward, and the unit test below catches the validated (direct-call) forms'
@@ -45,6 +47,10 @@ _spec.loader.exec_module(bench)
 
 PROMPT = bench.PROMPT
 MAX_TOKENS = 4
+# The replicas engine's window and tokens: decode steps at contexts 12-14 hold every record in the
+# window of 18 positions (with their 4 rows), "local", and those at 15-17 exchange, "selected": three
+# of each, so the probe compares steps of both paths (the first of each is warm-up).
+REPLICAS = {"window": 18, "tokens": 7}
 BUDGET = 8  # sparkinfer host reads per decode step, whatever the layer count
 # sparkinfer allocations per decode step after warm-up at FSSF, measured (selected-decode.md) plus ~5%,
 # in all and under a layer's forward. Measured 81 / 81 / 83, under a layer 0 / 0 / 0 (161 / 161 / 163
@@ -299,9 +305,11 @@ def _serve(model_dir, monkeypatch, path: str, plant: bool = False):
 
     for k, v in bench.ENV.items():
         monkeypatch.setenv(k, v)
+    if path == "replicas":
+        monkeypatch.setitem(bench.PATHS, path, (bench.PATHS[path][0], REPLICAS["window"]))
     llm = bench.make_llm(model_dir, path)
     try:
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+        params = SamplingParams(max_tokens=_tokens(path), temperature=0, ignore_eos=True)
         llm.collective_rpc(host_reads.install)
         llm.collective_rpc(launches.install)
         out = llm.generate([{"prompt_token_ids": PROMPT}], params)
@@ -323,7 +331,7 @@ def _serve(model_dir, monkeypatch, path: str, plant: bool = False):
 def test_no_host_read_per_layer_and_few_per_step(model, monkeypatch, name):
     pytest.importorskip("vllm")
     tokens, runs, replays = _serve(model, monkeypatch, name, plant=name == "stock")
-    assert len(tokens) == MAX_TOKENS
+    assert len(tokens) == _tokens(name)
     _check_replays(name, replays)
     for w in runs[0]:
         print(f"{name} {PATTERN} worker: {w['steps']} decode steps, per step sparkinfer {w['sparkinfer']:.1f} "
@@ -347,6 +355,15 @@ def test_no_host_read_per_layer_and_few_per_step(model, monkeypatch, name):
             assert w["layer"] >= len(PATTERN), w["sites"]
 
 
+# The target forward's path in each engine (step_path.PATHS): with replicas, a step whose records are
+# all in the window is "local" (no exchange, a graph of its own), else "selected".
+TARGET_PATHS = {"stock": {"stock"}, "selected": {"selected"}, "replicas": {"selected", "local"}}
+
+
+def _tokens(path: str) -> int:
+    return REPLICAS["tokens"] if path == "replicas" else MAX_TOKENS
+
+
 def _check_replays(name: str, replays: list) -> None:
     """Decode steps of one shape and path made the same launches (``launches``: pointers, shapes,
     scalars and grids; what a CUDA graph replays) in every forward of every worker (the target
@@ -356,12 +373,13 @@ def _check_replays(name: str, replays: list) -> None:
         assert w, "no two decode steps of one shape and path to compare"
         for r in w:
             assert len(r["differences"]) == r["forwards"] > 1, r  # the target's forward and the drafter's
-            assert r["paths"][0] == ("stock" if name == "stock" else "selected"), r["paths"]
+            assert r["paths"][0] in TARGET_PATHS[name], r["paths"]
             sites = [set(found) for found in r["differences"]]
             print(f"{name} {r['paths']}: {r['forwards']} forwards of {r['kernels']} kernel launches; sites "
                   f"differing per forward {[sorted(x) for x in sites]}")
             for f, differing in enumerate(sites):
                 assert not differing, r["differences"][f]
+        assert {r["paths"][0] for r in w} == TARGET_PATHS[name], [r["paths"] for r in w]  # each path compared
 
 
 def _model_layers(w: dict) -> dict:
