@@ -35,16 +35,18 @@ from sparkinfer.decode.step_path import StepPath
 log = logging.getLogger(__name__)
 
 # The builders' parts of a decode step: "attention" (sparse_mla_backend: the cache write and the
-# sparse-MLA attention on every path) and "indexer" (replicated_indexer: the DSA indexer where
-# sparkinfer runs it, ``indexer_layout.serves_replicated_indexer``).
-PARTS = ("attention", "indexer")
+# sparse-MLA attention on every path), "indexer" (replicated_indexer: the DSA indexer where sparkinfer
+# runs it, ``indexer_layout.serves_replicated_indexer``) and "indexer_sharded" (the same indexer in an
+# engine whose steps may be scored sharded, ``indexer_scoring.may_shard``).
+PARTS = ("attention", "indexer", "indexer_sharded")
 
 # What a FULL graph cannot replay yet, part -> why: the one statement the builders' declarations and
 # the worker's refusal read.
 NOT_REPLAY_SAFE = {
-    "indexer": ("sparkinfer's indexer sizes its decode-step key lists by each request's context: the "
-                "lists' length, the scorer's grid and the top-k's max_len passed by value follow the "
-                "contexts, not the batch shape (tests/vllm/test_vllm_host_reads.py, INDEXER_LISTS)"),
+    "indexer_sharded": ("sparkinfer's indexer may score a step sharded (indexer_scoring sharded, or auto on a "
+                        "node with a cost profile, which picks sharded or replicated per step from the contexts: "
+                        "an all-gather in one step and none in the next), and no probe has held a sharded step "
+                        "to replay yet; indexer_scoring = replicated scores every step one way"),
 }
 
 

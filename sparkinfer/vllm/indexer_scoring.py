@@ -47,25 +47,59 @@ class ShardedScoring:
         return self.layout.token_of(self.rank, torch.arange(self.layout.local_len(seq_len, self.rank)))
 
 
+def _setting(vllm_config) -> str:
+    from sparkinfer.config import from_additional_config
+
+    return from_additional_config(vllm_config.additional_config).indexer_scoring
+
+
+def _resolve(vllm_config):
+    """(the engine's scoring: ``replicated``, ``sharded`` or ``auto``, the node profile and geometry
+    ``auto`` decides with, or None): ``auto`` without a profile for this device, and an engine whose
+    indexer is not replicated (DCP 1, upstream's sharded keys), score replicated."""
+    from sparkinfer.vllm.indexer_layout import indexer_replicated
+
+    setting = _setting(vllm_config) if indexer_replicated(vllm_config) else "replicated"
+    if setting != "auto":
+        return setting, None, None
+    if not torch.cuda.is_available():
+        return "replicated", None, None
+    from sparkinfer.core.costmodel import find_profile
+    from sparkinfer.core.geometry import ModelGeometry
+
+    profile = find_profile(torch.cuda.get_device_name(), vllm_config.parallel_config.decode_context_parallel_size)
+    if profile is None:
+        return "replicated", None, None
+    return "auto", profile, ModelGeometry.from_hf_config(vllm_config.model_config.hf_text_config)
+
+
+def may_shard(vllm_config) -> bool:
+    """Whether some step of this engine may be scored sharded (at engine start, before any builder).
+    ``auto`` for a GPU engine judged where no GPU is (``serve --dry-run`` off the node) may: the node's
+    device may have a profile."""
+    from sparkinfer.vllm.indexer_layout import indexer_replicated
+
+    if not indexer_replicated(vllm_config):
+        return False
+    setting = _setting(vllm_config)
+    if setting != "auto":
+        return setting == "sharded"
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
+    if device == "cuda" and not torch.cuda.is_available():
+        return True
+    return _resolve(vllm_config)[0] != "replicated"
+
+
 class IndexerScoring:
     """One per indexer metadata builder: ``for_step`` gives the step's ``ShardedScoring`` or None."""
 
     def __init__(self, vllm_config):
-        from sparkinfer.config import from_additional_config
-        from sparkinfer.vllm.indexer_layout import indexer_replicated
-
         par = vllm_config.parallel_config
         self.dcp = par.decode_context_parallel_size
-        setting = from_additional_config(vllm_config.additional_config).indexer_scoring
-        if not indexer_replicated(vllm_config):  # DCP 1, or upstream's sharded keys: nothing to choose
-            setting = "replicated"
-        self.profile = self.geom = None
-        if setting == "auto":
-            self.profile, self.geom = self._profile(vllm_config)
-            if self.profile is None:
-                log.info("sparkinfer indexer_scoring=auto: no node profile for this device, scoring "
-                         "replicated (set indexer_scoring=sharded to split it)")
-                setting = "replicated"
+        setting, self.profile, self.geom = _resolve(vllm_config)
+        if setting == "replicated" and _setting(vllm_config) == "auto" and self.profile is None:
+            log.info("sparkinfer indexer_scoring=auto: no node profile for this device, scoring "
+                     "replicated (set indexer_scoring=sharded to split it)")
         self.setting = setting
         self._sharded = None
         if setting != "replicated":
@@ -80,16 +114,6 @@ class IndexerScoring:
     def can_shard(self) -> bool:
         """Whether some step of this engine may be scored sharded."""
         return self._sharded is not None
-
-    def _profile(self, vllm_config):
-        if not torch.cuda.is_available():
-            return None, None
-        from sparkinfer.core.costmodel import find_profile
-        from sparkinfer.core.geometry import ModelGeometry
-
-        profile = find_profile(torch.cuda.get_device_name(), self.dcp)
-        return profile, (ModelGeometry.from_hf_config(vllm_config.model_config.hf_text_config)
-                         if profile is not None else None)
 
     def for_step(self, positions) -> ShardedScoring | None:
         """positions int64 [T] (numpy, or a CPU tensor): each query row's causal position; the row

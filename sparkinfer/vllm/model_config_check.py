@@ -283,10 +283,13 @@ class Graphs:
 def engine_parts(vllm_config) -> tuple[str, ...]:
     """The sparkinfer builders' parts (``graph_paths.PARTS``) an engine's steps run whose attention is
     sparkinfer's: the attention, and the indexer where sparkinfer serves it (``serves_replicated_indexer``;
-    elsewhere vLLM's own indexer runs)."""
+    elsewhere vLLM's own indexer runs), ``indexer_sharded`` too where a step may be scored sharded."""
     from sparkinfer.vllm.indexer_layout import serves_replicated_indexer
+    from sparkinfer.vllm.indexer_scoring import may_shard
 
-    return ("attention", "indexer") if serves_replicated_indexer(vllm_config) else ("attention",)
+    if not serves_replicated_indexer(vllm_config):
+        return ("attention",)
+    return ("attention", "indexer", "indexer_sharded") if may_shard(vllm_config) else ("attention", "indexer")
 
 
 def graph_problem(g: Graphs) -> str | None:

@@ -36,10 +36,11 @@ import numpy as np
 import torch
 
 from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS
+from sparkinfer.decode import graph_paths
 from sparkinfer.formats import get_format
 from sparkinfer.vllm import worker_runtime
 from sparkinfer.vllm.indexer_layout import serves_replicated_indexer  # noqa: F401 (patch 0003 calls it here)
-from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scored_steps
+from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, may_shard, scored_steps
 
 E4M3_MAX = 448.0
 INDEXER_FORMAT = get_format("indexer_fp8")  # the indexer cache's 132-byte key records
@@ -358,11 +359,17 @@ def indexer_backend():
     from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
 
     class SparkinferIndexerBuilder(AttentionMetadataBuilder):
-        # On the Triton backend the op's launches follow the rows alone (the paged top-k, ``_paged``);
-        # the torch backend's host-planned lists follow the contexts. vLLM keeps the op outside its
-        # graphs (PIECEWISE) or eager until the builders declare uniform batches
-        # (docs/design/cuda-graphs.md, "What is left").
-        _cudagraph_support = AttentionCGSupport.NEVER
+        # On the Triton backend (every GPU) the op's launches follow the rows alone (the paged top-k,
+        # ``_paged``); the torch backend's host-planned lists follow the contexts, but it runs on CPU,
+        # where nothing is captured. What this declares: ``graph_paths`` (an engine that may score a
+        # step sharded, NEVER; docs/design/cuda-graphs.md).
+        _cudagraph_support = AttentionCGSupport[graph_paths.support("indexer")]
+
+        @classmethod
+        def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
+            if vllm_config is not None and may_shard(vllm_config):
+                return AttentionCGSupport[graph_paths.support("indexer_sharded")]
+            return cls._cudagraph_support
 
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)

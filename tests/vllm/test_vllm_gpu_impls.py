@@ -14,6 +14,8 @@ Units: the policy itself (``gpu_impls``, the env var's checks, the capability ga
 replicated indexer op (``replicated_indexer.run_indexer``) on the Triton path against the torch path.
 """
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -521,19 +523,26 @@ def test_builders_declare_what_the_statement_says_and_its_claim_holds():
     pytest.importorskip("vllm")
     from vllm.v1.attention.backend import AttentionCGSupport
 
+    from sparkinfer.config import ADDITIONAL_CONFIG_KEY
     from sparkinfer.decode import graph_paths
-    from sparkinfer.vllm.replicated_indexer import indexer_backend, run_indexer
+    from sparkinfer.vllm.replicated_indexer import indexer_backend
     from sparkinfer.vllm.sparse_mla_backend import SparseMetadataBuilder
 
-    builders = {"attention": SparseMetadataBuilder, "indexer": indexer_backend().get_builder_cls()}
-    assert set(builders) == set(graph_paths.PARTS)
+    indexer = indexer_backend().get_builder_cls()
+    builders = {"attention": SparseMetadataBuilder, "indexer": indexer}
+    assert set(builders) | {"indexer_sharded"} == set(graph_paths.PARTS)
     for part, builder in builders.items():
         assert builder.get_cudagraph_support(None, None) is AttentionCGSupport[graph_paths.support(part)], part
     assert SparseMetadataBuilder.get_cudagraph_support(None, None) is AttentionCGSupport.UNIFORM_BATCH
-    if "indexer" in graph_paths.NOT_REPLAY_SAFE:
-        cache, md, qi, k, w = _indexer_inputs()
-        buf = torch.full((16, 8), -1, dtype=torch.int32)
-        assert _host_reads(lambda: run_indexer(cache, md, qi, k, w, buf, 8)) & {"__int__", "__bool__", "item"}
+    # an engine that may score a step sharded: the indexer's builder declares that part's support
+    for scoring, part in (("sharded", "indexer_sharded"), ("replicated", "indexer")):
+        config = types.SimpleNamespace(
+            additional_config={ADDITIONAL_CONFIG_KEY: {"indexer_scoring": scoring, "mode": "selected"}},
+            parallel_config=types.SimpleNamespace(decode_context_parallel_size=2),
+            device_config=types.SimpleNamespace(device_type="cuda"),
+            cache_config=types.SimpleNamespace(cache_dtype="nvfp4_368"))
+        assert indexer.get_cudagraph_support(config, None) is AttentionCGSupport[graph_paths.support(part)], scoring
+    assert graph_paths.support("indexer_sharded") == "NEVER"  # until a probe holds a sharded step to replay
 
 
 def test_graph_line_is_logged_once_per_worker(caplog, monkeypatch):
