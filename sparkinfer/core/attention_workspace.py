@@ -36,16 +36,10 @@ partial_out     float32 [S, m, h, 512] with S x m x h <= P: the S splits' partia
 partial_lse     float32 [S, m, h], S x m x h <= P
 indexer_q       float8 [N, index_dim]: the indexer's quantized q (vLLM quantizes it per head row)
 indexer_scales  float32 [N, index_dim / index_group]
-record_rows     uint8 [M, <= 656]: a cache write's encoded records before their scatter into a
-                strided (DCP) cache view (``paged_sparse_mla.forward_write_records``)
-record_latent   float32 [M, <= 512]: the fp32 copy a cache write encodes from when the model's
-                latent (or indexer key) is bf16 (the encoders read fp32)
-record_rope     float32 [M, 64]: the same for the rope part
 ==============  ========================================================================
 
-The last three are the cache writes' staging (a layer writes its records before it attends, so
-they never overlap the attention's segments): found by the first GPU run, where each layer's
-write allocated its encoded rows (the CPU probe leaves the encoder's output uncounted).
+A cache write stages nothing: its one kernel reads the model's bf16 or fp32 rows and encodes them
+straight into the paged cache (``paged_sparse_mla.forward_write_records``).
 
 Heads: stock DCP replicates the queries over the DCP group (vLLM all-gathers them), so a rank
 attends ``heads per TP rank x DCP`` heads; the selected path attends its own, fewer.
@@ -60,8 +54,6 @@ BLOCK_PROGRAMS = 512  # most decode programs (row x head block x split) one laun
 HEAD_BLOCK = 16  # heads per decode program (``attention.triton_decode.BLOCK_H``)
 ALIGN = 256
 LATENT_DIM = 512
-ROPE_DIM = 64
-MAX_RECORD_BYTES = 656  # fp8_ds_mla, the widest record a cache write encodes (core.layouts)
 
 
 def _up(n: int) -> int:
@@ -98,8 +90,7 @@ class AttentionWorkspace:
         return {"out": m * h * LATENT_DIM * self.out_bytes, "lse": 4 * m * h, "topk_rows": 8 * b * k,
                 "indices": 8 * b * k, "counts": 4 * b, "partial_out": 4 * p * LATENT_DIM,
                 "partial_lse": 4 * p, "indexer_q": n * self.index_dim,
-                "indexer_scales": 4 * n * (self.index_dim // self.index_group),
-                "record_rows": m * MAX_RECORD_BYTES, "record_latent": 4 * m * LATENT_DIM, "record_rope": 4 * m * ROPE_DIM}
+                "indexer_scales": 4 * n * (self.index_dim // self.index_group)}
 
     @property
     def nbytes(self) -> int:
