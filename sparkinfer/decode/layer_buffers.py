@@ -135,8 +135,9 @@ def attend_in_blocks(arenas: AttentionArena, q_nope: torch.Tensor, q_rope: torch
             plans[key] = plan
     for a, b, ws, topk_rows, out, lse in plan.blocks:
         records, rows = indices(a, b, topk_rows)
-        sparse_mla_decode_triton(q_nope[a:b], q_rope[a:b], records, plan.layout, rows, scale,
-                                 outer_scale=plan.outer_scale, out=out, lse=lse, workspace=ws)
+        whole = b - a == m  # a decode step's one block: no views of the rows to make
+        sparse_mla_decode_triton(q_nope if whole else q_nope[a:b], q_rope if whole else q_rope[a:b], records,
+                                 plan.layout, rows, scale, outer_scale=plan.outer_scale, out=out, lse=lse, workspace=ws)
     return plan.out, plan.lse
 
 

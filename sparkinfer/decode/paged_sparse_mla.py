@@ -311,9 +311,12 @@ def attend(step, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Ten
     from sparkinfer.attention import sparse_mla_decode
     from sparkinfer.decode.layer_buffers import attend_in_blocks
 
-    token_req = step.token_req[:q_nope.shape[0]]
+    m = q_nope.shape[0]
+    token_req = step.token_req if step.token_req.shape[0] == m else step.token_req[:m]
     if step.backend == "triton" and row_strides(kv_cache) is not None:
         def cache_rows(a, b, topk_rows):
+            if b - a == m:  # a decode step's one block: no views to make
+                return forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, out=topk_rows)
             return forward_cache_rows(step, kv_cache, topk[a:b], token_req[a:b], dcp_rank, dcp_world, out=topk_rows)
 
         return attend_in_blocks(step.arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows, step.plans)
