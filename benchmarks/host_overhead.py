@@ -46,10 +46,13 @@ PROMPT = [5, 17, 42, 9, 77, 23, 61, 12, 90, 33, 7, 54]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _attention_standin(q_nope, q_rope, records, lay, indices, scale, **_):
+def _attention_standin(q_nope, q_rope, records, lay, indices, scale, out=None, lse=None, **_):
+    """The decode kernel's stand-in: the torch reference, into the caller's ``out`` / ``lse`` when given (the
+    forward's arena views, which it returns: a stand-in that left them unwritten fed the next layer garbage)."""
     from sparkinfer.attention.reference import sparse_mla_decode_torch
 
-    return sparse_mla_decode_torch(q_nope, q_rope, records, lay.name, indices, scale, False)
+    ref_out, ref_lse = sparse_mla_decode_torch(q_nope, q_rope, records, lay.name, indices, scale, False)
+    return (ref_out if out is None else out.copy_(ref_out)), (ref_lse if lse is None else lse.copy_(ref_lse))
 
 
 def _scores_standin(q, w, records, pos=None, token_slots=None):
