@@ -350,9 +350,17 @@ def roofline() -> list[dict]:
                      "latency-bound (2 MiB of int32 in, int64 out): a launch, a few us, per attention layer",
                      launch=_launch("paging_topk_rows", _cdiv(B * R, tp.TOPK_BLOCK_M) * _cdiv(K, tp.TOPK_BLOCK_K),
                                     tp.TOPK_WARPS)))
+    rows.append(_row("records_write_paged[nvfp4_368]", "a decode step's cache write: 16 x 4 bf16 rows encoded "
+                     "into the strided cache", {"tokens": B * R}, B * R * ((LATENT + ROPE) * 2 + 8 + 368), 0, "none",
+                     "latency-bound (115 KB): the layer's whole cache write in one launch (values and slots "
+                     "checked, encoded in place)", covers=["records.cu:write_paged_kernel"]))
+    rows.append(_row("paging_flag_nonfinite", "the indexer's weights of a decode step: 16 x 4 rows x 32 heads fp32",
+                     {"rows": B * R, "heads": 32}, B * R * 32 * 4, 0, "none",
+                     "latency-bound (8 KB): a launch per F layer, where the torch form took four"))
     rows.append(_row("paging_scatter_rows", "a decode step's 16 x 4 records into the strided cache",
                      {"records": B * R}, B * R * 368 * 2 + B * R * 8, 0, "none",
-                     "latency-bound (47 KB): a launch per cache write",
+                     "latency-bound (47 KB): a launch per cache write of unquantized rows (records: "
+                     "records.cu:write_paged_kernel)",
                      launch=_launch("paging_scatter_rows[u8]", _cdiv(B * R, tp.SCATTER_BLOCK_N), tp.SCATTER_WARPS)))
     union_rows = B * R * K  # the workspace's rows at the largest union (no MTP overlap)
     rows.append(_row("paging_copy_rows", "selected workspace patch: the step's 16 x 4 own records into "

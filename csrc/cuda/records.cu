@@ -57,6 +57,14 @@ __device__ void encode_indexer(const float* key, uint8_t* rec) {
   if (l == 0) si::store_f32(rec + si::kIndexerScaleOff, sc);
 }
 
+// One record by the warp: lane-split per format (the functions above).
+__device__ void encode_one(int32_t fmt, const float* lat, const float* rp, uint8_t* rec, float outer_scale,
+                           int32_t scale_format) {
+  if (fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) encode_nvfp4(fmt, lat, rp, rec, outer_scale);
+  else if (fmt == si::FMT_FP8_DS_MLA) encode_fp8_ds_mla(lat, rp, rec, scale_format);
+  else encode_indexer(lat, rec);
+}
+
 __global__ void encode_kernel(int32_t fmt, const float* __restrict__ latent, const float* __restrict__ rope,
                               int64_t n, const int64_t* __restrict__ slots, uint8_t* __restrict__ cache,
                               int64_t num_slots, int64_t stride, float outer_scale, int32_t scale_format) {
@@ -68,9 +76,36 @@ __global__ void encode_kernel(int32_t fmt, const float* __restrict__ latent, con
   uint8_t* rec = cache + slot * stride;
   const float* lat = latent + i * si::latent_dim(fmt);
   const float* rp = rope ? rope + i * si::kRopeDim : nullptr;
-  if (fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) encode_nvfp4(fmt, lat, rp, rec, outer_scale);
-  else if (fmt == si::FMT_FP8_DS_MLA) encode_fp8_ds_mla(lat, rp, rec, scale_format);
-  else encode_indexer(lat, rec);
+  encode_one(fmt, lat, rp, rec, outer_scale, scale_format);
+}
+
+// The host twin's si_records_write_paged, one warp per token: the warp stages its row in fp32 in
+// shared memory (checking every value), then encodes it straight into the paged slot.
+__global__ void write_paged_kernel(int32_t fmt, const void* __restrict__ latent, int64_t lat_stride, int32_t lat_bf16,
+                                   const void* __restrict__ rope, int64_t rope_stride, int32_t rope_bf16, int64_t n,
+                                   const int64_t* __restrict__ slots, uint8_t* __restrict__ cache, int64_t num_blocks,
+                                   int64_t block_size, int64_t s0, int64_t s1, int64_t null_block, float outer_scale,
+                                   int32_t scale_format, int32_t* value_flag, int32_t* slot_flag) {
+  __shared__ float staged[kWarpsPerBlock][si::kLatentDim + si::kRopeDim];
+  const int w = threadIdx.x / kWarp, l = threadIdx.x % kWarp;
+  const int64_t i = (int64_t)blockIdx.x * kWarpsPerBlock + w;
+  if (i >= n) return;  // per warp: the shuffles and votes below stay converged
+  const int ld = si::latent_dim(fmt), rd = si::rope_dim(fmt);
+  float* lat = staged[w];
+  float* rp = staged[w] + si::kLatentDim;
+  bool finite = true;
+  for (int j = l; j < ld; j += kWarp) finite &= si::finite_f32(lat[j] = si::load_input(latent, i * lat_stride + j, lat_bf16));
+  for (int j = l; j < rd; j += kWarp) finite &= si::finite_f32(rp[j] = si::load_input(rope, i * rope_stride + j, rope_bf16));
+  __syncwarp();
+  if (!__all_sync(0xffffffffu, finite) && l == 0) atomicOr(value_flag, 1);
+  const int64_t slot = slots[i];
+  if (si::bad_slot(slot, num_blocks, block_size, null_block)) {
+    if (l == 0) atomicOr(slot_flag, 1);
+    return;
+  }
+  if (slot < 0) return;
+  encode_one(fmt, lat, rd ? rp : nullptr, cache + (slot / block_size) * s0 + (slot % block_size) * s1, outer_scale,
+             scale_format);
 }
 
 __global__ void decode_kernel(int32_t fmt, const uint8_t* __restrict__ cache, int64_t num_slots, int64_t stride,
@@ -119,6 +154,21 @@ extern "C" int32_t si_records_encode_cuda(int32_t fmt, const float* latent, cons
   const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
   encode_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(fmt, latent, rope, n, slots, cache,
                                                                         num_slots, stride, outer_scale, scale_format);
+  return launch_status();
+}
+
+extern "C" int32_t si_records_write_paged_cuda(int32_t fmt, const void* latent, int64_t lat_stride, int32_t lat_bf16,
+                                               const void* rope, int64_t rope_stride, int32_t rope_bf16, int64_t n,
+                                               const int64_t* slots, uint8_t* cache, int64_t num_blocks,
+                                               int64_t block_size, int64_t s0, int64_t s1, int64_t null_block,
+                                               float outer_scale, int32_t scale_format, int32_t* value_flag,
+                                               int32_t* slot_flag, cudaStream_t stream) {
+  if (si::record_bytes(fmt) == 0 || n < 0 || block_size < 1) return SI_ERR_ARG;
+  if (n == 0) return SI_OK;
+  const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  write_paged_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
+      fmt, latent, lat_stride, lat_bf16, rope, rope_stride, rope_bf16, n, slots, cache, num_blocks, block_size, s0, s1,
+      null_block, outer_scale, scale_format, value_flag, slot_flag);
   return launch_status();
 }
 

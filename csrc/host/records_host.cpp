@@ -34,6 +34,38 @@ extern "C" int32_t si_records_encode(int32_t fmt, const float* latent, const flo
   return SI_OK;
 }
 
+// The layer forward's cache write, one call: encode n tokens into a paged cache [num_blocks,
+// block_size, record] whose blocks are s0 bytes apart and slots s1 (vLLM's block-outermost DCP layer
+// views interleave the layers' pages), reading latent [n, D] / rope [n, 64] rows lat_stride /
+// rope_stride elements apart, fp32 or bf16 (lat_bf16 / rope_bf16). Slot -1 skips; a bad slot
+// (si::bad_slot) is skipped and sets *slot_flag; a row holding a NaN or an infinity sets *value_flag
+// and is encoded as any row (the flags are the forward's device checks, read a step later).
+extern "C" int32_t si_records_write_paged(int32_t fmt, const void* latent, int64_t lat_stride, int32_t lat_bf16,
+                                          const void* rope, int64_t rope_stride, int32_t rope_bf16, int64_t n,
+                                          const int64_t* slots, uint8_t* cache, int64_t num_blocks,
+                                          int64_t block_size, int64_t s0, int64_t s1, int64_t null_block,
+                                          float outer_scale, int32_t scale_format, int32_t* value_flag,
+                                          int32_t* slot_flag) {
+  if (si::record_bytes(fmt) == 0 || n < 0 || block_size < 1) return SI_ERR_ARG;
+  const int ld = si::latent_dim(fmt), rd = si::rope_dim(fmt);
+  float lat[si::kLatentDim], rp[si::kRopeDim];
+  for (int64_t i = 0; i < n; ++i) {
+    bool finite = true;
+    for (int j = 0; j < ld; ++j) finite &= si::finite_f32(lat[j] = si::load_input(latent, i * lat_stride + j, lat_bf16));
+    for (int j = 0; j < rd; ++j) finite &= si::finite_f32(rp[j] = si::load_input(rope, i * rope_stride + j, rope_bf16));
+    if (!finite) *value_flag = 1;
+    const int64_t slot = slots[i];
+    if (si::bad_slot(slot, num_blocks, block_size, null_block)) {
+      *slot_flag = 1;
+      continue;
+    }
+    if (slot < 0) continue;
+    si::encode_record(fmt, lat, rd ? rp : nullptr, cache + (slot / block_size) * s0 + (slot % block_size) * s1,
+                      outer_scale, scale_format);
+  }
+  return SI_OK;
+}
+
 // Decode the records at idx[i] (idx == NULL: record i; -1: zeros) into
 // latent [n, 512] (indexer: [n, 128]) and rope [n, 64] fp32.
 extern "C" int32_t si_records_decode(int32_t fmt, const uint8_t* cache, int64_t num_slots, int64_t stride,

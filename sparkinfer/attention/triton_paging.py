@@ -22,6 +22,8 @@ records would be a 283 GB layer).
 * ``scatter_rows``: rows [N, W] -> kv_cache [num_blocks, block_size, W] (any strides, last dim
   contiguous) at slots int [N]; -1 skips; a slot in vLLM's null block or outside the cache is
   skipped and flagged ``cache_slots``.
+* ``flag_nonfinite``: t [N, D] (fp32/bf16, last dim contiguous) -> ORs "a value is NaN or infinite"
+  into a check's word (``DeviceChecks.flag_nonfinite``: one launch where its torch twin takes four).
 * ``copy_rows``: dst [*, W] row ``dst_rows[i]`` (``i`` without them) <- src [*, W] row ``src_rows[i]``
   for every i with ``mask[i]`` (every i without one): the selected path's workspace patch (the step's
   own records, the replicas kept) touches only the rows it patches, not the whole workspace.
@@ -36,6 +38,7 @@ import triton.language as tl
 TOPK_BLOCK_M, TOPK_BLOCK_K, TOPK_WARPS = 4, 256, 4
 SCATTER_BLOCK_N, SCATTER_WARPS = 4, 4
 COPY_BLOCK_N, COPY_WARPS = 4, 4
+CHECK_BLOCK_N, CHECK_BLOCK_D, CHECK_WARPS = 4, 512, 4
 
 
 @triton.jit
@@ -125,6 +128,27 @@ def _copy_rows_kernel(dst_ptr, s_dst, dst_rows_ptr, src_ptr, s_src, src_rows_ptr
     tl.store(dst_ptr + dst[:, None] * s_dst + rw[None, :], v, mask=m)
 
 
+@triton.jit
+def _nonfinite_kernel(t_ptr, N, D, s_row, flag_ptr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bad = tl.zeros([BLOCK_N], tl.int32)
+    for d0 in range(0, D, BLOCK_D):
+        rd = d0 + tl.arange(0, BLOCK_D)
+        m = (rn[:, None] < N) & (rd[None, :] < D)
+        x = tl.load(t_ptr + rn[:, None].to(tl.int64) * s_row + rd[None, :], mask=m, other=0.0).to(tl.float32)
+        bad = tl.maximum(bad, tl.max(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), 1))
+    tl.atomic_or(flag_ptr, tl.max(bad, 0))
+
+
+def flag_nonfinite(t: torch.Tensor, flag: torch.Tensor) -> None:
+    """OR "``t`` [N, D] holds a NaN or an infinity" into ``flag`` (int32 [1], a ``device_checks`` word);
+    t float32 or bfloat16 with a contiguous last dim."""
+    n, d = t.shape
+    if n and d:
+        _nonfinite_kernel[(triton.cdiv(n, CHECK_BLOCK_N),)](t, n, d, t.stride(0), flag, BLOCK_N=CHECK_BLOCK_N,
+                                                            BLOCK_D=CHECK_BLOCK_D, num_warps=CHECK_WARPS)
+
+
 _TOPK_SIG = dict(s_tm="i32", s_tk="i32", M="i32", K="i32", table_ptr="*i32", s_tab="i32", max_blocks="i32",
                  out_ptr="*i64", s_om="i32", flag_ptr="*i32", block_size="i32", dcp_rank="i32", dcp_world="i32",
                  interleave="i32", row_s0="i64", row_s1="i64")
@@ -166,6 +190,13 @@ def compile_specs() -> list[dict]:
                           signature=_ordered(_scatter_rows_kernel, sig),
                           constexprs={"BLOCK_N": SCATTER_BLOCK_N, "BLOCK_W": triton.next_power_of_2(width)},
                           num_warps=SCATTER_WARPS, num_stages=1))
+    for elem in ("fp32", "bf16"):  # the check of the indexer's weights and of a cache write's values
+        sig = dict(t_ptr=f"*{elem}", N="i32", D="i32", s_row="i32", flag_ptr="*i32", BLOCK_N="constexpr",
+                   BLOCK_D="constexpr")
+        specs.append(dict(name=f"paging_flag_nonfinite[{elem}]", fn=_nonfinite_kernel,
+                          signature=_ordered(_nonfinite_kernel, sig),
+                          constexprs={"BLOCK_N": CHECK_BLOCK_N, "BLOCK_D": CHECK_BLOCK_D}, num_warps=CHECK_WARPS,
+                          num_stages=1))
     for name, dst_rows, mask in (("paging_copy_rows[masked]", False, True), ("paging_copy_rows[listed]", True, False)):
         sig = dict(dst_ptr="*u8", s_dst="i32", dst_rows_ptr="*i64", src_ptr="*u8", s_src="i32", src_rows_ptr="*i64",
                    mask_ptr="*i1", N="i32", W="i32", HAS_DST_ROWS="constexpr", HAS_MASK="constexpr",

@@ -37,16 +37,10 @@ tickets         int32 [m, ceil(h / HEAD_BLOCK)] of a block with S > 1: the split
                 zero at allocation (``ZEROED``) and left zero by every call (``triton_decode``)
 indexer_q       float8 [N, index_dim]: the indexer's quantized q (vLLM quantizes it per head row)
 indexer_scales  float32 [N, index_dim / index_group]
-record_rows     uint8 [M, <= 656]: a cache write's encoded records before their scatter into a
-                strided (DCP) cache view (``paged_sparse_mla.forward_write_records``)
-record_latent   float32 [M, <= 512]: the fp32 copy a cache write encodes from when the model's
-                latent (or indexer key) is bf16 (the encoders read fp32)
-record_rope     float32 [M, 64]: the same for the rope part
 ==============  ========================================================================
 
-The last three are the cache writes' staging (a layer writes its records before it attends, so
-they never overlap the attention's segments): found by the first GPU run, where each layer's
-write allocated its encoded rows (the CPU probe leaves the encoder's output uncounted).
+A cache write stages nothing: its one kernel reads the model's bf16 or fp32 rows and encodes them
+straight into the paged cache (``paged_sparse_mla.forward_write_records``).
 
 Heads: stock DCP replicates the queries over the DCP group (vLLM all-gathers them), so a rank
 attends ``heads per TP rank x DCP`` heads; the selected path attends its own, fewer.
@@ -62,8 +56,6 @@ HEAD_BLOCK = 16  # heads per decode program (``attention.triton_decode.BLOCK_H``
 ZEROED = ("tickets",)  # segments that must hold zeros when the arena is allocated
 ALIGN = 256
 LATENT_DIM = 512
-ROPE_DIM = 64
-MAX_RECORD_BYTES = 656  # fp8_ds_mla, the widest record a cache write encodes (core.layouts)
 
 
 def _up(n: int) -> int:
@@ -100,8 +92,7 @@ class AttentionWorkspace:
         return {"out": m * h * LATENT_DIM * self.out_bytes, "lse": 4 * m * h, "topk_rows": 8 * b * k,
                 "indices": 8 * b * k, "partial_out": 4 * p * LATENT_DIM,
                 "partial_lse": 4 * p, "tickets": 4 * BLOCK_PROGRAMS, "indexer_q": n * self.index_dim,
-                "indexer_scales": 4 * n * (self.index_dim // self.index_group),
-                "record_rows": m * MAX_RECORD_BYTES, "record_latent": 4 * m * LATENT_DIM, "record_rope": 4 * m * ROPE_DIM}
+                "indexer_scales": 4 * n * (self.index_dim // self.index_group)}
 
     @property
     def nbytes(self) -> int:

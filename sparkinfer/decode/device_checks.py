@@ -31,6 +31,7 @@ CHECKS = {
     "selected_topk": "the selected path's top-k holds an id below -1",
 }
 _INDEX = {name: i for i, name in enumerate(CHECKS)}
+_CHECKED_DTYPES = (torch.float32, torch.bfloat16)  # what the check kernel reads
 
 
 class DeviceCheckError(RuntimeError):
@@ -39,12 +40,14 @@ class DeviceCheckError(RuntimeError):
 
 class DeviceChecks:
     def __init__(self, device):
+        from sparkinfer.decode.impls import kernel_backend
+
         self.device = torch.device(device)
+        self.backend = kernel_backend(self.device)  # the checks' kernels: triton | torch
         self.flags = torch.zeros(len(CHECKS), dtype=torch.int32, device=self.device)
+        self._words = {name: self.flags[i:i + 1] for name, i in _INDEX.items()}
         self._any = torch.zeros((), dtype=torch.bool, device=self.device)
         self._sum = torch.zeros((), dtype=torch.float32, device=self.device)
-        self._min = torch.zeros((), dtype=torch.int64, device=self.device)
-        self._max = torch.zeros((), dtype=torch.int64, device=self.device)
         pinned = self.device.type == "cuda"
         self._host = torch.zeros(len(CHECKS), dtype=torch.int32, pin_memory=pinned)
         self._host_words = host_array(self._host)  # shares the pinned memory: reading it is not a tensor read
@@ -53,8 +56,7 @@ class DeviceChecks:
 
     def word(self, name: str) -> torch.Tensor:
         """Check ``name``'s word, int32 [1] on the device: what a kernel ORs its verdict into."""
-        i = _INDEX[name]
-        return self.flags[i:i + 1]
+        return self._words[name]
 
     def flag(self, name: str, bad: torch.Tensor) -> None:
         """OR ``bad.any()`` (a bool tensor of any shape, on the device) into check ``name``'s word,
@@ -62,21 +64,17 @@ class DeviceChecks:
         torch.any(bad, out=self._any)
         self.word(name).bitwise_or_(self._any)
 
-    def flag_outside(self, name: str, t: torch.Tensor, lo: int, hi: int) -> None:
-        """OR "an element of int64 ``t`` lies outside [lo, hi)" into check ``name``'s word, through
-        preallocated scalars: no temporary (a bool mask of ``t``'s size would be one per call)."""
-        if t.numel() == 0:
-            return
-        torch.aminmax(t, out=(self._min, self._max))
-        torch.lt(self._min, lo, out=self._any)
-        self.word(name).bitwise_or_(self._any)
-        torch.ge(self._max, hi, out=self._any)
-        self.word(name).bitwise_or_(self._any)
-
     def flag_nonfinite(self, name: str, t: torch.Tensor) -> None:
-        """OR "``t`` holds a NaN or an infinity" into check ``name``'s word, through preallocated scalars:
-        the fp32 sum of ``t`` times 0 is NaN exactly when a term is not finite (or the sum overflows,
-        past 3e38: no finite activation comes near), and NaN is the one value unequal to itself."""
+        """OR "``t`` holds a NaN or an infinity" into check ``name``'s word: one kernel on the Triton backend
+        (``triton_paging.flag_nonfinite``, for a [N, D] fp32 / bf16 tensor with a contiguous last dim);
+        its torch twin goes through preallocated scalars: the fp32 sum of ``t`` times 0 is NaN exactly
+        when a term is not finite (or the sum overflows, past 3e38: no finite activation comes near),
+        and NaN is the one value unequal to itself."""
+        if self.backend == "triton" and t.dim() == 2 and t.stride(-1) == 1 and t.dtype in _CHECKED_DTYPES:
+            from sparkinfer.attention import triton_paging
+
+            triton_paging.flag_nonfinite(t, self._words[name])
+            return
         torch.sum(t, dim=tuple(range(t.dim())), dtype=torch.float32, out=self._sum)
         self._sum.mul_(0)
         torch.ne(self._sum, self._sum, out=self._any)

@@ -10,7 +10,7 @@ arguments on the host and allocate what they return.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,8 @@ class ForwardStep:
     token_req: torch.Tensor | None = None  # int64 [T] on the caches' device: each row's request
     block_table: torch.Tensor | None = None  # int32 [R, B]: the step's block table
     interleave: int = 1  # the DCP interleave of the records
+    # the step's attention plans (``layer_buffers.AttentionPlan``) by shape: made by its first layer, used by the rest
+    plans: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, runtime, **inputs) -> "ForwardStep":

@@ -89,53 +89,61 @@ class AttentionArena:
         return self.arena
 
 
+class AttentionPlan:
+    """Everything one attention shape needs beyond its layer's inputs, resolved once: the arena views of
+    the output, the LSE and each block's scratch, the blocks (``call_plan``), the record layout. A
+    step's layers share one (``ForwardStep.plans``): the first layer resolves it, the others only
+    launch. ``arena`` is the ``Arena`` it views (a plan over an arena grown since is made again)."""
+
+    def __init__(self, arenas: AttentionArena, m: int, h: int, k: int, q_dtype: torch.dtype, fmt, device):
+        from sparkinfer.attention.dispatch import pick_backend
+        from sparkinfer.attention.triton_decode import BLOCK_H, DecodeWorkspace, default_num_splits
+        from sparkinfer.attention.validate import resolve_layout
+
+        pick_backend("triton", device.type == "cuda", "sparse_mla_decode")  # counted once per plan (impls.probe_counts)
+        self.layout = resolve_layout(fmt)
+        self.outer_scale = float(getattr(fmt, "outer_scale", 1.0))
+        out_dtype = torch.bfloat16 if q_dtype == torch.bfloat16 else torch.float32
+        need, blocks = call_plan(m, h, k, out_dtype.itemsize, lambda n: default_num_splits(n, h, k, device))
+        self.arena = arena = arenas.take(need)
+        self.out = arena.view("out", out_dtype, (m, h, LATENT_DIM))
+        self.lse = arena.view("lse", torch.float32, (m, h))
+        self.blocks = []  # (a, b, the decode's workspace, the block's int64 [b - a, K] top-k rows)
+        for a, b, s in blocks:
+            n = b - a
+            many = s > 1  # partials and merge tickets for a split row only (the decode kernel rounds bf16)
+            ws = DecodeWorkspace(arena.view("indices", torch.int64, (n, k)),
+                                 arena.view("partial_out", torch.float32, (s, n, h, LATENT_DIM)) if many else None,
+                                 arena.view("partial_lse", torch.float32, (s, n, h)) if many else None,
+                                 arena.view("tickets", torch.int32, (n, -(-h // BLOCK_H))) if many else None)
+            self.blocks.append((a, b, ws, arena.view("topk_rows", torch.int64, (n, k)), self.out[a:b], self.lse[a:b]))
+
+
 def attend_in_blocks(arenas: AttentionArena, q_nope: torch.Tensor, q_rope: torch.Tensor, fmt, scale: float, k: int,
-                     indices):
+                     indices, plans: dict | None = None):
     """(out [M, H, 512], lse float32 [M, H]) of the forward's Triton sparse-MLA attention over q_nope's
     M rows and H heads with K indices per row, in blocks of ``BLOCK_ROWS`` rows, every buffer a view of
-    the arena: ``indices(a, b, topk_rows)`` gives rows [a, b)'s (records, indices [b - a, K]) (the
-    paged path maps its top-k into ``topk_rows``, the block's int64 [b - a, K] arena view; the
-    selected path's slots are already rows of its workspace). out is bf16 for bf16 queries (the decode kernel rounds it: no cast after the layer's
-    attention), else float32."""
-    from sparkinfer.attention import sparse_mla_decode
-    from sparkinfer.attention.triton_decode import BLOCK_H, DecodeWorkspace, default_num_splits
+    the arena (``AttentionPlan``; taken from ``plans``, the step's, when its layers share it):
+    ``indices(a, b, topk_rows)`` gives rows [a, b)'s (records, indices [b - a, K]) (the paged path
+    maps its top-k into ``topk_rows``, the block's int64 [b - a, K] arena view; the selected path's
+    slots are already rows of its workspace). out is bf16 for bf16 queries (the decode kernel
+    rounds it: no cast after the layer's attention), else float32. The inputs are the engine's, checked
+    where they are made: only the kernels run here."""
+    from sparkinfer.attention.triton_decode import sparse_mla_decode_triton
 
     m, h = q_nope.shape[:2]
-    device = q_nope.device
-    out_dtype = torch.bfloat16 if q_nope.dtype == torch.bfloat16 else torch.float32
-    need, blocks = call_plan(m, h, k, out_dtype.itemsize, lambda n: default_num_splits(n, h, k, device))
-    arena = arenas.take(need)
-    out = arena.view("out", out_dtype, (m, h, LATENT_DIM))
-    lse = arena.view("lse", torch.float32, (m, h))
-    for a, b, s in blocks:
-        n = b - a
-        many = s > 1
-        ws = DecodeWorkspace(arena.view("indices", torch.int64, (n, k)),
-                             arena.view("partial_out", torch.float32, (s, n, h, LATENT_DIM)) if many else None,
-                             arena.view("partial_lse", torch.float32, (s, n, h)) if many else None,
-                             arena.view("tickets", torch.int32, (n, -(-h // BLOCK_H))) if many else None)
-        records, rows = indices(a, b, arena.view("topk_rows", torch.int64, (n, k)))
-        sparse_mla_decode(q_nope[a:b], q_rope[a:b], records, fmt, rows, scale, backend="triton", check_indices=False,
-                          out=out[a:b], lse=lse[a:b], workspace=ws)
-    return out, lse
-
-
-def record_inputs(arenas: AttentionArena, latent: torch.Tensor, rope):
-    """(latent, rope) as the float32 contiguous tensors the record encoders read: as they are when
-    they already are, else copied into the arena's ``record_latent`` / ``record_rope`` (a bf16
-    model's cache write, in the forward: no allocation)."""
-    def staged(t, name):
-        if t is None or (t.dtype == torch.float32 and t.is_contiguous()):
-            return t
-        view = arenas.take({name: 4 * t.numel()}).view(name, torch.float32, tuple(t.shape))
-        return view.copy_(t)
-
-    return staged(latent, "record_latent"), staged(rope, "record_rope")
-
-
-def record_rows(arenas: AttentionArena, n: int, width: int) -> torch.Tensor:
-    """uint8 [n, width]: a cache write's encoded records on their way into a strided cache."""
-    return arenas.take({"record_rows": n * width}).view("record_rows", torch.uint8, (n, width))
+    key = (m, h, k, q_nope.dtype, fmt.name, getattr(fmt, "outer_scale", 1.0))
+    plan = None if plans is None else plans.get(key)
+    if plan is None or plan.arena is not arenas.arena:
+        plan = AttentionPlan(arenas, m, h, k, q_nope.dtype, fmt, q_nope.device)
+        if plans is not None:
+            plans[key] = plan
+    for a, b, ws, topk_rows, out, lse in plan.blocks:
+        records, rows = indices(a, b, topk_rows)
+        whole = b - a == m  # a decode step's one block: no views of the rows to make
+        sparse_mla_decode_triton(q_nope if whole else q_nope[a:b], q_rope if whole else q_rope[a:b], records,
+                                 plan.layout, rows, scale, outer_scale=plan.outer_scale, out=out, lse=lse, workspace=ws)
+    return plan.out, plan.lse
 
 
 def indexer_q_buffers(arenas: AttentionArena, n: int, d: int, group_size: int):

@@ -154,17 +154,18 @@ def write_cache_records(fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent
 
 
 def forward_write_records(step, fmt, kv_cache: torch.Tensor, slots: torch.Tensor, latent, rope=None) -> None:
-    """``write_cache_records`` in a layer's forward (``step``: its ``ForwardStep``): values and slots
-    flagged on the device, not read back; a bf16 input's fp32 copy and the encoded rows staged in the
-    step's arena (``layer_buffers``): no allocation."""
-    from sparkinfer.decode import layer_buffers
+    """``write_cache_records`` in a layer's forward (``step``: its ``ForwardStep``): one launch on every
+    device (``formats.native.write_paged``: the CUDA encoder on a GPU, its host twin on CPU), straight
+    from the model's fp32 or bf16 rows into the cache of any strides, with the checks of the values
+    (``record_values``) and of the slots (``cache_slots``: below -1, in ``NULL_BLOCK`` or past the
+    cache; such a slot is not written) flagged on the device: no staging copy, no host read.
 
-    latent, rope = layer_buffers.record_inputs(step.arena, latent, rope)
-    if kv_cache.is_contiguous():
-        fmt.write(kv_cache, slots, latent, rope, checks=step.checks)
-    else:
-        rows = layer_buffers.record_rows(step.arena, latent.shape[0], fmt.record_bytes)
-        forward_scatter_rows(step, kv_cache, slots, fmt.encode(latent, rope, checks=step.checks, out=rows))
+    latent / rope rows need a contiguous last dim and slots are int64 contiguous: what vLLM hands
+    every layer (``tests/decode/test_eager_launches.py`` holds the engine's cache write to one launch)."""
+    from sparkinfer.formats import native
+
+    native.write_paged(fmt, latent, rope, kv_cache, slots, NULL_BLOCK, step.checks.word("record_values"),
+                       step.checks.word("cache_slots"))
 
 
 def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):
@@ -310,11 +311,14 @@ def attend(step, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Ten
     from sparkinfer.attention import sparse_mla_decode
     from sparkinfer.decode.layer_buffers import attend_in_blocks
 
-    token_req = step.token_req[:q_nope.shape[0]]
+    m = q_nope.shape[0]
+    token_req = step.token_req if step.token_req.shape[0] == m else step.token_req[:m]
     if step.backend == "triton" and row_strides(kv_cache) is not None:
         def cache_rows(a, b, topk_rows):
+            if b - a == m:  # a decode step's one block: no views to make
+                return forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, out=topk_rows)
             return forward_cache_rows(step, kv_cache, topk[a:b], token_req[a:b], dcp_rank, dcp_world, out=topk_rows)
 
-        return attend_in_blocks(step.arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows)
+        return attend_in_blocks(step.arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows, step.plans)
     records, rows = forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world)
     return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=step.backend, check_indices=False)

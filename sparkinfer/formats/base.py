@@ -87,24 +87,17 @@ class RecordFormat:
         return recs
 
     # ---- public codec -----------------------------------------------------------
-    def encode(self, latent, rope=None, backend: str = "auto", *, checks=None, out=None) -> torch.Tensor:
+    def encode(self, latent, rope=None, backend: str = "auto", *, checks=None) -> torch.Tensor:
         """latent [N, 512] (indexer: key [N, 128]), rope [N, 64] fp32/bf16 -> uint8 [N, record_bytes].
 
         backend: "auto" (reference on CPU, kernel on GPU), "torch", "host", "cuda". ``checks``: see
-        ``check_values`` (no host read of the values). ``out``: uint8 [N, record_bytes] to encode
-        into (the forward's staging rows) instead of a new tensor.
+        ``check_values`` (no host read of the values).
         """
         latent, rope = self._inputs(latent, rope, checks)
         backend = self._backend(backend, latent.device)
-        if out is not None and (out.dtype != torch.uint8 or tuple(out.shape) != (latent.shape[0], self.record_bytes)
-                                or not out.is_contiguous() or out.device != latent.device):
-            raise ValueError(f"out must be contiguous uint8 [{latent.shape[0]}, {self.record_bytes}] on "
-                             f"{latent.device}, got {out.dtype} {tuple(out.shape)} on {out.device}")
         if backend == "torch":
-            ref = self._encode_ref(latent, rope)
-            return ref if out is None else out.copy_(ref)
-        if out is None:
-            out = torch.empty(latent.shape[0], self.record_bytes, dtype=torch.uint8, device=latent.device)
+            return self._encode_ref(latent, rope)
+        out = torch.empty(latent.shape[0], self.record_bytes, dtype=torch.uint8, device=latent.device)
         from . import native
         native.encode(self, latent, rope, out, None)
         return out
@@ -121,18 +114,18 @@ class RecordFormat:
         return latent if self.rope_dim == 0 else (latent, rope)
 
     # ---- paged cache ------------------------------------------------------------
-    def write(self, cache: torch.Tensor, slots: torch.Tensor, latent, rope=None, *, checks=None) -> None:
+    def write(self, cache: torch.Tensor, slots: torch.Tensor, latent, rope=None) -> None:
         """Encode token i into ``cache[slots[i]]`` (slot -1: skip).
 
         cache: uint8 [num_slots, record_bytes] or any uint8 tensor whose last
         dims flatten to that (e.g. [num_blocks, block_size, record_bytes]);
         slots: int64 [N]. Runs the CUDA kernel on a GPU, the host build on CPU.
-        ``checks``: the hot path's form (``check_values``; the slot range is flagged as
-        ``cache_slots`` instead of read back).
+        Checked on the host; a layer's forward writes through ``native.write_paged``
+        (``decode.paged_sparse_mla.forward_write_records``).
         """
-        latent, rope = self._inputs(latent, rope, checks)
+        latent, rope = self._inputs(latent, rope)
         flat = self._flat_cache(cache)
-        slots = self._check_slots(slots, latent.shape[0], flat.shape[0], latent.device, checks)
+        slots = self._check_slots(slots, latent.shape[0], flat.shape[0], latent.device)
         from . import native
         native.encode(self, latent, rope, flat, slots)
 
@@ -153,7 +146,7 @@ class RecordFormat:
         return cache.view(-1, self.record_bytes)
 
     @staticmethod
-    def _check_slots(slots, n: int, num_slots: int, device, checks=None) -> torch.Tensor:
+    def _check_slots(slots, n: int, num_slots: int, device) -> torch.Tensor:
         if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.shape[0] != n:
             raise ValueError(f"slots/indices must be a 1-D integer tensor of length {n}")
         if slots.dtype not in (torch.int32, torch.int64):
@@ -161,9 +154,7 @@ class RecordFormat:
         if slots.device != device:
             raise ValueError("slots/indices must be on the cache's device")
         slots = slots.to(torch.int64).contiguous()
-        if checks is not None:
-            checks.flag_outside("cache_slots", slots, -1, num_slots)
-        elif slots.numel() and (int(slots.min()) < -1 or int(slots.max()) >= num_slots):
+        if slots.numel() and (int(slots.min()) < -1 or int(slots.max()) >= num_slots):
             raise ValueError(f"slots/indices must lie in [-1, {num_slots}); got range "
                              f"[{int(slots.min())}, {int(slots.max())}]")
         return slots

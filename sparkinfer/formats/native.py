@@ -6,6 +6,10 @@ C ABI (csrc/host/records_host.cpp, csrc/cuda/records.cu):
     si_records_encode_cuda / si_records_decode_cuda: the same on device pointers plus a stream (a slot
         past num_slots is skipped / decoded as zeros there: the forward's device check flags it,
         where the host twin refuses the call).
+    si_records_write_paged(fmt, latent*, lat_stride, lat_bf16, rope*, rope_stride, rope_bf16, n, slots*,
+        cache*, num_blocks, block_size, s0, s1, null_block, S, scale_format, value_flag*, slot_flag*)
+        and si_records_write_paged_cuda (plus a stream): a layer forward's whole cache write
+        (``write_paged``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ from sparkinfer.native import cuda_lib, declare, host_lib, ptr, stream_handle
 _i32, _i64, _f32, _p = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
+_WRITE_PAGED = [_i32, _p, _i64, _i32, _p, _i64, _i32, _i64, _p, _p, _i64, _i64, _i64, _i64, _i64, _f32, _i32, _p, _p]
+_BF16 = {torch.float32: 0, torch.bfloat16: 1}  # the input dtypes the paged writer reads
+
+
 @functools.lru_cache(maxsize=None)
 def _host():
     return declare(host_lib(), {
@@ -28,6 +36,7 @@ def _host():
         "si_records_decode": [_i32, _p, _i64, _i64, _p, _i64, _p, _p, _f32],
         "si_records_layout": [_i32],
         "si_records_codec": [_i32, _p, _i64, _p],
+        "si_records_write_paged": _WRITE_PAGED,
     })
 
 
@@ -40,6 +49,7 @@ def _cuda():
     return declare(lib, {
         "si_records_encode_cuda": [_i32, _p, _p, _i64, _p, _p, _i64, _i64, _f32, _i32, _p],
         "si_records_decode_cuda": [_i32, _p, _i64, _i64, _p, _i64, _p, _p, _f32, _p],
+        "si_records_write_paged_cuda": [*_WRITE_PAGED, _p],
     })
 
 
@@ -58,6 +68,28 @@ def encode(fmt, latent: torch.Tensor, rope, cache: torch.Tensor, slots) -> None:
         st = _host().si_records_encode(fmt.fmt_id, ptr(latent), _opt(rope), n, _opt(slots), ptr(cache),
                                        cache.shape[0], fmt.record_bytes, fmt.outer_scale, fmt.scale_format_id)
     _raise(st, f"{fmt.name} encode")
+
+
+def write_paged(fmt, latent: torch.Tensor, rope, cache: torch.Tensor, slots: torch.Tensor, null_block: int,
+                value_flag: torch.Tensor, slot_flag: torch.Tensor) -> None:
+    """A layer forward's cache write in one launch (the CUDA kernel on a GPU, the host twin on CPU):
+    encode latent [n, D] (rope [n, 64]), float32 or bfloat16 rows with a contiguous last dim, into
+    the paged cache uint8 [num_blocks, block_size, record_bytes] of any block and slot strides (last
+    dim contiguous) at slots int64 [n] (contiguous; -1 skips). A slot below -1, in ``null_block`` or
+    past the cache is skipped and sets ``slot_flag``; a non-finite value sets ``value_flag`` (int32
+    [1] words of ``device_checks``). Nothing is checked here: the forward's inputs are what the
+    engine hands every layer (``paged_sparse_mla.forward_write_records``)."""
+    nb, bs = cache.shape[:2]
+    args = (fmt.fmt_id, latent.data_ptr(), latent.stride(0), _BF16[latent.dtype],
+            None if rope is None else rope.data_ptr(), 0 if rope is None else rope.stride(0),
+            0 if rope is None else _BF16[rope.dtype], latent.shape[0], slots.data_ptr(), cache.data_ptr(), nb, bs,
+            cache.stride(0), cache.stride(1), null_block, fmt.outer_scale, fmt.scale_format_id,
+            value_flag.data_ptr(), slot_flag.data_ptr())
+    if cache.device.type == "cuda":
+        st = _cuda().si_records_write_paged_cuda(*args, stream_handle(cache.device))
+    else:
+        st = _host().si_records_write_paged(*args)
+    _raise(st, f"{fmt.name} paged write")
 
 
 def gather(fmt, cache: torch.Tensor, idx):

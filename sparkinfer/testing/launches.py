@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from contextlib import contextmanager
 
 import torch
@@ -54,8 +55,9 @@ WARMUP = 1
 
 
 def _site(layers_only: bool):
-    """The innermost sparkinfer frame of the call being made (None: not sparkinfer's, or with
-    ``layers_only`` not under a layer's forward): where a launch is booked."""
+    """(site, entry) of the call being made: the innermost sparkinfer frame, and the layer's forward
+    entry it runs under (``LAYER_ENTRIES``; None outside one); (None, None) when the call is not
+    sparkinfer's, or with ``layers_only`` not under a layer's forward: where a launch is booked."""
     frame = sys._getframe(2)
     site = None
     while frame is not None:
@@ -63,10 +65,10 @@ def _site(layers_only: bool):
         if path.startswith(_PKG) and not path.startswith(_TESTING):
             if site is None:
                 site = f"{os.path.relpath(path, _PKG)}:{frame.f_code.co_name}"
-            if not layers_only or frame.f_code.co_name in LAYER_ENTRIES:
-                return site
+            if frame.f_code.co_name in LAYER_ENTRIES:
+                return site, frame.f_code.co_name
         frame = frame.f_back
-    return None
+    return (None, None) if layers_only else (site, None)
 
 
 class Recording:
@@ -76,13 +78,28 @@ class Recording:
     def __init__(self, layers_only: bool):
         self.layers_only = layers_only
         self.events: list[tuple] = []
-        self.kernels = 0  # the events that are a kernel launch on a GPU (not a view, not an allocation)
+        # per event: (the layer's forward entry it ran under or None, whether it is a kernel launch
+        # on a GPU: not a view, not an allocation)
+        self.booked: list[tuple[str | None, bool]] = []
         self.made: dict[int, int] = {}  # storage (its serial in ``inside``) -> its name (order of first use)
         # address -> serial of the storage made there last: a freed address the allocator hands out
         # again is a new storage, so it gets a new name
         self.inside: dict[int, int] = {}
         self._serial = 0
         self.held: list = []
+
+    @property
+    def kernels(self) -> int:
+        """The events that are a kernel launch on a GPU."""
+        return sum(kernel for _, kernel in self.booked)
+
+    def book(self, site: str, entry: str | None, kernel: bool, event: tuple) -> None:
+        self.events.append((site, *event))
+        self.booked.append((entry, kernel))
+
+    def breakdown(self) -> Counter:
+        """Kernel launches per (entry, site, kernel): where the forward's launches come from."""
+        return Counter((entry, e[0], e[1]) for e, (entry, kernel) in zip(self.events, self.booked) if kernel)
 
     def tensor(self, t: torch.Tensor) -> tuple:
         st = t.untyped_storage()
@@ -121,51 +138,75 @@ class _RecordMode(OpWatcher):
 
     def seen(self, func, args, kwargs, out, made: dict) -> None:
         self.rec.born(made)
-        site = _site(self.rec.layers_only) if not _in_triton[0] else None
+        site, entry = _site(self.rec.layers_only) if not _in_kernel[0] else (None, None)
         if site is not None:
-            self.rec.events.append((site, func._opname, self.rec.value(args), self.rec.value(kwargs)))
-            self.rec.kernels += not (func.is_view or func._opname in _NO_KERNEL)
+            self.rec.book(site, entry, not (func.is_view or func._opname in _NO_KERNEL),
+                          (func._opname, self.rec.value(args), self.rec.value(kwargs)))
 
 
 # aten ops that launch no kernel on a GPU (besides views): allocations and metadata
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "set_", "resize_", "lift_fresh", "detach", "alias",
               "_local_scalar_dense"}
-_in_triton = [0]  # inside an interpreted Triton launch: its host copies are not launches
+# the native record kernels' bindings (``formats.native``), each one launch
+NATIVE_LAUNCHES = ("encode", "gather", "write_paged")
+_in_kernel = [0]  # inside a kernel's launch (an interpreted Triton kernel, a native call): not launches
 
 
-def _patch_triton() -> None:
-    """Book each interpreted Triton launch (``GridExecutor.__call__``) as one launch (once per process)."""
+def _launching(name: str, orig, event):
+    """``orig`` wrapped to book each call as one launch named ``name``; ``event(rec, args, kwargs)``
+    gives its arguments as recorded."""
+    def launch(*args, **kwargs):
+        if _active and not _in_kernel[0]:
+            rec = _active[-1]
+            site, entry = _site(rec.layers_only)
+            if site is not None:
+                rec.book(site, entry, True, (name, *event(rec, args, kwargs)))
+        _in_kernel[0] += 1
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            _in_kernel[0] -= 1
+
+    launch._sparkinfer_launch = True
+    return launch
+
+
+def _patch_kernels() -> None:
+    """Book each interpreted Triton launch (``GridExecutor.__call__``) and each call of the native record
+    kernels (``formats.native``: the host build on CPU, one CUDA launch on a GPU) as one launch
+    (once per process)."""
+    from sparkinfer.formats import native
+
+    for name in NATIVE_LAUNCHES:
+        fn = getattr(native, name)
+        if not getattr(fn, "_sparkinfer_launch", False):
+            setattr(native, name, _launching(f"native:{name}", fn, lambda rec, a, k: (rec.value(a), rec.value(k))))
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
     from triton.runtime import interpreter
 
     if getattr(interpreter.GridExecutor.__call__, "_sparkinfer_launch", False):
         return
+
+    def event(rec, args, kwargs):
+        self, args = args[0], args[1:]
+        grid = self.grid if not callable(self.grid) else "callable"
+        return ("grid", rec.value(grid)), rec.value(args), rec.value(kwargs)
+
     orig = interpreter.GridExecutor.__call__
 
-    def launch(self, *args, **kwargs):
-        if _active and not _in_triton[0]:
-            rec = _active[-1]
-            site = _site(rec.layers_only)
-            if site is not None:
-                grid = self.grid if not callable(self.grid) else "callable"
-                rec.events.append((site, f"triton:{self.fn.__name__}", ("grid", rec.value(grid)),
-                                   rec.value(args), rec.value(kwargs)))
-                rec.kernels += 1
-        _in_triton[0] += 1
-        try:
-            return orig(self, *args, **kwargs)
-        finally:
-            _in_triton[0] -= 1
+    def grid_call(self, *args, **kwargs):
+        return _launching(f"triton:{self.fn.__name__}", orig, event)(self, *args, **kwargs)
 
-    launch._sparkinfer_launch = True
-    interpreter.GridExecutor.__call__ = launch
+    grid_call._sparkinfer_launch = True
+    interpreter.GridExecutor.__call__ = grid_call
 
 
 @contextmanager
 def record(layers_only: bool = False):
     """The launches sparkinfer's code makes in the block (one forward), as a ``Recording``; with
     ``layers_only``, only those under a layer's forward (the engine probe's choice)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        _patch_triton()
+    _patch_kernels()
     rec = Recording(layers_only)
     mode = _RecordMode(rec)
     # inside another probe's mode (host_reads' allocation count in the engine), ride on it
@@ -271,6 +312,7 @@ class _Probe:
             self.results.append({"shape": step["shape"], "paths": step["paths"], "forwards": len(step["forwards"]),
                                  "launches": sum(len(r.events) for r in step["forwards"]),
                                  "kernels": [r.kernels for r in step["forwards"]],
+                                 "breakdown": [dict(r.breakdown()) for r in step["forwards"]],
                                  "differences": differences(before["forwards"], step["forwards"])})
         self.last[key] = step
 
@@ -307,5 +349,5 @@ def install(worker=None) -> bool:
 
 def report(worker=None) -> list[dict]:
     """``LLM.collective_rpc(report)``: [{"shape": (requests, rows), "paths": [path of each forward], "forwards": n, "launches": n, "kernels":
-    [kernel launches of each forward], "differences": [{site: where} per forward]}] for each decode step compared with the previous decode step of its shape (``differences``)."""
+    [kernel launches of each forward], "breakdown": [{(entry, site, kernel): launches} per forward], "differences": [{site: where} per forward]}] for each decode step compared with the previous decode step of its shape (``differences``)."""
     return [] if _probe[0] is None else _probe[0].report()

@@ -233,7 +233,8 @@ class SparkinferSparseMLAImpl(CPUMLAImpl):
         if rt is not None and rt.keep_records:  # selected steps patch them in; replicas keep them
             rt.stash(kv_cache, kv_c_normed, k_pe, slot_mapping.shape[0])
         # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: written in
-        # place (forward_scatter_rows), no copy of the touched pages and no host read.
+        # place (one kernel for records, forward_write_records; forward_scatter_rows for float rows),
+        # no copy of the touched pages and no host read.
         slots = slot_mapping.flatten()
         n = slots.shape[0]
         k_pe = k_pe.reshape(k_pe.shape[0], -1)  # vLLM hands MLA's rope key as [T, 1, 64]

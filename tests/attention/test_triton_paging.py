@@ -189,3 +189,28 @@ def test_copy_rows_equals_the_torch_twin_and_touches_only_taken_rows(monkeypatch
         triton_paging.copy_rows(got, src.to(dev), src_rows.to(dev), kwargs.get("mask"), kwargs.get("dst_rows"))
     assert not _ours(made)
     assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("n, d, at", [(3, 64, (2, 63)), (5, 600, (4, 599)), (6, 128, (0, 0))])
+def test_flag_nonfinite_sets_the_word_as_the_torch_twin(monkeypatch, dev, dtype, bad, n, d, at):
+    """The check kernel (``DeviceChecks.flag_nonfinite`` on the Triton backend) flags a NaN or an
+    infinity anywhere in rows of any stride, past the column tile too, as the torch twin does, and
+    nothing in finite rows; its word only (an OR: a set word stays set)."""
+    from sparkinfer.decode import impls
+
+    g = torch.Generator().manual_seed(n * d)
+    t = (100 * torch.randn(n, d + 9, generator=g)).to(dtype)[:, 5:5 + d].to(dev)  # a row stride past the width
+    if bad is not None:
+        t[at] = bad
+    words = []
+    for forced in ("1", "0"):
+        monkeypatch.setenv(impls.FORCE_ENV, forced)
+        checks = DeviceChecks(dev)
+        assert checks.backend == ("triton" if forced == "1" or dev == "cuda" else "torch")
+        checks.flag_nonfinite("indexer_inputs", t)
+        words.append(checks.flags.tolist())
+    want = [0, 0, 0, int(bad is not None), 0]
+    assert words[0] == words[1] == want

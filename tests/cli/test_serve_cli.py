@@ -138,17 +138,15 @@ def _arena(name: str, dcp: int) -> int:
     """The attention arena (sparkinfer/core/attention_workspace.py), held in every mode: a bf16
     output and fp32 LSE for the step's rows (vLLM's batched tokens) x 16 heads per TP rank gathered
     over DCP, a block's int64 top-k rows and compacted indices (BLOCK_ROWS rows), the fp32 partials
-    [512 + 1] of BLOCK_PROGRAMS programs of 16 heads and their int32 merge tickets; under DCP > 1 sparkinfer's
-    indexer quantizes its q (32 heads x 128 fp8 + a scale); a cache write's staging for the step's
-    rows (encoded records up to 656 B, fp32 latent 512 and rope 64)."""
+    [512 + 1] of BLOCK_PROGRAMS programs of 16 heads and their int32 merge tickets; under DCP > 1
+    sparkinfer's indexer quantizes its q (32 heads x 128 fp8 + a scale)."""
     from sparkinfer.core.attention_workspace import BLOCK_PROGRAMS, BLOCK_ROWS
 
     tokens = _knobs(name)[0]
     heads = 16 * dcp
     index_q = tokens * 32 * (128 + 4) if dcp > 1 else 0
-    staging = tokens * (656 + 4 * 512 + 4 * 64)
     return (tokens * heads * (2 * 512 + 4) + BLOCK_ROWS * 2048 * (8 + 8) + 4 * BLOCK_PROGRAMS
-            + BLOCK_PROGRAMS * 16 * 513 * 4 + index_q + staging)
+            + BLOCK_PROGRAMS * 16 * 513 * 4 + index_q)
 
 
 def _buffers(name: str, record: int, dcp: int, mtp: bool) -> int:

@@ -55,11 +55,10 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     # the attention arena: a step of vLLM's batched tokens, 64 heads (16 per TP rank, gathered over DCP4),
     # bf16 output [M, H, 512] and its LSE; a block of BLOCK_ROWS rows' top-k rows and compacted indices
     # (both int64: cache rows pass 2^31), counts, and the fp32 partials [512 + 1] of BLOCK_PROGRAMS
-    # programs of 16 heads; the indexer's fp8 q (32 heads x 128) and its scales; a cache write's staging:
-    # encoded records (up to 656 B) and fp32 copies of a bf16 latent (512) and rope (64)
+    # programs of 16 heads; the indexer's fp8 q (32 heads x 128) and its scales (a cache write stages
+    # nothing: one kernel encodes the model's rows straight into the cache)
     assert res["attention_workspace"] == (tokens * 64 * 512 * 2 + tokens * 64 * 4 + BLOCK_ROWS * 2048 * (8 + 8)
-                                          + 4 * BLOCK_ROWS + BLOCK_PROGRAMS * 16 * 513 * 4 + tokens * 32 * (128 + 4)
-                                          + tokens * (656 + 4 * 512 + 4 * 64))
+                                          + 4 * BLOCK_ROWS + BLOCK_PROGRAMS * 16 * 513 * 4 + tokens * 32 * (128 + 4))
     # a gathered step holds up to vLLM's batched tokens
     assert res["stashed_records"] == tokens * 368
     # the top-k workspace of the engine's INDEXER_ROWS-row blocks, k 2048, a pass of ENGINE_TILE_BYTES /
@@ -168,8 +167,8 @@ def test_paged_workspace_is_what_a_paged_call_allocates(monkeypatch, m, k, tile,
 
 def test_only_the_attention_arena_is_reserved_without_a_selected_path():
     """DCP1 and a sharded indexer: no selected path, and vLLM's own indexer op (no indexer q in the
-    arena); the arena's heads are a TP rank's 16 at DCP1, the gathered 64 under DCP4; a cache write's
-    staging (encoded records up to 656 B, fp32 latent and rope) for the profile's batched tokens in both."""
+    arena); the arena's heads are a TP rank's 16 at DCP1, the gathered 64 under DCP4 (a cache write
+    stages nothing)."""
     from sparkinfer.cli.serve import load_profile
     from sparkinfer.core.attention_workspace import BLOCK_PROGRAMS, BLOCK_ROWS
 
@@ -177,7 +176,7 @@ def test_only_the_attention_arena_is_reserved_without_a_selected_path():
     for argv, heads in ((["--dcp", "1"], 16), (["--indexer", "sharded"], 64)):
         d = _plan_json("--profile", "glm52-tp4-dcp4-mtp3-368", *argv)
         want = (tokens * heads * (512 * 2 + 4) + BLOCK_ROWS * 2048 * (8 + 8) + 4 * BLOCK_ROWS
-                + BLOCK_PROGRAMS * 16 * 513 * 4 + tokens * (656 + 4 * 512 + 4 * 64))
+                + BLOCK_PROGRAMS * 16 * 513 * 4)
         assert d["reservations"] == {"attention_workspace": want} and d["reserved_bytes"] == want
 
 

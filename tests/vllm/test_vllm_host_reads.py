@@ -180,45 +180,45 @@ def test_device_checks_raise_a_step_later_naming_the_check():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_contiguous_cache_write_in_the_forwards_form_allocates_nothing(device):
-    """A contiguous cache (DCP1, or a layer's own tensor) is written in place by the format's encoder:
-    in the forward's form the slot range is flagged through the checks' own scalars, with no read and
-    no temporary (a bool mask per write before; the first GPU run found it). An out-of-range slot
-    is refused by the host encoder; the CUDA one skips it and the check raises a step later."""
+    """A contiguous cache (DCP1, or a layer's own tensor) is written in place by the forward's one
+    launch (``forward_write_records``): no read and no temporary (a bool mask per write before; the
+    first GPU run found it). An out-of-range slot is skipped, on the host twin as in the CUDA kernel,
+    and the check raises a step later."""
     from sparkinfer.formats import get_format
-    from sparkinfer.decode.device_checks import DeviceCheckError, DeviceChecks
+    from sparkinfer.decode.device_checks import DeviceCheckError
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.paged_sparse_mla import forward_write_records
+    from sparkinfer.decode.runtime import WorkerRuntime
 
     g = torch.Generator().manual_seed(4)
     fmt = get_format("indexer_fp8")
     cache = torch.zeros(6, 16, 132, dtype=torch.uint8, device=device)
     want = cache.clone()
     keys = torch.randn(5, 128, generator=g).to(device)
-    slots = torch.tensor([3, 17, -1, 95, 40], device=device)
+    slots = torch.tensor([17, 30, -1, 95, 40], device=device)
     fmt.write(want, slots, keys)  # the direct call: checked on the host
-    checks = DeviceChecks(device)
+    step = ForwardStep.of(WorkerRuntime(device))
+    checks = step.checks
     checks.poll()
     with host_reads.count_reads() as reads, host_reads.count_allocations() as made:
-        fmt.write(cache, slots, keys, checks=checks)
+        forward_write_records(step, fmt, cache, slots, keys)
     assert not reads and not {k: v for k, v in made.items() if "|alloc|" in k}, (reads, made)
     assert torch.equal(cache, want)
     checks.poll()
     checks.poll()  # nothing flagged
-    bad = torch.tensor([3, 96], device=device)  # 96: one past the cache
-    if device == "cpu":  # the host encoder refuses the call outright
-        with pytest.raises(RuntimeError, match="out of range"):
-            fmt.write(cache, bad, keys[:2], checks=checks)
-        return
-    fmt.write(cache, bad, keys[:2], checks=checks)  # slot 3 rewritten with its own bytes, 96 skipped
-    assert torch.equal(cache, want)
+    forward_write_records(step, fmt, cache, torch.tensor([17, 96], device=device), keys[:2])  # 96: one past the cache
+    assert torch.equal(cache, want)  # slot 17 rewritten with its own bytes, 96 skipped
     checks.poll()
     with pytest.raises(DeviceCheckError, match="cache_slots"):
         checks.poll()
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_a_bf16_write_into_a_strided_cache_is_staged_in_the_arena(monkeypatch, device):
-    """The forward's write of a bf16 model's latent and rope into a strided (DCP) cache view: the fp32
-    copies and the encoded rows are arena views (the first GPU run found the encoder's output
-    allocated per layer), and the bytes are the direct call's on the fp32 values."""
+def test_a_bf16_write_into_a_strided_cache_allocates_nothing(monkeypatch, device):
+    """The forward's write of a bf16 model's latent and rope into a strided (DCP) cache view reads the
+    bf16 rows in its kernel: no fp32 copy and no encoded rows staged or allocated (the first GPU run
+    found the encoder's output allocated per layer), and the bytes are the direct call's on the fp32
+    values."""
     from sparkinfer.formats import get_format
     from sparkinfer.decode import impls
     from sparkinfer.decode.forward_step import ForwardStep
@@ -235,8 +235,6 @@ def test_a_bf16_write_into_a_strided_cache_is_staged_in_the_arena(monkeypatch, d
     rope = torch.randn(5, 1, 64, generator=g).to(device, torch.bfloat16)[:, 0]  # a view, as vLLM's k_pe
     write_cache_records(fmt, want[:, :, :368], slots, lat.float(), rope.float())
     step = ForwardStep.of(WorkerRuntime(device))
-    forward_write_records(step, fmt, backing[:, :, :368], slots, lat, rope)  # the arena may grow here
-    backing.copy_(want)
     with host_reads.count_allocations() as made:
         forward_write_records(step, fmt, backing[:, :, :368], slots, lat, rope)
     assert not {k: v for k, v in made.items() if "|alloc|" in k}, made
@@ -379,7 +377,24 @@ def _check_replays(name: str, replays: list) -> None:
                   f"differing per forward {[sorted(x) for x in sites]}")
             for f, differing in enumerate(sites):
                 assert not differing, r["differences"][f]
+            for f, found in enumerate(r["breakdown"]):  # the eager layers' launches (test_eager_launches)
+                if r["paths"][f] == "stock":
+                    _check_stock_launches(found, len(PATTERN) if f == 0 else 1)
         assert {r["paths"][0] for r in w} == TARGET_PATHS[name], [r["paths"] for r in w]  # each path compared
+
+
+def _check_stock_launches(found: dict, layers: int) -> None:
+    """A stock forward of ``layers`` layers (fp32 here) launched per layer one kernel for its cache write
+    and at most ``ATTENTION_LAUNCHES`` for its attention, kernels only (tests/decode/test_eager_launches.py)."""
+    from test_eager_launches import ATTENTION_LAUNCHES, WRITE_LAUNCHES
+
+    per_entry = {}
+    for (entry, site, kernel), n in found.items():
+        per_entry.setdefault(entry, {})[kernel] = per_entry.get(entry, {}).get(kernel, 0) + n
+    assert per_entry["do_kv_cache_update"] == {"native:write_paged": WRITE_LAUNCHES * layers}, per_entry
+    attention = per_entry["forward_mqa"]
+    assert sum(attention.values()) <= ATTENTION_LAUNCHES[torch.float32] * layers, attention
+    assert all(kernel.startswith("triton:") for kernel in attention), attention
 
 
 def _model_layers(w: dict) -> dict:

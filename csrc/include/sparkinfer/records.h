@@ -51,6 +51,15 @@ SI_HD int record_bytes(int32_t fmt) {
 // ---- scalar codecs -----------------------------------------------------------
 SI_HD uint32_t f32_bits(float x) { uint32_t b; memcpy(&b, &x, 4); return b; }
 SI_HD float bits_f32(uint32_t b) { float x; memcpy(&x, &b, 4); return x; }
+SI_HD bool finite_f32(float x) { return (f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
+// Element i of a model's input row, fp32 or bf16 (bf16 -> fp32 is exact): what the paged writer reads.
+SI_HD float load_input(const void* base, int64_t i, int32_t bf16) {
+  return bf16 ? bits_f32((uint32_t)((const uint16_t*)base)[i] << 16) : ((const float*)base)[i];
+}
+// A paged write's slot: -1 skips; below -1, in vLLM's null block or past the cache it is bad (skipped, flagged).
+SI_HD bool bad_slot(int64_t slot, int64_t num_blocks, int64_t block_size, int64_t null_block) {
+  return slot < -1 || slot >= num_blocks * block_size || (slot >= 0 && slot / block_size == null_block);
+}
 
 // E4M3 (float8_e4m3fn): clamp to +-448, round to nearest even; -0 keeps its sign
 // as torch's conversion does.

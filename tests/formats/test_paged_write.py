@@ -1,0 +1,63 @@
+"""The layer forward's cache write in one launch (``formats.native.write_paged``, the host twin of the
+CUDA kernel): bf16 or fp32 rows of any row stride encoded straight into a paged cache of any block
+and slot strides, with its value and slot checks flagged, equal byte for byte to the checked direct
+form (contiguous pages, fp32 values, ``RecordFormat.write``)."""
+
+import pytest
+import torch
+
+from sparkinfer.decode.device_checks import DeviceChecks
+from sparkinfer.decode.paged_sparse_mla import NULL_BLOCK
+from sparkinfer.formats import get_format, native
+
+
+def _inputs(fmt, n, dtype, seed):
+    """Rows as vLLM hands them: a bf16 model's, and views with a row stride past their width."""
+    g = torch.Generator().manual_seed(seed)
+    lat = torch.randn(n, fmt.value_dim + 7, generator=g).to(dtype)[:, 3:3 + fmt.value_dim]
+    rope = torch.randn(n, 1, fmt.rope_dim, generator=g).to(dtype)[:, 0] if fmt.rope_dim else None
+    return lat, rope
+
+
+@pytest.mark.parametrize("name", ["nvfp4_368", "nvfp4_432", "fp8_ds_mla", "indexer_fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_write_equals_the_direct_write_of_the_pages(name, dtype):
+    fmt = get_format(name)
+    g = torch.Generator().manual_seed(1)
+    backing = torch.randint(0, 256, (5, 8, 2, fmt.record_bytes + 20), generator=g, dtype=torch.uint8)
+    view = backing[:, :, 1, 4:4 + fmt.record_bytes]  # blocks and slots both strided, as a layer of vLLM's layout
+    want = backing.clone()
+    slots = torch.tensor([9, -1, 30, 12, -1, 39, 8])
+    lat, rope = _inputs(fmt, slots.shape[0], dtype, 2)
+    pages = want[:, :, 1, 4:4 + fmt.record_bytes].contiguous()
+    fmt.write(pages, slots, lat.float(), None if rope is None else rope.float())
+    want[:, :, 1, 4:4 + fmt.record_bytes] = pages
+    checks = DeviceChecks("cpu")
+    native.write_paged(fmt, lat, rope, view, slots, NULL_BLOCK, checks.word("record_values"),
+                       checks.word("cache_slots"))
+    assert torch.equal(backing, want)
+    assert not checks.flags.any()
+
+
+def test_bad_slots_and_values_are_flagged_and_bad_slots_not_written():
+    fmt = get_format("nvfp4_368")
+    cache = torch.zeros(4, 8, 368, dtype=torch.uint8)
+    lat, rope = _inputs(fmt, 4, torch.float32, 3)
+    for slots, bad_slot in (([8, 9, 10, 11], False), ([3, 9, 10, 11], True), ([8, 32, 10, 11], True),
+                            ([8, -2, 10, 11], True), ([8, -1, 10, 31], False)):
+        checks = DeviceChecks("cpu")
+        got = cache.clone()
+        native.write_paged(fmt, lat, rope, got, torch.tensor(slots), NULL_BLOCK, checks.word("record_values"),
+                           checks.word("cache_slots"))
+        assert bool(checks.word("cache_slots")) == bad_slot, slots
+        assert not checks.word("record_values")
+        want = cache.clone()
+        kept = [(s, i) for i, s in enumerate(slots) if 8 <= s < 32]  # past the null block 0, inside the cache
+        fmt.write(want, torch.tensor([s for s, _ in kept]), lat[[i for _, i in kept]], rope[[i for _, i in kept]])
+        assert torch.equal(got, want), slots
+    checks = DeviceChecks("cpu")
+    bad = rope.clone()
+    bad[2, 5] = float("nan")
+    native.write_paged(fmt, lat, bad, cache, torch.tensor([8, -1, -1, 11]), NULL_BLOCK, checks.word("record_values"),
+                       checks.word("cache_slots"))
+    assert bool(checks.word("record_values")) and not checks.word("cache_slots")  # a skipped row's value too
