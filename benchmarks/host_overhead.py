@@ -132,7 +132,7 @@ def layer_host(iters: int = 4 * STEP_LAYERS) -> dict:
     records = row_view(cache, None)[0]
     s0, s1 = row_strides(cache)
     rows_out = torch.empty(m, k, dtype=torch.int64)
-    ws = DecodeWorkspace.allocate(m, h, k, 1, torch.device("cpu"), bf16_out=True)
+    ws = DecodeWorkspace.allocate(m, h, k, 1, torch.device("cpu"))  # one split: the decode rounds bf16 itself
     out, lse = torch.empty(m, h, 512, dtype=torch.bfloat16), torch.empty(m, h)
     values, slot_flag, topk_flag = (runtime.checks.word(w) for w in ("record_values", "cache_slots", "topk_position"))
     lay = fmt.layout

@@ -54,11 +54,11 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     assert res["prefetch_ring"] == 4 * slot * 368
     # the attention arena: a step of vLLM's batched tokens, 64 heads (16 per TP rank, gathered over DCP4),
     # bf16 output [M, H, 512] and its LSE; a block of BLOCK_ROWS rows' top-k rows and compacted indices
-    # (both int64: cache rows pass 2^31), counts, and the fp32 partials [512 + 1] of BLOCK_PROGRAMS
-    # programs of 16 heads; the indexer's fp8 q (32 heads x 128) and its scales (a cache write stages
+    # (both int64: cache rows pass 2^31), the fp32 partials [512 + 1] of BLOCK_PROGRAMS programs of 16
+    # heads and their int32 merge tickets; the indexer's fp8 q (32 heads x 128) and its scales (a cache write stages
     # nothing: one kernel encodes the model's rows straight into the cache)
     assert res["attention_workspace"] == (tokens * 64 * 512 * 2 + tokens * 64 * 4 + BLOCK_ROWS * 2048 * (8 + 8)
-                                          + 4 * BLOCK_ROWS + BLOCK_PROGRAMS * 16 * 513 * 4 + tokens * 32 * (128 + 4))
+                                          + 4 * BLOCK_PROGRAMS + BLOCK_PROGRAMS * 16 * 513 * 4 + tokens * 32 * (128 + 4))
     # a gathered step holds up to vLLM's batched tokens
     assert res["stashed_records"] == tokens * 368
     # the top-k workspace of the engine's INDEXER_ROWS-row blocks, k 2048, a pass of ENGINE_TILE_BYTES /
@@ -175,7 +175,7 @@ def test_only_the_attention_arena_is_reserved_without_a_selected_path():
     tokens = load_profile("glm52-tp4-dcp4-mtp3-368")["vllm"]["max_num_batched_tokens"]
     for argv, heads in ((["--dcp", "1"], 16), (["--indexer", "sharded"], 64)):
         d = _plan_json("--profile", "glm52-tp4-dcp4-mtp3-368", *argv)
-        want = (tokens * heads * (512 * 2 + 4) + BLOCK_ROWS * 2048 * (8 + 8) + 4 * BLOCK_ROWS
+        want = (tokens * heads * (512 * 2 + 4) + BLOCK_ROWS * 2048 * (8 + 8) + 4 * BLOCK_PROGRAMS
                 + BLOCK_PROGRAMS * 16 * 513 * 4)
         assert d["reservations"] == {"attention_workspace": want} and d["reserved_bytes"] == want
 

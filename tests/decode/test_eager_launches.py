@@ -47,7 +47,11 @@ def test_a_stock_layer_launches_at_most_todays_count(monkeypatch, dtype):
     write_cache_records(fmt, want[:, :, :368], slots, lat.float(), rope.float())
     table = torch.tensor([[1, 2, 3, 4]], dtype=torch.int32)
     token_req = torch.zeros(4, dtype=torch.int64)
-    step = ForwardStep.of(WorkerRuntime("cpu"), token_req=token_req, block_table=table)
+    runtime = WorkerRuntime("cpu")
+    # a warm-up step makes the worker's attention arena (zeroing its merge tickets), as vLLM's warm-up
+    # runs do before serving; the steps after it find the arena made
+    attend(ForwardStep.of(runtime, token_req=token_req, block_table=table), *q, cache, fmt, topk, 0.1, 0, 2)
+    step = ForwardStep.of(runtime, token_req=token_req, block_table=table)
     per_layer = []
     for layer in range(2):  # the second layer of a step reuses what the first resolved (its attention plan)
         with launches.record() as write:
