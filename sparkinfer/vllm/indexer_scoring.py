@@ -53,33 +53,42 @@ def _setting(vllm_config) -> str:
     return from_additional_config(vllm_config.additional_config).indexer_scoring
 
 
-def _resolve(vllm_config):
-    """(the engine's scoring: ``replicated``, ``sharded`` or ``auto``, the node profile and geometry
-    ``auto`` decides with, or None): ``auto`` without a profile for this device, and an engine whose
-    indexer is not replicated (DCP 1, upstream's sharded keys), score replicated."""
+def _replicated(vllm_config) -> bool:
     from sparkinfer.vllm.indexer_layout import indexer_replicated
 
-    setting = _setting(vllm_config) if indexer_replicated(vllm_config) else "replicated"
-    if setting != "auto":
-        return setting, None, None
+    return indexer_replicated(vllm_config)
+
+
+def node_profile(vllm_config):
+    """(the cost profile of this node's GPU at the engine's DCP size, the served model's geometry), or
+    (None, None) without a GPU or a profile for it."""
     if not torch.cuda.is_available():
-        return "replicated", None, None
+        return None, None
     from sparkinfer.core.costmodel import find_profile
     from sparkinfer.core.geometry import ModelGeometry
 
     profile = find_profile(torch.cuda.get_device_name(), vllm_config.parallel_config.decode_context_parallel_size)
     if profile is None:
-        return "replicated", None, None
-    return "auto", profile, ModelGeometry.from_hf_config(vllm_config.model_config.hf_text_config)
+        return None, None
+    return profile, ModelGeometry.from_hf_config(vllm_config.model_config.hf_text_config)
+
+
+def _resolve(vllm_config):
+    """(the engine's scoring: ``replicated``, ``sharded`` or ``auto``, the node profile and geometry
+    ``auto`` decides with, or None): ``auto`` without a profile for this device, and an engine whose
+    indexer is not replicated (DCP 1, upstream's sharded keys), score replicated."""
+    setting = _setting(vllm_config) if _replicated(vllm_config) else "replicated"
+    if setting != "auto":
+        return setting, None, None
+    profile, geom = node_profile(vllm_config)
+    return ("replicated", None, None) if profile is None else ("auto", profile, geom)
 
 
 def may_shard(vllm_config) -> bool:
     """Whether some step of this engine may be scored sharded (at engine start, before any builder).
     ``auto`` for a GPU engine judged where no GPU is (``serve --dry-run`` off the node) may: the node's
     device may have a profile."""
-    from sparkinfer.vllm.indexer_layout import indexer_replicated
-
-    if not indexer_replicated(vllm_config):
+    if not _replicated(vllm_config):
         return False
     setting = _setting(vllm_config)
     if setting != "auto":
@@ -97,7 +106,7 @@ class IndexerScoring:
         par = vllm_config.parallel_config
         self.dcp = par.decode_context_parallel_size
         setting, self.profile, self.geom = _resolve(vllm_config)
-        if setting == "replicated" and _setting(vllm_config) == "auto" and self.profile is None:
+        if setting == "replicated" and _setting(vllm_config) == "auto" and _replicated(vllm_config):
             log.info("sparkinfer indexer_scoring=auto: no node profile for this device, scoring "
                      "replicated (set indexer_scoring=sharded to split it)")
         self.setting = setting

@@ -75,10 +75,11 @@ def test_auto_without_a_profile_scores_replicated(dcp_group, caplog):
 def test_auto_shards_exactly_where_the_cost_model_says_it_pays(dcp_group, monkeypatch, profile):
     """With a node profile auto follows ``choose_indexer`` on the step's own rows: a sum over rows of
     pos + 1 scored tokens; mixed batches (one long request among short ones) included."""
+    from sparkinfer.vllm import indexer_scoring
     from sparkinfer.vllm.indexer_scoring import IndexerScoring
 
     p = cm.load_profile(profile)
-    monkeypatch.setattr(IndexerScoring, "_profile", lambda self, cfg: (p, GLM52))
+    monkeypatch.setattr(indexer_scoring, "node_profile", lambda cfg: (p, GLM52))
     scoring = IndexerScoring(_config("auto"))
     picks = []
     for contexts in ([0], [5000], [20000], [30000], [100000], [1 << 20], [100, 200, 300], [100, 90000],
@@ -89,3 +90,20 @@ def test_auto_shards_exactly_where_the_cost_model_says_it_pays(dcp_group, monkey
         assert ("sharded" if got is not None else "replicated") == want, contexts
         picks.append(want)
     assert "sharded" in picks and "replicated" in picks
+
+
+def test_may_shard_is_what_the_engine_could_do(monkeypatch):
+    """``may_shard`` (the indexer's CUDA-graph support, graph_paths' ``indexer_sharded``): a fixed
+    setting says it; ``auto`` may wherever a node profile exists, and for a GPU engine judged off the
+    node (no GPU here: its device may have one); never where the indexer is not replicated."""
+    from sparkinfer.vllm import indexer_scoring
+
+    assert not indexer_scoring.may_shard(_config("replicated"))
+    assert indexer_scoring.may_shard(_config("sharded"))
+    assert not indexer_scoring.may_shard(_config("sharded", dcp=1))
+    assert not indexer_scoring.may_shard(_config("sharded", dtype="fp8_ds_mla"))  # vLLM's own indexer
+    assert not indexer_scoring.may_shard(_config("auto", device="cpu"))  # no GPU, no profile
+    if not torch.cuda.is_available():
+        assert indexer_scoring.may_shard(_config("auto"))  # a CUDA engine judged off its node
+    monkeypatch.setattr(indexer_scoring, "node_profile", lambda cfg: (cm.load_profile("rtx_pro_6000_x4"), GLM52))
+    assert indexer_scoring.may_shard(_config("auto", device="cpu"))

@@ -69,14 +69,14 @@ def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monk
         e = 2 * 256
         plan = 4 * (5 * e + 2 * (2 * 512 + 2 * 256) + 2 + 2 * 2 + 3 * 2 * e + 2 * 2) + 2 * e
         # the attention arena: fp32 output and LSE of a step's rows (vLLM's token budget) x 2 heads (1 per TP
-        # rank gathered over DCP2), a block's int64 top-k rows and compacted indices and counts (BLOCK_ROWS
-        # rows), the fp32 partials [2 heads, 513] of BLOCK_PROGRAMS programs, the indexer's fp8 q (2 heads x
-        # 128) and scales (a cache write stages nothing: one kernel encodes into the cache)
+        # rank gathered over DCP2), a block's int64 top-k rows and compacted indices (BLOCK_ROWS rows), the
+        # fp32 partials [2 heads, 513] of BLOCK_PROGRAMS programs and their int32 merge tickets, the
+        # indexer's fp8 q (2 heads x 128) and scales (a cache write stages nothing: one kernel encodes into the cache)
         from sparkinfer.core.attention_workspace import BLOCK_PROGRAMS, BLOCK_ROWS
 
         m = p["step_tokens"]
         b = min(BLOCK_ROWS, m)
-        arena = (m * 2 * (4 * 512 + 4) + b * 256 * (8 + 8) + 4 * b + BLOCK_PROGRAMS * 2 * 513 * 4
+        arena = (m * 2 * (4 * 512 + 4) + b * 256 * (8 + 8) + 4 * BLOCK_PROGRAMS + BLOCK_PROGRAMS * 2 * 513 * 4
                  + m * 2 * (128 + 4))
         want = {"attention_workspace": arena, "prefetch_ring": 4 * 2849 * 368, "exchange_recv": flags + 2 * region, "exchange_send": 2 * 2 * region,
                 "exchange_index": 8 * 512, "group_plan": plan,  # exchange_index: the start-up proof's unpack
