@@ -19,9 +19,10 @@ scalars (docs/design/cuda-graphs.md). Two things decide whether a sparkinfer ste
   captured that size piecewise, else eager), each fallback counted and its reason logged once
   (``GraphPaths``).
 
-vLLM pads a FULL decode batch up to the next capture size with requests of no rows; the builders
-plan the scheduled rows only, so every uniform decode batch must be a capture size
-(``padded_decode_batches``).
+vLLM pads a FULL decode batch up to the next capture size with requests of no rows and token rows
+past the real ones; the builders plan those as rows that score, attend, write and move nothing
+(``step_plan.batch_rows``), with the launches of an unpadded batch of that size, so any capture
+sizes do.
 """
 
 from __future__ import annotations
@@ -60,24 +61,6 @@ def support(part: str) -> str:
 def unsafe(parts: Iterable[str]) -> dict[str, str]:
     """The parts of ``parts`` a FULL graph cannot replay yet, with why."""
     return {p: NOT_REPLAY_SAFE[p] for p in parts if p in NOT_REPLAY_SAFE}
-
-
-def padded_decode_batches(capture_sizes: Iterable[int], rows: int, max_num_seqs: int | None) -> list[int]:
-    """The uniform decode batches (in tokens, ``n x rows`` for ``n`` requests up to ``max_num_seqs``;
-    None: no bound but the sizes') that vLLM would replay from a larger FULL graph, padded: vLLM pads a
-    batch to the smallest capture size that holds it, and has FULL graphs of the sizes up to
-    ``max_num_seqs x rows`` (``CudagraphDispatcher``); a batch padded past them runs piecewise or
-    eagerly, one larger than every size without a graph."""
-    sizes = sorted(set(capture_sizes))
-    if rows < 1 or (max_num_seqs is not None and max_num_seqs < 1):
-        raise ValueError(f"rows and max_num_seqs must be >= 1, got {rows}, {max_num_seqs}")
-    most = (sizes[-1] if sizes else 0) // rows if max_num_seqs is None else max_num_seqs
-    padded = []
-    for t in range(rows, most * rows + 1, rows):
-        graph = next((s for s in sizes if s >= t), None)
-        if graph is not None and t < graph <= most * rows:
-            padded.append(t)
-    return padded
 
 
 def capture_path(path: StepPath, num_reqs: int, longest_context: int) -> str:

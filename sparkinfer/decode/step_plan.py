@@ -43,12 +43,37 @@ def exact_seq_lens(vllm_config) -> bool:
     return not (vllm_config.scheduler_config.async_scheduling and vllm_config.speculative_config is not None)
 
 
-def token_layout(qsl: np.ndarray, seq_lens: np.ndarray, num_tokens: int):
-    """(token_req, positions) int64 [T]: row t's request and causal position ``seq_len - query_len + i``."""
+def batch_rows(qsl: np.ndarray, num_tokens: int) -> np.ndarray:
+    """int64 [R]: the token rows each request holds in a batch of ``num_tokens`` rows.
+
+    A request's rows are its query length, except in a batch vLLM padded for a FULL CUDA graph of a
+    larger size: vLLM appends requests of no rows (query length 0, sequence length 0, block-table
+    row ``NULL_BLOCK_ID``) and token rows past the real ones (slot -1); the padded token rows are
+    spread over the padded requests, ``(num_tokens - qsl[-1]) / padded`` each (the uniform decode
+    batch's query length, as the graph's capture run laid them out). A batch of fewer rows than its
+    requests' keeps their first ``num_tokens``."""
     qlen = qsl[1:] - qsl[:-1]
-    token_req = np.repeat(np.arange(qlen.shape[0]), qlen)[:num_tokens]
+    extra = num_tokens - int(qsl[-1])
+    if extra <= 0:
+        return qlen
+    padded = len(qlen) - len(np.trim_zeros(qlen, "b"))  # vLLM's padding: the trailing requests of no rows
+    if padded == 0 or extra % padded:
+        raise ValueError(f"{extra} token rows past the requests' {int(qsl[-1])} and {padded} padded requests to "
+                         "hold them: not a batch vLLM padded for a CUDA graph")
+    rows = qlen.copy()
+    rows[len(qlen) - padded:] = extra // padded
+    return rows
+
+
+def token_layout(qsl: np.ndarray, seq_lens: np.ndarray, num_tokens: int):
+    """(token_req, positions) int64 [T]: row t's request and causal position ``seq_len - query_len + i``;
+    a padded row (``batch_rows``) belongs to its padded request at position -1: no key to score and
+    none to attend, and the indexer's slot of it is -1 (not written)."""
+    qlen = qsl[1:] - qsl[:-1]
+    token_req = np.repeat(np.arange(qlen.shape[0]), batch_rows(qsl, num_tokens))[:num_tokens]
     offset = np.arange(num_tokens) - qsl[token_req]
-    return token_req, seq_lens[token_req] - qlen[token_req] + offset
+    real = offset < qlen[token_req]
+    return token_req, np.where(real, seq_lens[token_req] - qlen[token_req] + offset, -1)
 
 
 def to_device(device, *arrays: np.ndarray) -> list[torch.Tensor]:

@@ -295,9 +295,10 @@ def engine_parts(vllm_config) -> tuple[str, ...]:
 def graph_problem(g: Graphs) -> str | None:
     """Why graphs ``g`` would replay a sparkinfer op wrongly; None if they would not. FULL graphs of
     uniform decode batches (``FULL_DECODE_MODES``) are refused exactly while a part the engine runs is
-    not replay-safe (``graph_paths.NOT_REPLAY_SAFE``, the reason given) or vLLM would pad a decode
-    batch into a larger graph; piecewise graphs while they leave a sparkinfer op inside a piece."""
-    from sparkinfer.decode.graph_paths import padded_decode_batches, unsafe
+    not replay-safe (``graph_paths.NOT_REPLAY_SAFE``, the reason given), whatever the capture sizes: a
+    decode batch vLLM pads into a larger graph is planned with its padding (``step_plan.batch_rows``);
+    piecewise graphs while they leave a sparkinfer op inside a piece."""
+    from sparkinfer.decode.graph_paths import unsafe
 
     if g.mode == "NONE":
         return None
@@ -313,17 +314,6 @@ def graph_problem(g: Graphs) -> str | None:
         if bad:
             why = "; ".join(f"the {p}: {reason}" for p, reason in bad.items())
             return f"cudagraph_mode {g.mode} replays whole decode steps, and not every part is replay-safe yet ({why}); use PIECEWISE (or NONE)"
-        whole = (f"{[g.rows * n for n in range(1, g.max_num_seqs + 1)]}" if g.max_num_seqs else
-                 f"every multiple of {g.rows} up to max_num_seqs x {g.rows}")
-        fix = (f"which the sparkinfer builders do not plan; set cudagraph_capture_sizes to {whole} (each decode "
-               f"batch of {g.rows} rows per request a size of its own)")
-        if g.capture_sizes is None:
-            return (f"cudagraph_mode {g.mode} with vLLM's default capture sizes pads decode batches into larger "
-                    f"graphs with requests of no rows, {fix}")
-        padded = padded_decode_batches(g.capture_sizes, g.rows, g.max_num_seqs)
-        if padded:
-            return (f"cudagraph_mode {g.mode} would replay decode batches of {padded} tokens from larger graphs, "
-                    f"padded with requests of no rows, {fix}")
     if g.mode not in PIECEWISE_MODES:
         return None
     split = None if g.splitting_ops is None else list(g.splitting_ops)

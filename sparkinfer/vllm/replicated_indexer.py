@@ -285,7 +285,7 @@ def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: S
         starts = np.cumsum(lens) - lens
         start_of, len_of = np.zeros(md.num_reqs, np.int64), np.zeros(md.num_reqs, np.int64)
         start_of[reqs], len_of[reqs] = starts, lens
-        token_req = np.repeat(np.arange(md.num_reqs), qsl[1:md.num_reqs + 1] - qsl[:md.num_reqs])[:n]
+        token_req, _ = step_plan.token_layout(qsl, seq_lens, n)  # a padded row: its padded request's (no list)
         row_start, row_len = start_of[token_req], len_of[token_req]
         total = int(lens.sum())
         # on the device, the same ops whatever the request count: entry e of the lists is index i of
@@ -413,6 +413,9 @@ def indexer_backend():
             pos, slots = (self._pos[:n], self._slots[:n]) if n <= self._pos.numel() else (None, None)
             pos = torch.sub(cm.seq_lens[: cm.num_reqs].to(torch.int64)[tr], back, out=pos)
             slots = torch.add(table.to(torch.int64)[tr, pos // block_size] * block_size, pos % block_size, out=slots)
+            # a row vLLM padded the batch with (``step_plan.token_layout``: its request's sequence length
+            # 0, position -1) scores no key and writes none
+            slots.masked_fill_(pos < 0, -1)
             md = ReplicatedIndexerMetadata(n, cm.num_reqs, torch.from_numpy(token_req), pos,
                                            torch.from_numpy(seq_lens), table, slots,
                                            self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,

@@ -173,19 +173,29 @@ class SelectedRuntime:
         return self.replicas
 
     def choose(self, query_lens: list[int], contexts: list[int], keys: list[int] | None = None,
-               path: str | None = None) -> str:
+               path: str | None = None, padded: int = 0) -> str:
         """The target model step's path (``StepPath``: one of ``step_path.PATHS``); ``selected``
         remembers whether it is not stock, so that only those steps pay for stashing their records.
-        ``keys``: each request's id (the replica rule's key; None: no replicas this step); ``path``:
-        taken instead of the host's choice (a CUDA graph's capture run, ``capture_path``)."""
+        ``keys``: each real request's id (the replica rule's key; None: no replicas this step);
+        ``path``: taken instead of the host's choice (a CUDA graph's capture run, ``capture_path``);
+        ``padded``: the last requests are vLLM's padding of a FULL graph's batch (``step_plan.batch_rows``:
+        rows of their own, context 0, no key): the rule and the replica store never see them, they
+        hold nothing and their rows write nothing."""
         if self.checks is not None:  # the previous steps' device checks, before planning this one
             self.checks.poll()
         rule = self._replica_rule() if keys is not None and self.replicas_on else None
         all_local, fetched_below = False, None
         self._step_replicas = None
         if rule is not None:
-            step = rule.begin_step(keys, contexts, query_lens)
-            dst, src, taken = _replica_writes(step.write_rows())
+            real = len(query_lens) - padded
+            step = rule.begin_step(keys, contexts[:real], query_lens[:real])
+            pad_rows = sum(query_lens[real:])
+            # the padded requests: nothing held (lo = their context 0), no slot, their rows not kept
+            step = replace(step, slot=np.pad(step.slot, (0, padded), constant_values=-1),
+                           lo=np.pad(step.lo, (0, padded)), start=np.pad(step.start, (0, padded)),
+                           n=np.pad(step.n, (0, padded)))
+            writes = np.pad(step.write_rows(), (0, pad_rows), constant_values=-1)
+            dst, src, taken = _replica_writes(writes)
             if self._replica_uploads is None:
                 sched = self.vllm_config.scheduler_config
                 dev = self._replica_store[0].device

@@ -142,7 +142,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         cm = common_attn_metadata
         n = cm.num_actual_tokens
         qsl, seq_lens = step_plan.host_lens(cm, self.vllm_config)
-        token_req, _ = step_plan.token_layout(qsl, seq_lens, n)
+        token_req, _ = step_plan.token_layout(qsl, seq_lens, n)  # a padded row: its padded request's
         local_lens = cm.dcp_local_seq_lens if cm.dcp_local_seq_lens is not None else cm.seq_lens
         path, context, query_lens = "stock", None, None
         sharded = getattr(self.kv_cache_spec, "dcp_sharded", False)
@@ -151,10 +151,15 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
             if not step_plan.exact_seq_lens(self.vllm_config):  # async speculative steps: no exact host copy
                 seq_lens = cm.seq_lens[: cm.num_reqs].cpu().numpy().astype(np.int64)
             qlens = qsl[1:] - qsl[:-1]
-            contexts = seq_lens - qlens
+            contexts = seq_lens - qlens  # a padded request's: 0
+            # a batch padded for a FULL graph is chosen for as the graph runs it: its padded requests hold
+            # their rows (step_plan.batch_rows) over an empty context, so they move nothing
+            rows = step_plan.batch_rows(qsl, n)
+            padded = int(np.count_nonzero(rows != qlens))
             fixed = rt.capture_path(cm.num_reqs) if capture else None
-            path = rt.choose(qlens.tolist(), contexts.tolist(), self.runtime.step_request_ids(cm.num_reqs), fixed)
-            token_req, context, query_lens = self._uploads(token_req, contexts, qlens)
+            path = rt.choose(rows.tolist(), contexts.tolist(), self.runtime.step_request_ids(cm.num_reqs - padded),
+                             fixed, padded)
+            token_req, context, query_lens = self._uploads(token_req, contexts, rows)
         else:
             token_req, = self._uploads(token_req)
         interleave = self.vllm_config.parallel_config.cp_kv_cache_interleave_size
