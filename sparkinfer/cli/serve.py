@@ -363,9 +363,7 @@ def startup_problems(data: dict, cfg: dict, environ) -> list[str]:
     graphs = startup_check.profile_graphs(comp.get("cudagraph_mode"), comp.get("splitting_ops"),
                                           eager=data["vllm"].get("enforce_eager") is True,
                                           breakable=startup_check.breakable_graphs(env),
-                                          parts=startup_check.engine_parts(vcfg), rows=1 + speculative_tokens(data),
-                                          max_num_seqs=_int(data, "max_num_seqs"),
-                                          capture_sizes=comp.get("cudagraph_capture_sizes"))
+                                          parts=startup_check.engine_parts(vcfg))
     return startup_check.worker_problems(graphs, selected=selected_path_possible(vcfg),
                                          fabric=sc.resolve(data["sparkinfer"], env).fabric, device_type="cuda")
 

@@ -5,8 +5,7 @@ Everything a step needs that can fail is settled here, before the first request:
 * what the configuration decides is refused by ``model_config_check.worker_problems`` (the
   checker ``sparkinfer serve --dry-run`` runs too), as one ValueError: graph modes that would
   replay a sparkinfer op wrongly (FULL graphs of mixed batches, FULL decode graphs while a part the
-  engine runs is not replay-safe, ``decode.graph_paths``, or while vLLM would pad a decode batch;
-  the breakable CUDA graph; piecewise graphs whose ``splitting_ops`` leave the KV-cache update, the
+  engine runs is not replay-safe, ``decode.graph_paths``; the breakable CUDA graph; piecewise graphs whose ``splitting_ops`` leave the KV-cache update, the
   sparse-MLA attention or the indexer inside a captured piece), and with the selected path a fabric
   that cannot reach the caches
   (``fabric = host`` with the caches on a GPU, ``fabric = cuda`` with them on the CPU);
@@ -27,18 +26,15 @@ from __future__ import annotations
 from sparkinfer.vllm.cache_dtypes import is_record_cache_dtype
 from sparkinfer.vllm.model_config_check import Graphs, engine_parts, worker_problems
 
-def graphs(compilation_config, breakable: bool, parts: tuple[str, ...] = ("attention",), rows: int = 1,
-           max_num_seqs: int | None = None) -> Graphs:
+def graphs(compilation_config, breakable: bool, parts: tuple[str, ...] = ("attention",)) -> Graphs:
     """``compilation_config`` (as vLLM resolved it) as the settings ``graph_problem`` reads.
     ``breakable``: vLLM's breakable CUDA graph is enabled; ``parts``: the sparkinfer builders' parts the
-    engine runs (``engine_parts``); ``rows``: 1 + speculative tokens; ``max_num_seqs``: the scheduler's."""
+    engine runs (``engine_parts``)."""
     mode = compilation_config.cudagraph_mode
     split = compilation_config.splitting_ops
-    sizes = compilation_config.cudagraph_capture_sizes
     return Graphs("NONE" if mode is None else mode.name, None if split is None else tuple(split),
                   compilation_config.mode.name == "VLLM_COMPILE",
-                  compilation_config.splitting_ops_contain_kv_cache_update(), breakable, tuple(parts), rows,
-                  max_num_seqs, tuple(sizes or ()))
+                  compilation_config.splitting_ops_contain_kv_cache_update(), breakable, tuple(parts))
 
 
 def check_worker(vllm_config) -> None:
@@ -48,10 +44,8 @@ def check_worker(vllm_config) -> None:
     from sparkinfer.config import from_additional_config
     from sparkinfer.vllm.replica_budget import selected_path_possible
 
-    spec = vllm_config.speculative_config
     problems = worker_problems(graphs(vllm_config.compilation_config, is_breakable_cudagraph_enabled(),
-                                      engine_parts(vllm_config), 1 + (spec.num_speculative_tokens if spec else 0),
-                                      vllm_config.scheduler_config.max_num_seqs),
+                                      engine_parts(vllm_config)),
                                selected=selected_path_possible(vllm_config),
                                fabric=from_additional_config(vllm_config.additional_config).fabric,
                                device_type=_cache_device(vllm_config).type)

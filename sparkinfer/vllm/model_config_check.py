@@ -265,9 +265,8 @@ class Graphs:
     (compilation mode ``VLLM_COMPILE``), ``kv_update_split`` (the KV-cache update is split out:
     ``CompilationConfig.splitting_ops_contain_kv_cache_update``), ``breakable`` (vLLM's breakable
     CUDA graph, ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``), the sparkinfer builders' ``parts`` the engine's
-    steps run (``engine_parts``), the ``rows`` of a uniform decode request (1 + speculative tokens),
-    ``max_num_seqs`` (None: not known here) and the ``capture_sizes`` in tokens (None: vLLM's default
-    list, not known here)."""
+    steps run (``engine_parts``). Not the capture sizes: vLLM pads a decode batch into the next
+    captured size, and the builders plan its padding (``step_plan.batch_rows``), so any sizes do."""
 
     mode: str
     splitting_ops: tuple[str, ...] | None
@@ -275,9 +274,6 @@ class Graphs:
     kv_update_split: bool
     breakable: bool = False
     parts: tuple[str, ...] = ("attention",)
-    rows: int = 1
-    max_num_seqs: int | None = None
-    capture_sizes: tuple[int, ...] | None = None
 
 
 def engine_parts(vllm_config) -> tuple[str, ...]:
@@ -327,10 +323,9 @@ def graph_problem(g: Graphs) -> str | None:
 
 
 def profile_graphs(mode: str | None, splitting_ops, *, eager: bool, breakable: bool,
-                   parts: tuple[str, ...] = ("attention",), rows: int = 1, max_num_seqs: int | None = None,
-                   capture_sizes=None) -> Graphs:
+                   parts: tuple[str, ...] = ("attention",)) -> Graphs:
     """The ``Graphs`` vLLM 0.32.0 resolves from ``vllm serve`` settings (``compilation_config``'s
-    ``cudagraph_mode``, ``splitting_ops`` and ``cudagraph_capture_sizes``, ``enforce_eager``) for an
+    ``cudagraph_mode`` and ``splitting_ops``, ``enforce_eager``) for an
     engine whose attention is sparkinfer's and whose steps run ``parts`` (``engine_parts``), by vLLM's
     own steps: ``enforce_eager`` turns graphs off; an empty ``splitting_ops`` leaves PIECEWISE nothing
     to capture (NONE) and makes FULL_AND_PIECEWISE FULL (``set_splitting_ops_for_v1``); then
@@ -339,15 +334,12 @@ def profile_graphs(mode: str | None, splitting_ops, *, eager: bool, breakable: b
     (``splitting_ops`` unset: vLLM splits out every op of its ``_attention_ops``; a list counts only
     if it names them all, which this does not know, so a list counts as not split), else NONE; FULL
     for every step stays FULL, which vLLM and ``graph_problem`` both refuse. With ``UNIFORM_BATCH``
-    FULL becomes FULL_AND_PIECEWISE where attention is split out, else FULL_DECODE_ONLY, and a FULL
-    decode mode's capture sizes are rounded up to multiples of ``rows``
-    (``adjust_cudagraph_sizes_for_spec_decode``, sizes past the largest dropped)."""
+    FULL becomes FULL_AND_PIECEWISE where attention is split out, else FULL_DECODE_ONLY."""
     from sparkinfer.decode.graph_paths import support
 
-    sizes = None if capture_sizes is None else tuple(capture_sizes)
     if eager:
         return Graphs("NONE", None if splitting_ops is None else tuple(splitting_ops), False, False, breakable,
-                      tuple(parts), rows, max_num_seqs, sizes)
+                      tuple(parts))
     mode = str(mode or DEFAULT_GRAPH_MODE).upper()
     uniform = all(support(p) == "UNIFORM_BATCH" for p in parts)
     if splitting_ops is None:  # vLLM's default list
@@ -364,12 +356,7 @@ def profile_graphs(mode: str | None, splitting_ops, *, eager: bool, breakable: b
             mode = "FULL_DECODE_ONLY" if mode == "FULL" else mode
         else:
             mode = "NONE" if mode in FULL_DECODE_MODES else mode
-    if mode in FULL_DECODE_MODES and sizes and rows > 1:
-        largest = max(sizes)
-        sizes = tuple(sorted({-(-s // rows) * rows for s in sizes if -(-s // rows) * rows <= largest})) or (
-            (rows,) if rows <= largest else ())
-    return Graphs(mode, split, True, all(op in split for op in KV_UPDATE_OPS), breakable, tuple(parts), rows,
-                  max_num_seqs, sizes)
+    return Graphs(mode, split, True, all(op in split for op in KV_UPDATE_OPS), breakable, tuple(parts))
 
 
 def breakable_graphs(environ: Mapping[str, str]) -> bool:

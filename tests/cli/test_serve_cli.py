@@ -376,10 +376,6 @@ WORKER = [  # every reason patched vLLM's worker refuses at engine start (model_
     # (profile, --set overrides, what the FAIL lines name, in order); tests/vllm/test_engine_start.py
     # holds each against the worker's own check
     (PROFILE, ["vllm.compilation_config.cudagraph_mode=FULL"], ["cudagraph_mode FULL captures mixed"]),
-    # DCP1 (vLLM's indexer, the sparkinfer attention UNIFORM_BATCH): FULL decode graphs, but capture
-    # sizes that leave decode batches of 3, 5, 6 and 7 requests padded into a larger graph
-    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_capture_sizes=[4, 8, 16, 32, 64]"],
-     ["would replay decode batches of [12, 20, 24, 28, 36"]),
     (PROFILE, [f"vllm.compilation_config.splitting_ops=['{ATTENTION_OP}']"],
      [f"splitting_ops ['{ATTENTION_OP}'] leaves ['vllm::sparse_attn_indexer', 'vllm::unified_mla_kv_cache_update']"]),
     (PROFILE, ["env.VLLM_USE_BREAKABLE_CUDAGRAPH=1"], ["the breakable CUDA graph"]),  # over the profile's 0
@@ -389,6 +385,10 @@ WORKER = [  # every reason patched vLLM's worker refuses at engine start (model_
 ]
 WORKER_STARTS = [  # what the worker starts though it looks close to the above: (profile, --set overrides)
     ("glm52-tp4-dcp1-mtp3-368", []),  # vLLM's default FULL_AND_PIECEWISE, every decode batch captured
+    # FULL decode graphs whose sizes pad decode batches (of 3, 5, 6 and 7 requests; with vLLM's default
+    # sizes, of 3, 5, 7, ...) into a larger graph: the builders plan the padding (step_plan.batch_rows)
+    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_capture_sizes=[4, 8, 16, 32, 64]"]),
+    ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config={cudagraph_mode='FULL_AND_PIECEWISE'}"]),
     ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL_DECODE_ONLY"]),
     ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL"]),  # vLLM: FULL_AND_PIECEWISE
     (PROFILE, ["vllm.compilation_config.cudagraph_mode=PIECEWISE"]),  # the DCP4 profiles' own

@@ -25,16 +25,16 @@ from test_serve_cli import ATTENTION_OP, PROFILE, WORKER, WORKER_STARTS, glm52_c
     ("PIECEWISE", ["vllm::unified_mla_attention_with_output", "vllm::sparse_attn_indexer"], False,
      "unified_mla_kv_cache_update"),
     ("FULL", None, False, "FULL"),
-    ("FULL_DECODE_ONLY", None, False, None),  # every decode batch a capture size (below)
+    ("FULL_DECODE_ONLY", None, False, None),
     ("FULL_AND_PIECEWISE", None, False, None),
     ("FULL_AND_PIECEWISE", ["vllm::unified_mla_attention_with_output"], False, "sparse_attn_indexer"),
     ("FULL_DECODE_ONLY", ["vllm::unified_mla_attention_with_output"], False, None),  # no piecewise graphs
     ("PIECEWISE", None, True, "breakable"),
 ])
 def test_graph_modes_that_capture_a_sparkinfer_op_are_refused(mode, splitting, breakable, refused):
-    """vLLM's own resolved compilation config at MTP3 (4 rows a request), 4 requests at most, every
-    decode batch a capture size: refused where a piece would capture a sparkinfer op, or FULL graphs
-    of mixed batches."""
+    """vLLM's own resolved compilation config at MTP3 (4 rows a request): refused where a piece would
+    capture a sparkinfer op, or FULL graphs of mixed batches (the capture sizes are not read: a padded
+    decode batch is planned, ``step_plan.batch_rows``)."""
     pytest.importorskip("vllm")
     from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
 
@@ -45,7 +45,7 @@ def test_graph_modes_that_capture_a_sparkinfer_op_are_refused(mode, splitting, b
                             splitting_ops=splitting, cudagraph_capture_sizes=[4, 8, 12, 16],
                             max_cudagraph_capture_size=16)
     cfg.set_splitting_ops_for_v1("naive")
-    why = graph_problem(graphs(cfg, breakable, ("attention",), 4, 4))
+    why = graph_problem(graphs(cfg, breakable, ("attention",)))
     if refused is None:
         assert why is None
     else:
