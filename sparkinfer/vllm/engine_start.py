@@ -5,9 +5,9 @@ Everything a step needs that can fail is settled here, before the first request:
 * what the configuration decides is refused by ``model_config_check.worker_problems`` (the
   checker ``sparkinfer serve --dry-run`` runs too), as one ValueError: graph modes that would
   replay a sparkinfer op wrongly (FULL graphs of mixed batches, FULL decode graphs while a part the
-  engine runs is not replay-safe, ``decode.graph_paths``; the breakable CUDA graph; piecewise graphs whose ``splitting_ops`` leave the KV-cache update, the
-  sparse-MLA attention or the indexer inside a captured piece), and with the selected path a fabric
-  that cannot reach the caches
+  engine runs is not replay-safe, ``decode.graph_paths``; the breakable CUDA graph; piecewise
+  graphs whose ``splitting_ops`` leave the KV-cache update, the sparse-MLA attention or the indexer
+  inside a captured piece), and with the selected path a fabric that cannot reach the caches
   (``fabric = host`` with the caches on a GPU, ``fabric = cuda`` with them on the CPU);
 * the worker's runtime (``worker_runtime.for_engine``: every piece of state a worker keeps between
   steps, ``sparkinfer.decode.runtime``) gets its attention arena (``AttentionArena.reserve``: its
