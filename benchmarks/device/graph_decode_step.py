@@ -39,9 +39,14 @@ Eager and replay times (median of ``--iters``) are of a second capture without t
 ``floor_us`` sums the kernels' floors, from ``benchmarks/kernel_report.py``'s roofline functions at
 the step's shapes (the H200's figures, the RTX PRO 6000's on one), and ``kernels`` lists them.
 
-``--smoke`` runs both paths eagerly at tiny shapes on the CPU (Triton interpreted, the GPU
-implementations forced, the host fabric): the same calls, checked deterministic. ``run_gpu_checks.sh
---dry-run`` runs it.
+The caches are put back before each step as they were before the last one wrote its own tokens
+(``Model.load``), so a step on an input set reads the same caches whenever it runs.
+
+``--smoke`` runs both paths eagerly at tiny shapes on the CPU (one request, ``FSSS`` + the MTP layer;
+Triton interpreted, the GPU implementations forced, the host fabric): the same calls, checked
+deterministic, and replay-safe as far as a CPU can tell: steps on other inputs make the same launches
+(``sparkinfer.testing.launches``: kernels, pointers, shapes, scalars; the selected path's two steps
+apart, its fabric alternating two slab slots). ``run_gpu_checks.sh --dry-run`` runs it.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PATTERN = "FFFSSS" + "FSSS" * 18  # GLM-5.2's 78 target layers (spec: 21 Full, 57 Shared)
 FMT, BLOCK, R, DRAFTS, INDEX_DIM = "nvfp4_368", 64, 4, 3, 128
 SHAPES = {"full": dict(b=16, h=16, hi=32, k=2048, pattern=PATTERN),  # hi: index heads
-          "smoke": dict(b=2, h=16, hi=4, k=16, t=64, pattern="FS")}
+          "smoke": dict(b=1, h=16, hi=4, k=16, t=64, pattern="FSSS")}
 
 
 def _report_module():
@@ -128,6 +133,7 @@ class Model:
         self.inputs = [self._layer_inputs(self.passes[0]["m"], layer in self.full) for layer in range(self.layers)]
         self.inputs += [self._layer_inputs(p["m"], True) for p in self.passes[1:]]
         self.w_folded = [torch.zeros(p["m"], hi, device=dev) for p in self.passes]
+        self._undo: list = []  # (cache rows, slots, their bytes before the step wrote them)
 
     def _layer_inputs(self, m: int, full: bool) -> dict:
         import torch
@@ -151,9 +157,15 @@ class Model:
                                          paged_tile=self.paged_tile)
 
     def load(self, seed: int) -> None:
-        """A new step: contexts, the passes' positions and slots, every layer's activations."""
+        """A new step: contexts, the passes' positions and slots, every layer's activations. The caches are
+        first put back as they were before the last step wrote its tokens' records and keys: every
+        step then reads the same caches, so a step on an input set gives the same output whenever
+        it runs (the replays' check against eager steps)."""
         import torch
 
+        for rows, slots, saved in reversed(self._undo):
+            rows[slots] = saved
+        self._undo = []
         g = torch.Generator().manual_seed(seed)
         context = torch.randint(self.t // 2, self.t - R, (self.b,), generator=g)
         self.context.copy_(context.to(self.dev))
@@ -164,6 +176,11 @@ class Model:
                 + pos % BLOCK
             p["pos"].copy_(pos.to(self.dev))
             p["slots"].copy_(slots.to(self.dev))
+            target = p["name"] == "target"
+            layers = range(self.layers) if target else [self.layers]
+            for c in [self.caches[l] for l in layers] + [self.index_caches[l] for l in self.full if l in layers]:
+                rows = c.view(-1, c.shape[-1])
+                self._undo.append((rows, p["slots"].clone(), rows[p["slots"]]))
         gd = torch.Generator(device=self.dev).manual_seed(seed)
         for x in self.inputs:
             for name, tns in x.items():
@@ -369,9 +386,28 @@ def run_path(model: Model, path: str, smoke: bool, iters: int, warm: bool = Fals
             return doc
         doc["checks_clear"] = not bool(model.runtime.checks.flags.any())
         doc["finite"] = all(bool(torch.isfinite(o.float()).all()) for o in results["out"])
-        if smoke:  # no capture on a CPU: the plumbing, and that the step is deterministic
-            doc["all_equal"] = equal(eager(1), ref[1])
-            doc["note"] = "CPU smoke: eager only"
+        if smoke:  # no capture on a CPU: the step is deterministic, and steps on other inputs make the same
+            # launches (kernels, pointers, shapes, scalars: ``testing.launches``), what a replay needs. The
+            # selected path's fabric alternates its two slab slots from one exchange to the next
+            # (``SlabLayout.depth``), so its steps repeat every other step (a smoke step makes one
+            # exchange): compared two apart
+            from sparkinfer.testing import launches
+
+            seeds = (2, 1) if path == "local" else (2, 3, 1)
+            recs = []
+            for s in seeds:
+                model.load(s)
+                with launches.record() as rec:
+                    checked()
+                recs.append(rec)
+            doc["all_equal"] = equal(snapshot(results), ref[1])
+            diff = launches.first_difference(recs[:1], recs[-1:])
+            doc["replay_safe"] = diff is None
+            doc["compared_steps_apart"] = len(seeds) - 1
+            if diff is not None:
+                doc["launch_difference"] = diff[:400]
+            doc["launches_recorded"] = recs[0].kernels
+            doc["note"] = "CPU smoke: eager only; the launches of steps on other inputs compared"
             return doc
         bare = step_fn(model, path, decoder)  # the step without the result copies: what is timed
         doc["eager_us"] = _median_us(bare, sync, iters)
@@ -483,6 +519,7 @@ def main(argv=None) -> int:
     if a.warm:
         return 0 if not any("error" in p for p in doc["paths"].values()) else 1
     ok = doc["all_equal"] and doc["captured"] and all(p.get("checks_clear") for p in doc["paths"].values())
+    ok = ok and (not a.smoke or all(p.get("replay_safe") for p in doc["paths"].values()))
     return 0 if ok else 1
 
 

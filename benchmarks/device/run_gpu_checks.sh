@@ -360,9 +360,10 @@ COPY=()
 ((HAVE_GPU)) && COPY=(--copy-to "$REPO/benchmarks/results/gpu")
 "$PY" benchmarks/device/collect_results.py "$OUT" "$TMPD/rows" "$TMPD" "${COPY[@]}"
 rm -rf "$TMPD"
-# exit 1 when any stage failed or timed out (skips for lack of time count as failures too)
+# exit 1 when any stage failed or timed out (skips for lack of time count as failures too); the warm-up
+# only fills Triton's cache: what broke there breaks its timed stage too, which says so
 for row in "${ROWS[@]}"; do
   rc=$(cut -d'|' -f2 <<<"$row")
-  [[ $rc == 0 ]] || exit 1
+  [[ $rc == 0 || $row == warm\|* ]] || exit 1
 done
 exit 0
