@@ -445,6 +445,8 @@ def _rank(rank, world, args):
     dev = torch.device("cpu" if smoke else "cuda")
     shape = dict(SHAPES["smoke" if smoke else "full"])
     shape.setdefault("t", args["context"])
+    if args["pattern"]:
+        shape["pattern"] = args["pattern"]
     t0 = time.perf_counter()
     model = Model(dev, shape["b"], shape["h"], shape["hi"], shape["k"], shape["t"], shape["pattern"])
     kr = _report_module()
@@ -486,6 +488,8 @@ def main(argv=None) -> int:
     ap.add_argument("--paths", default="local,selected")
     ap.add_argument("--context", type=int, default=8192, help="tokens per request before the step")
     ap.add_argument("--iters", type=int, default=20, help="timed eager steps and replays (median)")
+    ap.add_argument("--pattern", default=None, help="the target layers' IndexShare pattern (default: GLM-5.2's; "
+                    "--smoke: FSSS)")
     ap.add_argument("--warm", action="store_true",
                     help="one eager step per path, nothing timed or captured: Triton's compiles, cached for the timed run")
     ap.add_argument("--timeout", type=float, default=None,
@@ -499,7 +503,7 @@ def main(argv=None) -> int:
     from sparkinfer.comm.launch import run_ranks
 
     args = {"smoke": a.smoke, "paths": a.paths.split(","), "context": a.context, "iters": a.iters, "warm": a.warm,
-            "json": a.json}
+            "json": a.json, "pattern": a.pattern}
     timeout = a.timeout or (900.0 if a.smoke else 110.0)
     try:
         doc = _summarize(run_ranks(_rank, 1, args, timeout_s=timeout, pg_timeout_s=max(10.0, timeout - 10))[0])

@@ -307,9 +307,10 @@ if os.path.exists(p):
     g = json.load(open(p))
     print(f"\n-- graph_step ({g['requests']} req x {g['rows']} rows, {g['layers']} layers, the last (MTP) in "
           f"{g['draft_passes']} draft passes, {g['context']} tokens; one CUDA graph per path; floors: {g['figures']})")
+    ms = lambda us: "-" if us is None else f"{us / 1e3:.2f} ms"  # noqa: E731
     for name, r in g["paths"].items():
         print(f"{name:9} captured {r['captured']} equal {r['all_equal']} checks clear {r.get('checks_clear')}: "
-              f"eager {r.get('eager_us')} us, replay {r.get('replay_us')} us, floor {r['floor_us']} us "
+              f"eager {ms(r.get('eager_us'))}, replay {ms(r.get('replay_us'))}, sum of floors {ms(r['floor_us'])} "
               f"({r['launches']} kernels)" + (f"; {r['error'][:200]}" if r.get("error") else ""))
 p = os.path.join(tmp, "kernel_timing.json")
 if os.path.exists(p):
