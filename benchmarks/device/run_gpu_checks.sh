@@ -306,7 +306,8 @@ p = os.path.join(tmp, "graph_decode_step.json")
 if os.path.exists(p):
     g = json.load(open(p))
     print(f"\n-- graph_step ({g['requests']} req x {g['rows']} rows, {g['layers']} layers, the last (MTP) in "
-          f"{g['draft_passes']} draft passes, {g['context']} tokens; one CUDA graph per path; floors: {g['figures']})")
+          f"{g['draft_passes']} draft passes, {g['context']} tokens; one CUDA graph per path; floors: {g['figures']}"
+          + (f"; {g['figures_note']}" if g.get("figures_note") else "") + ")")
     ms = lambda us: "-" if us is None else f"{us / 1e3:.2f} ms"  # noqa: E731
     for name, r in g["paths"].items():
         print(f"{name:9} captured {r['captured']} equal {r['all_equal']} checks clear {r.get('checks_clear')}: "
@@ -317,7 +318,7 @@ if os.path.exists(p):
     kt = json.load(open(p))
     clk = kt.get("clocks") or {}
     print("\n-- kernels (median us eager, and replayed in a CUDA graph, vs the roofline floor of benchmarks/kernel_report.py; "
-          f"SM MHz min/median/max {clk.get('sm_mhz')})")
+          f"SM MHz min/median/max {clk.get('sm_mhz')}" + (f"; {kt['figures_note']}" if kt.get("figures_note") else "") + ")")
     for r in kt["rows"]:
         got = (f"{r['measured_us']:10.2f} us floor {r['floor_us']:9.2f} {r['frac_of_floor']:6.1%}"
                + (f" graph {r['graph_us']:9.2f}" if "graph_us" in r else " graph -")
