@@ -11,9 +11,17 @@ record codecs) on random inputs (the timing does not depend on the values: rando
 may decode to NaN), timed with ``triton.testing.do_bench``
 (median; L2 flushed before each call). Per row: ``measured_us``, the floor of this GPU (the H200's
 figures unless the device is an RTX PRO 6000), ``frac_of_floor`` = floor / measured (1.0 = at the
-roofline), and the tensor-core target floor where the kernel has one. ``--smoke`` runs the same
-code at tiny shapes on the CPU (Triton interpreter, host twins), so the script is tested without
-a GPU; its times mean nothing.
+roofline), and the tensor-core target floor where the kernel has one.
+
+Then the engine's hot kernels as its forward launches them today (``engine_rows``: the fused decode
+through ``layer_buffers.attend_in_blocks``, the paged top-k, ``native.write_paged``, the q
+quantization into preallocated buffers) at the shapes of issue 33: selected main, stock DCP4, batch
+1; 4 / 16 / 64 rows; 8K and 64K tokens per request. Every timed row is also captured in a CUDA
+graph and replayed (``graph_us``), and ``nvidia-smi`` samples the SM and memory clocks every 100 ms
+in the background (``clocks`` per row and for the run: a row timed at a low clock reads slow).
+``--warm`` calls each case once at full shape (Triton's compiles, cached for the timed run: the
+lease's warm stage). ``--smoke`` runs the same code at tiny shapes on the CPU (Triton interpreter,
+host twins), so the script is tested without a GPU; its times mean nothing.
 """
 
 from __future__ import annotations
@@ -84,21 +92,27 @@ def _mla_indices(p, pool, g, smoke):
     return full.scatter_(1, at, idx)
 
 
-def _mla_case(row, dev, smoke):
+def _mla_inputs(row, dev, smoke):
+    """(fmt, q_nope, q_rope, records, indices int32 [M, listed]) of a decode row: random record bytes
+    in a pool of 65,536 (the time does not depend on the values)."""
     import torch
 
-    from sparkinfer.attention import sparse_mla_decode
     from sparkinfer.formats import get_format
 
     p = row["params"]
     m, h = (2, 16) if smoke else (p["M"], p["H"])
-    fmt = get_format(str(p["record"]))
     pool = 256 if smoke else 65536
     g = torch.Generator(device="cpu").manual_seed(0)
     q_nope = torch.randn(m, h, 512, generator=g).to(dev, torch.bfloat16)
     q_rope = torch.randn(m, h, 64, generator=g).to(dev, torch.bfloat16)
     records = torch.randint(0, 256, (pool, p["record"]), generator=g, dtype=torch.uint8).to(dev)
-    idx = _mla_indices(p, pool, g, smoke).to(dev)
+    return get_format(str(p["record"])), q_nope, q_rope, records, _mla_indices(p, pool, g, smoke).to(dev)
+
+
+def _mla_case(row, dev, smoke):
+    from sparkinfer.attention import sparse_mla_decode
+
+    fmt, q_nope, q_rope, records, idx = _mla_inputs(row, dev, smoke)
     return lambda: sparse_mla_decode(q_nope, q_rope, records, fmt, idx, 0.04, backend="triton",
                                      check_indices=False)
 
@@ -218,9 +232,128 @@ def _records_case(row, dev, smoke):
     return lambda: native.gather(fmt, cache, slots)
 
 
+# ---- the engine's hot kernels as its forward launches them (``engine_rows``) ------------------------
+ENGINE_PAGED_ROWS, ENGINE_CONTEXTS = (4, 16, 64), (8192, 65536)  # 1 / 4 / 16 requests x 4 MTP rows
+
+
+def engine_rows(kr) -> list[dict]:
+    """The rows of the kernels a decode step launches today, at the shapes issue 33 names: the fused
+    decode (``layer_buffers.attend_in_blocks`` over an arena: compaction, split-K and the ticketed
+    merge in one launch) at the selected main shape, stock DCP4 and batch 1 (kernel_report's rows:
+    its floors); the paged top-k (``triton_paged.paged_topk_rows``, fp8 q, the engine's tile and
+    workspace) for 4 / 16 / 64 rows (1 / 4 / 16 requests x 4 rows) at 8K and 64K tokens per request
+    (floor: the scorer's, ``kernel_report._indexer`` over the same keys); the cache write
+    (``native.write_paged``, bf16 rows) and the indexer's q quantization (``group_quant_fp8`` into
+    preallocated buffers) for 4 / 16 / 64 rows (the report's main-profile rows, bytes scaled by rows)."""
+    roof = kr.roofline()
+    main = {(r["kernel"], r["shape"].split(":")[0]): r for r in roof}
+    one = {r["kernel"]: r for r in roof}  # the kernels with one row (the main profile's 16 x 4 rows)
+    rows = []
+    for label, key in (("selected main: 16 req x 4 rows, 16 heads/rank, top-2048", "selected"),
+                       ("stock DCP4: 16 req x 4 rows, 64 heads, 512 of 2048 listed", "stock DCP4"),
+                       ("batch 1: 4 rows, 16 heads/rank, top-2048", "batch 1")):
+        r = dict(main[("sparse_mla_decode[nvfp4_368]", key)], kernel="fused_decode[nvfp4_368]", shape=label)
+        rows.append(dict(r, engine="decode"))
+    mb = kr.B * kr.R
+    for m in ENGINE_PAGED_ROWS:
+        for t in ENGINE_CONTEXTS:
+            r = kr._indexer(kr.R, (m // kr.R) * t, "")
+            rows.append(dict(r, kernel="paged_topk[k2048]", engine="paged_topk",
+                             shape=f"{m // kr.R} req x {kr.R} rows at {t // 1024}K (one launch)",
+                             params={"M": m, "T": t, "K": kr.K, "heads": kr.INDEX_HEADS, "dim": kr.INDEX_DIM}))
+    for m in ENGINE_PAGED_ROWS:
+        for name, kernel, engine in (("records_write_paged[nvfp4_368]", "write_paged[nvfp4_368]", "write"),
+                                     ("indexer_q_quant", "q_quant[fp8]", "q_quant")):
+            base = one[name]
+            rows.append(kr._row(kernel, f"{m} rows ({m // kr.R} req x {kr.R})", {"rows": m},
+                                base["bytes"] * m / mb, 0, "none", base["expect"]) | {"engine": engine})
+    return rows
+
+
+def _engine_decode_case(row, dev, smoke):
+    """The fused decode as ``attend_in_blocks`` launches it: the arena's views, one plan (made by the
+    first call), the selected path's int32 workspace slots or the stock path's int64 cache rows."""
+    import torch
+
+    from sparkinfer.decode.layer_buffers import AttentionArena, attend_in_blocks
+
+    fmt, q_nope, q_rope, records, idx = _mla_inputs(row, dev, smoke)
+    if row["params"]["listed_bytes"] == 8:
+        idx = idx.long()
+    arena, plans = AttentionArena(dev), {}
+    return lambda: attend_in_blocks(arena, q_nope, q_rope, fmt, 0.04, idx.shape[1], lambda a, b, _: (records, idx[a:b]),
+                                    plans)
+
+
+def _engine_paged_case(row, dev, smoke):
+    """The paged top-k as ``run_indexer`` launches it: fp8 q and folded weights, each request's pages
+    through a permuted block table, rows at the request's last 4 positions, the engine's tile and a
+    workspace made beforehand (``engine_workspace_bytes``), int32 ids out."""
+    import torch
+
+    from sparkinfer.core.indexer_tiles import engine_workspace_bytes, paged_tile
+    from sparkinfer.formats import get_format
+    from sparkinfer.indexer import TopkWorkspace
+    from sparkinfer.indexer.triton_paged import paged_topk_rows
+    from sparkinfer.indexer.triton_quant import group_quant_fp8
+
+    p = row["params"]
+    m, t, k, hi = (4, 64, 16, 2) if smoke else (p["M"], p["T"], p["K"], p["heads"])
+    b, bs = m // 4, 64
+    g = torch.Generator(device="cpu").manual_seed(3)
+    per = -(-(t + 1) // bs)
+    table = (torch.randperm(b * per, generator=g) + 1).view(b, per).to(torch.int32).to(dev)
+    gd = torch.Generator(device=dev).manual_seed(3)  # 1M keys at 16 x 64K: made on the device
+    keys = get_format("indexer_fp8").encode(torch.randn((b * per + 1) * bs, 128, generator=gd, device=dev))
+    cache = keys.view(-1, bs, 132)
+    q8, scales = group_quant_fp8(torch.randn(m * hi, 128, generator=g).to(dev, torch.bfloat16), 128, True)
+    w = (torch.rand(m, hi, generator=g).to(dev) * scales.view(m, hi)).contiguous()
+    q8 = q8.view(m, hi, 128)
+    req = torch.arange(b, device=dev).repeat_interleave(4)
+    pos = (t - 4 + torch.arange(4, device=dev)).repeat(b)
+    tile = paged_tile(t + 4)
+    ws = TopkWorkspace(engine_workspace_bytes(m, k, t + 4), dev)
+    out = torch.empty(m, k, dtype=torch.int32, device=dev)
+    return lambda: paged_topk_rows(q8, w, cache, table, req, pos, k, tile=tile, workspace=ws, out=out)
+
+
+def _engine_small_case(row, dev, smoke):
+    """The cache write (``native.write_paged``: bf16 rows of a step into the paged cache, the checks'
+    words) or the indexer's q quantization (``group_quant_fp8`` into buffers made beforehand)."""
+    import torch
+
+    from sparkinfer.decode.device_checks import DeviceChecks
+    from sparkinfer.decode.paged_sparse_mla import NULL_BLOCK
+    from sparkinfer.formats import get_format, native
+    from sparkinfer.indexer.triton_quant import group_quant_fp8
+
+    m = 1 if smoke else row["params"]["rows"]
+    g = torch.Generator(device="cpu").manual_seed(4)
+    if row["engine"] == "q_quant":
+        x = torch.randn(m * 32, 128, generator=g).to(dev, torch.bfloat16)
+        q, s = torch.empty(m * 32, 128, dtype=torch.float8_e4m3fn, device=dev), torch.empty(m * 32, 1, device=dev)
+        return lambda: group_quant_fp8(x, 128, True, out=(q, s))
+    fmt = get_format("nvfp4_368")
+    blocks = 64 if smoke else 4096
+    cache = torch.zeros(blocks, 64, 368, dtype=torch.uint8, device=dev)
+    slots = (torch.randperm((blocks - 1) * 64, generator=g)[:m] + 64).to(dev)
+    latent = torch.randn(m, 512, generator=g).to(dev, torch.bfloat16)
+    rope = torch.randn(m, 64, generator=g).to(dev, torch.bfloat16)
+    checks = DeviceChecks(dev)
+    words = checks.word("record_values"), checks.word("cache_slots")
+    return lambda: native.write_paged(fmt, latent, rope, cache, slots, NULL_BLOCK, *words)
+
+
 def _case(row, dev, smoke):
     """A callable running the row's kernel at its shape, or (None, why not)."""
     name = row["kernel"]
+    engine = row.get("engine")
+    if engine == "decode":
+        return _engine_decode_case(row, dev, smoke), None
+    if engine == "paged_topk":
+        return _engine_paged_case(row, dev, smoke), None
+    if engine in ("write", "q_quant"):
+        return _engine_small_case(row, dev, smoke), None
     if name.startswith("sparse_mla_decode"):
         return _mla_case(row, dev, smoke), None
     if name.startswith("sparse_mla_union_decode"):
@@ -235,47 +368,113 @@ def _case(row, dev, smoke):
         return _union_case(row, dev, smoke), None
     if name.startswith("records_"):
         return _records_case(row, dev, smoke), None
-    return None, "timed inside the exchange (graph_exchange stage)"
+    return None, "no case of its own: its engine row below, or inside the whole step (graph_step)"
 
 
-def run(smoke: bool = False, only: str | None = None) -> dict:
+class Clocks:
+    """The GPU's SM and memory clocks while the rows run: ``nvidia-smi`` queried every 100 ms in the
+    background (a read-only query), the samples of each row's window attached to it (``of``)."""
+
+    QUERY = "clocks.sm,clocks.mem,temperature.gpu,power.draw"
+
+    def __init__(self, enabled: bool):
+        import shutil
+        import subprocess
+        import threading
+
+        self.samples: list = []
+        self.proc = None
+        if not enabled or not shutil.which("nvidia-smi"):
+            return
+        self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",
+                                      "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+        def read():
+            for line in self.proc.stdout:
+                try:
+                    self.samples.append((time.time(), *(float(v) for v in line.split(","))))
+                except ValueError:  # "[N/A]" or a partial line
+                    pass
+        threading.Thread(target=read, daemon=True).start()
+
+    def of(self, t0: float, t1: float) -> dict | None:
+        """{sm_mhz, mem_mhz: [min, median, max], temp_c, power_w: max} of the samples in [t0, t1]."""
+        got = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not got:
+            return None
+        col = list(zip(*got))
+
+        def spread(v):
+            v = sorted(v)
+            return [v[0], v[len(v) // 2], v[-1]]
+        return {"sm_mhz": spread(col[1]), "mem_mhz": spread(col[2]), "temp_c": max(col[3]), "power_w": max(col[4]),
+                "samples": len(got)}
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+
+
+def run(smoke: bool = False, only: str | None = None, warm: bool = False) -> dict:
     import torch
 
     kr = _report_module()
     dev = torch.device("cpu" if smoke else "cuda")
     name = "cpu (smoke)" if smoke else torch.cuda.get_device_name(dev)
     gpu = "rtx_pro_6000" if "RTX PRO 6000" in name else "h200"
-    timer = _timer(dev, smoke)
+    timer = _timer(dev, smoke or warm)
+    clocks = Clocks(not smoke and not warm)
+    start = time.time()
     out = []
-    for row in kr.roofline():
-        if only and only not in row["kernel"]:
-            continue
-        rec = {"kernel": row["kernel"], "shape": row["shape"], "params": row["params"],
-               "floor_us": row["times"][gpu]["floor_us"], "bound": row["times"][gpu]["bound"], "expect": row["expect"]}
-        if "target_floor" in row:
-            rec["target_floor_us"] = row["target_floor"][gpu]["floor_us"]
-        try:
-            fn, why = _case(row, dev, smoke)
-            if fn is None:
-                rec["note"] = why
-            else:
-                us = timer(fn)
-                rec.update(measured_us=round(us, 2), frac_of_floor=float(f"{rec['floor_us'] / us:.3g}"))
-                if "target_floor_us" in rec:
-                    rec["frac_of_target"] = float(f"{rec['target_floor_us'] / us:.3g}")
-                if not smoke:
-                    try:
-                        rec["graph_us"] = round(_graph_time(fn), 2)
-                    except Exception as e:  # the finding: this call cannot be captured
-                        rec["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        except Exception as e:  # one kernel failing must not hide the others' numbers
-            rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        out.append(rec)
-        print(f"{rec['kernel'][:30]:30} {rec['shape'][:52]:52} "
-              + (f"{rec['measured_us']:10.2f} us  floor {rec['floor_us']:9.2f}  {rec['frac_of_floor']:6.1%}"
-                 + (f"  graph {rec['graph_us']:9.2f} us" if "graph_us" in rec else "")
-                 if "measured_us" in rec else rec.get("error") or rec.get("note", "")), flush=True)
-    return {"device": name, "figures": gpu, "smoke": smoke, "rows": out}
+    try:
+        for row in kr.roofline() + engine_rows(kr):
+            if only and only not in row["kernel"]:
+                continue
+            out.append(_time_row(row, dev, smoke, gpu, timer, clocks, capture=not (smoke or warm)))
+    finally:
+        clocks.close()
+    doc = {"device": name, "figures": gpu, "smoke": smoke, "rows": out}
+    if not smoke and gpu == "h200" and "H200" not in name:  # an H100's 3.35 TB/s: every memory floor ~1.4x longer
+        doc["figures_note"] = f"floors are the H200's, the device is {name}"
+    if clocks.proc is not None:
+        doc["clocks"] = clocks.of(start, time.time())
+    return doc
+
+
+def _time_row(row, dev, smoke, gpu, timer, clocks, capture: bool) -> dict:
+    t0 = time.time()
+    rec = {"kernel": row["kernel"], "shape": row["shape"], "params": row["params"],
+           "floor_us": row["times"][gpu]["floor_us"], "bound": row["times"][gpu]["bound"], "expect": row["expect"]}
+    if "engine" in row:
+        rec["engine"] = row["engine"]
+    if "target_floor" in row:
+        rec["target_floor_us"] = row["target_floor"][gpu]["floor_us"]
+    try:
+        fn, why = _case(row, dev, smoke)
+        if fn is None:
+            rec["note"] = why
+        else:
+            us = timer(fn)
+            rec.update(measured_us=round(us, 2), frac_of_floor=float(f"{rec['floor_us'] / us:.3g}"))
+            if "target_floor_us" in rec:
+                rec["frac_of_target"] = float(f"{rec['target_floor_us'] / us:.3g}")
+            if capture:
+                try:
+                    rec["graph_us"] = round(_graph_time(fn), 2)
+                except Exception as e:  # the finding: this call cannot be captured
+                    rec["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    except Exception as e:  # one kernel failing must not hide the others' numbers
+        rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    clk = clocks.of(t0, time.time())
+    if clk:
+        rec["clocks"] = clk
+    print(f"{rec['kernel'][:30]:30} {rec['shape'][:52]:52} "
+          + (f"{rec['measured_us']:10.2f} us  floor {rec['floor_us']:9.2f}  {rec['frac_of_floor']:6.1%}"
+             + (f"  graph {rec['graph_us']:9.2f} us" if "graph_us" in rec else "")
+             + (f"  SM {clk['sm_mhz'][0]:.0f}-{clk['sm_mhz'][2]:.0f} MHz" if clk else "")
+             if "measured_us" in rec else rec.get("error") or rec.get("note", "")), flush=True)
+    return rec
 
 
 def main(argv=None) -> int:
@@ -283,12 +482,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (plumbing check)")
     ap.add_argument("--only", default=None, help="substring of the kernel names to time")
+    ap.add_argument("--warm", action="store_true",
+                    help="each case once, nothing timed: Triton's compiles, cached for the timed run")
     a = ap.parse_args(argv)
     if a.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
         warnings.filterwarnings("ignore", category=RuntimeWarning)  # random record bytes decode to NaN
     sys.path.insert(0, REPO)
-    doc = run(a.smoke, a.only)
+    doc = run(a.smoke, a.only, a.warm)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)

@@ -9,7 +9,7 @@
 # so no timing is taken on a shared GPU.
 #
 # Device tool:
-#   run(command="bash benchmarks/device/lease.sh", carry=[".whl-gpu", ".fixture-corpus"], timeout_s=595)
+#   run(command="bash benchmarks/device/lease.sh", carry=[".whl-gpu", ".fixture-corpus"], timeout_s=595, kind="nvidia-h200")
 # (arguments go to run_gpu_checks.sh: a second, shorter call repeats what failed with --only STAGES)
 # .whl-gpu: transformers 5.19.0 (the CPU venv's; the image's 5.17 has another GlmMoeDsa), installed
 # here into /tmp/site; .fixture-corpus: CPython 3.11.7's pydoc topics (train_fixture.sh's header).

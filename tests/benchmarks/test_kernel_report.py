@@ -437,11 +437,19 @@ def test_device_script_dry_run_runs_the_cpu_parts(tmp_path):
     doc = json.loads((tmp_path / "gpu_checks.json").read_text())
     assert {s["stage"]: s["rc"] for s in doc["stages"]} == {"graph_exchange": "0", "kernels": "0", "graph_step": "0"}
     rows = doc["kernel_timing"]["rows"]
-    assert [(r["kernel"], r["shape"]) for r in rows] == [(r["kernel"], r["shape"]) for r in kr.roofline()]
+    roof = kr.roofline()
+    assert [(r["kernel"], r["shape"]) for r in rows[:len(roof)]] == [(r["kernel"], r["shape"]) for r in roof]
+    engine = [r["engine"] for r in rows[len(roof):]]  # the engine's hot kernels as its forward launches them
+    assert sorted(set(engine)) == ["decode", "paged_topk", "q_quant", "write"] and len(engine) == 3 + 6 + 3 + 3
     assert not [r for r in rows if "error" in r]
     timed = [r for r in rows if "measured_us" in r]
     assert {r["kernel"] for r in timed} >= {"pack", "unpack", "direct", "union", "indexer_scores",
                                             "indexer_topk_rows", "sparse_mla_decode[nvfp4_368]"}
     assert all(r["measured_us"] > 0 and r["frac_of_floor"] > 0 for r in timed)
-    assert doc["graph_decode_step"]["all_equal"] is True and doc["graph_exchange"] is not None
+    step = doc["graph_decode_step"]
+    assert step["all_equal"] is True and doc["graph_exchange"] is not None
+    # both paths ran the whole step eagerly: the same outputs on the same inputs, the same launches on others
+    assert sorted(step["paths"]) == ["local", "selected"]
+    assert all(p["all_equal"] and p["replay_safe"] and p["checks_clear"] and p["floor_us"] > 0
+               for p in step["paths"].values())
     assert sorted(os.listdir(tmp_path)) == ["gpu_checks.json"]  # the dry run leaves only the document
