@@ -20,7 +20,12 @@ the top-k of the program's share, and the top-k of the shares is the row's. With
 program sorts its head into the output; with more, each writes its head beside the others' and
 counts itself done on the row's counter (an atomic, acquire-release), and the last to finish
 merges the heads (``select_row`` sorted, the sharded merge's form) and sets the counter back to 0
-for the next call: one launch either way. The result is the tiled top-k's
+for the next call: one launch either way. The row's top-k is written as the caller wants it: the
+int64 keys, or the int32 token ids with their -1 padding (``triton_topk.key_ids``, the rule of
+``topk.unpack_keys``), straight into the output, so the engine's top-k buffer needs no fill and no
+conversion. The weights are read as they come (fp32 or bf16), and with a check word each row's
+first split ORs in whether its weights hold a NaN or an infinity (the check a separate kernel made,
+``device_checks``' "indexer_inputs", read a step later). The result is the tiled top-k's
 (``tiled.indexer_topk_rows``) bit for bit: keys, order, INT64_MIN padding of a row with fewer than
 k tokens, hence the ids and the tie rule (score descending, token id ascending).
 
@@ -38,23 +43,28 @@ import triton.language as tl
 from sparkinfer.core.indexer_tiles import paged_splits, paged_workspace_bytes
 from sparkinfer.core.topology import DcpLayout
 
-from .topk import unpack_keys
 from .triton_scores import BLOCK_D, BLOCK_T, NUM_STAGES, NUM_WARPS, block_h, q_operand, row_scores, selection_keys
-from .triton_topk import BLOCK, select_row
+from .triton_topk import BLOCK, key_ids, select_row
 
 _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
 
 
 @triton.jit
 def _paged_topk_kernel(
-    q_ptr, w_ptr, cache_ptr, table_ptr, req_ptr, pos_ptr, work_ptr, heads_ptr, count_ptr, out_ptr,
-    HI, K, S, RANK, INTERLEAVE, PERIOD, block_size, table_width,
-    s_q_m, s_q_h, s_w_m, s_w_h, s_block, s_token, s_table, s_work, s_heads, s_out,
+    q_ptr, w_ptr, cache_ptr, table_ptr, req_ptr, pos_ptr, work_ptr, heads_ptr, count_ptr, top_ptr, out_ptr,
+    flag_ptr, HI, K, S, RANK, INTERLEAVE, PERIOD, block_size, table_width,
+    s_q_m, s_q_h, s_w_m, s_w_h, s_block, s_token, s_table, s_work, s_heads, s_top, s_out,
     TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
+    IDS: tl.constexpr, CHECK: tl.constexpr,
 ):
     m = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
+    if CHECK:  # the row's weights finite (they carry q's scales): the row's first split ORs the verdict
+        if s == 0:
+            h = tl.arange(0, BLOCK_H)
+            wv = tl.load(w_ptr + m * s_w_m + h * s_w_h, mask=h < HI, other=0.0).to(tl.float32)
+            tl.atomic_or(flag_ptr, tl.max(((wv != wv) | (tl.abs(wv) == float("inf"))).to(tl.int32), 0))
     pos = tl.load(pos_ptr + m).to(tl.int32)
     table = table_ptr + tl.load(req_ptr + m).to(tl.int64) * s_table
     # the row's list: its RANK's share of tokens 0 .. pos (DcpLayout.local_len; all of them at PERIOD 1)
@@ -77,13 +87,16 @@ def _paged_topk_kernel(
                                BLOCK_D, PRECISION, Q_CODES)
             tl.store(work + K + c + cols, selection_keys(score, t.to(tl.int64), tmask & (t <= pos)))
         tl.debug_barrier()  # the tile's keys are visible to the whole CTA
-        select_row(work, K + tl.cdiv(span, BLOCK_T) * BLOCK_T, K, K, work, work, BLOCK, 1, False)
+        select_row(work, K + tl.cdiv(span, BLOCK_T) * BLOCK_T, K, K, work, work, BLOCK, 1, False, False)
         tl.debug_barrier()  # the head is kept before the next tile is written
     out = out_ptr + m * s_out
     if SORTED:  # the only split: its head, sorted, is the row's top-k
         i = tl.arange(0, SORT)
         best = tl.sort(tl.load(work + i, mask=i < K, other=_MIN), 0, descending=True)
-        tl.store(out + i, best, mask=i < K)
+        if IDS:
+            tl.store(out + i, key_ids(best), mask=i < K)
+        else:
+            tl.store(out + i, best, mask=i < K)
     else:  # the split's top-k beside the others'; the row's last split to finish merges them
         heads = heads_ptr + m * s_heads
         for i0 in range(0, K, BLOCK):
@@ -91,23 +104,26 @@ def _paged_topk_kernel(
             tl.store(heads + s * K + i, tl.load(work + i, mask=i < K), mask=i < K)
         tl.debug_barrier()  # the whole head is stored before the count releases it
         if tl.atomic_add(count_ptr + m, 1, sem="acq_rel") == S - 1:
-            select_row(heads, S * K, K, K, out, out, BLOCK, SORT, True)
+            select_row(heads, S * K, K, K, top_ptr + m * s_top, out, BLOCK, SORT, True, IDS)
             tl.store(count_ptr + m, 0)  # the next call's count starts at 0
 
 
 def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: int, out, workspace=None,
-                    shard: tuple[int, DcpLayout] | None = None, as_keys: bool = False) -> torch.Tensor:
+                    shard: tuple[int, DcpLayout] | None = None, as_keys: bool = False,
+                    flag: torch.Tensor | None = None) -> torch.Tensor:
     """Every row's top-k (the module docstring) into ``out``: token ids int32 [M, k], -1 padded, or
     with ``as_keys`` the selected int64 keys [M, k] (``topk.pack_keys``, INT64_MIN padded), best
-    first. Returns ``out``.
+    first, written by the kernel itself (unit column stride). Returns ``out``.
 
-    q float32/bf16/float8_e4m3fn [M, Hi, 128], w float32 [M, Hi], kv_cache uint8 [num_blocks,
-    block_size, 132] (any strides that keep a record's 4-byte scale aligned), block_table int32/int64
-    [R, B], row_req int [M] (a row of block_table), pos int [M], all on one device; ``shard`` (rank,
-    layout): score the positions ``rank`` owns, ids the tokens (a sharded step's candidates); tile a
-    multiple of ``triton_scores.BLOCK_T``; ``workspace`` a ``tiled.TopkWorkspace`` holding
-    ``paged_workspace_bytes(M, k, tile)`` (None: one of that size is made). Shapes and strides are
-    checked here, values not (no read).
+    q float32/bf16/float8_e4m3fn [M, Hi, 128], w float32/bf16 [M, Hi] (read as it is: no widened
+    copy), kv_cache uint8 [num_blocks, block_size, 132] (any strides that keep a record's 4-byte
+    scale aligned), block_table int32/int64 [R, B], row_req int [M] (a row of block_table), pos int
+    [M], all on one device; ``shard`` (rank, layout): score the positions ``rank`` owns, ids the
+    tokens (a sharded step's candidates); tile a multiple of ``triton_scores.BLOCK_T``;
+    ``workspace`` a ``tiled.TopkWorkspace`` holding ``paged_workspace_bytes(M, k, tile)`` (None: one
+    of that size is made); ``flag`` an int32 [1] word (``DeviceChecks.word("indexer_inputs")``) the
+    kernel ORs 1 into when a row's weights hold a NaN or an infinity (None: not checked). Shapes and
+    strides are checked here, values not (no read).
     """
     m = q.shape[0]
     if tile % BLOCK_T or tile <= 0:
@@ -118,9 +134,11 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
     if kv_cache.stride(0) % 4 or kv_cache.stride(1) % 4 or kv_cache.data_ptr() % 4:
         raise ValueError(f"kv_cache strides {kv_cache.stride()} do not keep the records' scales 4-byte aligned")
     want = (torch.int64 if as_keys else torch.int32, (m, k))
-    if (out.dtype, tuple(out.shape)) != want or (as_keys and m and out.stride(1) != 1):
-        raise ValueError(f"out must be {want[0]} {want[1]}{' with unit column stride' if as_keys else ''}, got "
-                         f"{out.dtype} {tuple(out.shape)}")
+    if (out.dtype, tuple(out.shape)) != want or (m and out.stride(1) != 1):
+        raise ValueError(f"out must be {want[0]} {want[1]} with unit column stride, got {out.dtype} "
+                         f"{tuple(out.shape)} strides {out.stride()}")
+    if w.dtype not in (torch.float32, torch.bfloat16) or tuple(w.shape) != tuple(q.shape[:2]):
+        raise ValueError(f"w must be float32 or bfloat16 [M, Hi]={tuple(q.shape[:2])}, got {w.dtype} {tuple(w.shape)}")
     for name, t in (("row_req", row_req), ("pos", pos)):
         if tuple(t.shape) != (m,) or t.device != kv_cache.device:
             raise ValueError(f"{name} must be [M={m}] on {kv_cache.device}, got {tuple(t.shape)} on {t.device}")
@@ -135,20 +153,21 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
 
         workspace = TopkWorkspace(paged_workspace_bytes(m, k, tile), q.device)
     work, heads, top, counts = workspace.take_paged(m, splits, k, tile)
-    top = out if as_keys else top
+    top = out if as_keys else top  # the merge's candidates: the keys' output itself, else the workspace's
     rank, layout = (0, DcpLayout(1)) if shard is None else shard
     q, precision, codes = q_operand(q)
     one = heads is None  # one split: heads and counts are never read (work stands in)
     _paged_topk_kernel[(m, splits)](
-        q, w, kv_cache, block_table, row_req, pos, work, work if one else heads, work if one else counts, top,
-        q.shape[1], k, splits, rank, layout.interleave, layout.period, kv_cache.shape[1], block_table.shape[1],
-        q.stride(0), q.stride(1), w.stride(0), w.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-        block_table.stride(0), work.stride(0), 0 if one else heads.stride(0), top.stride(0),
+        q, w, kv_cache, block_table, row_req, pos, work, work if one else heads, work if one else counts, top, out,
+        work if flag is None else flag, q.shape[1], k, splits, rank, layout.interleave, layout.period,
+        kv_cache.shape[1], block_table.shape[1], q.stride(0), q.stride(1), w.stride(0), w.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0), work.stride(0), 0 if one else heads.stride(0),
+        top.stride(0), out.stride(0),
         TILE=tile, SORTED=one, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
-        BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=precision, Q_CODES=codes, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+        BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
+        CHECK=flag is not None, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
-    return out if as_keys else unpack_keys(top, False, out)
+    return out
 
 
 def compile_specs(k: int = 2048) -> list[dict]:
@@ -162,9 +181,11 @@ def compile_specs(k: int = 2048) -> list[dict]:
     specs = []
     for name, is_sorted in (("paged_topk", True), ("paged_topk_split", False)):
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
-                      "BLOCK_H": 32, "BLOCK_T": block_t, "BLOCK_D": BLOCK_D, "PRECISION": "tf32", "Q_CODES": True}
+                      "BLOCK_H": 32, "BLOCK_T": block_t, "BLOCK_D": BLOCK_D, "PRECISION": "tf32", "Q_CODES": True,
+                      "IDS": True, "CHECK": True}
         ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
-                "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "out_ptr": "*i64"}
+                "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "top_ptr": "*i64",
+                "out_ptr": "*i32", "flag_ptr": "*i32"}
         sig = {n: ptrs.get(n, "i32") for n in _paged_topk_kernel.arg_names if n not in constexprs}
         sig.update({n: "constexpr" for n in constexprs})
         specs.append({"name": f"{name}[k{k}]", "fn": _paged_topk_kernel, "signature": sig, "constexprs": constexprs,

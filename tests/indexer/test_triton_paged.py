@@ -128,6 +128,27 @@ def test_paged_rank_share_equals_the_owned_lists(interleave):
                            _tiled(q, w, cache, row_req, pos, slots, k, "triton", shard=shard)), rank
 
 
+@pytest.mark.parametrize("programs", [1, 256])
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf")])
+def test_paged_reads_bf16_weights_and_flags_non_finite_ones(monkeypatch, programs, bad):
+    """bf16 weights read as they are give the ids of their fp32 widening (one split and several), and
+    the check word is set exactly when a row's weights hold a NaN or an infinity."""
+    monkeypatch.setattr(indexer_tiles, "PAGED_PROGRAMS", programs)
+    cache, table, row_req, pos, _ = _pages((70, 20), (2, 1), strided=False, seed=11)
+    q, w = _qw(pos.numel(), exact=False, seed=12)
+    w = w.bfloat16()
+    if bad is not None:
+        w[2, 3] = bad
+    k = 16
+    ws = TopkWorkspace(paged_workspace_bytes(q.shape[0], k, 64), "cpu")
+    flag = torch.zeros(1, dtype=torch.int32)
+    got = paged_topk_rows(q, w, cache, table, row_req, pos, k, tile=64, workspace=ws, flag=flag,
+                          out=torch.zeros(q.shape[0], k, dtype=torch.int32))
+    assert int(flag) == (bad is not None)
+    if bad is None:
+        assert torch.equal(got, _paged(q, w.float(), cache, table, row_req, pos, k, tile=64, as_keys=False))
+
+
 def test_paged_bad_input_raises():
     cache, table, row_req, pos, _ = _pages((20,), (2,), strided=False)
     q, w = _qw(2)
