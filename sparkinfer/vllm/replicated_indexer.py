@@ -72,6 +72,7 @@ class ReplicatedIndexerMetadata:
     # upload) and the engine's tile; None: the rows score the host-planned lists (``_step_rows``)
     row_req: torch.Tensor | None = None
     paged_tile: int | None = None
+    rows_per_req: int = 1  # a decode request's rows (1 + drafts): the paged top-k reads its keys once for them
 
 
 def token_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
@@ -183,7 +184,7 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
             b = slice(b0, min(n, b0 + INDEXER_ROWS))
             paged_topk_rows(q_fp8[b], weights[b], kv_cache, md.block_table, md.row_req[b], md.positions[b],
                             index_topk, tile=md.paged_tile, workspace=md.workspace,
-                            out=topk_indices_buffer[b, :index_topk], flag=_flag(md))
+                            out=topk_indices_buffer[b, :index_topk], flag=_flag(md), rows_per_req=md.rows_per_req)
         return topk_indices_buffer
     topk_indices_buffer[:n].fill_(-1)
     if sharded is None:
@@ -235,7 +236,7 @@ def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata,
             paged_topk_rows(q_fp8[b], weights[b], kv_cache, md.block_table, md.row_req[b], md.positions[b],
                             index_topk, tile=md.paged_tile, workspace=md.workspace,
                             out=keys[b0 - rows.start:b.stop - rows.start], shard=(sharded.rank, sharded.layout),
-                            as_keys=True, flag=_flag(md))
+                            as_keys=True, flag=_flag(md), rows_per_req=md.rows_per_req)
         return keys
     records, lists = _step_rows(kv_cache, md, sharded)
     pos = md.positions[:md.num_actual_tokens].to(kv_cache.device)
@@ -429,7 +430,8 @@ def indexer_backend():
                                            torch.from_numpy(seq_lens), table, slots,
                                            self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,
                                            step=self.step, workspace=self.workspace,
-                                           merge=self.merge, row_req=tr, paged_tile=self.paged_tile)
+                                           merge=self.merge, row_req=tr, paged_tile=self.paged_tile,
+                                           rows_per_req=1 + _drafts(self.vllm_config))
             cache = self._layer_cache()
             if cache is not None and not _paged(cache, md):  # the step's lists planned here, not in a layer
                 _step_rows(cache, md, md.sharded)

@@ -123,7 +123,7 @@ def test_an_f_layers_indexer_launches_at_most_three(monkeypatch, weights_dtype):
     step = ForwardStep.of(WorkerRuntime("cpu"))
     md = ReplicatedIndexerMetadata(n, 1, req, pos, torch.tensor([40]), table, slots[36:], step=step,
                                    workspace=TopkWorkspace(paged_workspace_bytes(n, k, 64), "cpu"),
-                                   row_req=req.clone(), paged_tile=64)
+                                   row_req=req.clone(), paged_tile=64, rows_per_req=n)
     x, keys = torch.randn(n * hi, 128, generator=g).bfloat16(), torch.randn(n, 128, generator=g).bfloat16()
     w = torch.rand(n, hi, generator=g)
     out = torch.full((n, k), 99, dtype=torch.int32)
