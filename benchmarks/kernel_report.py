@@ -27,7 +27,7 @@ Roofline (``roofline()``): for each kernel at the shapes the engine runs at the 
 a Full layer and its three Shared layers per exchange, 368-byte records), from first principles:
 bytes moved, FLOPs, and the time those take at each GPU's memory bandwidth and at its tensor-core
 and CUDA-core peaks; the floor is the largest of the bytes time and the compute time at the
-precision the kernel uses (bf16 MMA for sparse MLA, tf32 MMA for the indexer: both on tensor cores)
+precision the kernel uses (bf16 MMA for sparse MLA and for the indexer's fp8 / bf16 queries: on tensor cores)
 and a launch. ``expect`` says what a GPU run must show. benchmarks/device/kernel_timing.py
 times the same shapes on a GPU and divides by these floors.
 
@@ -61,7 +61,8 @@ if REPO not in sys.path:
 ARCHS = (120, 90)
 TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.attention.triton_union_decode",
                   "sparkinfer.indexer.triton_scores", "sparkinfer.indexer.triton_topk",
-                  "sparkinfer.attention.triton_paging", "sparkinfer.plan.triton_plan", "sparkinfer.indexer.triton_quant")
+                  "sparkinfer.attention.triton_paging", "sparkinfer.plan.triton_plan", "sparkinfer.indexer.triton_quant",
+                  "sparkinfer.indexer.triton_paged")
 
 # ---- hardware -------------------------------------------------------------------------------------
 # Peaks in bytes/s and FLOP/s (an FMA is 2 FLOPs), dense (no sparsity).
@@ -138,11 +139,17 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _launch(kernel: str, ctas: int, warps: int, iters: int = 0, loop: str = "none") -> dict:
+def _launch(kernel: str, ctas: int, warps: int, iters: int = 0, loop: str = "none", trips: dict | None = None) -> dict:
     """How the wrapper launches ``kernel`` (its compiled report name) at a row's shape: ``ctas`` programs
     of ``warps`` warps; ``iters`` the iterations of its hot loop (``loop`` says which) summed over the
-    grid, each run by every warp of its CTA. ``issue_bound`` multiplies these by the compiled counts."""
-    return {"kernel": kernel, "ctas": int(ctas), "warps": int(warps), "iters": int(iters), "loop": loop}
+    grid, each run by every warp of its CTA. ``issue_bound`` multiplies these by the compiled counts.
+    ``trips`` (a kernel whose work is in nested loops): iterations per CTA of every loop by its kind
+    instead, {"mma": the innermost loops holding tensor-core instructions, "mma_parent": the loops
+    directly around them, "other": every other loop} (``nested_issue``)."""
+    out = {"kernel": kernel, "ctas": int(ctas), "warps": int(warps), "iters": int(iters), "loop": loop}
+    if trips:
+        out["trips"] = {k: float(v) for k, v in trips.items()}
+    return out
 
 
 def _splits(m: int, h: int, listed: int) -> int:
@@ -246,14 +253,15 @@ def _indexer_launch(kernel: str, m: int, positions: int) -> dict:
 
 def _indexer(m: int, t: int, shape: str) -> dict:
     """Indexer scores (``indexer_scores``, the [M, T] fp32 matrix): per row and token, 32 head dots
-    of 128 (fp8 keys dequantized, exact in tf32) on tf32 tensor cores, one MMA pass for the engine's
-    bf16 queries (fp32 queries take three), relu, weight, sum over heads on CUDA cores."""
+    of 128 (the keys' fp8 codes converted to bf16, exact; their scales multiply the dots) on bf16
+    tensor cores, one MMA pass for the engine's fp8 / bf16 queries (fp32 queries take three tf32
+    passes), relu, weight, sum over heads on CUDA cores."""
     nbytes = t * (INDEX_RECORD + 8) + m * t * 4 + _qw_bytes(m)  # key record + its int64 slot; fp32 scores
     flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
-    expect = ("tf32 tensor cores (mma.sync): within 2x of the tf32 floor; on fp8 MMA (the keys are E4M3 "
+    expect = ("bf16 tensor cores (mma.sync): within 2x of the bf16 floor; on fp8 MMA (the keys are E4M3 "
               "codes) the floor would drop to the target's")
     return _row("indexer_scores", shape, {"M": m, "T": t, "heads": INDEX_HEADS, "dim": INDEX_DIM},
-                nbytes, flops, "tf32", expect, target="fp8",
+                nbytes, flops, "bf16", expect, target="fp8",
                 covers=["indexer_scores[q_fp32]", "indexer_scores[q_bf16]"],
                 launch=_indexer_launch("indexer_scores[q_bf16]", m, t))
 
@@ -273,17 +281,55 @@ def _indexer_tiled(m: int, t: int, shape: str) -> dict:
     passes = -(-t // tile)
     per_pass = tile * (INDEX_RECORD + 8) + _qw_bytes(m) + m * tile * 8 + m * (K + tile) * 8 + m * K * 8 + m * K * 16
     flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
-    expect = ("compute-bound on tf32 tensor cores (selection keys moved twice per score stay under the "
-              "compute time): within 2x of the floor, with the peak extra memory M x (k + tile) x 8 B "
-              "whatever the context")
+    expect = ("bf16 tensor cores (selection keys moved twice per score): within 2x of the floor, with the "
+              "peak extra memory M x (k + tile) x 8 B whatever the context")
     return _row("indexer_topk_rows", shape, {"M": m, "T": t, "K": K, "tile": tile, "passes": passes,
                                             "heads": INDEX_HEADS, "dim": INDEX_DIM, "work_bytes": m * (K + tile) * 8},
-                passes * per_pass + m * 2 * K * 16, flops, "tf32", expect, target="fp8",
+                passes * per_pass + m * 2 * K * 16, flops, "bf16", expect, target="fp8",
                 covers=["indexer_keys[q_fp32]", "indexer_keys[q_bf16]", "indexer_keys_ids[q_fp32]",
                         "indexer_keys_ids[q_bf16]", "topk_keys[k2048]", "topk_keys_unsorted[k2048]"],
                 # the engine's key pass (fp8 q), every pass; the issue figure leaves out the top-k
                 # kernel's own passes (topk_keys)
                 launch=_indexer_launch("indexer_keys[q_fp8]", m, passes * tile))
+
+
+def _indexer_paged(b: int, r: int, t: int, shape: str) -> dict:
+    """The paged top-k (``triton_paged``, the engine's decode scorer and selection in one launch): b
+    requests of r rows at context t. A program takes a group of rows (``compile_specs``' ROWS: a
+    request's rows) and one split of their positions, reads each key once for the group, scores it
+    for every row (the rows' dots share the dequantized key slice) and keeps each row's running top-k
+    of k + tile keys. DRAM bytes: each request's keys once per group of its rows, their block-table
+    entries, fp8 q and fp32 w, each row's keys written into its work row and read back by the
+    selection (8 B per row and position, twice), the split heads and the output. Issue: the tensor-core
+    loop (the GEMM's K slices) and the loop over a tile's chunks around it at their trip counts, the
+    selection's loops once per tile and row (a lower bound: its radix levels run 2 or 3 passes). The
+    report computes it for whichever kernel the checkout has (``compile_specs``' ROWS, BLOCK_D and
+    PRECISION)."""
+    from sparkinfer.core.indexer_tiles import PAGED_TILE, paged_splits
+    from sparkinfer.indexer import triton_paged as tpg
+    from sparkinfer.indexer import triton_scores as ts
+
+    m = b * r
+    spec = next(x for x in tpg.compile_specs(K) if x["name"] == f"paged_topk_split[k{K}]")
+    rows = spec["constexprs"].get("ROWS", 1)
+    splits = paged_splits(m)
+    groups = _cdiv(m, rows)
+    tiles = _cdiv(_cdiv(t, PAGED_TILE), splits)  # per program
+    chunks = tiles * PAGED_TILE // ts.BLOCK_T
+    reads = _cdiv(r, rows) if rows <= r else 1  # key reads per request: once per group of its rows
+    nbytes = b * reads * t * (INDEX_RECORD + 4 / 64) + m * INDEX_HEADS * (INDEX_DIM + 4) + 2 * m * t * 8 \
+        + m * splits * K * 8 * 2 + m * K * 4
+    flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
+    expect = ("bf16 tensor cores (mma.sync), each request's keys read once per program of its rows: within "
+              "2x of the floor needs the issue figure at or below it (the selection's loops are counted once "
+              "per tile and row here, a lower bound)")
+    slices = INDEX_DIM // spec["constexprs"]["BLOCK_D"]  # the GEMM's K loop per chunk of BLOCK_T positions
+    launch = _launch(f"paged_topk_split[k{K}]", groups * splits, ts.NUM_WARPS, loop="nested",
+                     trips={"mma": chunks * slices, "mma_parent": chunks, "other": tiles * rows})
+    return _row("indexer_paged_topk", shape, {"B": b, "R": r, "T": t, "K": K, "rows_per_program": rows,
+                                              "splits": splits, "tile": PAGED_TILE, "key_reads_per_request": reads},
+                nbytes, flops, "bf16" if spec["constexprs"]["PRECISION"] == "bf16" else "tf32", expect, target="fp8",
+                covers=[f"paged_topk[k{K}]", f"paged_topk_split[k{K}]"], launch=launch)
 
 
 def _move(kernel: str, n: int, shape: str, peer: bool = False) -> dict:
@@ -323,6 +369,8 @@ def roofline() -> list[dict]:
     rows.append(_indexer(R, B * 65536, "decode step: 16 req x 4 rows at 64K each (one batched launch)"))
     rows.append(_indexer(2048, 131072, "prefill chunk 2048 at 128K, scores materialized [M, T]"))
     rows.append(_indexer_tiled(2048, 131072, "prefill chunk 2048 at 128K, tiled with running top-k-2048"))
+    rows.append(_indexer_paged(B, R, 65536, "decode step: 16 req x 4 rows at 64K, paged scoring and top-k-2048 "
+                               "in one launch"))
     per_pair = B * U // D
     rows.append(_move("pack", per_pair, f"one destination: {per_pair} records (B*U/D), F+3S, into the peer", peer=True))
     rows.append(_move("pack", 10, "10 records, capacity B*U"))
@@ -541,8 +589,35 @@ def loop_profile(code: list, source: str) -> dict:
     inner = sum(1 for lp in loops if lp is not hot and hot["start"] <= lp["start"] and lp["end"] <= hot["end"])
     mma = _MMA_SASS if source == "sass" else _MMA_PTX
     hot_mma = sum(1 for insn, _, _ in code[hot["start"]:hot["end"] + 1] if mma.search(insn))
+    prof["loop_mma"] = [sum(1 for insn, _, _ in code[lp["start"]:lp["end"] + 1] if mma.search(insn)) for lp in loops]
     return {**prof, "hot_body": hot["size"], "hot_inner_loops": inner, "outside": len(code) - hot["size"],
             "hot_mma": hot_mma}
+
+
+def nested_issue(profile: dict, trips: dict) -> dict:
+    """Warp instructions per warp of one CTA when every loop runs ``trips`` times by its kind (``_launch``):
+    each instruction counts the trips of the innermost loop holding it (the shortest span; the
+    instructions in no loop once), which holds where ptxas leaves loops that overlap without one
+    holding the other. The tensor-core loops are found from the code (``loop_mma``: a loop holding
+    MMA instructions none of whose inner loops holds any), their parents the shortest loops around them."""
+    loops = [(a, b) for a, b, _ in profile["loops"]]
+    mma = profile["loop_mma"]
+    within = lambda i, j: i != j and loops[j][0] <= loops[i][0] and loops[i][1] <= loops[j][1]
+    leaf = {j for j in range(len(loops)) if mma[j] and not any(mma[i] and within(i, j) for i in range(len(loops)))}
+    parent = {min((j for j in range(len(loops)) if within(i, j)), key=lambda j: loops[j][1] - loops[j][0])
+              for i in leaf if any(within(i, j) for j in range(len(loops)))}
+    kind = ["mma" if j in leaf else "mma_parent" if j in parent else "other" for j in range(len(loops))]
+    per_warp, by_kind, outside = 0.0, {}, 0
+    for at in range(profile["instructions"]):
+        holding = [j for j, (a, b) in enumerate(loops) if a <= at <= b]
+        if not holding:
+            per_warp += 1
+            outside += 1
+            continue
+        k = kind[min(holding, key=lambda j: loops[j][1] - loops[j][0])]
+        per_warp += trips[k]
+        by_kind[k] = by_kind.get(k, 0) + 1
+    return {"per_warp": per_warp, "own_by_kind": by_kind, "outside": outside}
 
 
 def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
@@ -555,13 +630,26 @@ def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
     # a loop the launch has no trip count for (a helper's loop in a csrc kernel) runs once per CTA here
     iters = (launch["iters"] or launch["ctas"]) if profile["hot_body"] else 0
     warp_instr = launch["warps"] * (launch["ctas"] * profile["outside"] + iters * profile["hot_body"])
+    per_iter, outside = profile["hot_body"], profile["outside"]
+    count_from = profile["count_from"]
+    if "trips" in launch:  # nested loops, each at its own trip count
+        # ptxas may turn the loops into a SASS control flow that is no longer a nest (loops sharing
+        # instructions without one holding the other): then the PTX's nest is counted
+        ptx = profile.get("ptx_nest")
+        counted = profile
+        if ptx and len(profile["loops"]) != len(ptx["loops"]):
+            counted, count_from = ptx, "ptx"
+        nest = nested_issue(counted, launch["trips"])
+        warp_instr = int(launch["warps"] * launch["ctas"] * nest["per_warp"])
+        per_iter, outside = nest["own_by_kind"].get("mma", 0), nest["outside"]
+        iters = launch["trips"]["mma"] * launch["ctas"]
     busiest = _cdiv(launch["ctas"], h["sms"])  # CTAs on the busiest SM
-    out = {"kernel": launch["kernel"], "per_iter": profile["hot_body"], "outside": profile["outside"],
+    out = {"kernel": launch["kernel"], "per_iter": per_iter, "outside": outside,
            "iters_per_cta": round(iters / launch["ctas"], 2), "ctas": launch["ctas"], "warps": launch["warps"],
-           "warp_instr": warp_instr, "count_from": profile["count_from"],
+           "warp_instr": warp_instr, "count_from": count_from,
            "busiest_sm_ctas": busiest,
            "issue_us": round(warp_instr * busiest / launch["ctas"] / (h["schedulers"] * h["clock_hz"]) * 1e6, 3)}
-    if profile["hot_body"] and not launch["iters"]:
+    if profile["hot_body"] and not launch["iters"] and "trips" not in launch:
         out["trips_unknown"] = True
     return out
 
@@ -577,7 +665,8 @@ def issue_bound(doc: dict) -> None:
             if prof is None:
                 continue
             hot_intact = prof.get("hot_mma", 0) > 0 and prof["hot_mma"] == prof.get("ptx_hot_mma")
-            if len(prof["loops"]) != prof.get("ptx_loops", len(prof["loops"])) and not hot_intact:
+            if len(prof["loops"]) != prof.get("ptx_loops", len(prof["loops"])) and not hot_intact \
+                    and "trips" not in launch:  # a nested count falls back to the PTX's nest (issue_time)
                 row.setdefault("issue", {})[gpu] = {
                     "kernel": launch["kernel"], "arch": arch,
                     "error": f"ptxas unrolled a loop ({len(prof['loops'])} SASS loops, {prof['ptx_loops']} in the PTX)"}
@@ -717,6 +806,8 @@ def _compile_spec(mod: str, index: int, arch: int) -> dict:
     profile = loop_profile(code, "sass") if code is not None else ptx_profile
     profile["ptx_loops"] = ptx_loops
     profile["ptx_hot_mma"] = ptx_profile.get("hot_mma", 0)
+    # the PTX's loop nest, which nested_issue counts where ptxas restructured the SASS loops
+    profile["ptx_nest"] = {k: ptx_profile[k] for k in ("instructions", "loops", "loop_mma") if k in ptx_profile}
     return _row_of(spec["name"], mod, arch, info, info["sass_mma"], ptx_mma=sorted(set(_MMA_PTX.findall(ptx))),
                    shared=k.metadata.shared, profile=profile)
 

@@ -5,22 +5,33 @@ Row m of a step is a query row of request ``row_req[m]`` at causal position ``po
 the tokens 0 .. pos[m] (scored sharded, the ones a DCP rank owns: ``DcpLayout.token_of`` of its
 local ordinals 0 .. local_len(pos[m] + 1) - 1), whose keys are the records of the indexer cache
 ``uint8 [num_blocks, block_size, 132]`` that the request's block table row names: token t is
-record ``t % block_size`` of block ``block_table[row_req[m], t // block_size]``. The program reads
-its row's position, request and block table entries from memory and loops to the row's own
-length, so nothing on the host follows the contexts: the grid is (M, splits), ``splits`` fixed by
-M (``core.indexer_tiles.paged_splits``), and every scalar is the engine's.
+record ``t % block_size`` of block ``block_table[row_req[m], t // block_size]``. A program reads
+its rows' positions, requests and block table entries from memory and loops to the rows' own
+lengths, so nothing on the host follows the contexts: the grid is (ceil(M / ROWS), splits),
+``splits`` fixed by M (``core.indexer_tiles.paged_splits``), and every scalar is the engine's.
 
-Program (m, s) keeps a running top-k of its share of the row (tiles s, s + splits, ... of
-``tile`` positions) in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``):
-a tile's keys (``triton_scores.row_scores`` and ``selection_keys``: the scorer's instruction
-sequence, so the same fp32 scores and int64 keys as the tiled top-k) go after the k kept ones,
-then ``triton_topk.select_row`` keeps the k largest in the head, in place. The keys are distinct
+Program (g, s) takes ROWS consecutive rows (``group_rows``: up to ``MAX_GROUP`` of a request's
+rows, so a request's keys are read from memory and converted once for them, issue 33) in a pass
+per request among them (one for a decode step's groups; a group that spans requests runs one pass
+for each). In a pass each key slice is loaded and converted once and every row's dot ([32 heads,
+BLOCK_D dims] x [BLOCK_D dims, 64 positions], bf16 MMA for the engine's fp8 q) takes it as its B
+operand: the instruction sequence of ``triton_scores.row_scores`` per row (``q_slice``,
+``key_slice``, ``head_dots``, ``scaled``, ``head_sum``, ``selection_keys``), so the same fp32
+scores and int64 keys as the tiled top-k whatever the grouping. Each row keeps a running top-k of its share (tiles s, s + splits, ... of
+``tile`` positions) in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's
+keys go after the k kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in
+place. The keys are distinct
 (the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
 the top-k of the program's share, and the top-k of the shares is the row's. With one split the
 program sorts its head into the output; with more, each writes its head beside the others' and
 counts itself done on the row's counter (an atomic, acquire-release), and the last to finish
 merges the heads (``select_row`` sorted, the sharded merge's form) and sets the counter back to 0
-for the next call: one launch either way. The result is the tiled top-k's
+for the next call: one launch either way. The row's top-k is written as the caller wants it: the
+int64 keys, or the int32 token ids with their -1 padding (``triton_topk.key_ids``, the rule of
+``topk.unpack_keys``), straight into the output, so the engine's top-k buffer needs no fill and no
+conversion. The weights are read as they come (fp32 or bf16), and with a check word each row's
+first split ORs in whether its weights hold a NaN or an infinity (the check a separate kernel made,
+``device_checks``' "indexer_inputs", read a step later). The result is the tiled top-k's
 (``tiled.indexer_topk_rows``) bit for bit: keys, order, INT64_MIN padding of a row with fewer than
 k tokens, hence the ids and the tie rule (score descending, token id ascending).
 
@@ -38,76 +49,157 @@ import triton.language as tl
 from sparkinfer.core.indexer_tiles import paged_splits, paged_workspace_bytes
 from sparkinfer.core.topology import DcpLayout
 
-from .topk import unpack_keys
-from .triton_scores import BLOCK_D, BLOCK_T, NUM_STAGES, NUM_WARPS, block_h, q_operand, row_scores, selection_keys
-from .triton_topk import BLOCK, select_row
+from .triton_scores import (BLOCK_D, BLOCK_T, NUM_STAGES, NUM_WARPS, block_h, head_dots, head_sum, key_slice,
+                            q_operand, q_slice, scaled, selection_keys)
+from .triton_topk import key_ids, select_row
 
 _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
+# rows per program at most: a request's MTP3 rows in two programs. The kernel unrolls a dot per row
+# (acc0, acc1); 4 rows (tried with acc0 .. acc3) compiled to 255 registers and spilled 8 to 104 bytes
+# per thread on sm_120 / sm_90 (2026-12-07); 2 compile to 228-254 registers, none spilled
+MAX_GROUP = 2
+# keys a selection scan step loads (``select_row``'s BLOCK; any size selects the same keys): a quarter
+# of the top-k kernel's, which leaves registers to the group's dots
+BLOCK = 1024
+
+
+@triton.jit
+def _lane(v, lanes, i):
+    """Element i of the small vector ``v`` as a scalar."""
+    return tl.sum(tl.where(lanes == i, v, 0), 0)
+
+
+@triton.jit
+def _row_keys(w_ptr, s_w_m, s_w_h, HI, row, acc, rec, t, tmask, pos, act, dst, BLOCK_H: tl.constexpr):
+    """A group row's selection keys of a chunk (its heads' dots with the codes ``acc``), stored at
+    ``dst`` when the row is ``act``ive in this pass."""
+    score = head_sum(w_ptr + row * s_w_m, s_w_h, HI, scaled(acc, rec, tmask), BLOCK_H)
+    keys = selection_keys(score, t.to(tl.int64), tmask & (t <= pos))
+    tl.store(dst, keys, mask=(tl.zeros_like(t) + act.to(tl.int32)) != 0)
 
 
 @triton.jit
 def _paged_topk_kernel(
-    q_ptr, w_ptr, cache_ptr, table_ptr, req_ptr, pos_ptr, work_ptr, heads_ptr, count_ptr, out_ptr,
-    HI, K, S, RANK, INTERLEAVE, PERIOD, block_size, table_width,
-    s_q_m, s_q_h, s_w_m, s_w_h, s_block, s_token, s_table, s_work, s_heads, s_out,
+    q_ptr, w_ptr, cache_ptr, table_ptr, req_ptr, pos_ptr, work_ptr, heads_ptr, count_ptr, top_ptr, out_ptr,
+    flag_ptr, M, HI, K, S, RANK, INTERLEAVE, PERIOD, block_size, table_width,
+    s_q_m, s_q_h, s_w_m, s_w_h, s_block, s_token, s_table, s_work, s_heads, s_top, s_out,
     TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
+    IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr,
 ):
-    m = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
-    pos = tl.load(pos_ptr + m).to(tl.int32)
-    table = table_ptr + tl.load(req_ptr + m).to(tl.int64) * s_table
-    # the row's list: its RANK's share of tokens 0 .. pos (DcpLayout.local_len; all of them at PERIOD 1)
-    n = pos + 1
-    length = (n // PERIOD) * INTERLEAVE + tl.minimum(tl.maximum(n % PERIOD - RANK * INTERLEAVE, 0), INTERLEAVE)
-    work = work_ptr + (m * S + s) * s_work
+    r0 = g * ROWS
+    gl = tl.arange(0, ROWS)
+    there = r0 + gl < M
+    reqs = tl.load(req_ptr + r0 + gl, mask=there, other=-1).to(tl.int64)
+    posv = tl.load(pos_ptr + r0 + gl, mask=there, other=0).to(tl.int32)
+    # each row's list: its RANK's share of tokens 0 .. pos (DcpLayout.local_len; all of them at PERIOD 1)
+    nv = posv + 1
+    lens = (nv // PERIOD) * INTERLEAVE + tl.minimum(tl.maximum(nv % PERIOD - RANK * INTERLEAVE, 0), INTERLEAVE)
     lanes = tl.arange(0, BLOCK)
-    for i0 in range(0, K, BLOCK):
-        tl.store(work + i0 + lanes, tl.full([BLOCK], _MIN, tl.int64), mask=i0 + lanes < K)
     cols = tl.arange(0, BLOCK_T)
-    for j0 in range(s * TILE, length, S * TILE):  # this split's tiles of the row, to its length in memory
-        span = tl.minimum(length - j0, TILE)
-        for c in range(0, span, BLOCK_T):
-            j = j0 + c + cols
-            tmask = j < length
-            t = (j // INTERLEAVE) * PERIOD + RANK * INTERLEAVE + j % INTERLEAVE  # DcpLayout.token_of
-            block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0).to(tl.int64)
-            rec = cache_ptr + block * s_block + (t % block_size).to(tl.int64) * s_token
-            score = row_scores(q_ptr + m * s_q_m, s_q_h, w_ptr + m * s_w_m, s_w_h, HI, rec, tmask, BLOCK_H, BLOCK_T,
-                               BLOCK_D, PRECISION, Q_CODES)
-            tl.store(work + K + c + cols, selection_keys(score, t.to(tl.int64), tmask & (t <= pos)))
-        tl.debug_barrier()  # the tile's keys are visible to the whole CTA
-        select_row(work, K + tl.cdiv(span, BLOCK_T) * BLOCK_T, K, K, work, work, BLOCK, 1, False)
-        tl.debug_barrier()  # the head is kept before the next tile is written
-    out = out_ptr + m * s_out
-    if SORTED:  # the only split: its head, sorted, is the row's top-k
-        i = tl.arange(0, SORT)
-        best = tl.sort(tl.load(work + i, mask=i < K, other=_MIN), 0, descending=True)
-        tl.store(out + i, best, mask=i < K)
-    else:  # the split's top-k beside the others'; the row's last split to finish merges them
-        heads = heads_ptr + m * s_heads
-        for i0 in range(0, K, BLOCK):
-            i = i0 + lanes
-            tl.store(heads + s * K + i, tl.load(work + i, mask=i < K), mask=i < K)
-        tl.debug_barrier()  # the whole head is stored before the count releases it
-        if tl.atomic_add(count_ptr + m, 1, sem="acq_rel") == S - 1:
-            select_row(heads, S * K, K, K, out, out, BLOCK, SORT, True)
-            tl.store(count_ptr + m, 0)  # the next call's count starts at 0
+    # the group rows' scalars (rows past M stand in for the last: computed, never stored)
+    row0 = tl.minimum(r0, M - 1)
+    pos0 = _lane(posv, gl, 0)
+    row1, pos1 = row0, pos0
+    if ROWS > 1:
+        row1, pos1 = tl.minimum(r0 + 1, M - 1), _lane(posv, gl, 1)
+    for p in range(ROWS):  # a pass per request of the group (its first row's): its rows read its keys once
+        req = _lane(reqs, gl, p)
+        act = there & (reqs == req)
+        if (r0 + p < M) & (tl.sum((act & (gl < p)).to(tl.int32), 0) == 0):
+            length = tl.max(tl.where(act, lens, 0), 0)
+            table = table_ptr + req * s_table
+            for i in range(ROWS):  # the pass's rows: their running heads start empty; weights checked
+                if _lane(act.to(tl.int32), gl, i) != 0:
+                    m = r0 + i
+                    work = work_ptr + (m * S + s) * s_work
+                    for i0 in range(0, K, BLOCK):
+                        tl.store(work + i0 + lanes, tl.full([BLOCK], _MIN, tl.int64), mask=i0 + lanes < K)
+                    if CHECK:  # the row's weights finite (they carry q's scales): its first split ORs the verdict
+                        if s == 0:
+                            h = tl.arange(0, BLOCK_H)
+                            wv = tl.load(w_ptr + m * s_w_m + h * s_w_h, mask=h < HI, other=0.0).to(tl.float32)
+                            tl.atomic_or(flag_ptr, tl.max(((wv != wv) | (tl.abs(wv) == float("inf"))).to(tl.int32), 0))
+            act0 = _lane(act.to(tl.int32), gl, 0) != 0
+            act1 = act0
+            if ROWS > 1:
+                act1 = _lane(act.to(tl.int32), gl, 1) != 0
+            for j0 in range(s * TILE, length, S * TILE):  # this split's tiles of the pass, to its longest row
+                span = tl.minimum(length - j0, TILE)
+                for c in range(0, span, BLOCK_T):
+                    j = j0 + c + cols
+                    tmask = j < length
+                    t = (j // INTERLEAVE) * PERIOD + RANK * INTERLEAVE + j % INTERLEAVE  # DcpLayout.token_of
+                    block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0)
+                    rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
+                    # row_scores' instruction sequence per row, each key slice loaded and dequantized once
+                    # for the group's rows (their dots share it as the MMA's B operand)
+                    acc0 = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
+                    acc1 = acc0
+                    for d0 in range(0, 128, BLOCK_D):  # the GEMM's K loop
+                        kb = key_slice(rec, tmask, d0, BLOCK_D, PRECISION)
+                        acc0 = head_dots(q_slice(q_ptr + row0 * s_q_m, s_q_h, HI, d0, BLOCK_H, BLOCK_D, PRECISION,
+                                                 Q_CODES), kb, acc0, PRECISION)
+                        if ROWS > 1:
+                            acc1 = head_dots(q_slice(q_ptr + row1 * s_q_m, s_q_h, HI, d0, BLOCK_H, BLOCK_D, PRECISION,
+                                                     Q_CODES), kb, acc1, PRECISION)
+                    at = K + c + cols
+                    _row_keys(w_ptr, s_w_m, s_w_h, HI, row0, acc0, rec, t, tmask, pos0, act0,
+                              work_ptr + (r0 * S + s) * s_work + at, BLOCK_H)
+                    if ROWS > 1:
+                        _row_keys(w_ptr, s_w_m, s_w_h, HI, row1, acc1, rec, t, tmask, pos1, act1,
+                                  work_ptr + ((r0 + 1) * S + s) * s_work + at, BLOCK_H)
+                tl.debug_barrier()  # the tile's keys are visible to the whole CTA
+                for i in range(ROWS):  # each row keeps its k best
+                    if _lane(act.to(tl.int32), gl, i) != 0:
+                        work = work_ptr + ((r0 + i) * S + s) * s_work
+                        select_row(work, K + tl.cdiv(span, BLOCK_T) * BLOCK_T, K, K, work, work, BLOCK, 1, False,
+                                   False)
+                tl.debug_barrier()  # the heads are kept before the next tile is written
+            for i in range(ROWS):
+                if _lane(act.to(tl.int32), gl, i) != 0:
+                    m = r0 + i
+                    work = work_ptr + (m * S + s) * s_work
+                    out = out_ptr + m * s_out
+                    if SORTED:  # the only split: its head, sorted, is the row's top-k
+                        o = tl.arange(0, SORT)
+                        best = tl.sort(tl.load(work + o, mask=o < K, other=_MIN), 0, descending=True)
+                        if IDS:
+                            tl.store(out + o, key_ids(best), mask=o < K)
+                        else:
+                            tl.store(out + o, best, mask=o < K)
+                    else:  # the split's top-k beside the others'; the row's last split to finish merges them
+                        heads = heads_ptr + m * s_heads
+                        for i0 in range(0, K, BLOCK):
+                            o = i0 + lanes
+                            tl.store(heads + s * K + o, tl.load(work + o, mask=o < K), mask=o < K)
+                        tl.debug_barrier()  # the whole head is stored before the count releases it
+                        if tl.atomic_add(count_ptr + m, 1, sem="acq_rel") == S - 1:
+                            select_row(heads, S * K, K, K, top_ptr + m * s_top, out, BLOCK, SORT, True, IDS)
+                            tl.store(count_ptr + m, 0)  # the next call's count starts at 0
 
 
 def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: int, out, workspace=None,
-                    shard: tuple[int, DcpLayout] | None = None, as_keys: bool = False) -> torch.Tensor:
+                    shard: tuple[int, DcpLayout] | None = None, as_keys: bool = False,
+                    flag: torch.Tensor | None = None, rows_per_req: int = 1) -> torch.Tensor:
     """Every row's top-k (the module docstring) into ``out``: token ids int32 [M, k], -1 padded, or
     with ``as_keys`` the selected int64 keys [M, k] (``topk.pack_keys``, INT64_MIN padded), best
-    first. Returns ``out``.
+    first, written by the kernel itself (unit column stride). Returns ``out``.
 
-    q float32/bf16/float8_e4m3fn [M, Hi, 128], w float32 [M, Hi], kv_cache uint8 [num_blocks,
-    block_size, 132] (any strides that keep a record's 4-byte scale aligned), block_table int32/int64
-    [R, B], row_req int [M] (a row of block_table), pos int [M], all on one device; ``shard`` (rank,
-    layout): score the positions ``rank`` owns, ids the tokens (a sharded step's candidates); tile a
-    multiple of ``triton_scores.BLOCK_T``; ``workspace`` a ``tiled.TopkWorkspace`` holding
-    ``paged_workspace_bytes(M, k, tile)`` (None: one of that size is made). Shapes and strides are
-    checked here, values not (no read).
+    q float32/bf16/float8_e4m3fn [M, Hi, 128], w float32/bf16 [M, Hi] (read as it is: no widened
+    copy), kv_cache uint8 [num_blocks, block_size, 132] (any strides that keep a record's 4-byte
+    scale aligned), block_table int32/int64 [R, B], row_req int [M] (a row of block_table), pos int
+    [M], all on one device; ``shard`` (rank, layout): score the positions ``rank`` owns, ids the
+    tokens (a sharded step's candidates); tile a multiple of ``triton_scores.BLOCK_T``;
+    ``workspace`` a ``tiled.TopkWorkspace`` holding ``paged_workspace_bytes(M, k, tile)`` (None: one
+    of that size is made); ``flag`` an int32 [1] word (``DeviceChecks.word("indexer_inputs")``) the
+    kernel ORs 1 into when a row's weights hold a NaN or an infinity (None: not checked);
+    ``rows_per_req`` the rows a request has in the step (the engine's 1 + draft tokens): a program
+    takes ``group_rows(rows_per_req)`` consecutive rows and reads each key once for those of one
+    request (any grouping gives the same result). Shapes and strides are checked here, values not
+    (no read).
     """
     m = q.shape[0]
     if tile % BLOCK_T or tile <= 0:
@@ -118,9 +210,11 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
     if kv_cache.stride(0) % 4 or kv_cache.stride(1) % 4 or kv_cache.data_ptr() % 4:
         raise ValueError(f"kv_cache strides {kv_cache.stride()} do not keep the records' scales 4-byte aligned")
     want = (torch.int64 if as_keys else torch.int32, (m, k))
-    if (out.dtype, tuple(out.shape)) != want or (as_keys and m and out.stride(1) != 1):
-        raise ValueError(f"out must be {want[0]} {want[1]}{' with unit column stride' if as_keys else ''}, got "
-                         f"{out.dtype} {tuple(out.shape)}")
+    if (out.dtype, tuple(out.shape)) != want or (m and out.stride(1) != 1):
+        raise ValueError(f"out must be {want[0]} {want[1]} with unit column stride, got {out.dtype} "
+                         f"{tuple(out.shape)} strides {out.stride()}")
+    if w.dtype not in (torch.float32, torch.bfloat16) or tuple(w.shape) != tuple(q.shape[:2]):
+        raise ValueError(f"w must be float32 or bfloat16 [M, Hi]={tuple(q.shape[:2])}, got {w.dtype} {tuple(w.shape)}")
     for name, t in (("row_req", row_req), ("pos", pos)):
         if tuple(t.shape) != (m,) or t.device != kv_cache.device:
             raise ValueError(f"{name} must be [M={m}] on {kv_cache.device}, got {tuple(t.shape)} on {t.device}")
@@ -135,36 +229,48 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
 
         workspace = TopkWorkspace(paged_workspace_bytes(m, k, tile), q.device)
     work, heads, top, counts = workspace.take_paged(m, splits, k, tile)
-    top = out if as_keys else top
+    top = out if as_keys else top  # the merge's candidates: the keys' output itself, else the workspace's
     rank, layout = (0, DcpLayout(1)) if shard is None else shard
     q, precision, codes = q_operand(q)
     one = heads is None  # one split: heads and counts are never read (work stands in)
-    _paged_topk_kernel[(m, splits)](
-        q, w, kv_cache, block_table, row_req, pos, work, work if one else heads, work if one else counts, top,
-        q.shape[1], k, splits, rank, layout.interleave, layout.period, kv_cache.shape[1], block_table.shape[1],
-        q.stride(0), q.stride(1), w.stride(0), w.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-        block_table.stride(0), work.stride(0), 0 if one else heads.stride(0), top.stride(0),
+    rows = group_rows(rows_per_req)
+    _paged_topk_kernel[(triton.cdiv(m, rows), splits)](
+        q, w, kv_cache, block_table, row_req, pos, work, work if one else heads, work if one else counts, top, out,
+        work if flag is None else flag, m, q.shape[1], k, splits, rank, layout.interleave, layout.period,
+        kv_cache.shape[1], block_table.shape[1], q.stride(0), q.stride(1), w.stride(0), w.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0), work.stride(0), 0 if one else heads.stride(0),
+        top.stride(0), out.stride(0),
         TILE=tile, SORTED=one, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
-        BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=precision, Q_CODES=codes, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+        BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
+        CHECK=flag is not None, ROWS=rows, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
-    return out if as_keys else unpack_keys(top, False, out)
+    return out
+
+
+def group_rows(rows_per_req: int) -> int:
+    """Rows per program: the request's rows (MTP3: 1 + 3), as a power of two up to ``MAX_GROUP``."""
+    if rows_per_req < 1:
+        raise ValueError(f"rows_per_req must be at least 1, got {rows_per_req}")
+    return min(MAX_GROUP, 1 << (rows_per_req.bit_length() - 1))
 
 
 def compile_specs(k: int = 2048) -> list[dict]:
     """The paged top-k's launches in the engine at GLM-5.2's shapes (32 index heads, fp8 q, k 2,048,
-    the tile of a long context), as the compile test reads them: name, fn, signature, constexprs,
-    num_warps, num_stages. One split (it sorts its head into the output) and several (the heads side
-    by side, merged by the row's last split)."""
+    the tile of a long context, a request's 4 MTP rows per program, ids into vLLM's buffer and the
+    weights checked), as the compile test reads them: name, fn, signature, constexprs, num_warps,
+    num_stages. One split (it sorts its head into the output) and several (the heads side by side,
+    merged by the row's last split)."""
     from .triton_scores import BLOCK_T as block_t
     from sparkinfer.core.indexer_tiles import PAGED_TILE
 
     specs = []
     for name, is_sorted in (("paged_topk", True), ("paged_topk_split", False)):
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
-                      "BLOCK_H": 32, "BLOCK_T": block_t, "BLOCK_D": BLOCK_D, "PRECISION": "tf32", "Q_CODES": True}
+                      "BLOCK_H": 32, "BLOCK_T": block_t, "BLOCK_D": BLOCK_D, "PRECISION": "bf16", "Q_CODES": True,
+                      "IDS": True, "CHECK": True, "ROWS": MAX_GROUP}
         ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
-                "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "out_ptr": "*i64"}
+                "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "top_ptr": "*i64",
+                "out_ptr": "*i32", "flag_ptr": "*i32"}
         sig = {n: ptrs.get(n, "i32") for n in _paged_topk_kernel.arg_names if n not in constexprs}
         sig.update({n: "constexpr" for n in constexprs})
         specs.append({"name": f"{name}[k{k}]", "fn": _paged_topk_kernel, "signature": sig, "constexprs": constexprs,

@@ -7,13 +7,16 @@ One program scores one query row m against BLOCK_T consecutive positions of its 
 
 The index heads are the MMA's M dimension (GLM-5.2: 32 heads x 128 dims; fewer heads are
 zero-padded to BLOCK_H >= 16, and a zero head adds an exact 0), so any number of query rows,
-one included, runs on tensor cores. Keys are dequantized in registers (E4M3 code * fp32
-power-of-two scale, bit-exact with the codec); a key has a 4-bit significand, so it is exact in
-tf32. The dot's precision follows q's dtype: bf16 q (and fp8 codes carried in bf16) is exact in
-tf32 too, so one tf32 MMA forms exact products (``"tf32"``); fp32 q takes Triton's 3-pass split
-(``"tf32x3"``, q kept to about 22 bits). A float8_e4m3fn q (vLLM's quantized q, read as its bytes:
-``Q_CODES``) is decoded in registers like the keys and is exact in one tf32 MMA as well, so the
-engine hands its q over without a widened copy. Accumulation is fp32 in the MMA.
+one included, runs on tensor cores. The dot takes the keys' E4M3 codes, converted by the target's
+cvt (``e4m3_operand``), in slices of BLOCK_D dims, and each record's fp32 power-of-two scale
+multiplies the finished dots (``scaled``): scaling every product and partial sum of a column by
+one power of two is exact, so this is the dot with the dequantized keys bit for bit, without a
+multiply per key element or a bit-by-bit decode. The operands' type follows q's dtype: bf16 q and
+a float8_e4m3fn q (vLLM's quantized q, read as its bytes: ``Q_CODES``, converted like the keys)
+are exact in bf16, and so are the codes (4-bit significands), so one pass of bf16 MMAs forms exact
+products (``"bf16"``); fp32 q takes Triton's 3-pass tf32 split (``"tf32x3"``, q kept to about 22
+bits). Accumulation is fp32 in the MMA. (Until 2026-12-07 the keys were decoded bit by bit, scaled
+and fed to tf32 MMAs: the same products, summed by other MMA instructions.)
 
 An output element depends only on its own row of q and its own key, by the same instruction
 sequence in every program, so a position's score does not depend on which tile, shard or batch
@@ -31,20 +34,23 @@ Offsets that are a product of sizes (row * stride, slot * record stride, list st
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-from sparkinfer.attention.triton_codes import e4m3_to_f32, load_f32
+from sparkinfer.attention.triton_codes import load_f32
 from sparkinfer.core.layouts import INDEX_DIM, INDEXER_FP8
 
 BLOCK_T = 64
 NUM_WARPS = 4
 NUM_STAGES = 1
-BLOCK_D = 16
 MAX_GRID_Y = 65535
 HEAD_BLOCKS = (16, 32, 64)  # BLOCK_H: the heads padded to an MMA M tile (GLM-5.2: 32)
-_PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32"}
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")  # read once, at import (as Triton does)
+BLOCK_D = 32  # dims per MMA K step: two bf16 k16 MMAs (or four tf32 k8)
+_PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "bf16"}
 
 
 @triton.jit
@@ -91,22 +97,83 @@ def row_scores(q_row, s_q_h, w_row, s_w_h, HI, row_ptr, tmask, BLOCK_H: tl.const
     """fp32 score [BLOCK_T] of one query row (its heads at ``q_row``, stride ``s_q_h``; weights at
     ``w_row``) against the records at byte pointers ``row_ptr`` [BLOCK_T] (0 where not ``tmask``):
     the module docstring's MMA and relu-weighted head sum. Every caller scores a key with this one
-    instruction sequence, so a key's score is the same in every kernel, tile and rank."""
-    scale = load_f32(row_ptr + 128, tmask)
-    h = tl.arange(0, BLOCK_H)
-    hmask = h < HI
-    q_h = q_row + h[:, None] * s_q_h
+    instruction sequence (per slice of BLOCK_D dims ``q_slice``, ``key_slice`` and ``head_dots``, then
+    ``scaled`` and ``head_sum``), so a key's score is the same in every kernel, tile and rank."""
     s = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
     for d0 in range(0, 128, BLOCK_D):  # the GEMM's K loop: a slice of the 128 dims at a time
-        d = d0 + tl.arange(0, BLOCK_D)
-        codes = tl.load(row_ptr[None, :] + d[:, None], mask=tmask[None, :], other=0)  # [BLOCK_D, BLOCK_T]
-        qv = tl.load(q_h + d[None, :], mask=hmask[:, None], other=0)
-        if Q_CODES:
-            qv = e4m3_to_f32(qv)
+        s = head_dots(q_slice(q_row, s_q_h, HI, d0, BLOCK_H, BLOCK_D, PRECISION, Q_CODES),
+                      key_slice(row_ptr, tmask, d0, BLOCK_D, PRECISION), s, PRECISION)
+    return head_sum(w_row, s_w_h, HI, scaled(s, row_ptr, tmask), BLOCK_H)
+
+
+@triton.jit
+def e4m3_operand(codes, PRECISION: tl.constexpr):
+    """float8_e4m3fn bytes as a dot operand, by the target's conversion (cvt from e4m3 on sm_89 and
+    newer): bf16 for the "bf16" dot, fp32 otherwise. Exact for every finite code (an E4M3 value has a
+    4-bit significand); the two NaN codes never occur (the quantizers clamp to +-448)."""
+    return _operand(codes.to(tl.float8e4nv, bitcast=True), PRECISION)
+
+
+@triton.jit
+def _operand(v, PRECISION: tl.constexpr):
+    """v as a dot operand: bf16 for the "bf16" dot, fp32 otherwise."""
+    if PRECISION == "bf16":
+        v = v.to(tl.bfloat16)
+    else:
+        v = v.to(tl.float32)
+    return v
+
+
+@triton.jit
+def key_slice(row_ptr, tmask, d0, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Dims d0 .. d0 + BLOCK_D of the keys' E4M3 codes at ``row_ptr`` [BLOCK_T] as the dot's B operand
+    [BLOCK_D, BLOCK_T] (``e4m3_operand``; the records' scales multiply the dots after, ``scaled``)."""
+    d = d0 + tl.arange(0, BLOCK_D)
+    codes = tl.load(row_ptr[None, :] + d[:, None], mask=tmask[None, :], other=0)
+    return e4m3_operand(codes, PRECISION)
+
+
+@triton.jit
+def scaled(s, row_ptr, tmask):
+    """The heads' dots with the codes s [BLOCK_H, BLOCK_T] times each record's fp32 power-of-two scale:
+    the dots with the dequantized keys, bit for bit (every product and partial sum of a column
+    scales by the same power of two, exactly: no dot of finite records comes near fp32's range ends)."""
+    return s * load_f32(row_ptr + 128, tmask)[None, :]
+
+
+@triton.jit
+def q_slice(q_row, s_q_h, HI, d0, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+            Q_CODES: tl.constexpr):
+    """Dims d0 .. d0 + BLOCK_D of one query row's heads as the dot's A operand [BLOCK_H, BLOCK_D] (0
+    past HI): bf16 for the "bf16" dot, fp32 otherwise."""
+    h = tl.arange(0, BLOCK_H)
+    d = d0 + tl.arange(0, BLOCK_D)
+    qv = tl.load(q_row + h[:, None] * s_q_h + d[None, :], mask=(h < HI)[:, None], other=0)
+    if Q_CODES:  # float8_e4m3fn bytes (``e4m3_operand``)
+        qv = qv.to(tl.float8e4nv, bitcast=True)
+    return _operand(qv, PRECISION)
+
+
+@triton.jit
+def head_dots(q, k, s, PRECISION: tl.constexpr):
+    """s + q [BLOCK_H, BLOCK_D] x k [BLOCK_D, BLOCK_T] on tensor cores, fp32 accumulation. Under
+    TRITON_INTERPRET=1 the bf16 operands go in as fp32 (Triton 3.9's interpreter multiplies bf16 as
+    its raw uint16 bits, ``triton_decode._dot``): the same exact products."""
+    if PRECISION == "bf16":
+        if _INTERPRETED:
+            s = tl.dot(q.to(tl.float32), k.to(tl.float32), s)
         else:
-            qv = qv.to(tl.float32)
-        s = tl.dot(qv, e4m3_to_f32(codes) * scale[None, :], s, input_precision=PRECISION)
-    wv = tl.load(w_row + h * s_w_h, mask=hmask, other=0.0).to(tl.float32)
+            s = tl.dot(q, k, s)
+    else:
+        s = tl.dot(q, k, s, input_precision=PRECISION)
+    return s
+
+
+@triton.jit
+def head_sum(w_row, s_w_h, HI, s, BLOCK_H: tl.constexpr):
+    """sum_h w[h] * relu(s[h, :]): a row's score from its heads' dots s fp32 [BLOCK_H, BLOCK_T]."""
+    h = tl.arange(0, BLOCK_H)
+    wv = tl.load(w_row + h * s_w_h, mask=h < HI, other=0.0).to(tl.float32)
     return tl.sum(wv[:, None] * tl.maximum(s, 0.0), axis=0)
 
 
@@ -133,7 +200,7 @@ def q_operand(q):
     float8 q as its bytes (the module docstring's precision rule)."""
     q = q if q.stride(-1) == 1 else q.contiguous()
     codes = q.dtype == torch.float8_e4m3fn
-    return (q.view(torch.uint8) if codes else q), ("tf32" if codes else _PRECISION[q.dtype]), codes
+    return (q.view(torch.uint8) if codes else q), ("bf16" if codes else _PRECISION[q.dtype]), codes
 
 
 def _launch(q, w, records, out, grid, *, slots, ids, pos, start, length, n_tokens, j0, col0, keys):
@@ -196,7 +263,7 @@ def compile_specs() -> list[dict]:
                                       ("indexer_keys", True, False, ("fp32", "bf16", "u8")),
                                       ("indexer_keys_ids", True, True, ("fp32", "bf16"))):
         for q_dtype in q_dtypes:
-            precision = {"fp32": "tf32x3", "bf16": "tf32", "u8": "tf32"}[q_dtype]
+            precision = {"fp32": "tf32x3", "bf16": "bf16", "u8": "bf16"}[q_dtype]
             constexprs = {"HAS_SLOTS": True, "HAS_IDS": ids, "HAS_POS": True, "ROWS": keys, "KEYS": keys,
                           "BLOCK_H": 32, "BLOCK_T": BLOCK_T, "BLOCK_D": BLOCK_D, "PRECISION": precision,
                           "Q_CODES": q_dtype == "u8"}

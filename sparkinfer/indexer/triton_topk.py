@@ -52,15 +52,18 @@ _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
 def _topk_keys_kernel(work_ptr, out_ptr, cand_ptr, N, K, CAP, s_work, s_out, s_cand,
                       BLOCK: tl.constexpr, SORT: tl.constexpr, SORTED: tl.constexpr):
     m = tl.program_id(0).to(tl.int64)
-    select_row(work_ptr + m * s_work, N, K, CAP, cand_ptr + m * s_cand, out_ptr + m * s_out, BLOCK, SORT, SORTED)
+    select_row(work_ptr + m * s_work, N, K, CAP, cand_ptr + m * s_cand, out_ptr + m * s_out, BLOCK, SORT, SORTED,
+               False)
 
 
 @triton.jit
-def select_row(row, N, K, CAP, cand, out, BLOCK: tl.constexpr, SORT: tl.constexpr, SORTED: tl.constexpr):
+def select_row(row, N, K, CAP, cand, out, BLOCK: tl.constexpr, SORT: tl.constexpr, SORTED: tl.constexpr,
+               IDS: tl.constexpr):
     """The k largest of the N keys at ``row`` into ``out`` (the module docstring's three steps), in
     one program: ``_topk_keys_kernel``'s row, and the paged top-k's running selection
     (``triton_paged``), which selects a row's head in place (``out`` = ``cand`` = ``row``, unsorted:
-    a key is compacted to a column at or before its own, already read)."""
+    a key is compacted to a column at or before its own, already read). ``IDS`` (sorted only): ``out``
+    is int32 and takes the keys' token ids, -1 for INT64_MIN (``key_ids``), not the keys."""
     bins = tl.arange(0, 256)
     lanes = tl.arange(0, BLOCK)
     shift = tl.full((), 56, tl.int64)
@@ -104,11 +107,22 @@ def select_row(row, N, K, CAP, cand, out, BLOCK: tl.constexpr, SORT: tl.constexp
         i = tl.arange(0, SORT)
         best = tl.sort(tl.load(cand + i, mask=(i < count) & (i < CAP), other=_MIN), 0, descending=True)
         tl.debug_barrier()  # every thread has loaded cand before out (possibly cand's head) is written
-        tl.store(out + i, best, mask=i < K)
+        if IDS:
+            tl.store(out + i, key_ids(best), mask=i < K)
+        else:
+            tl.store(out + i, best, mask=i < K)
     else:  # cand is out and CAP = K: the k keys are in place, in scan order; pad a short row
         for i0 in range(0, K, BLOCK):
             i = i0 + lanes
             tl.store(out + i, tl.full([BLOCK], _MIN, tl.int64), mask=(i >= count) & (i < K))
+
+
+@triton.jit
+def key_ids(keys):
+    """int32 token ids of int64 selection keys, -1 for INT64_MIN (``topk.unpack_keys``' rule: the key's
+    low word 2**32 - 1 - id, narrowed to int32, is -1 - id, and 0 at INT64_MIN; its complement is the
+    id, or -1)."""
+    return (~keys).to(tl.int32)
 
 
 def topk_keys(work: torch.Tensor, k: int, out: torch.Tensor, cand: torch.Tensor | None = None,

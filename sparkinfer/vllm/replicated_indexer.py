@@ -72,6 +72,7 @@ class ReplicatedIndexerMetadata:
     # upload) and the engine's tile; None: the rows score the host-planned lists (``_step_rows``)
     row_req: torch.Tensor | None = None
     paged_tile: int | None = None
+    rows_per_req: int = 1  # a decode request's rows (1 + drafts): the paged top-k reads its keys once for them
 
 
 def token_layout(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
@@ -158,6 +159,7 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     step = md.step
     slots = md.slot_mapping[:n].to(device=dev, dtype=torch.int64)
     # Under DCP > 1 vLLM's block-outermost layout makes this layer's view strided: written in place
+    paged = _paged(kv_cache, md)
     if step is None:  # a direct call: its arguments checked on the host
         backend = _check_direct_call(kv_cache)
         write_cache_records(INDEXER_FORMAT, kv_cache, slots, k[:n].float())
@@ -166,20 +168,25 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
         forward_write_records(step, INDEXER_FORMAT, kv_cache, slots, k[:n])
         # the scorer's value checks, without a host read or a temporary. The weights carry q's scales
         # (vLLM's indexer folds them in), and a q group holding a NaN or an infinity has a NaN or
-        # infinite scale (``quant_q_fp8``), so checking the weights checks q too
-        step.checks.flag_nonfinite("indexer_inputs", weights[:n])
-    topk_indices_buffer[:n].fill_(-1)
+        # infinite scale (``quant_q_fp8``), so checking the weights checks q too. The paged top-k
+        # checks them in its own kernel (``_flag``)
+        if not paged:
+            step.checks.flag_nonfinite("indexer_inputs", weights[:n])
     sharded = md.sharded
     scored_steps["sharded" if sharded else "replicated"] += 1
-    if sharded is None and _paged(kv_cache, md):
+    if sharded is None and paged:
         from sparkinfer.indexer.triton_paged import paged_topk_rows
 
+        if topk_indices_buffer.shape[1] > index_topk:  # columns the top-k does not write (vLLM's are k wide)
+            topk_indices_buffer[:n, index_topk:].fill_(-1)
+        # the kernel writes every row's k ids and their -1 padding: one launch per block of rows
         for b0 in range(0, n, INDEXER_ROWS):  # blocks of rows: the reserved workspace
             b = slice(b0, min(n, b0 + INDEXER_ROWS))
-            paged_topk_rows(q_fp8[b], weights[b].float(), kv_cache, md.block_table, md.row_req[b], md.positions[b],
+            paged_topk_rows(q_fp8[b], weights[b], kv_cache, md.block_table, md.row_req[b], md.positions[b],
                             index_topk, tile=md.paged_tile, workspace=md.workspace,
-                            out=topk_indices_buffer[b, :index_topk])
+                            out=topk_indices_buffer[b, :index_topk], flag=_flag(md), rows_per_req=md.rows_per_req)
         return topk_indices_buffer
+    topk_indices_buffer[:n].fill_(-1)
     if sharded is None:
         records, lists = _step_rows(kv_cache, md)
         k_step = min(index_topk, lists.max_len)
@@ -226,10 +233,10 @@ def shard_step_candidates(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata,
 
         for b0 in range(rows.start, rows.stop, INDEXER_ROWS):  # blocks of rows: the reserved workspace
             b = slice(b0, min(rows.stop, b0 + INDEXER_ROWS))
-            paged_topk_rows(q_fp8[b], weights[b].float(), kv_cache, md.block_table, md.row_req[b], md.positions[b],
+            paged_topk_rows(q_fp8[b], weights[b], kv_cache, md.block_table, md.row_req[b], md.positions[b],
                             index_topk, tile=md.paged_tile, workspace=md.workspace,
                             out=keys[b0 - rows.start:b.stop - rows.start], shard=(sharded.rank, sharded.layout),
-                            as_keys=True)
+                            as_keys=True, flag=_flag(md), rows_per_req=md.rows_per_req)
         return keys
     records, lists = _step_rows(kv_cache, md, sharded)
     pos = md.positions[:md.num_actual_tokens].to(kv_cache.device)
@@ -253,6 +260,12 @@ def _paged(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata) -> bool:
     from sparkinfer.decode.paged_sparse_mla import row_strides
 
     return md.paged_tile is not None and row_strides(kv_cache) is not None
+
+
+def _flag(md: ReplicatedIndexerMetadata):
+    """The word the paged top-k ORs non-finite weights into (the forward's ``step.checks``); None for
+    a direct call (no check: its caller owns its inputs)."""
+    return None if md.step is None else md.step.checks.word("indexer_inputs")
 
 
 def _step_rows(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, sharded: ShardedScoring | None = None):
@@ -420,7 +433,8 @@ def indexer_backend():
                                            torch.from_numpy(seq_lens), table, slots,
                                            self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,
                                            step=self.step, workspace=self.workspace,
-                                           merge=self.merge, row_req=tr, paged_tile=self.paged_tile)
+                                           merge=self.merge, row_req=tr, paged_tile=self.paged_tile,
+                                           rows_per_req=1 + _drafts(self.vllm_config))
             cache = self._layer_cache()
             if cache is not None and not _paged(cache, md):  # the step's lists planned here, not in a layer
                 _step_rows(cache, md, md.sharded)

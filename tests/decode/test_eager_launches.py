@@ -86,3 +86,72 @@ def test_the_indexer_key_write_is_one_launch(monkeypatch):
         forward_write_records(step, fmt, cache, slots, keys)
     assert rec.kernels == 1, rec.breakdown()
     assert [k for _, _, k in rec.breakdown()] == ["native:write_paged"]
+
+
+INDEXER_LAUNCHES = 3  # issue 34: an F layer's indexer, the key write, q's quantization and the paged top-k
+INDEXER_KERNELS = {"native:write_paged", "triton:_group_quant_kernel", "triton:_paged_topk_kernel"}
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16])
+def test_an_f_layers_indexer_launches_at_most_three(monkeypatch, weights_dtype):
+    """An F layer's indexer in the forward's form (the builder's metadata: ``step``, the engine's
+    workspace, each row's request on the device, the paged tile): q's quantization and ``run_indexer``
+    make 3 launches per layer (the key write, the quantization, the paged top-k, which checks the
+    weights and writes the ids with their -1 padding itself), whatever the weights' dtype; the ids
+    are the tiled top-k's (``indexer_topk_rows`` over the request's slots, the twin the paged kernel is
+    held to), and a NaN weight still sets ``indexer_inputs``."""
+    from sparkinfer.core.indexer_tiles import paged_workspace_bytes
+    from sparkinfer.decode import impls
+    from sparkinfer.decode.device_checks import DeviceCheckError
+    from sparkinfer.decode.forward_step import ForwardStep
+    from sparkinfer.decode.paged_sparse_mla import write_cache_records
+    from sparkinfer.decode.runtime import WorkerRuntime
+    from sparkinfer.formats import get_format
+    from sparkinfer.indexer import TopkWorkspace, indexer_topk_rows, plan_rows
+    from sparkinfer.vllm.replicated_indexer import ReplicatedIndexerMetadata, quant_q_fp8, run_indexer
+
+    monkeypatch.setenv(impls.FORCE_ENV, "1")
+    g = torch.Generator().manual_seed(3)
+    bs, hi, k, n = 16, 4, 8, 4  # one request's 4 MTP rows at positions 36 .. 39
+    backing = torch.zeros(6, bs, 132 + 68, dtype=torch.uint8)  # another layer's bytes interleaved
+    cache = backing[:, :, :132]
+    table = torch.tensor([[3, 1, 5, 2]], dtype=torch.int32)
+    t = torch.arange(40)
+    slots = table.long()[0, t // bs] * bs + t % bs
+    write_cache_records(get_format("indexer_fp8"), cache, slots[:36], torch.randn(36, 128, generator=g))  # the context
+    pos, req = t[36:], torch.zeros(n, dtype=torch.int64)
+    step = ForwardStep.of(WorkerRuntime("cpu"))
+    md = ReplicatedIndexerMetadata(n, 1, req, pos, torch.tensor([40]), table, slots[36:], step=step,
+                                   workspace=TopkWorkspace(paged_workspace_bytes(n, k, 64), "cpu"),
+                                   row_req=req.clone(), paged_tile=64, rows_per_req=n)
+    x, keys = torch.randn(n * hi, 128, generator=g).bfloat16(), torch.randn(n, 128, generator=g).bfloat16()
+    w = torch.rand(n, hi, generator=g)
+    out = torch.full((n, k), 99, dtype=torch.int32)
+
+    def layer(weights):  # the indexer's part of an F layer: q's quantization (scales folded into the weights), the op
+        q8, scale = quant_q_fp8(x, 128, use_ue8m0=True)
+        q8, wq = q8.view(n, hi, 128), (weights * scale.view(n, hi)).to(weights_dtype)
+        run_indexer(cache, md, q8, keys, wq, out, k)
+        return q8, wq
+
+    layer(w)  # a warm-up step makes the split counters, as vLLM's warm-up runs do
+    for _ in range(2):
+        with launches.record() as rec:
+            q8, wq = layer(w)
+        kernels = rec.breakdown()
+        assert sum(kernels.values()) <= INDEXER_LAUNCHES, kernels
+        assert {kernel for _, _, kernel in kernels} == INDEXER_KERNELS, kernels
+    # the tiled top-k over the request's slots in the cache's flat row view (row = slot: pages are
+    # block_size records 200 bytes apart)
+    rows = cache.as_strided((cache.shape[0] * bs, 132), (cache.stride(1), 1))
+    plan = plan_rows([(torch.arange(n), slots, None)], n)
+    want = indexer_topk_rows(q8, wq.float(), rows, pos, k, **plan.kwargs(), backend="triton")
+    assert torch.equal(out, want) and bool((out >= 0).all())
+    step.checks.poll()
+    step.checks.poll()  # finite weights: nothing raised
+    bad = w.clone()
+    bad[2, 1] = float("nan")
+    layer(bad)
+    step.checks.poll()
+    with pytest.raises(DeviceCheckError, match="indexer_inputs"):
+        step.checks.poll()

@@ -73,19 +73,21 @@ def _tiled(q, w, cache, row_req, pos, slots, k, backend, shard=None):
     return indexer_topk_rows(q, w, rows, pos, k, **plan.kwargs(), backend=backend, tile_bytes=1, as_keys=True)
 
 
-def _paged(q, w, cache, table, row_req, pos, k, tile, shard=None, as_keys=True):
+def _paged(q, w, cache, table, row_req, pos, k, tile, shard=None, as_keys=True, rows_per_req=1):
     ws = TopkWorkspace(paged_workspace_bytes(q.shape[0], k, tile), "cpu")
     out = torch.full((q.shape[0], k), 7, dtype=torch.int64 if as_keys else torch.int32)
     return paged_topk_rows(q, w, cache, table, row_req, pos, k, tile=tile, workspace=ws, out=out, shard=shard,
-                           as_keys=as_keys)
+                           as_keys=as_keys, rows_per_req=rows_per_req)
 
 
-@pytest.mark.parametrize("programs", [1, 256])  # one split per row (one launch), and several
-def test_paged_equals_tiled_ties_short_rows_and_block_boundaries(monkeypatch, programs):
+@pytest.mark.parametrize("programs, rows_per_req", [(1, 1), (256, 1), (1, 4), (256, 4)])
+def test_paged_equals_tiled_ties_short_rows_and_block_boundaries(monkeypatch, programs, rows_per_req):
     """Three requests (200 tokens with 4 MTP rows, 64 = 4 whole pages with 3 rows, 5 with 1 row) and
     a row moved to position 15 (the end of the first page) and one to 16 (the first of the next):
     rows shorter than k, at block boundaries, of different lengths, in one call; passes of 64
-    positions. Keys, ids and the -1 / INT64_MIN padding equal today's (Triton and its torch twin)."""
+    positions; one split per row (one launch) and several; a program per row, and per 4 rows (a
+    request's MTP rows share its keys; the second group holds two requests). Keys, ids and the -1 /
+    INT64_MIN padding equal today's (Triton and its torch twin)."""
     monkeypatch.setattr(indexer_tiles, "PAGED_PROGRAMS", programs)
     cache, table, row_req, pos, slots = _pages((200, 64, 5), (4, 3, 1), strided=False)
     pos[4], pos[5] = BS - 1, BS  # request 1's rows at a page's last and the next page's first token
@@ -93,9 +95,9 @@ def test_paged_equals_tiled_ties_short_rows_and_block_boundaries(monkeypatch, pr
     k = 40
     want = _tiled(q, w, cache, row_req, pos, slots, k, "triton")
     assert torch.equal(want, _tiled(q, w, cache, row_req, pos, slots, k, "torch"))
-    got = _paged(q, w, cache, table, row_req, pos, k, tile=64)
+    got = _paged(q, w, cache, table, row_req, pos, k, tile=64, rows_per_req=rows_per_req)
     assert torch.equal(got, want)
-    ids = _paged(q, w, cache, table, row_req, pos, k, tile=64, as_keys=False)
+    ids = _paged(q, w, cache, table, row_req, pos, k, tile=64, as_keys=False, rows_per_req=rows_per_req)
     assert torch.equal(ids, (~want).to(torch.int32))  # unpack_keys' rule: the key's complement is the id
     assert (ids[7, :5] >= 0).all() and (ids[7, 5:] == -1).all()  # positions 0 .. 4, k 40
     assert (ids[4, BS:] == -1).all() and (ids[5, BS + 1:] == -1).all()
@@ -111,7 +113,7 @@ def test_paged_strided_cache_fp8_q_and_random_scores():
     q, w = _qw(pos.numel(), exact=False, seed=4)
     q = q.to(torch.float8_e4m3fn)
     k = 50
-    assert torch.equal(_paged(q, w, cache, table, row_req, pos, k, tile=128),
+    assert torch.equal(_paged(q, w, cache, table, row_req, pos, k, tile=128, rows_per_req=4),
                        _tiled(q, w, cache, row_req, pos, slots, k, "triton"))
 
 
@@ -124,8 +126,30 @@ def test_paged_rank_share_equals_the_owned_lists(interleave):
     k = 24
     for rank in range(2):
         shard = (rank, DcpLayout(2, interleave))
-        assert torch.equal(_paged(q, w, cache, table, row_req, pos, k, tile=64, shard=shard),
+        assert torch.equal(_paged(q, w, cache, table, row_req, pos, k, tile=64, shard=shard, rows_per_req=2),
                            _tiled(q, w, cache, row_req, pos, slots, k, "triton", shard=shard)), rank
+
+
+@pytest.mark.parametrize("programs", [1, 256])
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf")])
+def test_paged_reads_bf16_weights_and_flags_non_finite_ones(monkeypatch, programs, bad):
+    """bf16 weights read as they are give the ids of their fp32 widening (one split and several), and
+    the check word is set exactly when a row's weights hold a NaN or an infinity (programs of 2 rows:
+    the bad row is the step's last, alone in its group)."""
+    monkeypatch.setattr(indexer_tiles, "PAGED_PROGRAMS", programs)
+    cache, table, row_req, pos, _ = _pages((70, 20), (2, 1), strided=False, seed=11)
+    q, w = _qw(pos.numel(), exact=False, seed=12)
+    w = w.bfloat16()
+    if bad is not None:
+        w[2, 3] = bad
+    k = 16
+    ws = TopkWorkspace(paged_workspace_bytes(q.shape[0], k, 64), "cpu")
+    flag = torch.zeros(1, dtype=torch.int32)
+    got = paged_topk_rows(q, w, cache, table, row_req, pos, k, tile=64, workspace=ws, flag=flag,
+                          out=torch.zeros(q.shape[0], k, dtype=torch.int32), rows_per_req=2)
+    assert int(flag) == (bad is not None)
+    if bad is None:
+        assert torch.equal(got, _paged(q, w.float(), cache, table, row_req, pos, k, tile=64, as_keys=False))
 
 
 def test_paged_bad_input_raises():
