@@ -83,9 +83,10 @@ NUM_STAGES = 1
 # 8 x 768 against 4 x 1,169 instructions per tile); with the packed decoders (``triton_codes``) they
 # fit 255 registers without a spill (allowed 255: ptxas's own choice for the 656 kernel on sm_120,
 # 168, spilled 16 B). fp32 queries (hi + lo: twice the query registers): 8 warps,
-# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 255.
+# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 232
+# (255 spilled 8 B, 200 56 B on sm_120 with one split).
 LAUNCH = {(NVFP4_368.name, False): (4, 255), (NVFP4_432.name, False): (4, 255), (FP8_DS_MLA.name, False): (4, 255),
-          (NVFP4_368.name, True): (8, None), (NVFP4_432.name, True): (8, 200), (FP8_DS_MLA.name, True): (8, 255)}
+          (NVFP4_368.name, True): (8, None), (NVFP4_432.name, True): (8, 200), (FP8_DS_MLA.name, True): (8, 232)}
 # Listed indices a program scans at a time when it compacts its split (``_compact_split``): 256 int64
 # are one register pair a thread at 8 warps; a wider block only widens the scan.
 COMPACT_BLOCK = 256
@@ -98,9 +99,11 @@ MIN_KEYS_PER_SPLIT = 256
 
 @triton.jit
 def _words(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
-    """N little-endian uint32 words of each record from byte BYTE0 (records are 4-byte aligned) -> [BK, N]."""
+    """N little-endian uint32 words of each record from byte BYTE0 (records are 4-byte aligned) -> [BK, N].
+    Indexed as words (not bytes, then cast), so that Triton sees them contiguous: 16-byte loads where
+    the records are 16-byte aligned (``REC_ALIGN``)."""
     w = tl.arange(0, N)
-    return tl.load((row_ptr[:, None] + BYTE0 + 4 * w[None, :]).to(tl.pointer_type(tl.uint32)), mask=vm, other=0)
+    return tl.load(row_ptr.to(tl.pointer_type(tl.uint32))[:, None] + BYTE0 // 4 + w[None, :], mask=vm, other=0)
 
 
 @triton.jit
@@ -296,7 +299,7 @@ def _sparse_mla_decode_kernel(
     s_out_m, s_out_h, s_lse_m, s_po_s, s_po_m, s_po_h, s_pl_s, s_pl_m,
     FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
     Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr, OUT_BF16: tl.constexpr,
-    MERGE: tl.constexpr, ASM: tl.constexpr,
+    MERGE: tl.constexpr, ASM: tl.constexpr, REC_ALIGN: tl.constexpr,
 ):
     m = tl.program_id(0).to(tl.int64)  # every row offset below in int64 (module docstring)
     hb = tl.program_id(1)
@@ -328,7 +331,8 @@ def _sparse_mla_decode_kernel(
         ks = k0 + tl.arange(0, BLOCK_K)
         valid = ks < k_hi
         idx = tl.load(cidx_ptr + m * s_cidx_m + ks, mask=valid, other=0)  # int64 (the workspace's)
-        row_ptr = rec_ptr + idx * rec_stride  # int64: idx * stride passes 2^31 (module docstring)
+        # int64: idx * stride passes 2^31 (module docstring); aligned to REC_ALIGN bytes (the wrapper's word)
+        row_ptr = tl.multiple_of(rec_ptr + idx * rec_stride, REC_ALIGN)
         vm = valid[:, None]
         zero_s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
         if NVFP4:
@@ -550,7 +554,7 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
         cidx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         *((po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1)) if splits > 1 else (0,) * 5),
         **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda", out.dtype == torch.bfloat16,
-                            splits > 1),
+                            splits > 1, record_alignment(records)),
         num_stages=NUM_STAGES, **launch_options(lay, q_nope.dtype),
     )
     return out, lse
@@ -562,17 +566,26 @@ def launch_options(lay: RecordLayout, q_dtype: torch.dtype) -> dict:
     return {"num_warps": warps} if ceiling is None else {"num_warps": warps, "maxnreg": ceiling}
 
 
+def record_alignment(records: torch.Tensor) -> int:
+    """16 when every record of ``records`` starts 16-byte aligned (its storage and its row stride in
+    bytes: a contiguous array of 368 / 432 / 656-byte records, the selected path's workspace), so its
+    words load 16 bytes at a time; else 4, what the ABI guarantees (a paged cache's 4-byte row view:
+    ``decode.paged_sparse_mla.row_view``)."""
+    aligned = records.data_ptr() % 16 == 0 and records.stride(0) * records.element_size() % 16 == 0
+    return 16 if aligned else 4
+
+
 def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: str, interpreted: bool = False,
-                      bf16_out: bool = False, merge: bool = False) -> dict:
-    """The decode kernel's constexprs for a format, query dtype, precision, output dtype and split
+                      bf16_out: bool = False, merge: bool = False, rec_align: int = 16) -> dict:
+    """The decode kernel's constexprs for a format, query dtype, precision, output dtype, split
     count (merge: S > 1, partials and the fused merge; interpreted: under TRITON_INTERPRET=1, see
-    ``_dot``)."""
+    ``_dot``) and record alignment (``record_alignment``)."""
     if dot_precision not in PRECISIONS:
         raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     split = dot_precision == "bf16x2"
     return dict(FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K, BLOCK_C=COMPACT_BLOCK,
                 Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted, OUT_BF16=bf16_out,
-                MERGE=merge, ASM=not interpreted)
+                MERGE=merge, ASM=not interpreted, REC_ALIGN=rec_align)
 
 
 _DECODE_SIG = {
@@ -594,18 +607,22 @@ def compile_specs() -> list[dict]:
     The decode kernel per record format with bf16 queries into a bf16 output and int64 indices (the
     engine's dtypes; the paged path's cache rows) and with fp32 queries into fp32 and int32 indices
     (the CPU twin's and the tests'; the selected path's workspace slots), at the default precision,
-    each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly).
+    each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly),
+    over 16-byte aligned records, and the engine's also over a paged cache's 4-byte row view (",a4":
+    ``record_alignment``).
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
-        for q_dtype, q_type in ((torch.bfloat16, "*bf16"), (torch.float32, "*fp32")):
+        for q_dtype, q_type, align in ((torch.bfloat16, "*bf16", 16), (torch.bfloat16, "*bf16", 4),
+                                       (torch.float32, "*fp32", 16)):
             for merge in (True, False):
                 engine = q_dtype == torch.bfloat16
-                c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge)
+                c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge, rec_align=align)
                 sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
                 sig.update(qn_ptr=q_type, qr_ptr=q_type, out_ptr="*bf16" if engine else "*fp32",
                            idx_ptr="*i64" if engine else "*i32", **{n: "constexpr" for n in c})
-                name = lay.short + ("" if engine else ",q_fp32") + ("" if merge else ",s1")
+                name = lay.short + ("" if engine else ",q_fp32") + ("" if align == 16 else ",a4") \
+                    + ("" if merge else ",s1")
                 specs.append(dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
                                   constexprs=c, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype)))
     return specs
