@@ -86,6 +86,17 @@ def _pair_ptx(dst: str, word: str, sign_shift: int, code_shift: int, code_mask: 
     """
 
 
+def _nibble_pair_ptx(dst: str, word: str, high: int) -> str:
+    """PTX: bf16 pair bits ``dst`` of the E2M1 codes in nibbles (0, 4) of ``word`` (high = 1: nibbles
+    (1, 5)). The two nibbles are masked out and multiplied by 2^12 + 2^6 (2^8 + 2^2): a sum of two
+    shifted copies whose bit ranges do not meet (no carries), the sign bit landing on bits 15 / 31 in
+    one and the exponent and mantissa bits on 6..8 / 22..24 in the other; a last mask keeps those."""
+    return f"""and.b32 {dst}, {word}, {0x000F000F << 4 * high:#010x};
+    mul.lo.u32 {dst}, {dst}, {0x1040 >> 4 * high:#x};
+    and.b32 {dst}, {dst}, 0x81c081c0;
+    """
+
+
 def _scale_unpack_ptx(j: int) -> str:
     """PTX: pair pj x the scale pair s (-0 added: a product of -0 stays -0), unpacked into $j, $(j + 4)."""
     return f"""fma.rn.bf16x2 p{j}, p{j}, s, z;
@@ -105,23 +116,23 @@ _E4M3X4_PTX = tl.constexpr(f"""{{
     mov.b32 {{$0, $2}}, a;
     mov.b32 {{$1, $3}}, b;
     }}""")
-# The E4M3 scale in the low byte of $9 -> fp16 bits (x 2^-8) -> fp32 x 2^127 -> a bf16 pair s; E2M1 codes
-# (j, j + 4) of $8 into pair pj, x s, unpacked into $j, $(j + 4).
+# The E4M3 scale code $9 (0..255) -> fp16 bits (x 2^-8: (b + (b & 0x80)) << 7 carries the sign from bit 14
+# to 15) -> fp32 x 2^127 -> a bf16 pair s; E2M1 codes
+# (j, j + 4) of $8 into pair pj (j = 2, 3: of $8 >> 8, in t), x s, unpacked into $j, $(j + 4).
 _E2M1X8_PTX = tl.constexpr(f"""{{
     .reg .b32 s, t, z, p0, p1, p2, p3;
     .reg .b16 h;
     .reg .f32 f;
-    shl.b32 s, $9, 8;
-    shl.b32 t, $9, 7;
-    and.b32 s, s, 0x8000;
-    and.b32 t, t, 0x3F80;
-    or.b32 s, s, t;
+    and.b32 t, $9, 0x80;
+    add.u32 s, $9, t;
+    shl.b32 s, s, 7;
     cvt.u16.u32 h, s;
     cvt.f32.f16 f, h;
     mul.f32 f, f, 0f7F000000;
     cvt.rn.bf16x2.f32 s, f, f;
     mov.b32 z, 0x80008000;
-    {"".join(_pair_ptx(f"p{j}", "$8", 12 - 4 * j, 6 - 4 * j, 0x01C001C0) for j in range(4))}
+    shr.u32 t, $8, 8;
+    {"".join(_nibble_pair_ptx(f"p{j}", "t" if j >= 2 else "$8", j % 2) for j in range(4))}
     {"".join(_scale_unpack_ptx(j) for j in range(4))}
     }}""")
 
@@ -143,14 +154,14 @@ def e4m3x4_to_bf16(words, ASM: tl.constexpr):
 
 @triton.jit
 def e2m1x8_to_bf16(words, scale_code, ASM: tl.constexpr):
-    """uint32 words of 8 E2M1 codes (bits 4i..4i+3: element i) times their E4M3 group scale (the low
-    byte of ``scale_code``) -> 8 bf16 tensors (elements 0..7) of value x scale / NVFP4_SHIFT, exact
+    """uint32 words of 8 E2M1 codes (bits 4i..4i+3: element i) times their E4M3 group scale (uint32
+    ``scale_code``, the code 0..255) -> 8 bf16 tensors (elements 0..7) of value x scale / NVFP4_SHIFT, exact
     (ASM: not pure, as ``e4m3x4_to_bf16``)."""
     if ASM:
         return tl.inline_asm_elementwise(_E2M1X8_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale_code],
                                          dtype=(tl.bfloat16,) * 8, is_pure=False, pack=1)
     w = words.to(tl.uint32)
-    d = e4m3_to_f32(scale_code.to(tl.uint32) & 255) * 0.0078125  # 1 / NVFP4_SHIFT
+    d = e4m3_to_f32(scale_code.to(tl.uint32)) * 0.0078125  # 1 / NVFP4_SHIFT
     return (_e2m1_scaled(w, 0, d), _e2m1_scaled(w, 4, d), _e2m1_scaled(w, 8, d), _e2m1_scaled(w, 12, d),
             _e2m1_scaled(w, 16, d), _e2m1_scaled(w, 20, d), _e2m1_scaled(w, 24, d), _e2m1_scaled(w, 28, d))
 
