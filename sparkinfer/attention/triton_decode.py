@@ -80,7 +80,7 @@ NUM_STAGES = 1
 # bf16 queries (the engine's): 4 warps. The QK dot's N is the tile's 32 keys, four mma.sync n-tiles
 # of 8: with 8 warps, warps 4-7 repeated warps 0-3's QK (and its shared-memory loads), so 4 warps
 # issue fewer instructions per tile in all (benchmarks/kernel_report.py: the 368 kernel on sm_90,
-# 8 x 768 against 4 x 1,169 instructions per tile); with the packed decoders (``triton_codes``) they
+# 8 x 768 against 4 x 1,169 instructions per tile, with the first packed decoders); with them (``triton_codes``) they
 # fit 255 registers without a spill (allowed 255: ptxas's own choice for the 656 kernel on sm_120,
 # 168, spilled 16 B). fp32 queries (hi + lo: twice the query registers): 8 warps,
 # the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 232
