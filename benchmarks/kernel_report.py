@@ -161,7 +161,7 @@ def _splits(m: int, h: int, listed: int) -> int:
 
 
 def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None, listed: int = K,
-         listed_bytes: int = 4) -> dict:
+         listed_bytes: int = 4, paged: bool = False) -> dict:
     """Sparse-MLA decode, one launch per call: each row's ``listed`` indices (the selected path's int32
     workspace slots, the stock path's int64 cache rows: ``listed_bytes``; k < listed when other
     ranks' entries are -1) are read from DRAM once (every program of the row scans them twice to
@@ -173,7 +173,9 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     (two PV dots). With S > 1 splits it writes S fp32 partials (out + LSE), which the last split of
     each row and head block reads back and merges into the output (the merge is fused: its loop over
     the splits runs once per (row, head block) and is counted with the rest, once per program);
-    with one split the output only (counted fp32)."""
+    with one split the output only (counted fp32). ``paged``: the records are a paged cache's 4-byte row
+    view (the stock path), read 4 bytes at a time (the ",a4" variant); else the selected path's
+    contiguous workspace, 16 bytes at a time (``triton_decode.record_alignment``)."""
     import torch
 
     from sparkinfer.attention import triton_decode as td
@@ -189,7 +191,7 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     lay = {x.short: x for x in (NVFP4_368, NVFP4_432, FP8_DS_MLA)}[fmt]
     # the compiled variant the wrapper launches: with the fused merge for S > 1, ",s1" for one split
     warps = td.launch_options(lay, torch.bfloat16)["num_warps"]  # the engine's bf16 queries
-    launch = _launch(f"sparse_mla_decode[{fmt}{'' if s > 1 else ',s1'}]", m * hb * s, warps,
+    launch = _launch(f"sparse_mla_decode[{fmt}{',a4' if paged else ''}{'' if s > 1 else ',s1'}]", m * hb * s, warps,
                      m * hb * tiles, f"{td.BLOCK_K}-key tiles")
     out = m * h * (LATENT + 1) * 4
     nbytes = gathered * RECORD[fmt] + m * listed * listed_bytes + 2 * m * k * 8 + m * h * (LATENT + ROPE) * 2 \
@@ -363,7 +365,7 @@ def roofline() -> list[dict]:
         rows.append(_mla_union(fmt, B, R, HEADS_PER_RANK, U, K, "selected, union kernel: 16 req x (4 rows x 16 "
                                "heads), 3,584-record unions, top-2048 per row"))
     rows.append(_mla("nvfp4_368", B * R, HEADS, K // D, "stock DCP4: 16 req x 4 rows, 64 heads, 2048 listed, "
-                     "512 valid (compacted)", listed=K, listed_bytes=8))
+                     "512 valid (compacted)", listed=K, listed_bytes=8, paged=True))
     rows.append(_mla("nvfp4_368", R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
     rows.append(_indexer(R, 131072, "decode: one request, 4 rows, 128K context"))
     rows.append(_indexer(R, B * 65536, "decode step: 16 req x 4 rows at 64K each (one batched launch)"))

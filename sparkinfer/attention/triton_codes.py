@@ -54,3 +54,126 @@ def load_f32(byte_ptr, mask):
     """Load fp32 values stored little-endian at 4-byte aligned byte addresses."""
     return tl.load(byte_ptr.to(tl.pointer_type(tl.float32)), mask=mask, other=0.0)
 
+
+
+# ---- packed decoders for bf16 tensor-core tiles -----------------------------------------------------
+# A code's bits land in a bf16's fields with shifts and masks, two codes per 32-bit op:
+#   E4M3 byte b  -> bf16 bits ((b & 0x80) << 8) | ((b & 0x7F) << 4) = float(b) * 2^-120
+#   E2M1 code c  -> bf16 bits ((c & 8) << 12)   | ((c & 7) << 6)    = value(c) * 2^-126
+# (exponent field = the code's exponent field: bf16's bias 127 against 7 / 1, and a code of exponent
+# 0 lands on a bf16 subnormal of the same mantissa, so subnormal codes and zero come out right; the
+# E4M3 NaN codes give +-480). One bf16 multiply (fma.rn.bf16x2 with -0: bf16 arithmetic keeps
+# subnormals) then brings them to range, exactly: E4M3 x 2^120; E2M1 x (group scale x 2^119), since
+# value x scale (<= 6 significant bits, 2^-10 .. 2688) is exact in bf16 and scale x 2^119 is at most
+# 448 x 2^119 < bf16's largest. An E2M1 element thus decodes to value x scale x 2^-7 (NVFP4_SHIFT):
+# the caller folds the 2^7 into its per-key scale (a power of two: the same roundings).
+# ASM (a GPU: inline PTX, two codes per instruction) or the interpreter's twin (TRITON_INTERPRET=1
+# runs no asm), the exact fp32 decoders above: the same bf16 values (tests compare the two).
+NVFP4_SHIFT = tl.constexpr(128.0)
+
+
+def _pair_ptx(dst: str, word: str, sign_shift: int, code_shift: int, code_mask: int) -> str:
+    """PTX: bf16 pair bits ``dst`` = the sign bits of ``word`` (bits 15 and 31 after a left shift by
+    sign_shift) | its exponent and mantissa bits (``code_mask`` after a shift by code_shift, left when
+    positive): two codes' bit fields placed in a bf16 pair's (``t`` is scratch)."""
+    sign = f"shl.b32 {dst}, {word}, {sign_shift};" if sign_shift else f"mov.b32 {dst}, {word};"
+    code = f"shl.b32 t, {word}, {code_shift};" if code_shift >= 0 else f"shr.u32 t, {word}, {-code_shift};"
+    return f"""{sign}
+    {code}
+    and.b32 {dst}, {dst}, 0x80008000;
+    and.b32 t, t, {code_mask:#010x};
+    or.b32 {dst}, {dst}, t;
+    """
+
+
+def _nibble_pair_ptx(dst: str, word: str, high: int) -> str:
+    """PTX: bf16 pair bits ``dst`` of the E2M1 codes in nibbles (0, 4) of ``word`` (high = 1: nibbles
+    (1, 5)). The two nibbles are masked out and multiplied by 2^12 + 2^6 (2^8 + 2^2): a sum of two
+    shifted copies whose bit ranges do not meet (no carries), the sign bit landing on bits 15 / 31 in
+    one and the exponent and mantissa bits on 6..8 / 22..24 in the other; a last mask keeps those."""
+    return f"""and.b32 {dst}, {word}, {0x000F000F << 4 * high:#010x};
+    mul.lo.u32 {dst}, {dst}, {0x1040 >> 4 * high:#x};
+    and.b32 {dst}, {dst}, 0x81c081c0;
+    """
+
+
+def _scale_unpack_ptx(j: int) -> str:
+    """PTX: pair pj x the scale pair s (-0 added: a product of -0 stays -0), unpacked into $j, $(j + 4)."""
+    return f"""fma.rn.bf16x2 p{j}, p{j}, s, z;
+    mov.b32 {{${j}, ${j + 4}}}, p{j};
+    """
+
+
+# E4M3 bytes (0, 2) and (1, 3) of $4 into pairs a and b, x 2^120, unpacked into $0..$3.
+_E4M3X4_PTX = tl.constexpr(f"""{{
+    .reg .b32 a, b, t, k, z;
+    {_pair_ptx("a", "$4", 8, 4, 0x07F007F0)}
+    {_pair_ptx("b", "$4", 0, -4, 0x07F007F0)}
+    mov.b32 k, 0x7B807B80;
+    mov.b32 z, 0x80008000;
+    fma.rn.bf16x2 a, a, k, z;
+    fma.rn.bf16x2 b, b, k, z;
+    mov.b32 {{$0, $2}}, a;
+    mov.b32 {{$1, $3}}, b;
+    }}""")
+# The E4M3 scale code $9 (0..255) -> fp16 bits (x 2^-8: (b + (b & 0x80)) << 7 carries the sign from bit 14
+# to 15) -> fp32 x 2^127 -> a bf16 pair s; E2M1 codes
+# (j, j + 4) of $8 into pair pj (j = 2, 3: of $8 >> 8, in t), x s, unpacked into $j, $(j + 4).
+_E2M1X8_PTX = tl.constexpr(f"""{{
+    .reg .b32 s, t, z, p0, p1, p2, p3;
+    .reg .b16 h;
+    .reg .f32 f;
+    and.b32 t, $9, 0x80;
+    add.u32 s, $9, t;
+    shl.b32 s, s, 7;
+    cvt.u16.u32 h, s;
+    cvt.f32.f16 f, h;
+    mul.f32 f, f, 0f7F000000;
+    cvt.rn.bf16x2.f32 s, f, f;
+    mov.b32 z, 0x80008000;
+    shr.u32 t, $8, 8;
+    {"".join(_nibble_pair_ptx(f"p{j}", "t" if j >= 2 else "$8", j % 2) for j in range(4))}
+    {"".join(_scale_unpack_ptx(j) for j in range(4))}
+    }}""")
+
+
+@triton.jit
+def e4m3x4_to_bf16(words, ASM: tl.constexpr):
+    """uint32 words of 4 E4M3 bytes (byte j: element j) -> 4 bf16 tensors (elements 0..3), exact.
+
+    The asm is not pure for Triton (is_pure=False): a pure one is rematerialized, decoded once more in
+    each layout its users need (the QK dot's and the PV tile's); impure, once."""
+    if ASM:
+        return tl.inline_asm_elementwise(_E4M3X4_PTX, "=h,=h,=h,=h,r", [words],
+                                         dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+                                         is_pure=False, pack=1)
+    w = words.to(tl.uint32)
+    return (e4m3_to_f32(w & 255).to(tl.bfloat16), e4m3_to_f32((w >> 8) & 255).to(tl.bfloat16),
+            e4m3_to_f32((w >> 16) & 255).to(tl.bfloat16), e4m3_to_f32(w >> 24).to(tl.bfloat16))
+
+
+@triton.jit
+def e2m1x8_to_bf16(words, scale_code, ASM: tl.constexpr):
+    """uint32 words of 8 E2M1 codes (bits 4i..4i+3: element i) times their E4M3 group scale (uint32
+    ``scale_code``, the code 0..255) -> 8 bf16 tensors (elements 0..7) of value x scale / NVFP4_SHIFT, exact
+    (ASM: not pure, as ``e4m3x4_to_bf16``)."""
+    if ASM:
+        return tl.inline_asm_elementwise(_E2M1X8_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale_code],
+                                         dtype=(tl.bfloat16,) * 8, is_pure=False, pack=1)
+    w = words.to(tl.uint32)
+    d = e4m3_to_f32(scale_code.to(tl.uint32)) * 0.0078125  # 1 / NVFP4_SHIFT
+    return (_e2m1_scaled(w, 0, d), _e2m1_scaled(w, 4, d), _e2m1_scaled(w, 8, d), _e2m1_scaled(w, 12, d),
+            _e2m1_scaled(w, 16, d), _e2m1_scaled(w, 20, d), _e2m1_scaled(w, 24, d), _e2m1_scaled(w, 28, d))
+
+
+@triton.jit
+def _e2m1_scaled(w, SHIFT: tl.constexpr, d):
+    return (e2m1_to_f32((w >> SHIFT) & 15) * d).to(tl.bfloat16)
+
+
+@triton.jit
+def bf16x2_split(words):
+    """uint32 words of 2 bf16 (low half: element 0) -> 2 bf16 tensors, bit for bit."""
+    w = words.to(tl.uint32)
+    return (w & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True), (w >> 16).to(tl.uint16).to(tl.bfloat16,
+                                                                                             bitcast=True)

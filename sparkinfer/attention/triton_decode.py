@@ -11,7 +11,10 @@ ceil(H / BLOCK_H) x S). Program (m, hb, s):
    rank's records, in equal slices. The list is read from DRAM once; the row's other programs
    find it in L2. (A separate compaction kernel did this before: one more launch.)
 2. walks its slice of the compacted indices, gathers those records and decodes them into bf16 tiles: the latent in chunks (NVFP4: two of
-   [BLOCK_K, 256]; 656: four of [BLOCK_K, 128]) and the rope [BLOCK_K, 64]. The decoded values
+   [BLOCK_K, 256]; 656: four of [BLOCK_K, 128]) and the rope [BLOCK_K, 64], with the packed decoders
+   of ``triton_codes`` (on a GPU inline PTX, two codes per instruction; NVFP4 tiles hold value x group
+   scale / NVFP4_SHIFT, a power of two that the per-key scale a_j below takes back) and their
+   columns in the decoders' pair order (``_tile_cols``: queries and outputs follow it). The decoded values
    are exact in bf16: an E2M1 value times its E4M3 group scale has at most 6 significant bits,
    an E4M3 value 4, a bf16 rope value is bf16. The remaining scales are per key
    (368: the fp32 outer scale s_t, the fp32 rope scale r; 656: one fp32 scale per 128-wide
@@ -60,7 +63,7 @@ import triton.language as tl
 from sparkinfer.core.attention_workspace import HEAD_BLOCK
 from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432, RecordLayout
 
-from .triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32, load_f32
+from .triton_codes import NVFP4_SHIFT, bf16x2_split, e2m1x8_to_bf16, e4m3x4_to_bf16, load_f32
 
 _FMT_ID = {NVFP4_368.name: 0, NVFP4_432.name: 1, FP8_DS_MLA.name: 2}
 PRECISIONS = ("bf16x2", "bf16")
@@ -68,23 +71,22 @@ PRECISIONS = ("bf16x2", "bf16")
 # Launch configuration (tests/attention/test_attention_compile.py compiles every one for sm_120 and sm_90
 # and checks ptxas: no spills, mma present, shared memory <= 99 KB, the sm_120 per-block limit).
 # 16 heads fill the M = 16 of an mma.sync tile; 32 keys per tile give the QK dot N = 32 and the
-# PV dot K = 32. Warps per format: with 4, the NVFP4 kernels sit at 255 registers (the 432 one
-# with fp32 queries spills 120 B on sm_120), with 8 they need 128 (bf16 queries) / 200 (fp32);
-# the 656 kernel needs 184 with 4 (bf16 queries), while with 8 ptxas holds it to 128 and spills.
-# num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline them and extra
-# stages would only cost shared memory.
+# PV dot K = 32. num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline
+# them and extra stages would only cost shared memory.
 BLOCK_H = HEAD_BLOCK  # 16: the attention arena counts its partials in these programs
 BLOCK_K = 32
-NUM_WARPS = {NVFP4_368.name: 8, NVFP4_432.name: 8, FP8_DS_MLA.name: 4}  # bf16 queries (the engine's)
 NUM_STAGES = 1
-# Where ptxas's own choice spills, a register ceiling (.maxnreg) and for fp32 queries (hi + lo: twice
-# the query registers) more warps, by (format, split queries): (warps, ceiling). With the fused merge
-# and compaction ptxas holds the 432 kernel to 128 registers (two CTAs an SM's worth, which its 55 KB
-# of shared memory does not allow on sm_120) and spills 32 B on sm_120 around the hot loop; allowed
-# 200 it takes 166 (bf16 queries) / 146-168 (fp32), no spill. The 656 kernel with fp32 queries sat at
-# 255 registers with 4 warps and spilled 24 B on sm_120; with 8 warps and a ceiling of 200, none.
-LAUNCH_OVERRIDES = {(NVFP4_432.name, False): (8, 200), (NVFP4_432.name, True): (8, 200),
-                    (FP8_DS_MLA.name, True): (8, 200)}
+# Warps and a ptxas register ceiling (.maxnreg; None: ptxas's choice) by (format, split queries).
+# bf16 queries (the engine's): 4 warps. The QK dot's N is the tile's 32 keys, four mma.sync n-tiles
+# of 8: with 8 warps, warps 4-7 repeated warps 0-3's QK (and its shared-memory loads), so 4 warps
+# issue fewer instructions per tile in all (benchmarks/kernel_report.py: the 368 kernel on sm_90,
+# 8 x 768 against 4 x 1,169 instructions per tile, with the first packed decoders); with them (``triton_codes``) they
+# fit 255 registers without a spill (allowed 255: ptxas's own choice for the 656 kernel on sm_120,
+# 168, spilled 16 B). fp32 queries (hi + lo: twice the query registers): 8 warps,
+# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 232
+# (255 spilled 8 B, 200 56 B on sm_120 with one split).
+LAUNCH = {(NVFP4_368.name, False): (4, 255), (NVFP4_432.name, False): (4, 255), (FP8_DS_MLA.name, False): (4, 255),
+          (NVFP4_368.name, True): (8, None), (NVFP4_432.name, True): (8, 200), (FP8_DS_MLA.name, True): (8, 232)}
 # Listed indices a program scans at a time when it compacts its split (``_compact_split``): 256 int64
 # are one register pair a thread at 8 warps; a wider block only widens the scan.
 COMPACT_BLOCK = 256
@@ -97,9 +99,11 @@ MIN_KEYS_PER_SPLIT = 256
 
 @triton.jit
 def _words(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
-    """N little-endian uint32 words of each record from byte BYTE0 (records are 4-byte aligned) -> [BK, N]."""
+    """N little-endian uint32 words of each record from byte BYTE0 (records are 4-byte aligned) -> [BK, N].
+    Indexed as words (not bytes, then cast), so that Triton sees them contiguous: 16-byte loads where
+    the records are 16-byte aligned (``REC_ALIGN``)."""
     w = tl.arange(0, N)
-    return tl.load((row_ptr[:, None] + BYTE0 + 4 * w[None, :]).to(tl.pointer_type(tl.uint32)), mask=vm, other=0)
+    return tl.load(row_ptr.to(tl.pointer_type(tl.uint32))[:, None] + BYTE0 // 4 + w[None, :], mask=vm, other=0)
 
 
 @triton.jit
@@ -109,46 +113,50 @@ def _join4(a, b, c, d):
 
 
 @triton.jit
-def _e2m1_scaled(words, SHIFT: tl.constexpr, group):
-    return (e2m1_to_f32((words >> SHIFT) & 15) * group).to(tl.bfloat16)
+def _join8(a0, a1, a2, a3, a4, a5, a6, a7):
+    """[BK, n] x 8 -> [BK, 8n] with column 8w + j = the j-th argument's column w."""
+    even = tl.join(tl.join(a0, a4), tl.join(a2, a6))
+    odd = tl.join(tl.join(a1, a5), tl.join(a3, a7))
+    return tl.reshape(tl.join(even, odd), [a0.shape[0], 8 * a0.shape[1]])
 
 
 @triton.jit
-def _e4m3_byte(words, SHIFT: tl.constexpr):
-    return e4m3_to_f32((words >> SHIFT) & 255).to(tl.bfloat16)
+def _tile_cols(c, PER_WORD: tl.constexpr):
+    """The record element behind column c of a decoded tile. A packed decoder turns a word of PER_WORD
+    codes into bf16 pairs (element j, element j + PER_WORD / 2), and a pair is one 32-bit register: the
+    tiles keep each pair side by side (column PER_WORD w + 2j + h holds element PER_WORD w + j +
+    h PER_WORD / 2), so no pair is split to store a tile; the queries are loaded and the outputs
+    stored through this map, which leaves every product and sum as it was."""
+    k = c % PER_WORD
+    return c - k + k // 2 + (k % 2) * (PER_WORD // 2)
 
 
 @triton.jit
-def _nvfp4_chunk(row_ptr, vm, B: tl.constexpr):
-    """Latent columns [256B, 256B+256) of NVFP4 records -> bf16 [BK, 256]: E2M1 value x E4M3 group scale.
+def _nvfp4_chunk(row_ptr, vm, B: tl.constexpr, ASM: tl.constexpr):
+    """Latent columns [256B, 256B+256) of NVFP4 records -> bf16 [BK, 256]: E2M1 value x E4M3 group scale
+    / NVFP4_SHIFT (``e2m1x8_to_bf16``; the caller multiplies its per-key scale by NVFP4_SHIFT).
 
     Word w of the chunk holds its elements 8w..8w+7 (low nibble first), all in group 16B + w // 2.
     """
     words = _words(row_ptr, vm, 128 * B, 32)
     w = tl.arange(0, 32)
-    gword = tl.load((row_ptr[:, None] + 256 + 16 * B + 4 * (w[None, :] // 8)).to(tl.pointer_type(tl.uint32)),
-                    mask=vm, other=0)
-    group = e4m3_to_f32((gword >> (8 * ((w[None, :] // 2) % 4))) & 255)
-    even = _join4(_e2m1_scaled(words, 0, group), _e2m1_scaled(words, 8, group),
-                  _e2m1_scaled(words, 16, group), _e2m1_scaled(words, 24, group))
-    odd = _join4(_e2m1_scaled(words, 4, group), _e2m1_scaled(words, 12, group),
-                 _e2m1_scaled(words, 20, group), _e2m1_scaled(words, 28, group))
-    return tl.reshape(tl.join(even, odd), [words.shape[0], 256])
+    sc = tl.load(row_ptr[:, None] + 256 + 16 * B + w[None, :] // 2, mask=vm, other=0)
+    e0, e1, e2, e3, e4, e5, e6, e7 = e2m1x8_to_bf16(words, sc.to(tl.uint32), ASM)
+    return _join8(e0, e4, e1, e5, e2, e6, e3, e7)  # the decoder's pairs side by side: ``_tile_cols``
 
 
 @triton.jit
-def _e4m3_tile(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
+def _e4m3_tile(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr, ASM: tl.constexpr):
     """4N E4M3 bytes of each record from BYTE0 -> bf16 [BK, 4N] (exact)."""
-    words = _words(row_ptr, vm, BYTE0, N)
-    return _join4(_e4m3_byte(words, 0), _e4m3_byte(words, 8), _e4m3_byte(words, 16), _e4m3_byte(words, 24))
+    b0, b1, b2, b3 = e4m3x4_to_bf16(_words(row_ptr, vm, BYTE0, N), ASM)
+    return _join4(b0, b2, b1, b3)  # the decoder's pairs side by side: ``_tile_cols``
 
 
 @triton.jit
 def _bf16_rope(row_ptr, vm, BYTE0: tl.constexpr):
     """64 bf16 rope values of each record from BYTE0 -> bf16 [BK, 64]."""
     words = _words(row_ptr, vm, BYTE0, 32)
-    lo = bf16_to_f32(words & 0xFFFF).to(tl.bfloat16)
-    hi = bf16_to_f32(words >> 16).to(tl.bfloat16)
+    lo, hi = bf16x2_split(words)
     return tl.reshape(tl.join(lo, hi), [words.shape[0], 64])
 
 
@@ -291,7 +299,7 @@ def _sparse_mla_decode_kernel(
     s_out_m, s_out_h, s_lse_m, s_po_s, s_po_m, s_po_h, s_pl_s, s_pl_m,
     FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
     Q_SPLIT: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr, OUT_BF16: tl.constexpr,
-    MERGE: tl.constexpr,
+    MERGE: tl.constexpr, ASM: tl.constexpr, REC_ALIGN: tl.constexpr,
 ):
     m = tl.program_id(0).to(tl.int64)  # every row offset below in int64 (module docstring)
     hb = tl.program_id(1)
@@ -303,44 +311,49 @@ def _sparse_mla_decode_kernel(
     # Latent chunks: NVFP4 2 x 256 columns (one E4M3 group scale per 16), 656 4 x 128 (one tile scale each).
     CW: tl.constexpr = 256 if NVFP4 else 128
     cw = tl.arange(0, CW)
+    # the latent and rope elements behind the tiles' columns (``_tile_cols``): NVFP4 8 codes a word,
+    # E4M3 4; the bf16 rope is in order
+    col = _tile_cols(cw, 8 if NVFP4 else 4)
+    rcol = _tile_cols(r, 4) if FMT == 0 else r
     # the split's keys first: the compaction's scans run before the queries take their registers
     k_lo, k_hi = _compact_split(idx_ptr + m * s_idx_m, s_idx_k, K, cidx_ptr + m * s_cidx_m, num_splits, split,
                                 BLOCK_K, BLOCK_C)
     qn_row = qn_ptr + m * s_qn_m + heads[:, None] * s_qn_h
-    q0h, q0l = _load_q(qn_row, cw, hmask, Q_SPLIT)
-    q1h, q1l = _load_q(qn_row, CW + cw, hmask, Q_SPLIT)
+    q0h, q0l = _load_q(qn_row, col, hmask, Q_SPLIT)
+    q1h, q1l = _load_q(qn_row, CW + col, hmask, Q_SPLIT)
     if not NVFP4:
-        q2h, q2l = _load_q(qn_row, 256 + cw, hmask, Q_SPLIT)
-        q3h, q3l = _load_q(qn_row, 384 + cw, hmask, Q_SPLIT)
-    qrh, qrl = _load_q(qr_ptr + m * s_qr_m + heads[:, None] * s_qr_h, r, hmask, Q_SPLIT)
+        q2h, q2l = _load_q(qn_row, 256 + col, hmask, Q_SPLIT)
+        q3h, q3l = _load_q(qn_row, 384 + col, hmask, Q_SPLIT)
+    qrh, qrl = _load_q(qr_ptr + m * s_qr_m + heads[:, None] * s_qr_h, rcol, hmask, Q_SPLIT)
 
     m_i, l_i, acc0, acc1, acc2, acc3 = _start(BLOCK_H, CW)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         valid = ks < k_hi
         idx = tl.load(cidx_ptr + m * s_cidx_m + ks, mask=valid, other=0)  # int64 (the workspace's)
-        row_ptr = rec_ptr + idx * rec_stride  # int64: idx * stride passes 2^31 (module docstring)
+        # int64: idx * stride passes 2^31 (module docstring); aligned to REC_ALIGN bytes (the wrapper's word)
+        row_ptr = tl.multiple_of(rec_ptr + idx * rec_stride, REC_ALIGN)
         vm = valid[:, None]
         zero_s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
         if NVFP4:
-            t0 = _nvfp4_chunk(row_ptr, vm, 0)
-            t1 = _nvfp4_chunk(row_ptr, vm, 1)
+            t0 = _nvfp4_chunk(row_ptr, vm, 0, ASM)
+            t1 = _nvfp4_chunk(row_ptr, vm, 1, ASM)
             t2, t3 = t0, t1  # unused: NVFP4 has two latent tiles
             s_lat = _qk(q1h, q1l, t1, _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT), Q_SPLIT, F32_DOT)
             if FMT == 0:
-                a0 = load_f32(row_ptr + 292, valid)  # per-token outer scale s_t
+                a0 = load_f32(row_ptr + 292, valid) * NVFP4_SHIFT  # per-token outer scale s_t (tiles: / NVFP4_SHIFT)
                 b = load_f32(row_ptr + 288, valid)  # rope scale r
-                s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, vm, 304, 16), zero_s,
+                s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, vm, 304, 16, ASM), zero_s,
                                                            Q_SPLIT, F32_DOT)
             else:
-                a0 = tl.full([BLOCK_K], 1.0, tl.float32) * outer_scale
+                a0 = tl.full([BLOCK_K], NVFP4_SHIFT, tl.float32) * outer_scale
                 s = a0[None, :] * s_lat + _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 304), zero_s, Q_SPLIT, F32_DOT)
             a1, a2, a3 = a0, a0, a0  # one per-key scale for both tiles
         else:
-            t0, a0 = _e4m3_tile(row_ptr, vm, 0, 32), load_f32(row_ptr + 512, valid)
-            t1, a1 = _e4m3_tile(row_ptr, vm, 128, 32), load_f32(row_ptr + 516, valid)
-            t2, a2 = _e4m3_tile(row_ptr, vm, 256, 32), load_f32(row_ptr + 520, valid)
-            t3, a3 = _e4m3_tile(row_ptr, vm, 384, 32), load_f32(row_ptr + 524, valid)
+            t0, a0 = _e4m3_tile(row_ptr, vm, 0, 32, ASM), load_f32(row_ptr + 512, valid)
+            t1, a1 = _e4m3_tile(row_ptr, vm, 128, 32, ASM), load_f32(row_ptr + 516, valid)
+            t2, a2 = _e4m3_tile(row_ptr, vm, 256, 32, ASM), load_f32(row_ptr + 520, valid)
+            t3, a3 = _e4m3_tile(row_ptr, vm, 384, 32, ASM), load_f32(row_ptr + 524, valid)
             s = _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 528), zero_s, Q_SPLIT, F32_DOT)
             s += a0[None, :] * _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT)
             s += a1[None, :] * _qk(q1h, q1l, t1, zero_s, Q_SPLIT, F32_DOT)
@@ -355,19 +368,19 @@ def _sparse_mla_decode_kernel(
     vmask = hmask[:, None]
     if not MERGE:  # one split (a constexpr: each variant compiles only its epilogue)
         o_row = out_ptr + m * s_out_m + heads[:, None] * s_out_h
-        _store_out(o_row + cw[None, :], acc0 * inv_l[:, None], vmask, OUT_BF16)
-        _store_out(o_row + CW + cw[None, :], acc1 * inv_l[:, None], vmask, OUT_BF16)
+        _store_out(o_row + col[None, :], acc0 * inv_l[:, None], vmask, OUT_BF16)
+        _store_out(o_row + CW + col[None, :], acc1 * inv_l[:, None], vmask, OUT_BF16)
         if not NVFP4:
-            _store_out(o_row + 256 + cw[None, :], acc2 * inv_l[:, None], vmask, OUT_BF16)
-            _store_out(o_row + 384 + cw[None, :], acc3 * inv_l[:, None], vmask, OUT_BF16)
+            _store_out(o_row + 256 + col[None, :], acc2 * inv_l[:, None], vmask, OUT_BF16)
+            _store_out(o_row + 384 + col[None, :], acc3 * inv_l[:, None], vmask, OUT_BF16)
         tl.store(lse_ptr + m * s_lse_m + heads, lse, mask=hmask)
     else:
         p_row = po_ptr + split * s_po_s + m * s_po_m + heads[:, None] * s_po_h
-        tl.store(p_row + cw[None, :], acc0 * inv_l[:, None], mask=vmask)
-        tl.store(p_row + CW + cw[None, :], acc1 * inv_l[:, None], mask=vmask)
+        tl.store(p_row + col[None, :], acc0 * inv_l[:, None], mask=vmask)
+        tl.store(p_row + CW + col[None, :], acc1 * inv_l[:, None], mask=vmask)
         if not NVFP4:
-            tl.store(p_row + 256 + cw[None, :], acc2 * inv_l[:, None], mask=vmask)
-            tl.store(p_row + 384 + cw[None, :], acc3 * inv_l[:, None], mask=vmask)
+            tl.store(p_row + 256 + col[None, :], acc2 * inv_l[:, None], mask=vmask)
+            tl.store(p_row + 384 + col[None, :], acc3 * inv_l[:, None], mask=vmask)
         tl.store(pl_ptr + split * s_pl_s + m * s_pl_m + heads, lse, mask=hmask)
         # Every thread's partial is written (barrier) before the ticket is taken (acq_rel, gpu scope);
         # the S programs of a (row, head block) share its ticket and the last one merges.
@@ -541,29 +554,38 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
         cidx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         *((po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1)) if splits > 1 else (0,) * 5),
         **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda", out.dtype == torch.bfloat16,
-                            splits > 1),
+                            splits > 1, record_alignment(records)),
         num_stages=NUM_STAGES, **launch_options(lay, q_nope.dtype),
     )
     return out, lse
 
 
 def launch_options(lay: RecordLayout, q_dtype: torch.dtype) -> dict:
-    """num_warps and, where set, the ptxas register ceiling of a launch (``LAUNCH_OVERRIDES``)."""
-    over = LAUNCH_OVERRIDES.get((lay.name, q_dtype != torch.bfloat16))
-    return {"num_warps": NUM_WARPS[lay.name]} if over is None else {"num_warps": over[0], "maxnreg": over[1]}
+    """num_warps and, where set, the ptxas register ceiling of a launch (``LAUNCH``)."""
+    warps, ceiling = LAUNCH[(lay.name, q_dtype != torch.bfloat16)]
+    return {"num_warps": warps} if ceiling is None else {"num_warps": warps, "maxnreg": ceiling}
+
+
+def record_alignment(records: torch.Tensor) -> int:
+    """16 when every record of ``records`` starts 16-byte aligned (its storage and its row stride in
+    bytes: a contiguous array of 368 / 432 / 656-byte records, the selected path's workspace), so its
+    words load 16 bytes at a time; else 4, what the ABI guarantees (a paged cache's 4-byte row view:
+    ``decode.paged_sparse_mla.row_view``)."""
+    aligned = records.data_ptr() % 16 == 0 and records.stride(0) * records.element_size() % 16 == 0
+    return 16 if aligned else 4
 
 
 def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: str, interpreted: bool = False,
-                      bf16_out: bool = False, merge: bool = False) -> dict:
-    """The decode kernel's constexprs for a format, query dtype, precision, output dtype and split
+                      bf16_out: bool = False, merge: bool = False, rec_align: int = 16) -> dict:
+    """The decode kernel's constexprs for a format, query dtype, precision, output dtype, split
     count (merge: S > 1, partials and the fused merge; interpreted: under TRITON_INTERPRET=1, see
-    ``_dot``)."""
+    ``_dot``) and record alignment (``record_alignment``)."""
     if dot_precision not in PRECISIONS:
         raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     split = dot_precision == "bf16x2"
     return dict(FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K, BLOCK_C=COMPACT_BLOCK,
                 Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted, OUT_BF16=bf16_out,
-                MERGE=merge)
+                MERGE=merge, ASM=not interpreted, REC_ALIGN=rec_align)
 
 
 _DECODE_SIG = {
@@ -585,18 +607,22 @@ def compile_specs() -> list[dict]:
     The decode kernel per record format with bf16 queries into a bf16 output and int64 indices (the
     engine's dtypes; the paged path's cache rows) and with fp32 queries into fp32 and int32 indices
     (the CPU twin's and the tests'; the selected path's workspace slots), at the default precision,
-    each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly).
+    each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly),
+    over 16-byte aligned records, and the engine's also over a paged cache's 4-byte row view (",a4":
+    ``record_alignment``).
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
-        for q_dtype, q_type in ((torch.bfloat16, "*bf16"), (torch.float32, "*fp32")):
+        for q_dtype, q_type, align in ((torch.bfloat16, "*bf16", 16), (torch.bfloat16, "*bf16", 4),
+                                       (torch.float32, "*fp32", 16)):
             for merge in (True, False):
                 engine = q_dtype == torch.bfloat16
-                c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge)
+                c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge, rec_align=align)
                 sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
                 sig.update(qn_ptr=q_type, qr_ptr=q_type, out_ptr="*bf16" if engine else "*fp32",
                            idx_ptr="*i64" if engine else "*i32", **{n: "constexpr" for n in c})
-                name = lay.short + ("" if engine else ",q_fp32") + ("" if merge else ",s1")
+                name = lay.short + ("" if engine else ",q_fp32") + ("" if align == 16 else ",a4") \
+                    + ("" if merge else ",s1")
                 specs.append(dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
                                   constexprs=c, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype)))
     return specs

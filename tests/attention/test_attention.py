@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from sparkinfer.attention import merge_lse, sparse_mla_decode, sparse_mla_decode_torch
-from sparkinfer.attention.triton_codes import bf16_to_f32, e2m1_to_f32, e4m3_to_f32
+from sparkinfer.attention.triton_codes import (NVFP4_SHIFT, bf16_to_f32, e2m1_to_f32, e2m1x8_to_bf16, e4m3_to_f32,
+                                               e4m3x4_to_bf16)
 from sparkinfer.attention.triton_decode import _bf16_bits, _merge_partials
 from sparkinfer.formats import MAIN_FORMATS, get_format
 
@@ -441,6 +442,63 @@ def test_triton_code_decoders_are_exact_for_every_code():
     bits = codes.to(torch.int32) * 257
     ref_bf16 = bits.to(torch.int16).view(torch.bfloat16).float()  # wraps like uint16 for the bit pattern
     assert torch.equal(bf16.view(torch.int32), ref_bf16.view(torch.int32))
+
+
+@triton.jit
+def _packed_codes_kernel(w_ptr, s_ptr, e4m3_ptr, e2m1_ptr, BLOCK: tl.constexpr, ASM: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    w = tl.load(w_ptr + offs).to(tl.uint32, bitcast=True)
+    b = e4m3x4_to_bf16(w, ASM)
+    for j in tl.static_range(4):
+        tl.store(e4m3_ptr + 4 * offs + j, b[j].to(tl.int16, bitcast=True))
+    e = e2m1x8_to_bf16(w, tl.load(s_ptr + offs).to(tl.uint32), ASM)
+    for j in tl.static_range(8):
+        tl.store(e2m1_ptr + 8 * offs + j, e[j].to(tl.int16, bitcast=True))
+
+
+def _packed_codes(device, asm):
+    """Every byte in every position of a word (word i: four bytes i), each word with every E4M3 group
+    scale code -> (E4M3 bf16 bits [N, 4], E2M1 bf16 bits [N, 8]) of the packed decoders, and the
+    references: torch's float8_e4m3fn (NaN codes: +-480) and the E2M1 table x scale / NVFP4_SHIFT."""
+    byte = torch.arange(256, dtype=torch.int64).repeat_interleave(256)
+    scale = torch.arange(256, dtype=torch.int64).repeat(256)
+    words = (byte * 0x01010101).to(torch.int64)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    n = words.numel()
+    e4m3 = torch.empty((n, 4), dtype=torch.int16, device=device)
+    e2m1 = torch.empty((n, 8), dtype=torch.int16, device=device)
+    block = 1024 if torch.device(device).type == "cuda" else n  # the interpreter: one program, vectorized
+    _packed_codes_kernel[(n // block,)](words.to(device), scale.to(torch.uint8).to(device), e4m3, e2m1, BLOCK=block,
+                                        ASM=asm)
+
+    def f8(c):
+        v = c.to(torch.uint8).view(torch.float8_e4m3fn).float()
+        return torch.where(v.isnan(), torch.where(c >= 128, -480.0, 480.0), v)
+
+    magnitudes = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+    nib = torch.stack([byte & 15, byte >> 4], 1).repeat(1, 4)  # element i: nibble i of the word
+    e2m1_ref = torch.where(nib >= 8, -magnitudes[nib & 7], magnitudes[nib & 7]) * f8(scale)[:, None] / NVFP4_SHIFT.value
+    bits = lambda x: x.to(torch.bfloat16).view(torch.int16)  # exact values: any rounding agrees
+    return e4m3.cpu(), e2m1.cpu(), bits(f8(byte)[:, None].expand(n, 4)), bits(e2m1_ref)
+
+
+def test_packed_decoders_are_exact_for_every_code():
+    """The interpreter's twin of the packed decoders (the GPU's inline PTX: test_gpu_packed_decoders_...)."""
+    e4m3, e2m1, e4m3_ref, e2m1_ref = _packed_codes("cpu", asm=False)
+    assert torch.equal(e4m3, e4m3_ref)
+    assert torch.equal(e2m1, e2m1_ref)
+
+
+@pytest.mark.gpu
+def test_gpu_packed_decoders_asm_equals_twin_for_every_code():
+    """The inline-PTX bit tricks (cuda) against the references and the exact fp32 twin, compiled."""
+    dev = torch.device("cuda")
+    e4m3, e2m1, e4m3_ref, e2m1_ref = _packed_codes(dev, asm=True)
+    assert torch.equal(e4m3, e4m3_ref)
+    assert torch.equal(e2m1, e2m1_ref)
+    twin_e4m3, twin_e2m1, _, _ = _packed_codes(dev, asm=False)
+    assert torch.equal(e4m3, twin_e4m3)
+    assert torch.equal(e2m1, twin_e2m1)
 
 
 @pytest.mark.gpu
