@@ -15,11 +15,9 @@ transport ledger must show what the rule predicts:
 
 import pytest
 
-from test_vllm_dcp import MAX_TOKENS, PROMPT, _greedy, dcp1_tokens
+from test_vllm_dcp import MAX_TOKENS, MTP, MTP4_WINDOW, PROMPT, _greedy, dcp1_tokens, ledger_runs, mtp3_tp4_runs
 
 pytestmark = pytest.mark.vllm
-
-MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
 
 
 @pytest.fixture(scope="module")
@@ -122,17 +120,24 @@ def test_small_window_fetches_exactly_the_positions_outside_it(dense, monkeypatc
 @pytest.mark.parametrize("tp, cache_dtype, heads", [(2, "nvfp4_432", 2), (4, "nvfp4_368", 4)])
 def test_mtp3_with_replicas_equals_dcp1(tp, cache_dtype, heads, tmp_path_factory, monkeypatch):
     """Verification rows write drafts the scheduler may reject: they must never be served as committed.
-    Window 8 (misses every step) at TP2, window 256 (everything local) at TP4."""
+    Window 8 (misses every step) at TP2, window 256 (everything local) at TP4: the replicas run of
+    test_vllm_dcp's TP4 MTP3 engine (``mtp3_tp4_runs``, the same model and records, started with
+    that window), its ledgers what that run added."""
     pytest.importorskip("vllm")
     pytest.importorskip("transformers")
     from sparkinfer.vllm.selected_runtime import transport_ledger
     from sparkinfer.testing.tiny_model import build_tiny_glm
 
     model = build_tiny_glm(tmp_path_factory.mktemp(f"tiny_glm_rep_mtp{tp}"), heads=heads)
-    window = 8 if tp == 2 else 256
+    window = 8 if tp == 2 else MTP4_WINDOW
     dcp1 = dcp1_tokens(model, monkeypatch, kv_cache_dtype=cache_dtype, **MTP)
-    tokens, ledgers = _greedy(model, monkeypatch, tp, mode="selected", probe=transport_ledger,
-                              kv_cache_dtype=cache_dtype, sparkinfer_replica_window=window, **MTP)
+    if tp == 4:
+        assert cache_dtype == "nvfp4_368" and MTP4_WINDOW == 256
+        (_, _, tokens), runs = mtp3_tp4_runs(model, monkeypatch)
+        ledgers = ledger_runs(runs)[2]
+    else:
+        tokens, ledgers = _greedy(model, monkeypatch, tp, mode="selected", probe=transport_ledger,
+                                  kv_cache_dtype=cache_dtype, sparkinfer_replica_window=window, **MTP)
     assert tokens == dcp1
     steps = {led["selected"]["steps"] for led in ledgers}
     assert len(steps) == 1 and steps.pop() > 0  # the same selected steps on every rank
