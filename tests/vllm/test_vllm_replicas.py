@@ -35,11 +35,12 @@ def _remote_below(lo: int, rank: int, world: int) -> int:
     return lo - DcpLayout(world, 1).local_len(lo, rank)
 
 
-def _ledger_and_memory(worker=None):
+def _ledger_and_memory(worker):
     from sparkinfer.vllm.selected_runtime import engine_memory, replica_memory, transport_ledger, worker_selected
 
-    rows = worker_selected().vllm_config.scheduler_config.max_num_batched_tokens
-    return {"ledger": transport_ledger(), "memory": replica_memory(), "engine": engine_memory(), "step_tokens": rows}
+    rows = worker_selected(worker).vllm_config.scheduler_config.max_num_batched_tokens
+    return {"ledger": transport_ledger(worker), "memory": replica_memory(worker), "engine": engine_memory(worker),
+            "step_tokens": rows}
 
 
 def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monkeypatch):
