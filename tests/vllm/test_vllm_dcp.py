@@ -156,7 +156,7 @@ def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, chunked=0, **k
     ``probe`` also what ``LLM.collective_rpc(probe)`` returns from every worker afterwards.
     ``mode`` a tuple: one engine, started in mode selected, runs PROMPT once per entry in that order
     (``worker_runtime.use_paths`` before each, the prefix cache emptied, so each run prefills and
-    decodes afresh; ``replicas``: mode selected with replicas on, for an engine started with a
+    decodes afresh; ``<mode>+replicas``: that mode with replicas on, for an engine started with a
     window) and the tokens are a list, one per entry (an engine start saved per extra entry), as are
     the probe's results, each taken after its run (the counters run on: a run's own is the difference
     with the previous). ``chunked``: before the last entry's run the scheduler's token budget per
@@ -184,7 +184,8 @@ def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, chunked=0, **k
         runs, probes = [], []
         for i, m in enumerate(modes):
             if not isinstance(mode, str):
-                paths = ("selected", True) if m == "replicas" else (m, False)
+                name, _, extra = m.partition("+")
+                paths = (name, extra == "replicas")
                 assert llm.collective_rpc(use_paths, args=paths) == [{"mode": paths[0], "replicas": paths[1]}] * tp
                 llm.reset_prefix_cache()
             if chunked and i == len(modes) - 1:
@@ -258,7 +259,7 @@ def mtp3_tp4_runs(model_dir, monkeypatch) -> tuple[list, list]:
 
     key = _model_key(model_dir)
     if key not in _MTP4:
-        tokens, ledgers = _greedy(model_dir, monkeypatch, 4, mode=("stock", "selected", "replicas"),
+        tokens, ledgers = _greedy(model_dir, monkeypatch, 4, mode=("stock", "selected", "selected+replicas"),
                                   probe=transport_ledger, kv_cache_dtype="nvfp4_368",
                                   sparkinfer_replica_window=MTP4_WINDOW, **MTP)
         _MTP4[key] = tokens, ledgers

@@ -45,12 +45,12 @@ def _ledger_and_memory(worker):
 
 def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monkeypatch):
     pytest.importorskip("vllm")
-    from sparkinfer.vllm.selected_runtime import transport_ledger
-
     dcp1 = dcp1_tokens(dense, monkeypatch, kv_cache_dtype="nvfp4_368")
-    tokens, probes = _greedy(dense, monkeypatch, 2, mode="auto", probe=_ledger_and_memory, kv_cache_dtype="nvfp4_368",
-                             sparkinfer_replica_window=256)
+    # auto with the replicas, then (below) with them off, in one engine
+    (tokens, off), runs = _greedy(dense, monkeypatch, 2, mode=("auto+replicas", "auto"), probe=_ledger_and_memory,
+                                  kv_cache_dtype="nvfp4_368", sparkinfer_replica_window=256)
     assert tokens == dcp1
+    probes = runs[0]
     ledgers = [p["ledger"] for p in probes]
     budget = 2**30  # VLLM_CPU_KVCACHE_SPACE=1 (GiB): sparkinfer's buffers come out of it (patch 0008)
     for p in probes:
@@ -93,9 +93,9 @@ def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monk
         assert sel["records_recv"] == sel["bytes_recv"] == 0
         assert sel["exchanges"] == 0 and sel["exchanges_skipped"] == 2 * sel["steps"]  # F + S S, F: 2 groups
         assert led["gather"]["records_recv"] == 0  # the cold prefill
-    # the same run with replicas off and auto: every decode step is stock (no node profile here)
-    tokens, ledgers = _greedy(dense, monkeypatch, 2, mode="auto", probe=transport_ledger, kv_cache_dtype="nvfp4_368")
-    assert tokens == dcp1 and all(led["selected"]["steps"] == 0 for led in ledgers)
+    # the same prompt with replicas off and auto: every decode step is stock (no node profile here)
+    off_ledgers = ledger_runs([[p["ledger"] for p in run] for run in runs])[1]
+    assert off == dcp1 and all(led["selected"]["steps"] == 0 for led in off_ledgers)
 
 
 def test_small_window_fetches_exactly_the_positions_outside_it(dense, monkeypatch):
