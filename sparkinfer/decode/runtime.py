@@ -1,10 +1,11 @@
 """Everything a worker process keeps between steps, in one object: ``WorkerRuntime``.
 
-One per worker, made when vLLM builds the worker's sparkinfer objects (``sparkinfer.vllm.worker_runtime``)
-and filled in at engine start (``sparkinfer.vllm.engine_start``). The adapter hands it to what uses
-it: the metadata builders and the attention impl keep it from their construction, the metadata they
-build carries it into a layer's forward. Nothing below it looks it up; a direct caller (a test, a
-benchmark) makes its own or passes none and gets tensors of its own.
+One per engine of a worker, made by its first sparkinfer attention impl and held by its attention
+layers (``sparkinfer.vllm.worker_runtime``), filled in at engine start
+(``sparkinfer.vllm.engine_start``). The adapter hands it to what uses it: the metadata builders and
+the attention impl keep it from their construction, the metadata they build carries it into a
+layer's forward. Nothing below it looks it up; a direct caller (a test, a benchmark) makes its own
+or passes none and gets tensors of its own.
 
 =====================  =========================================================================
 field                  what it holds

@@ -23,6 +23,7 @@ ran and booked nothing shows that the measure saw it.
     LLM.collective_rpc(install)          # in every worker: the mode and the step brackets
     ... llm.generate(...)
     LLM.collective_rpc(report)           # per worker: [{"decode": bool, "reads": {...}}, ...] per step
+    LLM.collective_rpc(reset)            # forget them (before the engine's next path)
 
 ``install`` wraps the worker's model runner ``execute_model`` (the step's metadata build and
 forward) and ``sample_tokens`` (sampling and the MTP drafter), so a step is everything between two
@@ -328,6 +329,10 @@ class _Probe:
         self._close()
         return self.steps
 
+    def reset(self) -> None:
+        self._close()
+        self.steps = []
+
 
 def spec_rows(runner) -> int:
     """Rows a decode request has in a step of this model runner: 1 + its speculative tokens."""
@@ -376,6 +381,13 @@ def time_entries(entries, kernel: bool = False) -> None:
 def report(worker=None) -> list[dict]:
     """``LLM.collective_rpc(report)``: this worker's steps since ``install`` (see the module docstring)."""
     return [] if _probe[0] is None else _probe[0].report()
+
+
+def reset(worker=None) -> bool:
+    """``LLM.collective_rpc(reset)``: forget the steps counted so far (``report`` then returns the later ones)."""
+    if _probe[0] is not None:
+        _probe[0].reset()
+    return True
 
 
 def summarize(steps: list[dict], decode_only: bool = True, warmup: int = 1) -> dict:

@@ -30,6 +30,7 @@ too (a row count passed as a kernel argument is a shape the graph would keep).
     LLM.collective_rpc(install)          # in every worker: forward brackets and step brackets
     ... llm.generate(...)                # at least two decode steps of one batch shape
     LLM.collective_rpc(report)           # per worker: one comparison per pair of equal-shape decode steps
+    LLM.collective_rpc(reset)            # forget them (before the engine's next path)
 
 ``record`` is the same recording around a block of code in this process (the probe's own tests).
 """
@@ -320,6 +321,10 @@ class _Probe:
         self._close()
         return self.results
 
+    def reset(self) -> None:
+        self._close()
+        self.last, self.seen, self.results = {}, {}, []
+
 
 def _step_path() -> str | None:
     """The path of the forward vLLM is about to run (``step_path.PATHS``; a step whose records are all
@@ -351,3 +356,12 @@ def report(worker=None) -> list[dict]:
     """``LLM.collective_rpc(report)``: [{"shape": (requests, rows), "paths": [path of each forward], "forwards": n, "launches": n, "kernels":
     [kernel launches of each forward], "breakdown": [{(entry, site, kernel): launches} per forward], "differences": [{site: where} per forward]}] for each decode step compared with the previous decode step of its shape (``differences``)."""
     return [] if _probe[0] is None else _probe[0].report()
+
+
+def reset(worker=None) -> bool:
+    """``LLM.collective_rpc(reset)``: forget the steps recorded so far, so that the next steps compare
+    only with each other (an engine switched to another path by ``worker_runtime.use_paths``: its
+    first steps there are warm-up again)."""
+    if _probe[0] is not None:
+        _probe[0].reset()
+    return True

@@ -17,7 +17,7 @@ vLLM is up) imports vllm.
 * ``cpu_dcp``           DCP on the CPU platform: slot mapping and LSE combine twins (0006).
 * ``dcp_slots``         the MTP drafter's later passes write where DCP puts the record (0009).
 * ``model_config_check``  start-up checks of settings, heads and the DCP group (0002).
-* ``worker_runtime``    where the adapter finds the worker's ``decode.runtime.WorkerRuntime``.
+* ``worker_runtime``    how the adapter reaches its engine's ``decode.runtime.WorkerRuntime`` (no state).
 * ``engine_start``      worker start-up: refusals, the arena, the selected path's fabric (0008).
 * ``selected_runtime``  the backend's hooks into selected and gathered steps (one per worker).
 * ``reservations``, ``replica_budget``  the bytes reserved out of the KV memory (0008) and the

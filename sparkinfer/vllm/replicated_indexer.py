@@ -107,8 +107,8 @@ def quant_q_fp8(x: torch.Tensor, group_size: int, column_major_scales: bool = Fa
         from sparkinfer.indexer.triton_quant import group_quant_fp8
 
         # in vLLM's forward the layer's indexer op consumes them: views of the worker's arena (patch
-        # 0003 hands this call nothing but q, so the worker's runtime is the one it has)
-        runtime = worker_runtime.current() if _in_forward() else None
+        # 0003 hands this call nothing but q: the runtime is that of the forward's layers)
+        runtime = _forward_runtime()
         out = None if runtime is None else layer_buffers.indexer_q_buffers(runtime.arena, *x.shape, group_size)
         return group_quant_fp8(x, group_size, use_ue8m0, out=out)
     groups = x.float().reshape(-1, x.shape[-1] // group_size, group_size)
@@ -133,10 +133,13 @@ def _check_direct_call(kv_cache: torch.Tensor) -> str:
     return kernel_backend(kv_cache.device)
 
 
-def _in_forward() -> bool:
-    """Whether vLLM is running a forward (its forward context is set); False where vLLM is not loaded."""
+def _forward_runtime():
+    """The runtime of the engine whose forward vLLM is running (its forward context's layers); None
+    outside a forward, or where vLLM is not loaded."""
     context = sys.modules.get("vllm.forward_context")
-    return context is not None and context.is_forward_context_available()
+    if context is None or not context.is_forward_context_available():
+        return None
+    return worker_runtime.of_layers(context.get_forward_context().no_compile_layers)
 
 
 def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: torch.Tensor, k: torch.Tensor,

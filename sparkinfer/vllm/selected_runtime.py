@@ -404,26 +404,26 @@ class PathLedger:
         self.exchanges_skipped += skipped
 
 
-def worker_selected(worker=None) -> "SelectedRuntime | None":
-    """This worker's selected runtime (``WorkerRuntime.selected``), for the ``collective_rpc`` probes
-    below; None without one."""
+def worker_selected(worker) -> "SelectedRuntime | None":
+    """The selected runtime (``WorkerRuntime.selected``) of ``worker``'s engine (the vLLM worker
+    ``collective_rpc`` passes the probes below); None without one."""
     from sparkinfer.vllm import worker_runtime
 
-    runtime = worker_runtime.current()
+    runtime = worker_runtime.of_engine(worker.vllm_config)
     return None if runtime is None else runtime.selected
 
 
-def transport_ledger(worker=None) -> dict:
+def transport_ledger(worker) -> dict:
     """This worker's ``PathLedger`` per path (``selected``, ``gather``), as dicts; empty when the
     engine never takes those paths (``LLM.collective_rpc(transport_ledger)`` asks every worker)."""
-    rt = worker_selected()
+    rt = worker_selected(worker)
     return {} if rt is None else {path: asdict(led) for path, led in rt.ledger.items()}
 
 
-def replica_memory(worker=None) -> dict:
+def replica_memory(worker) -> dict:
     """This worker's KV cache bytes and replica store (window, bytes), for
     ``LLM.collective_rpc(replica_memory)``; empty without a runtime."""
-    rt = worker_selected()
+    rt = worker_selected(worker)
     if rt is None:
         return {}
     store = rt._replica_store or []
@@ -431,12 +431,12 @@ def replica_memory(worker=None) -> dict:
             "store_bytes": sum(t.numel() for t in store)}
 
 
-def engine_memory(worker=None) -> dict:
+def engine_memory(worker) -> dict:
     """This worker's KV cache bytes, the buffers patch 0008 reserved for it (``reserved``: name ->
     bytes, from ``reservations``; the replica store as allocated) and what the worker actually
     holds (``held``: measured from its tensors, the attention arena's included), for
     ``LLM.collective_rpc(engine_memory)``; empty without a runtime."""
-    rt = worker_selected()
+    rt = worker_selected(worker)
     if rt is None or rt.decoder is None:
         return {}
     store = sum(t.numel() for t in rt._replica_store or [])

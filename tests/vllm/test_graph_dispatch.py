@@ -27,20 +27,21 @@ def _runner(mode: str):
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("mode, fallback", [("FULL_AND_PIECEWISE", "PIECEWISE"), ("FULL_DECODE_ONLY", "NONE")])
-def test_a_full_graph_replays_only_its_captured_path(mode, fallback, monkeypatch):
+def test_a_full_graph_replays_only_its_captured_path(mode, fallback):
     pytest.importorskip("vllm")
     from vllm.config import CUDAGraphMode
 
     from sparkinfer.decode.runtime import WorkerRuntime
     from sparkinfer.vllm import graph_dispatch, worker_runtime
+    from test_worker_runtime import register
 
     runner = _runner(mode)
     full, desc = runner.cudagraph_dispatcher.dispatch(12, uniform_decode=True)
     assert full == CUDAGraphMode.FULL and desc.num_reqs == 3  # 3 requests x 4 rows: their own graph
     rt = WorkerRuntime("cpu")
-    monkeypatch.setattr(worker_runtime, "_worker", [None, rt])
+    assert worker_runtime.of_engine(runner.vllm_config) is None
     assert graph_dispatch.replay(runner, full, desc) == (full, desc)  # not a sparkinfer engine: untouched
-    monkeypatch.setattr(worker_runtime, "_worker", [runner.vllm_config.compilation_config, rt])
+    register(runner.vllm_config, rt)
     rt.graphs.capture(12, "selected")
     rt.graphs.step_path = "selected"
     assert graph_dispatch.replay(runner, full, desc) == (full, desc)

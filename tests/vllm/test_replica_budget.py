@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from sparkinfer.config import SparkinferConfig
 from sparkinfer.core.replicas import store_bytes
 from sparkinfer.vllm import replica_budget as rb
-from sparkinfer.vllm import worker_runtime
 from sparkinfer.vllm.step_requests import set_request_ids
 
 
@@ -55,13 +54,18 @@ def test_auto_runtime_store_fits_what_the_engine_reserved(mem, seqs, max_len, ro
 
 
 def test_step_request_ids_only_describe_real_requests():
-    """Patch 0008's ids land in the worker's runtime, which gives them only for real requests."""
-    ns = types.SimpleNamespace
-    rt = worker_runtime.for_engine(ns(device_config=ns(device="cpu"), compilation_config=ns()))
-    set_request_ids(["a", "b", "c"])
+    """Patch 0008's ids land in the runtime of the runner's engine, which gives them only for real
+    requests; an engine without sparkinfer layers has nowhere to keep them."""
+    from sparkinfer.decode.runtime import WorkerRuntime
+    from test_worker_runtime import _config, engine
+
+    set_request_ids(types.SimpleNamespace(vllm_config=_config()), ["a"])  # no runtime: nothing kept
+    rt = WorkerRuntime("cpu")
+    runner = types.SimpleNamespace(vllm_config=engine(rt))
+    set_request_ids(runner, ["a", "b", "c"])
     assert rt.step_request_ids(2) == ["a", "b"] and rt.step_request_ids(3) == ["a", "b", "c"]
     assert rt.step_request_ids(4) is None  # a padded dummy batch
-    set_request_ids(["a", None])
+    set_request_ids(runner, ["a", None])
     assert rt.step_request_ids(2) is None
-    set_request_ids(None)
+    set_request_ids(runner, None)
     assert rt.step_request_ids(1) is None

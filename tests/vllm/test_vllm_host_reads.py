@@ -1,29 +1,32 @@
 """No host read in a layer's forward, at most 8 per decode step (issue 16), counted inside vLLM.
 
 The probe (``sparkinfer.testing.host_reads``) books every tensor read back to Python and every op
-with a data-dependent output shape against the innermost sparkinfer frame that made it, per
-decode step, inside each TP worker. The engines run the GPU implementations forced on CPU
+with a data-dependent output shape against the innermost sparkinfer frame that made it, per decode
+step, inside each TP worker. The engines run the GPU implementations forced on CPU
 (``SPARKINFER_FORCE_GPU_IMPLS=1``, Triton under ``TRITON_INTERPRET=1``: the code a GPU node runs) on
-the tiny GLM-5.2-shaped model at TP2/DCP2, nvfp4_368 records and MTP3, in stock mode, selected
-mode with replicas off and with replicas on, one engine per mode (``FSSF``: CI time, the Triton
-kernels interpreted). The sparkinfer count must be 0 under a layer's forward in every mode, at most
-8 per step. What a layer costs is measured per layer inside the engine (``host_reads`` books each
-read and allocation against the decoder layer whose forward makes it, the MTP layer included): every
-layer of the model ran in every decode step and none made a sparkinfer read or allocation, so a
-deeper model costs no more per step (this replaces a second stock engine at ``FSSFSSFS`` whose
-step count had to equal ``FSSF``'s; a read made once per layer by the step's own code, outside every
-layer's forward, is not booked to a layer, and counts against the step's 8). Reads of vLLM's host copies (``host_array``: pinned host
-memory on a GPU node, no sync) are reported apart.
+the tiny GLM-5.2-shaped model at TP2/DCP2, nvfp4_368 records and MTP3, in stock mode, selected mode
+with replicas off and with replicas on (``FSSF``: CI time, the Triton kernels interpreted). The
+three modes share one engine, started in mode selected with the replicas' window, that takes each in
+turn (``worker_runtime.use_paths`` between requests, the probes reset), stock last: its planted read
+stays in the layers (one engine start instead of three). The sparkinfer count must be 0 under a
+layer's forward in every mode, at most 8 per step. What a layer costs is measured per layer inside
+the engine (``host_reads`` books each read and allocation against the decoder layer whose forward
+makes it, the MTP layer included): every layer of the model ran in every decode step and none made a
+sparkinfer read or allocation, so a deeper model costs no more per step (this replaces a second
+stock engine at ``FSSFSSFS`` whose step count had to equal ``FSSF``'s; a read made once per layer by
+the step's own code, outside every layer's forward, is not booked to a layer, and counts against the
+step's 8). Reads of vLLM's host copies (``host_array``: pinned host memory on a GPU node, no sync)
+are reported apart.
 
 Allocations after warm-up (``host_reads`` books them like the reads, docs/design/selected-decode.md):
 no layer's forward makes one, in any mode; the builders' per-step work allocates. The test holds each
 path's measured count per decode step as a ceiling, and none under a layer, so a change that adds
 temporaries is seen.
 
-The same engines hold the decode steps to CUDA-graph replay (``sparkinfer.testing.launches``,
+The same engine holds the decode steps to CUDA-graph replay (``sparkinfer.testing.launches``,
 docs/design/cuda-graphs.md): two decode steps of one shape and path must make the same launches,
 pointers, shapes, scalars and grids, in every forward (the indexer included: its rows score their
-requests' pages, ``indexer.triton_paged``); the replicas engine compares its local steps (every
+requests' pages, ``indexer.triton_paged``); the replicas run compares its local steps (every
 record in the window, no exchange) and its selected steps apart (``REPLICAS``). The probe's own
 tests are tests/decode/test_replay_safety.py.
 
@@ -293,42 +296,65 @@ def _plant(worker=None):
     return True
 
 
-def _serve(model_dir, monkeypatch, path: str, plant: bool = False):
-    """(tokens, per-worker decode summaries[, the same after a planted read], per-worker launch
-    comparisons of its decode steps (``launches.report``)) of one engine of ``bench.PATHS[path]``
-    (the benchmark's engines, with the Triton kernels interpreted)."""
+# The paths in the order the one engine takes them (``use_paths(mode, replicas)``); stock last, since
+# ``_plant`` leaves its read in the stock layers.
+ORDER = {"selected": ("selected", False), "replicas": ("selected", True), "stock": ("stock", False)}
+
+
+def _serve(model_dir, monkeypatch) -> dict:
+    """Per path of ``bench.PATHS``: (tokens, per-worker decode summaries[, the same after a planted
+    read, stock only], per-worker launch comparisons of its decode steps (``launches.report``)), from
+    one engine of the benchmark's configuration (the Triton kernels interpreted) started in mode
+    selected with the replicas' window (``bench.PATHS["replicas"]``, window ``REPLICAS``), which takes
+    the paths in the order of ``ORDER``: before each, ``use_paths``, the prefix cache emptied and both
+    probes reset, so each path's request prefills afresh and its steps are counted and compared alone."""
     import gc
 
     from vllm import SamplingParams
 
+    from sparkinfer.vllm.worker_runtime import use_paths
+
+    assert set(ORDER) == set(bench.PATHS) and bench.PATHS["replicas"][0] == "selected"
     for k, v in bench.ENV.items():
         monkeypatch.setenv(k, v)
-    if path == "replicas":
-        monkeypatch.setitem(bench.PATHS, path, (bench.PATHS[path][0], REPLICAS["window"]))
-    llm = bench.make_llm(model_dir, path)
+    monkeypatch.setitem(bench.PATHS, "replicas", (bench.PATHS["replicas"][0], REPLICAS["window"]))
+    llm = bench.make_llm(model_dir, "replicas")
     try:
-        params = SamplingParams(max_tokens=_tokens(path), temperature=0, ignore_eos=True)
         llm.collective_rpc(host_reads.install)
         llm.collective_rpc(launches.install)
-        out = llm.generate([{"prompt_token_ids": PROMPT}], params)
-        runs = [[host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)]]
-        replays = llm.collective_rpc(launches.report)
-        if plant:
-            llm.collective_rpc(_plant)
-            llm.generate([{"prompt_token_ids": PROMPT}], params)
-            runs.append([host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)])
-        return list(out[0].outputs[0].token_ids), runs, replays
+        served = {}
+        for name, (mode, replicas) in ORDER.items():
+            assert llm.collective_rpc(use_paths, args=(mode, replicas)) == [{"mode": mode, "replicas": replicas}] * 2
+            assert llm.reset_prefix_cache()
+            llm.collective_rpc(host_reads.reset)
+            llm.collective_rpc(launches.reset)
+            params = SamplingParams(max_tokens=_tokens(name), temperature=0, ignore_eos=True)
+            out = llm.generate([{"prompt_token_ids": PROMPT}], params)
+            runs = [[host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)]]
+            replays = llm.collective_rpc(launches.report)
+            if name == "stock":  # the planted read, counted over both requests' steps
+                llm.collective_rpc(_plant)
+                llm.generate([{"prompt_token_ids": PROMPT}], params)
+                runs.append([host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)])
+            served[name] = list(out[0].outputs[0].token_ids), runs, replays
+        return served
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
 
 
+@pytest.fixture(scope="module")
+def served(model):
+    pytest.importorskip("vllm")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return _serve(model, monkeypatch)
+
+
 @pytest.mark.vllm
 @pytest.mark.parametrize("name", list(bench.PATHS))
-def test_no_host_read_per_layer_and_few_per_step(model, monkeypatch, name):
-    pytest.importorskip("vllm")
-    tokens, runs, replays = _serve(model, monkeypatch, name, plant=name == "stock")
+def test_no_host_read_per_layer_and_few_per_step(served, name):
+    tokens, runs, replays = served[name]
     assert len(tokens) == _tokens(name)
     _check_replays(name, replays)
     for w in runs[0]:

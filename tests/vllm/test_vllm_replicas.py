@@ -15,11 +15,9 @@ transport ledger must show what the rule predicts:
 
 import pytest
 
-from test_vllm_dcp import MAX_TOKENS, PROMPT, _greedy, dcp1_tokens
+from test_vllm_dcp import MAX_TOKENS, MTP, MTP4_WINDOW, PROMPT, _greedy, dcp1_tokens, ledger_runs, mtp3_tp4_runs
 
 pytestmark = pytest.mark.vllm
-
-MTP = {"speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}
 
 
 @pytest.fixture(scope="module")
@@ -37,21 +35,22 @@ def _remote_below(lo: int, rank: int, world: int) -> int:
     return lo - DcpLayout(world, 1).local_len(lo, rank)
 
 
-def _ledger_and_memory(worker=None):
+def _ledger_and_memory(worker):
     from sparkinfer.vllm.selected_runtime import engine_memory, replica_memory, transport_ledger, worker_selected
 
-    rows = worker_selected().vllm_config.scheduler_config.max_num_batched_tokens
-    return {"ledger": transport_ledger(), "memory": replica_memory(), "engine": engine_memory(), "step_tokens": rows}
+    rows = worker_selected(worker).vllm_config.scheduler_config.max_num_batched_tokens
+    return {"ledger": transport_ledger(worker), "memory": replica_memory(worker), "engine": engine_memory(worker),
+            "step_tokens": rows}
 
 
 def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monkeypatch):
     pytest.importorskip("vllm")
-    from sparkinfer.vllm.selected_runtime import transport_ledger
-
     dcp1 = dcp1_tokens(dense, monkeypatch, kv_cache_dtype="nvfp4_368")
-    tokens, probes = _greedy(dense, monkeypatch, 2, mode="auto", probe=_ledger_and_memory, kv_cache_dtype="nvfp4_368",
-                             sparkinfer_replica_window=256)
+    # auto with the replicas, then (below) with them off, in one engine
+    (tokens, off), runs = _greedy(dense, monkeypatch, 2, mode=("auto+replicas", "auto"), probe=_ledger_and_memory,
+                                  kv_cache_dtype="nvfp4_368", sparkinfer_replica_window=256)
     assert tokens == dcp1
+    probes = runs[0]
     ledgers = [p["ledger"] for p in probes]
     budget = 2**30  # VLLM_CPU_KVCACHE_SPACE=1 (GiB): sparkinfer's buffers come out of it (patch 0008)
     for p in probes:
@@ -94,9 +93,9 @@ def test_window_covering_the_context_moves_nothing_and_auto_takes_it(dense, monk
         assert sel["records_recv"] == sel["bytes_recv"] == 0
         assert sel["exchanges"] == 0 and sel["exchanges_skipped"] == 2 * sel["steps"]  # F + S S, F: 2 groups
         assert led["gather"]["records_recv"] == 0  # the cold prefill
-    # the same run with replicas off and auto: every decode step is stock (no node profile here)
-    tokens, ledgers = _greedy(dense, monkeypatch, 2, mode="auto", probe=transport_ledger, kv_cache_dtype="nvfp4_368")
-    assert tokens == dcp1 and all(led["selected"]["steps"] == 0 for led in ledgers)
+    # the same prompt with replicas off and auto: every decode step is stock (no node profile here)
+    off_ledgers = ledger_runs([[p["ledger"] for p in run] for run in runs])[1]
+    assert off == dcp1 and all(led["selected"]["steps"] == 0 for led in off_ledgers)
 
 
 def test_small_window_fetches_exactly_the_positions_outside_it(dense, monkeypatch):
@@ -122,17 +121,24 @@ def test_small_window_fetches_exactly_the_positions_outside_it(dense, monkeypatc
 @pytest.mark.parametrize("tp, cache_dtype, heads", [(2, "nvfp4_432", 2), (4, "nvfp4_368", 4)])
 def test_mtp3_with_replicas_equals_dcp1(tp, cache_dtype, heads, tmp_path_factory, monkeypatch):
     """Verification rows write drafts the scheduler may reject: they must never be served as committed.
-    Window 8 (misses every step) at TP2, window 256 (everything local) at TP4."""
+    Window 8 (misses every step) at TP2, window 256 (everything local) at TP4: the replicas run of
+    test_vllm_dcp's TP4 MTP3 engine (``mtp3_tp4_runs``, the same model and records, started with
+    that window), its ledgers what that run added."""
     pytest.importorskip("vllm")
     pytest.importorskip("transformers")
     from sparkinfer.vllm.selected_runtime import transport_ledger
     from sparkinfer.testing.tiny_model import build_tiny_glm
 
     model = build_tiny_glm(tmp_path_factory.mktemp(f"tiny_glm_rep_mtp{tp}"), heads=heads)
-    window = 8 if tp == 2 else 256
+    window = 8 if tp == 2 else MTP4_WINDOW
     dcp1 = dcp1_tokens(model, monkeypatch, kv_cache_dtype=cache_dtype, **MTP)
-    tokens, ledgers = _greedy(model, monkeypatch, tp, mode="selected", probe=transport_ledger,
-                              kv_cache_dtype=cache_dtype, sparkinfer_replica_window=window, **MTP)
+    if tp == 4:
+        assert cache_dtype == "nvfp4_368" and MTP4_WINDOW == 256
+        (_, _, tokens), runs = mtp3_tp4_runs(model, monkeypatch)
+        ledgers = ledger_runs(runs)[2]
+    else:
+        tokens, ledgers = _greedy(model, monkeypatch, tp, mode="selected", probe=transport_ledger,
+                                  kv_cache_dtype=cache_dtype, sparkinfer_replica_window=window, **MTP)
     assert tokens == dcp1
     steps = {led["selected"]["steps"] for led in ledgers}
     assert len(steps) == 1 and steps.pop() > 0  # the same selected steps on every rank

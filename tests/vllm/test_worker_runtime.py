@@ -1,6 +1,7 @@
-"""How the adapter finds the worker's runtime (sparkinfer/vllm/worker_runtime.py), on plain stand-ins for
-vLLM's config: every object of one engine gets the same runtime, the MTP drafter's config copy (which
-shares the engine's compilation config) included; another engine gets a new one."""
+"""How the adapter reaches the engine's runtime (sparkinfer/vllm/worker_runtime.py), on plain stand-ins for
+vLLM's config and layers: the first attention impl makes it, every later object of the engine gets
+that one from the engine's layers, the MTP drafter's config copy (which shares the engine's
+compilation config) included; another engine gets its own; the module keeps none."""
 
 import types
 
@@ -9,19 +10,40 @@ import pytest
 from sparkinfer.vllm import worker_runtime
 
 
-def _config(compilation):
+def _config(compilation=None):
     ns = types.SimpleNamespace
-    return ns(device_config=ns(device="cpu"), compilation_config=compilation)
+    return ns(device_config=ns(device="cpu"), compilation_config=compilation or ns(static_forward_context={}))
+
+
+def register(config, runtime, name="model.layers.0.self_attn.attn"):
+    """Register a stand-in attention layer whose impl keeps ``runtime`` in ``config``'s engine (as
+    vLLM's MLAAttention registers itself once its impl is built); returns ``config``."""
+    ns = types.SimpleNamespace
+    config.compilation_config.static_forward_context[name] = ns(impl=ns(runtime=runtime))
+    return config
+
+
+def engine(runtime):
+    """A stand-in engine config whose layers hold ``runtime`` (a vLLM worker or model runner with it:
+    ``ns(vllm_config=engine(rt))``)."""
+    return register(_config(), runtime)
 
 
 def test_one_runtime_per_engine_drafter_included():
-    shared = types.SimpleNamespace()
+    ns = types.SimpleNamespace
+    shared = ns(static_forward_context={"model.layers.0.self_attn.indexer.k_cache": ns()})  # not ours
     target, drafter = _config(shared), _config(shared)  # dataclasses.replace shares the sub-configs
-    rt = worker_runtime.for_engine(target)
+    assert worker_runtime.of_engine(target) is None
+    rt = worker_runtime.for_engine(target)  # the first impl's, which it keeps
+    assert worker_runtime.for_engine(target) is not rt  # not kept anywhere else
+    register(target, rt)
     assert worker_runtime.for_engine(drafter) is rt and worker_runtime.for_engine(target) is rt
-    assert worker_runtime.current() is rt
-    other = worker_runtime.for_engine(_config(types.SimpleNamespace()))  # a later engine in this process
-    assert other is not rt and worker_runtime.current() is other
+    register(target, rt, "model.layers.1.self_attn.attn")
+    assert worker_runtime.of_engine(drafter) is rt
+    other = _config()  # a later engine in this process
+    assert worker_runtime.of_engine(other) is None and worker_runtime.for_engine(other) is not rt
+    assert not [k for k, v in vars(worker_runtime).items() if not k.startswith("__") and not callable(v)
+                and k != "annotations"]  # no state in the module
 
 
 @pytest.mark.parametrize("kept", [0.0, 0.5, 1.0])
@@ -62,22 +84,23 @@ def test_use_paths_on_an_engine_that_serves_only_stock():
     from sparkinfer.config import SparkinferConfig
     from sparkinfer.vllm.selected_runtime import SelectedRuntime
 
-    rt = worker_runtime.for_engine(_config(types.SimpleNamespace()))
+    rt = worker_runtime.for_engine(_config())
+    worker = types.SimpleNamespace(vllm_config=engine(rt))
     assert rt.selected is None
-    assert worker_runtime.use_paths(None, "stock") == {"mode": "stock", "replicas": False}
+    assert worker_runtime.use_paths(worker, "stock") == {"mode": "stock", "replicas": False}
     for mode, replicas in (("selected", False), ("auto", False), ("stock", True)):
         with pytest.raises(ValueError, match="serves only stock DCP"):
-            worker_runtime.use_paths(None, mode, replicas)
+            worker_runtime.use_paths(worker, mode, replicas)
     # the switch itself on a runtime's state alone (its constructor needs a whole engine)
     sel = SelectedRuntime.__new__(SelectedRuntime)
     sel.config, sel.replicas, sel.replicas_on = SparkinferConfig(mode="selected", replica_window=0), None, False
     sel.path = types.SimpleNamespace(config=sel.config)
     rt.selected = sel
-    assert worker_runtime.use_paths(None, "stock") == {"mode": "stock", "replicas": False}
+    assert worker_runtime.use_paths(worker, "stock") == {"mode": "stock", "replicas": False}
     assert sel.path.config.mode == "stock"
     with pytest.raises(ValueError, match="without a replica store"):
-        worker_runtime.use_paths(None, "selected", True)
+        worker_runtime.use_paths(worker, "selected", True)
     with pytest.raises(ValueError, match="stock, selected or auto"):
-        worker_runtime.use_paths(None, "replicas")
+        worker_runtime.use_paths(worker, "replicas")
     sel.config = dataclasses.replace(sel.config, replica_window=64)
-    assert worker_runtime.use_paths(None, "selected", True) == {"mode": "selected", "replicas": True}
+    assert worker_runtime.use_paths(worker, "selected", True) == {"mode": "selected", "replicas": True}
