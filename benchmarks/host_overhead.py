@@ -199,8 +199,9 @@ ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobi
        "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1", "SPARKINFER_FORCE_GPU_IMPLS": "1"}
 
 
-def make_llm(model_dir: Path, path: str):
-    """The engine of one path (``PATHS``): TP2/DCP2, nvfp4_368, MTP3, the GPU code forced (``ENV`` set)."""
+def make_llm(model_dir: Path, path: str, **extra):
+    """The engine of one path (``PATHS``): TP2/DCP2, nvfp4_368, MTP3, the GPU code forced (``ENV`` set);
+    ``extra``: more of ``LLM``'s arguments (a test's sparkinfer settings)."""
     from vllm import LLM
 
     mode, window = PATHS[path]
@@ -208,7 +209,7 @@ def make_llm(model_dir: Path, path: str):
                tensor_parallel_size=2, decode_context_parallel_size=2, sparkinfer_mode=mode,
                compilation_config={"custom_ops": ["-rotary_embedding"]}, kv_cache_dtype="nvfp4_368",
                speculative_config={"method": "mtp", "num_speculative_tokens": 3}, sparkinfer_pool_mb=4,
-               sparkinfer_replica_window=window)
+               sparkinfer_replica_window=window, **extra)
 
 
 def run_path(model_dir: Path, path: str, tokens: int) -> dict:

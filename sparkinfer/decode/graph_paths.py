@@ -37,17 +37,19 @@ log = logging.getLogger(__name__)
 
 # The builders' parts of a decode step: "attention" (sparse_mla_backend: the cache write and the
 # sparse-MLA attention on every path), "indexer" (replicated_indexer: the DSA indexer where sparkinfer
-# runs it, ``indexer_layout.serves_replicated_indexer``) and "indexer_sharded" (the same indexer in an
-# engine whose steps may be scored sharded, ``indexer_scoring.may_shard``).
-PARTS = ("attention", "indexer", "indexer_sharded")
+# runs it, ``indexer_layout.serves_replicated_indexer``, every step scored one way: replicated, or
+# sharded with its all-gather and merge) and "indexer_per_step" (the same indexer in an engine that
+# picks the scoring per step, ``indexer_scoring.chooses_per_step``).
+PARTS = ("attention", "indexer", "indexer_per_step")
 
 # What a FULL graph cannot replay yet, part -> why: the one statement the builders' declarations and
-# the worker's refusal read.
+# the worker's refusal read. A step scored sharded makes the same launches at one shape, its
+# all-gather's included (tests/vllm/test_vllm_host_reads.py), so a fixed scoring replays either way.
 NOT_REPLAY_SAFE = {
-    "indexer_sharded": ("sparkinfer's indexer may score a step sharded (indexer_scoring sharded, or auto on a "
-                        "node with a cost profile, which picks sharded or replicated per step from the contexts: "
-                        "an all-gather in one step and none in the next), and no probe has held a sharded step "
-                        "to replay yet; indexer_scoring = replicated scores every step one way"),
+    "indexer_per_step": ("sparkinfer's indexer picks its scoring per step (indexer_scoring auto on a node with a "
+                         "cost profile: sharded or replicated from the step's contexts, an all-gather in one step "
+                         "and none in the next), and the choice is not part of the step's graph path yet; "
+                         "indexer_scoring = replicated or sharded scores every step one way"),
 }
 
 

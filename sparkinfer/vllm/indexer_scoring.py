@@ -84,19 +84,18 @@ def _resolve(vllm_config):
     return ("replicated", None, None) if profile is None else ("auto", profile, geom)
 
 
-def may_shard(vllm_config) -> bool:
-    """Whether some step of this engine may be scored sharded (at engine start, before any builder).
-    ``auto`` for a GPU engine judged where no GPU is (``serve --dry-run`` off the node) may: the node's
-    device may have a profile."""
-    if not _replicated(vllm_config):
+def chooses_per_step(vllm_config) -> bool:
+    """Whether this engine picks each step's scoring from its contexts (``auto`` with a node profile;
+    at engine start, before any builder): its steps' launches then differ by more than their shape
+    (an all-gather in some, none in others), which ``graph_paths`` refuses to capture. A fixed setting
+    scores every step one way. ``auto`` for a GPU engine judged where no GPU is (``serve --dry-run``
+    off the node) may: the node's device may have a profile."""
+    if not _replicated(vllm_config) or _setting(vllm_config) != "auto":
         return False
-    setting = _setting(vllm_config)
-    if setting != "auto":
-        return setting == "sharded"
     device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
     if device == "cuda" and not torch.cuda.is_available():
         return True
-    return _resolve(vllm_config)[0] != "replicated"
+    return _resolve(vllm_config)[0] == "auto"
 
 
 class IndexerScoring:
@@ -115,9 +114,12 @@ class IndexerScoring:
             from vllm.distributed.parallel_state import get_dcp_group
 
             group = get_dcp_group()
+
+            def all_gather_into(out, t):  # into ``out`` itself on NCCL; gloo (CPU) stages it in a temporary
+                torch.distributed.all_gather_single(out, t, group=group.device_group)
+
             self._sharded = ShardedScoring(group.rank_in_group, DcpLayout(self.dcp, par.cp_kv_cache_interleave_size),
-                                           lambda out, t: torch.distributed.all_gather_single(
-                                               out, t, group=group.device_group))
+                                           all_gather_into)
 
     @property
     def can_shard(self) -> bool:

@@ -40,7 +40,7 @@ from sparkinfer.decode import graph_paths
 from sparkinfer.formats import get_format
 from sparkinfer.vllm import worker_runtime
 from sparkinfer.vllm.indexer_layout import serves_replicated_indexer  # noqa: F401 (patch 0003 calls it here)
-from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, may_shard, scored_steps
+from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, chooses_per_step, scored_steps
 
 E4M3_MAX = 448.0
 INDEXER_FORMAT = get_format("indexer_fp8")  # the indexer cache's 132-byte key records
@@ -377,14 +377,14 @@ def indexer_backend():
     class SparkinferIndexerBuilder(AttentionMetadataBuilder):
         # On the Triton backend (every GPU) the op's launches follow the rows alone (the paged top-k,
         # ``_paged``); the torch backend's host-planned lists follow the contexts, but it runs on CPU,
-        # where nothing is captured. What this declares: ``graph_paths`` (an engine that may score a
-        # step sharded, NEVER; docs/design/cuda-graphs.md).
+        # where nothing is captured. What this declares: ``graph_paths`` (an engine that picks each
+        # step's scoring, NEVER; one scoring every step, sharded included; docs/design/cuda-graphs.md).
         _cudagraph_support = AttentionCGSupport[graph_paths.support("indexer")]
 
         @classmethod
         def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
-            if vllm_config is not None and may_shard(vllm_config):
-                return AttentionCGSupport[graph_paths.support("indexer_sharded")]
+            if vllm_config is not None and chooses_per_step(vllm_config):
+                return AttentionCGSupport[graph_paths.support("indexer_per_step")]
             return cls._cudagraph_support
 
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):

@@ -77,11 +77,12 @@ def test_the_statement_drives_each_builders_declaration():
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("parts", [("attention",), ("attention", "indexer")])
+@pytest.mark.parametrize("parts", [("attention",), ("attention", "indexer"), ("attention", "indexer", "indexer_per_step")])
 def test_graph_problem_refuses_full_decode_graphs_for_what_is_not_replay_safe(mode, parts, monkeypatch):
     """FULL decode modes are refused exactly while a part the engine runs is named in
     ``NOT_REPLAY_SAFE`` (its reason quoted); FULL graphs of mixed batches always. Holds with and
-    without an indexer entry in the statement. The capture sizes are not read: vLLM's defaults and
+    without an indexer entry in the statement; with today's, an engine at a fixed scoring (its parts
+    ``attention, indexer``, sharded included) passes and one picking the scoring per step does not. The capture sizes are not read: vLLM's defaults and
     sizes that pad a decode batch into a larger graph both pass (the builders plan the padding,
     ``step_plan.batch_rows``; tests/vllm/test_engine_start.py holds the worker's check on vLLM's
     resolved default sizes)."""
@@ -103,9 +104,9 @@ def test_graph_problem_refuses_full_decode_graphs_for_what_is_not_replay_safe(mo
 @pytest.mark.parametrize("requested", [None, *MODES])
 @pytest.mark.parametrize("split", [None, (), ("vllm::unified_mla_attention_with_output",)])
 def test_the_dry_run_resolves_full_decode_graphs_only_where_every_part_supports_them(requested, split):
-    """vLLM's resolution for the builders' least support: with the indexer (NEVER) no FULL decode
-    mode survives; without it, FULL becomes a FULL decode mode."""
-    for parts in (("attention",), ("attention", "indexer")):
+    """vLLM's resolution for the builders' least support: with a NEVER part (the indexer whose scoring
+    is picked per step) no FULL decode mode survives; without one, FULL becomes a FULL decode mode."""
+    for parts in (("attention",), ("attention", "indexer"), ("attention", "indexer", "indexer_per_step")):
         g = profile_graphs(requested, split, eager=False, breakable=False, parts=parts)
         uniform = all(gp.support(p) == "UNIFORM_BATCH" for p in parts)
         if not uniform:

@@ -532,19 +532,24 @@ def test_builders_declare_what_the_statement_says_and_its_claim_holds():
 
     indexer = indexer_backend().get_builder_cls()
     builders = {"attention": SparseMetadataBuilder, "indexer": indexer}
-    assert set(builders) | {"indexer_sharded"} == set(graph_paths.PARTS)
+    assert set(builders) | {"indexer_per_step"} == set(graph_paths.PARTS)
     for part, builder in builders.items():
         assert builder.get_cudagraph_support(None, None) is AttentionCGSupport[graph_paths.support(part)], part
     assert SparseMetadataBuilder.get_cudagraph_support(None, None) is AttentionCGSupport.UNIFORM_BATCH
-    # an engine that may score a step sharded: the indexer's builder declares that part's support
-    for scoring, part in (("sharded", "indexer_sharded"), ("replicated", "indexer")):
+    # an engine that picks each step's scoring (auto, a CUDA engine judged off its node): the indexer's
+    # builder declares that part's support; a fixed scoring, sharded included, the indexer's
+    cases = [("sharded", "indexer"), ("replicated", "indexer")]
+    if not torch.cuda.is_available():
+        cases.append(("auto", "indexer_per_step"))
+    for scoring, part in cases:
         config = types.SimpleNamespace(
             additional_config={ADDITIONAL_CONFIG_KEY: {"indexer_scoring": scoring, "mode": "selected"}},
             parallel_config=types.SimpleNamespace(decode_context_parallel_size=2),
             device_config=types.SimpleNamespace(device_type="cuda"),
             cache_config=types.SimpleNamespace(cache_dtype="nvfp4_368"))
         assert indexer.get_cudagraph_support(config, None) is AttentionCGSupport[graph_paths.support(part)], scoring
-    assert graph_paths.support("indexer_sharded") == "NEVER"  # until a probe holds a sharded step to replay
+    assert graph_paths.support("indexer_per_step") == "NEVER"  # until the choice is part of the step's path
+    assert graph_paths.support("indexer") == "UNIFORM_BATCH"  # sharded steps replay (test_vllm_host_reads)
 
 
 def test_graph_line_is_logged_once_per_worker(caplog, monkeypatch):

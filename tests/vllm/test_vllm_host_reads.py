@@ -27,8 +27,11 @@ The same engine holds the decode steps to CUDA-graph replay (``sparkinfer.testin
 docs/design/cuda-graphs.md): two decode steps of one shape and path must make the same launches,
 pointers, shapes, scalars and grids, in every forward (the indexer included: its rows score their
 requests' pages, ``indexer.triton_paged``); the replicas run compares its local steps (every
-record in the window, no exchange) and its selected steps apart (``REPLICAS``). The probe's own
-tests are tests/decode/test_replay_safety.py.
+record in the window, no exchange) and its selected steps apart (``REPLICAS``). One more engine, at
+``indexer_scoring = sharded`` (fixed per engine, so not one of the shared engine's paths), holds a
+sharded indexer step to the same (``test_a_sharded_indexer_step_replays``): each rank's paged top-k
+over its positions, the all-gather and the merge. The probe's own tests are
+tests/decode/test_replay_safety.py.
 
 The probe can fail: a read planted into the layers of a running engine (``_plant``) is counted
 in each layer's own forward, and the unit test below catches the validated (direct-call) forms'
@@ -363,20 +366,89 @@ def test_no_host_read_per_layer_and_few_per_step(served, name):
               f"sites {w['sites']}; allocations after warm-up {w['alloc']:.0f} (under a layer "
               f"{w['layer_alloc']:.0f}, {w['alloc_bytes'] / 1024:.0f} KiB), vLLM {w['vllm_alloc']:.0f}; "
               f"per model layer {({k: (v['calls'], v['reads'], v['alloc']) for k, v in w['per_layer'].items()})}")
-        assert w["steps"] >= 1
-        assert w["layer"] == 0, w["sites"]
-        assert w["sparkinfer"] <= BUDGET, w["sites"]
+        _check_layers(w)
         assert w["alloc_steps"] >= 1 and 0 < w["alloc"] <= ALLOC_CEILING[name], w["alloc_sites"]
         assert w["layer_alloc"] <= LAYER_ALLOC_CEILING[name], w["alloc_sites"]
-        layers = _model_layers(w)
-        for row in layers.values():  # more layers, the same reads and allocations: none of them is per layer
-            assert row["reads"] == 0 and row["alloc"] == 0, layers
     if len(runs) > 1:  # the planted read: booked in each stock attention layer's own forward, the MTP layer's too
         for w in runs[1]:
             planted = {k: row["reads"] for k, row in _model_layers(w).items()}
             print(f"planted reads per layer and step: {planted}")
             assert all(v > 0 for v in planted.values()), planted
             assert w["layer"] >= len(PATTERN), w["sites"]
+
+
+def _check_layers(w: dict, staged: tuple = ()) -> None:
+    """A worker's decode steps (``host_reads.summarize``): no sparkinfer read under a layer's forward, at
+    most ``BUDGET`` a step, and no read or allocation in any layer of the model but at the ``staged``
+    sites (``GLOO_GATHER``)."""
+    assert w["steps"] >= 1
+    assert w["layer"] == 0, w["sites"]
+    assert w["sparkinfer"] <= BUDGET, w["sites"]
+    layers = _model_layers(w)
+    for row in layers.values():  # more layers, the same reads and allocations: none of them is per layer
+        assert row["reads"] == 0 and row["alloc"] == sum(row["alloc_sites"].get(s, 0) for s in staged), layers
+
+
+# The one allocation a sharded indexer layer makes on CPU: torch's gloo all-gather stages its output in a
+# flat temporary (ProcessGroupGloo's allgather, then a copy into ``out``), inside the collective; NCCL's
+# gathers into ``out`` itself. The probe books it at the gather's sparkinfer frame.
+GLOO_GATHER = "sparkinfer:vllm/indexer_scoring.py:all_gather_into:empty"
+
+
+def _scored_steps(worker=None):
+    from sparkinfer.vllm.indexer_scoring import scored_steps
+
+    return dict(scored_steps)
+
+
+@pytest.fixture(scope="module")
+def sharded_served(model):
+    """(tokens, per-worker decode summaries, per-worker launch comparisons, per-worker indexer calls per
+    scoring) of one more engine, the benchmark's in mode selected with ``indexer_scoring = sharded``:
+    the scoring is fixed per engine (``IndexerScoring``), so ``_serve``'s engine cannot take it."""
+    pytest.importorskip("vllm")
+    import gc
+
+    from vllm import SamplingParams
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for k, v in bench.ENV.items():
+            monkeypatch.setenv(k, v)
+        llm = bench.make_llm(model, "selected", sparkinfer_indexer_scoring="sharded")
+        try:
+            llm.collective_rpc(host_reads.install)
+            llm.collective_rpc(launches.install)
+            out = llm.generate([{"prompt_token_ids": PROMPT}],
+                               SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+            return (list(out[0].outputs[0].token_ids),
+                    [host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)],
+                    llm.collective_rpc(launches.report), llm.collective_rpc(_scored_steps))
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+
+
+@pytest.mark.vllm
+def test_a_sharded_indexer_step_replays(sharded_served):
+    """Every indexer call scored sharded (each rank its owned positions with the paged top-k, then one
+    all-gather and merge, ``replicated_indexer.run_indexer``), and decode steps of one shape make the
+    same launches in every forward, the merge's included, with no read in a layer and no allocation but
+    the CPU collective's own (``GLOO_GATHER``): what lets ``graph_paths`` hold an engine at
+    ``indexer_scoring = sharded`` replay-safe."""
+    tokens, workers, replays, scored = sharded_served
+    assert len(tokens) == MAX_TOKENS
+    assert all(set(c) == {"sharded"} and c["sharded"] > 0 for c in scored), scored
+    _check_replays("selected", replays)
+    for w in replays:  # the compared target forwards ran the sharded op: its candidates and its merge
+        for r in w:
+            sites = {site for _, site, _ in r["breakdown"][0]}
+            assert any(s.startswith("indexer/sharded.py:") for s in sites), sorted(sites)
+    for w in workers:
+        print(f"sharded worker: {w['steps']} decode steps, per step sparkinfer {w['sparkinfer']:.1f} "
+              f"(under a layer {w['layer']:.1f}); allocations after warm-up {w['alloc']:.0f} "
+              f"(under a layer {w['layer_alloc']:.0f})")
+        _check_layers(w, staged=(GLOO_GATHER,))
 
 
 # The target forward's path in each engine (step_path.PATHS): with replicas, a step whose records are

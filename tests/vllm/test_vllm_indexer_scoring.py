@@ -92,18 +92,20 @@ def test_auto_shards_exactly_where_the_cost_model_says_it_pays(dcp_group, monkey
     assert "sharded" in picks and "replicated" in picks
 
 
-def test_may_shard_is_what_the_engine_could_do(monkeypatch):
-    """``may_shard`` (the indexer's CUDA-graph support, graph_paths' ``indexer_sharded``): a fixed
-    setting says it; ``auto`` may wherever a node profile exists, and for a GPU engine judged off the
-    node (no GPU here: its device may have one); never where the indexer is not replicated."""
+def test_chooses_per_step_is_only_auto_with_a_profile(monkeypatch):
+    """``chooses_per_step`` (the indexer's CUDA-graph support, graph_paths' ``indexer_per_step``): a
+    fixed setting, sharded included, never (every step scored one way); ``auto`` wherever a node
+    profile exists, and for a GPU engine judged off the node (no GPU here: its device may have one);
+    never where the indexer is not replicated."""
     from sparkinfer.vllm import indexer_scoring
 
-    assert not indexer_scoring.may_shard(_config("replicated"))
-    assert indexer_scoring.may_shard(_config("sharded"))
-    assert not indexer_scoring.may_shard(_config("sharded", dcp=1))
-    assert not indexer_scoring.may_shard(_config("sharded", dtype="fp8_ds_mla"))  # vLLM's own indexer
-    assert not indexer_scoring.may_shard(_config("auto", device="cpu"))  # no GPU, no profile
+    assert not indexer_scoring.chooses_per_step(_config("replicated"))
+    assert not indexer_scoring.chooses_per_step(_config("sharded"))
+    assert not indexer_scoring.chooses_per_step(_config("auto", dcp=1))
+    assert not indexer_scoring.chooses_per_step(_config("auto", dtype="fp8_ds_mla"))  # vLLM's own indexer
+    assert not indexer_scoring.chooses_per_step(_config("auto", device="cpu"))  # no GPU, no profile
     if not torch.cuda.is_available():
-        assert indexer_scoring.may_shard(_config("auto"))  # a CUDA engine judged off its node
+        assert indexer_scoring.chooses_per_step(_config("auto"))  # a CUDA engine judged off its node
     monkeypatch.setattr(indexer_scoring, "node_profile", lambda cfg: (cm.load_profile("rtx_pro_6000_x4"), GLM52))
-    assert indexer_scoring.may_shard(_config("auto", device="cpu"))
+    assert indexer_scoring.chooses_per_step(_config("auto", device="cpu"))
+    assert not indexer_scoring.chooses_per_step(_config("sharded", device="cpu"))
