@@ -91,7 +91,7 @@ def test_triton_peaky_softmax_splits_and_bf16(name):
     scale = 0.5
     ref = oracle(q_nope, q_rope, records, fmt, indices, scale)
     # ~120 valid of K=150 (compacted first) in tiles of 64 keys (NVFP4, bf16 queries) or 32 (656): S=1 walks
-    # 2 or 4 tiles and a partial one, S=3 -> 64 + ~56 + an empty split, S=5 -> NVFP4 2 busy, 3 empty.
+    # 1 or 3 full tiles and a partial one, S=3 -> 64 + ~56 + an empty split, S=5 -> NVFP4 2 busy, 3 empty.
     for splits in (1, 3, 5):
         out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale, backend="triton",
                                      num_splits=splits)
