@@ -185,14 +185,15 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     s = _splits(m, h, listed)
     # grid (M, H / BLOCK_H, S); split i walks keys [i kps, min((i + 1) kps, k)) in BLOCK_K tiles
     # (kps = ceil(ceil(k / S) / BLOCK_K) BLOCK_K, the kernel's k_per_split); rows and head blocks alike
-    kps = _cdiv(_cdiv(k, s), td.BLOCK_K) * td.BLOCK_K
-    tiles = sum(_cdiv(max(0, min(kps, k - i * kps)), td.BLOCK_K) for i in range(s))
-    hb = _cdiv(h, td.BLOCK_H)
     lay = {x.short: x for x in (NVFP4_368, NVFP4_432, FP8_DS_MLA)}[fmt]
+    bk = td.block_k(lay, torch.bfloat16, 4 if paged else 16)  # the engine's bf16 queries
+    kps = _cdiv(_cdiv(k, s), bk) * bk
+    tiles = sum(_cdiv(max(0, min(kps, k - i * kps)), bk) for i in range(s))
+    hb = _cdiv(h, td.BLOCK_H)
     # the compiled variant the wrapper launches: with the fused merge for S > 1, ",s1" for one split
     warps = td.launch_options(lay, torch.bfloat16)["num_warps"]  # the engine's bf16 queries
     launch = _launch(f"sparse_mla_decode[{fmt}{',a4' if paged else ''}{'' if s > 1 else ',s1'}]", m * hb * s, warps,
-                     m * hb * tiles, f"{td.BLOCK_K}-key tiles")
+                     m * hb * tiles, f"{bk}-key tiles")
     out = m * h * (LATENT + 1) * 4
     nbytes = gathered * RECORD[fmt] + m * listed * listed_bytes + 2 * m * k * 8 + m * h * (LATENT + ROPE) * 2 \
         + (2 * s * out + out if s > 1 else out)

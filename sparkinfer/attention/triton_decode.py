@@ -10,8 +10,9 @@ ceil(H / BLOCK_H) x S). Program (m, hb, s):
    about 3/4 of a rank's top-k is -1 (tokens of other ranks), so the attention walks only this
    rank's records, in equal slices. The list is read from DRAM once; the row's other programs
    find it in L2. (A separate compaction kernel did this before: one more launch.)
-2. walks its slice of the compacted indices, gathers those records and decodes them into bf16 tiles: the latent in chunks (NVFP4: two of
-   [BLOCK_K, 256]; 656: four of [BLOCK_K, 128]) and the rope [BLOCK_K, 64], with the packed decoders
+2. walks its slice of the compacted indices, gathers those records and decodes them into bf16
+   tiles: the latent in chunks (656: four of [BLOCK_K, 128]; NVFP4 four of [64, 128] at 64 keys a
+   tile, else two of [32, 256]) and the rope [BLOCK_K, 64], with the packed decoders
    of ``triton_codes`` (on a GPU inline PTX, two codes per instruction; NVFP4 tiles hold value x group
    scale / NVFP4_SHIFT, a power of two that the per-key scale a_j below takes back) and their
    columns in the decoders' pair order (``_tile_cols``: queries and outputs follow it). The decoded values
@@ -70,13 +71,13 @@ PRECISIONS = ("bf16x2", "bf16")
 
 # Launch configuration (tests/attention/test_attention_compile.py compiles every one for sm_120 and sm_90
 # and checks ptxas: no spills, mma present, shared memory <= 99 KB, the sm_120 per-block limit).
-# 16 heads fill the M = 16 of an mma.sync tile; 32 keys per tile give the QK dot N = 32 and the
-# PV dot K = 32. num_stages = 1: the loads are data-dependent gathers, so Triton cannot pipeline
-# them and extra stages would only cost shared memory.
+# 16 heads fill the M = 16 of an mma.sync tile; BLOCK_K keys per tile (32 or 64, by launch below)
+# give the QK dot N = BLOCK_K and the PV dot K = BLOCK_K. num_stages = 1: the loads are
+# data-dependent gathers, so Triton cannot pipeline them and extra stages would only cost shared memory.
 BLOCK_H = HEAD_BLOCK  # 16: the attention arena counts its partials in these programs
-BLOCK_K = 32
 NUM_STAGES = 1
-# Warps and a ptxas register ceiling (.maxnreg; None: ptxas's choice) by (format, split queries).
+# Warps, a ptxas register ceiling (.maxnreg; None: ptxas's choice) and keys per tile by (format, split
+# queries).
 # bf16 queries (the engine's): 4 warps. The QK dot's N is the tile's 32 keys, four mma.sync n-tiles
 # of 8: with 8 warps, warps 4-7 repeated warps 0-3's QK (and its shared-memory loads), so 4 warps
 # issue fewer instructions per tile in all (benchmarks/kernel_report.py: the 368 kernel on sm_90,
@@ -85,8 +86,16 @@ NUM_STAGES = 1
 # 168, spilled 16 B). fp32 queries (hi + lo: twice the query registers): 8 warps,
 # the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 232
 # (255 spilled 8 B, 200 56 B on sm_120 with one split).
-LAUNCH = {(NVFP4_368.name, False): (4, 255), (NVFP4_432.name, False): (4, 255), (FP8_DS_MLA.name, False): (4, 255),
-          (NVFP4_368.name, True): (8, None), (NVFP4_432.name, True): (8, 200), (FP8_DS_MLA.name, True): (8, 232)}
+# Keys per tile: the online softmax's per-tile work (the accumulator rescale: 64 FMUL a thread at 4
+# warps, the row max and sum) and the queries' shared-memory loads (each warp reads all 576 query
+# columns per tile: 36 LDSM) are per tile, the decode, the MMAs and the PV tile's loads per key, so 64
+# keys issue fewer instructions per key (the 368 kernel on sm_90: 1,519 per 64 keys against 868 per
+# 32). NVFP4 with bf16 queries fits it without a spill (its latent in four 128-column chunks, each
+# decoded, stored and multiplied before the next); the 656 kernel spilled 56 B at 64 keys on sm_90 and
+# the 432 one with fp32 queries 16 B (ceiling 200): 32 keys.
+LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 255, 64),
+          (FP8_DS_MLA.name, False): (4, 255, 32), (NVFP4_368.name, True): (8, None, 32),
+          (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 232, 32)}
 # Listed indices a program scans at a time when it compacts its split (``_compact_split``): 256 int64
 # are one register pair a thread at 8 warps; a wider block only widens the scan.
 COMPACT_BLOCK = 256
@@ -132,15 +141,15 @@ def _tile_cols(c, PER_WORD: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_chunk(row_ptr, vm, B: tl.constexpr, ASM: tl.constexpr):
-    """Latent columns [256B, 256B+256) of NVFP4 records -> bf16 [BK, 256]: E2M1 value x E4M3 group scale
+def _nvfp4_chunk(row_ptr, vm, B: tl.constexpr, CW: tl.constexpr, ASM: tl.constexpr):
+    """Latent columns [CW B, CW (B+1)) of NVFP4 records -> bf16 [BK, CW]: E2M1 value x E4M3 group scale
     / NVFP4_SHIFT (``e2m1x8_to_bf16``; the caller multiplies its per-key scale by NVFP4_SHIFT).
 
-    Word w of the chunk holds its elements 8w..8w+7 (low nibble first), all in group 16B + w // 2.
+    Word w of the chunk holds its elements 8w..8w+7 (low nibble first), all in group CW B / 16 + w // 2.
     """
-    words = _words(row_ptr, vm, 128 * B, 32)
-    w = tl.arange(0, 32)
-    sc = tl.load(row_ptr[:, None] + 256 + 16 * B + w[None, :] // 2, mask=vm, other=0)
+    words = _words(row_ptr, vm, CW // 2 * B, CW // 8)
+    w = tl.arange(0, CW // 8)
+    sc = tl.load(row_ptr[:, None] + 256 + CW // 16 * B + w[None, :] // 2, mask=vm, other=0)
     e0, e1, e2, e3, e4, e5, e6, e7 = e2m1x8_to_bf16(words, sc.to(tl.uint32), ASM)
     return _join8(e0, e4, e1, e5, e2, e6, e3, e7)  # the decoder's pairs side by side: ``_tile_cols``
 
@@ -251,23 +260,19 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
 
 @triton.jit
 def _softmax_pv(s, m_i, l_i, acc0, acc1, acc2, acc3, t0, t1, t2, t3, a0, a1, a2, a3,
-                NVFP4: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr):
+                FOUR: tl.constexpr, P_SPLIT: tl.constexpr, F32_DOT: tl.constexpr):
     """One online-softmax step over base-2 scores s [BH, BK] (-inf: not a key of that row) and the PV
-    update of the accumulators -> (m', l', acc0..acc3). NVFP4: t0, t1 with the per-key scale a0 (the
-    rest unused); 656: chunk c is t_c with its per-key scale a_c."""
+    update of the accumulators -> (m', l', acc0..acc3): chunk c is t_c with its per-key scale a_c (NVFP4:
+    a0 for all); FOUR: four chunks, else two (t2, t3, acc2, acc3 unused)."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     # A finite anchor keeps rows that have seen no valid key at exactly 0 (no -inf - -inf).
     anchor = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - anchor)
     p = tl.exp2(s - anchor[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if NVFP4:
-        pa = p * a0[None, :]
-        acc0 = _pv(pa, t0, acc0 * alpha[:, None], P_SPLIT, F32_DOT)
-        acc1 = _pv(pa, t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
-    else:
-        acc0 = _pv(p * a0[None, :], t0, acc0 * alpha[:, None], P_SPLIT, F32_DOT)
-        acc1 = _pv(p * a1[None, :], t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
+    acc0 = _pv(p * a0[None, :], t0, acc0 * alpha[:, None], P_SPLIT, F32_DOT)
+    acc1 = _pv(p * a1[None, :], t1, acc1 * alpha[:, None], P_SPLIT, F32_DOT)
+    if FOUR:
         acc2 = _pv(p * a2[None, :], t2, acc2 * alpha[:, None], P_SPLIT, F32_DOT)
         acc3 = _pv(p * a3[None, :], t3, acc3 * alpha[:, None], P_SPLIT, F32_DOT)
     return m_new, l_i, acc0, acc1, acc2, acc3
@@ -308,8 +313,11 @@ def _sparse_mla_decode_kernel(
     hmask = heads < H
     r = tl.arange(0, 64)
     NVFP4: tl.constexpr = FMT != 2
-    # Latent chunks: NVFP4 2 x 256 columns (one E4M3 group scale per 16), 656 4 x 128 (one tile scale each).
-    CW: tl.constexpr = 256 if NVFP4 else 128
+    # Latent chunks: 656 4 x 128 columns (one tile scale each); NVFP4 (one E4M3 group scale per 16
+    # columns) 4 x 128 at 64 keys a tile (two decoded [64, 256] chunks live at once spilled), else 2 x 256
+    # (four chunks spilled the 432 kernel over 4-byte aligned records on sm_120, 36 B).
+    CW: tl.constexpr = 128 if FMT == 2 or BLOCK_K == 64 else 256
+    FOUR: tl.constexpr = CW == 128
     cw = tl.arange(0, CW)
     # the latent and rope elements behind the tiles' columns (``_tile_cols``): NVFP4 8 codes a word,
     # E4M3 4; the bf16 rope is in order
@@ -321,9 +329,9 @@ def _sparse_mla_decode_kernel(
     qn_row = qn_ptr + m * s_qn_m + heads[:, None] * s_qn_h
     q0h, q0l = _load_q(qn_row, col, hmask, Q_SPLIT)
     q1h, q1l = _load_q(qn_row, CW + col, hmask, Q_SPLIT)
-    if not NVFP4:
-        q2h, q2l = _load_q(qn_row, 256 + col, hmask, Q_SPLIT)
-        q3h, q3l = _load_q(qn_row, 384 + col, hmask, Q_SPLIT)
+    if FOUR:
+        q2h, q2l = _load_q(qn_row, 2 * CW + col, hmask, Q_SPLIT)
+        q3h, q3l = _load_q(qn_row, 3 * CW + col, hmask, Q_SPLIT)
     qrh, qrl = _load_q(qr_ptr + m * s_qr_m + heads[:, None] * s_qr_h, rcol, hmask, Q_SPLIT)
 
     m_i, l_i, acc0, acc1, acc2, acc3 = _start(BLOCK_H, CW)
@@ -336,10 +344,19 @@ def _sparse_mla_decode_kernel(
         vm = valid[:, None]
         zero_s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
         if NVFP4:
-            t0 = _nvfp4_chunk(row_ptr, vm, 0, ASM)
-            t1 = _nvfp4_chunk(row_ptr, vm, 1, ASM)
-            t2, t3 = t0, t1  # unused: NVFP4 has two latent tiles
-            s_lat = _qk(q1h, q1l, t1, _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT), Q_SPLIT, F32_DOT)
+            t0 = _nvfp4_chunk(row_ptr, vm, 0, CW, ASM)
+            if FOUR:  # each chunk decoded, stored and multiplied before the next is decoded (registers)
+                s_lat = _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT)
+                t1 = _nvfp4_chunk(row_ptr, vm, 1, CW, ASM)
+                s_lat = _qk(q1h, q1l, t1, s_lat, Q_SPLIT, F32_DOT)
+                t2 = _nvfp4_chunk(row_ptr, vm, 2, CW, ASM)
+                s_lat = _qk(q2h, q2l, t2, s_lat, Q_SPLIT, F32_DOT)
+                t3 = _nvfp4_chunk(row_ptr, vm, 3, CW, ASM)
+                s_lat = _qk(q3h, q3l, t3, s_lat, Q_SPLIT, F32_DOT)
+            else:  # two, decoded before the QK (interleaved, the 368 kernel spilled 20 B over 4-byte records on sm_120)
+                t1 = _nvfp4_chunk(row_ptr, vm, 1, CW, ASM)
+                t2, t3 = t0, t1  # unused
+                s_lat = _qk(q1h, q1l, t1, _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT), Q_SPLIT, F32_DOT)
             if FMT == 0:
                 a0 = load_f32(row_ptr + 292, valid) * NVFP4_SHIFT  # per-token outer scale s_t (tiles: / NVFP4_SHIFT)
                 b = load_f32(row_ptr + 288, valid)  # rope scale r
@@ -348,7 +365,7 @@ def _sparse_mla_decode_kernel(
             else:
                 a0 = tl.full([BLOCK_K], NVFP4_SHIFT, tl.float32) * outer_scale
                 s = a0[None, :] * s_lat + _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 304), zero_s, Q_SPLIT, F32_DOT)
-            a1, a2, a3 = a0, a0, a0  # one per-key scale for both tiles
+            a1, a2, a3 = a0, a0, a0  # one per-key scale for every chunk
         else:
             t0, a0 = _e4m3_tile(row_ptr, vm, 0, 32, ASM), load_f32(row_ptr + 512, valid)
             t1, a1 = _e4m3_tile(row_ptr, vm, 128, 32, ASM), load_f32(row_ptr + 516, valid)
@@ -362,7 +379,7 @@ def _sparse_mla_decode_kernel(
         # Base-2 scores: qk_scale = scale * log2(e).
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_i, l_i, acc0, acc1, acc2, acc3 = _softmax_pv(s, m_i, l_i, acc0, acc1, acc2, acc3, t0, t1, t2, t3,
-                                                       a0, a1, a2, a3, NVFP4, P_SPLIT, F32_DOT)
+                                                       a0, a1, a2, a3, FOUR, P_SPLIT, F32_DOT)
 
     inv_l, lse = _finish(m_i, l_i)
     vmask = hmask[:, None]
@@ -370,17 +387,17 @@ def _sparse_mla_decode_kernel(
         o_row = out_ptr + m * s_out_m + heads[:, None] * s_out_h
         _store_out(o_row + col[None, :], acc0 * inv_l[:, None], vmask, OUT_BF16)
         _store_out(o_row + CW + col[None, :], acc1 * inv_l[:, None], vmask, OUT_BF16)
-        if not NVFP4:
-            _store_out(o_row + 256 + col[None, :], acc2 * inv_l[:, None], vmask, OUT_BF16)
-            _store_out(o_row + 384 + col[None, :], acc3 * inv_l[:, None], vmask, OUT_BF16)
+        if FOUR:
+            _store_out(o_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], vmask, OUT_BF16)
+            _store_out(o_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], vmask, OUT_BF16)
         tl.store(lse_ptr + m * s_lse_m + heads, lse, mask=hmask)
     else:
         p_row = po_ptr + split * s_po_s + m * s_po_m + heads[:, None] * s_po_h
         tl.store(p_row + col[None, :], acc0 * inv_l[:, None], mask=vmask)
         tl.store(p_row + CW + col[None, :], acc1 * inv_l[:, None], mask=vmask)
-        if not NVFP4:
-            tl.store(p_row + 256 + col[None, :], acc2 * inv_l[:, None], mask=vmask)
-            tl.store(p_row + 384 + col[None, :], acc3 * inv_l[:, None], mask=vmask)
+        if FOUR:
+            tl.store(p_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], mask=vmask)
+            tl.store(p_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], mask=vmask)
         tl.store(pl_ptr + split * s_pl_s + m * s_pl_m + heads, lse, mask=hmask)
         # Every thread's partial is written (barrier) before the ticket is taken (acq_rel, gpu scope);
         # the S programs of a (row, head block) share its ticket and the last one merges.
@@ -562,8 +579,14 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
 
 def launch_options(lay: RecordLayout, q_dtype: torch.dtype) -> dict:
     """num_warps and, where set, the ptxas register ceiling of a launch (``LAUNCH``)."""
-    warps, ceiling = LAUNCH[(lay.name, q_dtype != torch.bfloat16)]
+    warps, ceiling, _ = LAUNCH[(lay.name, q_dtype != torch.bfloat16)]
     return {"num_warps": warps} if ceiling is None else {"num_warps": warps, "maxnreg": ceiling}
+
+
+def block_k(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int = 16) -> int:
+    """Keys per tile of a launch (``LAUNCH``); 32 over records 4-byte aligned (``record_alignment``): their
+    4-byte loads take more registers, and the 368 kernel spilled 16 B at 64 keys on sm_120."""
+    return LAUNCH[(lay.name, q_dtype != torch.bfloat16)][2] if rec_align == 16 else 32
 
 
 def record_alignment(records: torch.Tensor) -> int:
@@ -583,7 +606,8 @@ def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: st
     if dot_precision not in PRECISIONS:
         raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     split = dot_precision == "bf16x2"
-    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K, BLOCK_C=COMPACT_BLOCK,
+    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=block_k(lay, q_dtype, rec_align),
+                BLOCK_C=COMPACT_BLOCK,
                 Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted, OUT_BF16=bf16_out,
                 MERGE=merge, ASM=not interpreted, REC_ALIGN=rec_align)
 

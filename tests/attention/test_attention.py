@@ -87,10 +87,11 @@ def test_decode_matches_float64(name, backend):
 def test_triton_peaky_softmax_splits_and_bf16(name):
     """Large scale (scores spread over ~100 nats) exercises the running-max rescale; splits exercise merge."""
     fmt = get_format(name)
-    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=4, k=56, seed=1, q_dtype=torch.bfloat16)
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=4, k=150, seed=1, q_dtype=torch.bfloat16)
     scale = 0.5
     ref = oracle(q_nope, q_rope, records, fmt, indices, scale)
-    # ~45 valid of K=56 (compacted first), tiles of 32: S=3 -> 32 + 13 + an empty split, S=5 -> 2 busy, 3 empty.
+    # ~120 valid of K=150 (compacted first) in tiles of 64 keys (NVFP4, bf16 queries) or 32 (656): S=1 walks
+    # 1 or 3 full tiles and a partial one, S=3 -> 64 + ~56 + an empty split, S=5 -> NVFP4 2 busy, 3 empty.
     for splits in (1, 3, 5):
         out, lse = sparse_mla_decode(q_nope, q_rope, records, fmt, indices, scale, backend="triton",
                                      num_splits=splits)
