@@ -29,7 +29,7 @@ sb = importlib.util.module_from_spec(spec)
 sys.modules["serve_bench"] = sb  # dataclasses look their module up there
 spec.loader.exec_module(sb)
 
-SLACK = 0.25  # upper slack for a loaded 2-core CI box; the lower bound (>= the configured delay) is strict
+SLACK = 0.25  # upper slack for a loaded 2-core CI box; lower bounds: see each test
 
 
 class FakeServer:
@@ -145,7 +145,10 @@ def test_decode_itl_and_rates(client, tokens_per_chunk):
         four = sb.decode(srv.url, "m", 4, 32, n, 30.0, sb.random.Random(1))
     chunks = -(-n // tokens_per_chunk)
     for row in (one, four):
-        assert itl * 1e3 <= row.itl_p50_ms <= (itl + SLACK / 2) * 1e3, row
+        # the median gap is not strict below: a chunk the client reads late shortens the gap after it
+        # (17 ms of 20 seen with 3 tokens a chunk at load 8 on the 2-core CI box); the strict bound is
+        # first chunk to last, below
+        assert itl * 0.5e3 <= row.itl_p50_ms <= (itl + SLACK / 2) * 1e3, row
         assert row.itl_p50_ms <= row.itl_p99_ms
         # a stream: n - 1 tokens after the first, over (chunks - 1) gaps of itl. Faster only by how
         # late the client read the first chunk (4 ms of 80 seen on a loaded CI box); measured from the
