@@ -128,7 +128,8 @@ def log_graph_support(runtime, cudagraph_mode) -> None:
     why = "; ".join(f"{p}: {reason}" for p, reason in unsafe(PARTS).items()) or "none"
     logging.getLogger("vllm.sparkinfer").info(
         "sparkinfer: CUDA graph support per builder (AttentionCGSupport): %s. FULL graphs capture uniform "
-        "decode batches, each on the path fixed for its size, and a step on another path runs without it; "
+        "decode batches, each on the path and indexer scoring fixed for its size, and a step that chose "
+        "otherwise runs without it; "
         "not replay-safe yet: %s. With cudagraph_mode %s vLLM keeps a NEVER part outside its captured "
         "pieces (PIECEWISE) and resolves FULL decode graphs only where every builder supports them",
         declared, why, cudagraph_mode)

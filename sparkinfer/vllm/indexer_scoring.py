@@ -15,7 +15,9 @@ be scored two ways, with the same top-k on every rank either way:
 ``1 - 1/DCP`` of the context saved against one all-gather; on the RTX PRO 6000 node sharded pays
 above ~22.5K tokens of context at batch 1 with MTP3), and ``replicated`` where no profile is known
 (the CPU). Every rank decides from the step's positions, which are the same on every rank, so all
-ranks enter the all-gather together.
+ranks enter the all-gather together. Each way launches its own kernels, so a FULL CUDA graph holds
+one: the scoring is part of the step's ``graph_paths.GraphChoice``, a capture run scored as the host
+scores that many requests at the engine's longest context (``for_capture``).
 """
 
 from __future__ import annotations
@@ -84,20 +86,6 @@ def _resolve(vllm_config):
     return ("replicated", None, None) if profile is None else ("auto", profile, geom)
 
 
-def chooses_per_step(vllm_config) -> bool:
-    """Whether this engine picks each step's scoring from its contexts (``auto`` with a node profile;
-    at engine start, before any builder): its steps' launches then differ by more than their shape
-    (an all-gather in some, none in others), which ``graph_paths`` refuses to capture. A fixed setting
-    scores every step one way. ``auto`` for a GPU engine judged where no GPU is (``serve --dry-run``
-    off the node) may: the node's device may have a profile."""
-    if not _replicated(vllm_config) or _setting(vllm_config) != "auto":
-        return False
-    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
-    if device == "cuda" and not torch.cuda.is_available():
-        return True
-    return _resolve(vllm_config)[0] == "auto"
-
-
 class IndexerScoring:
     """One per indexer metadata builder: ``for_step`` gives the step's ``ShardedScoring`` or None."""
 
@@ -136,5 +124,22 @@ class IndexerScoring:
         from sparkinfer.core.costmodel import choose_indexer
 
         rows_context = float(positions.sum()) + len(positions)
-        pick = choose_indexer(self.profile, rows_context, len(positions), self.dcp, self.geom)
+        return self._share(choose_indexer(self.profile, rows_context, len(positions), self.dcp, self.geom))
+
+    def for_capture(self, num_reqs: int, rows: int, longest_context: int) -> ShardedScoring | None:
+        """The share a FULL CUDA graph of ``num_reqs`` uniform decode requests of ``rows`` query rows is
+        captured with: the fixed setting's, or ``auto``'s choice for them at ``longest_context``
+        (``graph_paths.capture_scoring``)."""
+        if self._sharded is None or self.setting == "sharded":
+            return self._sharded
+        from sparkinfer.decode.graph_paths import capture_scoring
+
+        return self._share(capture_scoring(self.profile, self.geom, self.dcp, num_reqs, rows, longest_context))
+
+    def _share(self, pick: str) -> ShardedScoring | None:
         return self._sharded if pick == "sharded" else None
+
+
+def scoring_of(share: ShardedScoring | None) -> str:
+    """The ``graph_paths.SCORINGS`` name of a step's share."""
+    return "replicated" if share is None else "sharded"

@@ -279,13 +279,10 @@ class Graphs:
 def engine_parts(vllm_config) -> tuple[str, ...]:
     """The sparkinfer builders' parts (``graph_paths.PARTS``) an engine's steps run whose attention is
     sparkinfer's: the attention, and the indexer where sparkinfer serves it (``serves_replicated_indexer``;
-    elsewhere vLLM's own indexer runs), ``indexer_per_step`` too where its scoring is picked per step."""
+    elsewhere vLLM's own indexer runs)."""
     from sparkinfer.vllm.indexer_layout import serves_replicated_indexer
-    from sparkinfer.vllm.indexer_scoring import chooses_per_step
 
-    if not serves_replicated_indexer(vllm_config):
-        return ("attention",)
-    return ("attention", "indexer", "indexer_per_step") if chooses_per_step(vllm_config) else ("attention", "indexer")
+    return ("attention", "indexer") if serves_replicated_indexer(vllm_config) else ("attention",)
 
 
 def graph_problem(g: Graphs) -> str | None:

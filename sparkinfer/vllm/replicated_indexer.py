@@ -40,7 +40,7 @@ from sparkinfer.decode import graph_paths
 from sparkinfer.formats import get_format
 from sparkinfer.vllm import worker_runtime
 from sparkinfer.vllm.indexer_layout import serves_replicated_indexer  # noqa: F401 (patch 0003 calls it here)
-from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, chooses_per_step, scored_steps
+from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scored_steps, scoring_of
 
 E4M3_MAX = 448.0
 INDEXER_FORMAT = get_format("indexer_fp8")  # the indexer cache's 132-byte key records
@@ -376,16 +376,10 @@ def indexer_backend():
 
     class SparkinferIndexerBuilder(AttentionMetadataBuilder):
         # On the Triton backend (every GPU) the op's launches follow the rows alone (the paged top-k,
-        # ``_paged``); the torch backend's host-planned lists follow the contexts, but it runs on CPU,
-        # where nothing is captured. What this declares: ``graph_paths`` (an engine that picks each
-        # step's scoring, NEVER; one scoring every step, sharded included; docs/design/cuda-graphs.md).
+        # ``_paged``) and the step's scoring, which a FULL graph holds fixed (``build_for_cudagraph_capture``);
+        # the torch backend's host-planned lists follow the contexts, but it runs on CPU, where nothing
+        # is captured. What this declares: ``graph_paths`` (docs/design/cuda-graphs.md).
         _cudagraph_support = AttentionCGSupport[graph_paths.support("indexer")]
-
-        @classmethod
-        def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
-            if vllm_config is not None and chooses_per_step(vllm_config):
-                return AttentionCGSupport[graph_paths.support("indexer_per_step")]
-            return cls._cudagraph_support
 
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device, **_):
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -411,9 +405,30 @@ def indexer_backend():
             self._pos, self._slots = (torch.empty(t, dtype=torch.int64, device=device) for _ in range(2))
 
         def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+            """The target model step's metadata; its scoring is what the runner's hook holds the step's
+            FULL graph to (``graph_paths.GraphPaths``)."""
+            md = self._build(common_attn_metadata)
+            self.runtime.graphs.choose(scoring=scoring_of(md.sharded))
+            return md
+
+        def build_for_cudagraph_capture(self, common_attn_metadata):
+            """A capture (or FULL warm-up) run of a uniform decode batch: scored as the host scores that
+            many requests at the engine's longest context (``IndexerScoring.for_capture``), which the
+            worker records for its replays."""
+            md = self._build(common_attn_metadata, capture=True)
+            self.runtime.graphs.capture(common_attn_metadata.num_actual_tokens, scoring=scoring_of(md.sharded))
+            return md
+
+        def build_for_drafting(self, common_attn_metadata, draft_index):
+            """MTP draft passes score by their own positions and record nothing: they run outside the
+            FULL graphs (vLLM's drafter captures piecewise), after the target step's hook."""
+            return self._build(common_attn_metadata)
+
+        def _build(self, common_attn_metadata, capture: bool = False):
             """Planned on the host from vLLM's host copies (``step_plan``); the causal positions and
             slots are made on the device from its exact ``seq_lens`` (a drafter's host lengths are
-            only an upper bound), so nothing is read back."""
+            only an upper bound), so nothing is read back. ``capture``: the scoring is the one fixed for
+            the batch's size, not the host's choice for its positions (a capture run's are not real)."""
             from sparkinfer.decode import step_plan
 
             cm = common_attn_metadata
@@ -432,9 +447,10 @@ def indexer_backend():
             # a row vLLM padded the batch with (``step_plan.token_layout``: its request's sequence length
             # 0, position -1) scores no key and writes none
             slots.masked_fill_(pos < 0, -1)
+            share = self._capture_share(cm.num_reqs) if capture else self.scoring.for_step(positions)
             md = ReplicatedIndexerMetadata(n, cm.num_reqs, torch.from_numpy(token_req), pos,
-                                           torch.from_numpy(seq_lens), table, slots,
-                                           self.scoring.for_step(positions), host_qsl=qsl, host_seq_lens=seq_lens,
+                                           torch.from_numpy(seq_lens), table, slots, share,
+                                           host_qsl=qsl, host_seq_lens=seq_lens,
                                            step=self.step, workspace=self.workspace,
                                            merge=self.merge, row_req=tr, paged_tile=self.paged_tile,
                                            rows_per_req=1 + _drafts(self.vllm_config))
@@ -442,6 +458,13 @@ def indexer_backend():
             if cache is not None and not _paged(cache, md):  # the step's lists planned here, not in a layer
                 _step_rows(cache, md, md.sharded)
             return md
+
+        def _capture_share(self, num_reqs: int):
+            """The scoring a FULL graph of ``num_reqs`` uniform decode requests is captured with: the host's
+            choice for them at the engine's longest context (``graph_paths.capture_scoring``)."""
+            rows = 1 + _drafts(self.vllm_config)
+            longest = max(self.vllm_config.model_config.max_model_len - rows, 0)
+            return self.scoring.for_capture(num_reqs, rows, longest)
 
         def _layer_cache(self):
             """The first indexer layer's cache once vLLM has bound it (every layer's has its shape and

@@ -29,7 +29,7 @@ Kernels come from ``sparkinfer.decode.impls`` (Triton on a GPU or with ``SPARKIN
 CUDA graphs: the builder declares what ``decode.graph_paths`` says of the attention (``UNIFORM_BATCH``:
 FULL graphs of uniform decode batches), builds a capture run on the path fixed for the graph's size
 (``build_for_cudagraph_capture``) and records it and each step's path in the worker's
-``GraphPaths``, which the runner's hook (patch 0008, ``sparkinfer.vllm.graph_dispatch``) reads before
+``GraphPaths`` (the indexer's builder records the scoring beside it), which the runner's hook (patch 0008, ``sparkinfer.vllm.graph_dispatch``) reads before
 it replays a FULL graph; the worker logs its graph line once.
 
 On CUDA it validates for compute capability 9.x (the H200 test machines) and 12.x (sm_120), and
@@ -112,7 +112,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         self.runtime.checks.poll()  # a check set by an earlier step's forward fails the engine here
         md = self._build(common_attn_metadata, may_select=True)
         if self._tells_the_path():
-            self.runtime.graphs.step_path = md.path  # what the runner's hook holds the FULL graph to
+            self.runtime.graphs.choose(path=md.path)  # what the runner's hook holds the FULL graph to
         return md
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
@@ -120,7 +120,7 @@ class SparseMetadataBuilder(AttentionMetadataBuilder):
         graph's size (``graph_paths.capture_path``), which the worker records for its replays."""
         md = self._build(common_attn_metadata, may_select=True, capture=True)
         if self._tells_the_path():
-            self.runtime.graphs.capture(common_attn_metadata.num_actual_tokens, md.path)
+            self.runtime.graphs.capture(common_attn_metadata.num_actual_tokens, path=md.path)
         return md
 
     def _tells_the_path(self) -> bool:

@@ -375,7 +375,6 @@ ATTENTION_OP = "vllm::unified_mla_attention_with_output"
 WORKER = [  # every reason patched vLLM's worker refuses at engine start (model_config_check.worker_problems):
     # (profile, --set overrides, what the FAIL lines name, in order); tests/vllm/test_engine_start.py
     # holds each against the worker's own check
-    (PROFILE, ["vllm.compilation_config.cudagraph_mode=FULL"], ["cudagraph_mode FULL captures mixed"]),
     (PROFILE, [f"vllm.compilation_config.splitting_ops=['{ATTENTION_OP}']"],
      [f"splitting_ops ['{ATTENTION_OP}'] leaves ['vllm::sparse_attn_indexer', 'vllm::unified_mla_kv_cache_update']"]),
     (PROFILE, ["env.VLLM_USE_BREAKABLE_CUDAGRAPH=1"], ["the breakable CUDA graph"]),  # over the profile's 0

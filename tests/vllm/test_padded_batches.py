@@ -72,7 +72,7 @@ def _builders(runtime):
     attn._uploads = Uploads("cpu", 128)
     cls = indexer_backend().get_builder_cls()
     index = cls.__new__(cls)
-    index.vllm_config, index.kv_cache_spec = cfg, SimpleNamespace(block_size=BLOCK)
+    index.vllm_config, index.runtime, index.kv_cache_spec = cfg, runtime, SimpleNamespace(block_size=BLOCK)
     index.scoring = SimpleNamespace(for_step=lambda positions: None)  # replicated scoring
     index.step, index.workspace, index.merge = ForwardStep.of(runtime), TopkWorkspace(1 << 20, "cpu"), None
     index.paged_tile = 64 if index.step.backend == "triton" else None

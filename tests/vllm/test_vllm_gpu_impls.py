@@ -517,11 +517,10 @@ def _host_reads(fn):
 
 
 @pytest.mark.vllm
-def test_builders_declare_what_the_statement_says_and_its_claim_holds():
-    """Each sparkinfer builder declares what ``graph_paths.support`` says of its part (the attention
-    ``UNIFORM_BATCH``; a part ``NOT_REPLAY_SAFE`` names, ``NEVER``), and the statement's claim about
-    the indexer holds: its op reads each request's lengths and rows back to the host, so its launches
-    follow the contexts (a captured graph would replay stale ones)."""
+def test_builders_declare_what_the_statement_says():
+    """Each sparkinfer builder declares what ``graph_paths.support`` says of its part, whatever the
+    engine's indexer scoring (``auto``'s per-step choice is part of the step's graph choice, a fixed
+    one scores every step one way): today both ``UNIFORM_BATCH``."""
     pytest.importorskip("vllm")
     from vllm.v1.attention.backend import AttentionCGSupport
 
@@ -532,24 +531,16 @@ def test_builders_declare_what_the_statement_says_and_its_claim_holds():
 
     indexer = indexer_backend().get_builder_cls()
     builders = {"attention": SparseMetadataBuilder, "indexer": indexer}
-    assert set(builders) | {"indexer_per_step"} == set(graph_paths.PARTS)
-    for part, builder in builders.items():
-        assert builder.get_cudagraph_support(None, None) is AttentionCGSupport[graph_paths.support(part)], part
-    assert SparseMetadataBuilder.get_cudagraph_support(None, None) is AttentionCGSupport.UNIFORM_BATCH
-    # an engine that picks each step's scoring (auto, a CUDA engine judged off its node): the indexer's
-    # builder declares that part's support; a fixed scoring, sharded included, the indexer's
-    cases = [("sharded", "indexer"), ("replicated", "indexer")]
-    if not torch.cuda.is_available():
-        cases.append(("auto", "indexer_per_step"))
-    for scoring, part in cases:
+    assert set(builders) == set(graph_paths.PARTS)
+    for scoring in ("auto", "sharded", "replicated"):
         config = types.SimpleNamespace(
             additional_config={ADDITIONAL_CONFIG_KEY: {"indexer_scoring": scoring, "mode": "selected"}},
             parallel_config=types.SimpleNamespace(decode_context_parallel_size=2),
             device_config=types.SimpleNamespace(device_type="cuda"),
             cache_config=types.SimpleNamespace(cache_dtype="nvfp4_368"))
-        assert indexer.get_cudagraph_support(config, None) is AttentionCGSupport[graph_paths.support(part)], scoring
-    assert graph_paths.support("indexer_per_step") == "NEVER"  # until the choice is part of the step's path
-    assert graph_paths.support("indexer") == "UNIFORM_BATCH"  # sharded steps replay (test_vllm_host_reads)
+        for part, builder in builders.items():
+            got = builder.get_cudagraph_support(config, None)
+            assert got is AttentionCGSupport[graph_paths.support(part)] is AttentionCGSupport.UNIFORM_BATCH, part
 
 
 def test_graph_line_is_logged_once_per_worker(caplog, monkeypatch):

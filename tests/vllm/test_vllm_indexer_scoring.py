@@ -92,20 +92,25 @@ def test_auto_shards_exactly_where_the_cost_model_says_it_pays(dcp_group, monkey
     assert "sharded" in picks and "replicated" in picks
 
 
-def test_chooses_per_step_is_only_auto_with_a_profile(monkeypatch):
-    """``chooses_per_step`` (the indexer's CUDA-graph support, graph_paths' ``indexer_per_step``): a
-    fixed setting, sharded included, never (every step scored one way); ``auto`` wherever a node
-    profile exists, and for a GPU engine judged off the node (no GPU here: its device may have one);
-    never where the indexer is not replicated."""
+@pytest.mark.parametrize("profile", ["rtx_pro_6000_x4", "h200_x4"])
+def test_a_capture_run_is_scored_as_a_step_at_the_longest_context(dcp_group, monkeypatch, profile):
+    """``for_capture`` (a FULL graph's scoring, ``graph_paths.capture_scoring``): ``auto`` takes what
+    ``for_step`` takes for that many requests of MTP3 rows at the context, short and long; a fixed
+    setting its own share; ``auto`` without a profile replicated."""
     from sparkinfer.vllm import indexer_scoring
+    from sparkinfer.vllm.indexer_scoring import IndexerScoring, scoring_of
 
-    assert not indexer_scoring.chooses_per_step(_config("replicated"))
-    assert not indexer_scoring.chooses_per_step(_config("sharded"))
-    assert not indexer_scoring.chooses_per_step(_config("auto", dcp=1))
-    assert not indexer_scoring.chooses_per_step(_config("auto", dtype="fp8_ds_mla"))  # vLLM's own indexer
-    assert not indexer_scoring.chooses_per_step(_config("auto", device="cpu"))  # no GPU, no profile
-    if not torch.cuda.is_available():
-        assert indexer_scoring.chooses_per_step(_config("auto"))  # a CUDA engine judged off its node
-    monkeypatch.setattr(indexer_scoring, "node_profile", lambda cfg: (cm.load_profile("rtx_pro_6000_x4"), GLM52))
-    assert indexer_scoring.chooses_per_step(_config("auto", device="cpu"))
-    assert not indexer_scoring.chooses_per_step(_config("sharded", device="cpu"))
+    assert IndexerScoring(_config("auto", device="cpu")).for_capture(4, 4, 1 << 18) is None  # no profile
+    assert IndexerScoring(_config("replicated")).for_capture(1, 4, 1 << 18) is None
+    share = IndexerScoring(_config("sharded")).for_capture(16, 4, 0)
+    assert share is not None and share.rank == 2
+    p = cm.load_profile(profile)
+    monkeypatch.setattr(indexer_scoring, "node_profile", lambda cfg: (p, GLM52))
+    scoring = IndexerScoring(_config("auto"))
+    picks = set()
+    for n in (1, 3, 16):
+        for context in (0, 4000, 20000, 60000, 262140):
+            want = scoring_of(scoring.for_step(_positions([context] * n)))
+            assert scoring_of(scoring.for_capture(n, 4, context)) == want, (n, context)
+            picks.add(want)
+    assert picks == {"sharded", "replicated"}
