@@ -18,8 +18,7 @@ attention backend named that cannot read it) and ``worker_problems`` (CUDA
 graphs that would capture a sparkinfer op, as vLLM resolves the profile's graph settings, and a
 fabric that cannot reach caches on GPUs). Each problem prints as a ``# FAIL:`` line and serve
 exits 2 without running vLLM. Then an IndexShare pattern as long as the layer count, CUDA graphs
-covering a full decode step (max_num_seqs x (1 + speculative tokens)), no full CUDA graphs with
-DCP > 1, MTP only with a checkpoint that has the layer, ``max_model_len`` within the model's
+covering a full decode step (max_num_seqs x (1 + speculative tokens)), MTP only with a checkpoint that has the layer, ``max_model_len`` within the model's
 positions and, with ``kv_gb``, within what the KV budget holds less the replica store patched
 vLLM reserves out of it (``sparkinfer.core.capacity``, what ``sparkinfer plan`` prints;
 ``sparkinfer.vllm.replica_budget``). A failure names the field and exits 2.
@@ -54,8 +53,6 @@ HELP = "run `vllm serve` from a serve profile (profiles/serve/), checked against
 
 TOP_KEYS = ("description", "kv_gb", "vllm", "sparkinfer", "env")
 TABLES = ("vllm", "sparkinfer", "env")
-# Graph modes that capture full CUDA graphs; unset = vLLM 0.32's default (``DEFAULT_GRAPH_MODE``).
-FULL_GRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
 class ProfileError(ValueError):
@@ -398,12 +395,6 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
     comp = _table(data, "compilation_config")
     mode = str(comp.get("cudagraph_mode") or startup_check.DEFAULT_GRAPH_MODE).upper()
     eager = data["vllm"].get("enforce_eager") is True
-    if dcp > 1 and not eager and mode in FULL_GRAPH_MODES:
-        why = "silently corrupts output with MTP (vllm-project/vllm#45425) and " if k else ""
-        raise ProfileError("vllm.compilation_config.cudagraph_mode",
-                           f"{mode}{' (vLLM default)' if 'cudagraph_mode' not in comp else ''} captures full CUDA "
-                           f"graphs, which with DCP > 1 {why}can hang the first decode after a long prefill "
-                           f"(vllm-project/vllm#46145); set PIECEWISE")
     max_seqs = _int(data, "max_num_seqs")
     sizes = comp.get("cudagraph_capture_sizes")
     largest = max(sizes) if sizes else comp.get("max_cudagraph_capture_size")

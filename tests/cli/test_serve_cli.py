@@ -89,8 +89,10 @@ def test_profile_data(name):
     assert name == f"glm52-tp{tp}-dcp{dcp}-mtp{k}-{v['kv_cache_dtype'].split('_')[1]}"
     assert set(data["sparkinfer"]) == set(sc.FIELD_NAMES), "state every sparkinfer setting"
     assert sc.resolve(cli=data["sparkinfer"], environ={}).fabric == "cuda"
-    if dcp > 1:  # full CUDA graphs corrupt MTP output / hang the first decode under DCP > 1
-        assert v["compilation_config"]["cudagraph_mode"] == "PIECEWISE"
+    # vLLM's default FULL_AND_PIECEWISE, every decode batch up to max_num_seqs a capture size of its own
+    comp = v["compilation_config"]
+    assert "cudagraph_mode" not in comp
+    assert comp["cudagraph_capture_sizes"] == [(1 + k) * n for n in range(1, v["max_num_seqs"] + 1)]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -247,13 +249,11 @@ def test_replica_store_line(glm, capsys):
 BAD = [  # (config changes, --set overrides, the field the error must name); start-up refusals: STARTUP
     ({"model_type": "deepseek_v32", "index_topk_pattern": GLM52_PATTERN[:-1]}, [], "index_topk_pattern"),
     ({"model_type": "deepseek_v32", "index_topk_pattern": None, "indexer_types": ["full"] * 77}, [], "indexer_types"),
-    ({}, ["vllm.compilation_config.max_cudagraph_capture_size=32"],
+    ({}, ["vllm.compilation_config={max_cudagraph_capture_size=32}"],
      "vllm.compilation_config.max_cudagraph_capture_size"),
-    ({}, ["vllm.max_num_seqs=17"], "vllm.compilation_config.max_cudagraph_capture_size"),
+    ({}, ["vllm.max_num_seqs=17"], "vllm.compilation_config.cudagraph_capture_sizes"),
     ({}, ["vllm.compilation_config={cudagraph_mode='PIECEWISE', cudagraph_capture_sizes=[4, 8, 16, 32, 60]}"],
      "vllm.compilation_config.cudagraph_capture_sizes"),
-    ({}, ["vllm.compilation_config.cudagraph_mode=FULL_AND_PIECEWISE"], "vllm.compilation_config.cudagraph_mode"),
-    ({}, ["vllm.compilation_config={max_cudagraph_capture_size=64}"], "vllm.compilation_config.cudagraph_mode"),
     ({}, ["kv_gb=2"], "vllm.max_model_len"),
     ({"max_position_embeddings": 131072}, [], "vllm.max_model_len"),
     ({"max_position_embeddings": 131072, "rope_parameters": {"rope_type": "default", "rope_theta": 8e6}}, [],
@@ -390,7 +390,11 @@ WORKER_STARTS = [  # what the worker starts though it looks close to the above: 
     ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config={cudagraph_mode='FULL_AND_PIECEWISE'}"]),
     ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL_DECODE_ONLY"]),
     ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL"]),  # vLLM: FULL_AND_PIECEWISE
-    (PROFILE, ["vllm.compilation_config.cudagraph_mode=PIECEWISE"]),  # the DCP4 profiles' own
+    (PROFILE, []),  # the DCP4 profiles' own: vLLM's default FULL_AND_PIECEWISE, indexer_scoring auto
+    (PROFILE, ["vllm.compilation_config.cudagraph_mode=FULL_DECODE_ONLY"]),
+    (PROFILE, ["vllm.compilation_config.cudagraph_mode=FULL"]),  # vLLM: FULL_AND_PIECEWISE
+    (PROFILE, ["vllm.compilation_config={max_cudagraph_capture_size=64}"]),  # vLLM's default sizes: padded
+    (PROFILE, ["vllm.compilation_config.cudagraph_mode=PIECEWISE"]),
     (PROFILE, ["vllm.compilation_config.splitting_ops=[]"]),  # PIECEWISE, nothing split: NONE
     ("glm52-tp4-dcp1-mtp3-368", ["vllm.compilation_config.cudagraph_mode=FULL", "vllm.enforce_eager=true"]),
     ("glm52-tp4-dcp1-mtp3-368", ["sparkinfer.fabric=host"]),  # DCP1: no selected path, no fabric
@@ -479,7 +483,7 @@ def test_overrides_and_passthrough(glm, capsys, monkeypatch):
     monkeypatch.setenv("VLLM_SPARKINFER_POOL_MB", "1024")
     rc, out, err = dry_run(capsys, "--profile", "glm52-tp4-dcp4-mtp3-368", model,
                            "--set", "max_model_len=131072", "--set", "sparkinfer.mode=stock",
-                           "--set", "vllm.compilation_config.max_cudagraph_capture_size=128",
+                           "--set", "vllm.compilation_config.cudagraph_mode=PIECEWISE",
                            "--set", "vllm.enforce_eager=true", "--set", "vllm.enable_prefix_caching=false",
                            "--set", "vllm.served_model_name='glm 5.2'", "--set", "env.NCCL_DEBUG=INFO",
                            "--", "--max-logprobs", "8", "--seed", "7")
@@ -491,7 +495,8 @@ def test_overrides_and_passthrough(glm, capsys, monkeypatch):
     assert "--enable-prefix-caching" not in f
     assert f["--max-model-len"] == "131072" and f["--sparkinfer-mode"] == "stock"
     assert f["--served-model-name"] == "glm 5.2"
-    assert json.loads(f["--compilation-config"]) == {"cudagraph_mode": "PIECEWISE", "max_cudagraph_capture_size": 128}
+    assert json.loads(f["--compilation-config"]) == {"cudagraph_capture_sizes": list(range(4, 65, 4)),
+                                                     "cudagraph_mode": "PIECEWISE"}
     assert "export NCCL_DEBUG=INFO" in out.splitlines()
     assert "# VLLM_SPARKINFER_POOL_MB in the environment is overridden by the profile's --sparkinfer-pool-mb" in out
 

@@ -60,7 +60,6 @@ def parsed(request, vllm_parser, glm52_dir):
 @pytest.mark.vllm
 def test_vllm_parses_the_profile_values(parsed, glm52_dir):
     from vllm.config.cache import CacheConfig
-    from vllm.config.compilation import CUDAGraphMode
     from vllm.engine.arg_utils import EngineArgs
 
     data, args = parsed
@@ -74,8 +73,10 @@ def test_vllm_parses_the_profile_values(parsed, glm52_dir):
     comp = args.compilation_config
     want_mode = v["compilation_config"].get("cudagraph_mode")
     assert (comp.cudagraph_mode.name if comp.cudagraph_mode is not None else None) == want_mode
-    if args.decode_context_parallel_size > 1:
-        assert comp.cudagraph_mode == CUDAGraphMode.PIECEWISE
+    # unset at every DCP size: vLLM's default, FULL_AND_PIECEWISE; FULL decode graphs of whole requests
+    assert comp.cudagraph_mode is None
+    rows = 1 + (v.get("speculative_config") or {}).get("num_speculative_tokens", 0)
+    assert all(size % rows == 0 for size in comp.cudagraph_capture_sizes)
     for key in ("max_cudagraph_capture_size", "cudagraph_capture_sizes"):  # what the profile sets
         assert getattr(comp, key) == v["compilation_config"].get(key), key
     for f in sc.FIELD_NAMES:  # the flags of patch 0002, one per sparkinfer.config field
