@@ -175,10 +175,11 @@ def _worker_setup(worker=None) -> bool:
     triton_decode.sparse_mla_decode_triton = _attention_standin
     triton_scores.indexer_scores_triton = _scores_standin
     host_reads.install(worker)
+    index_builder = replicated_indexer.indexer_backend().get_builder_cls()  # its draft passes build apart
     host_reads.time_entries([(smb.SparseMetadataBuilder, "build"), (smb.SparseMetadataBuilder, "build_for_drafting"),
                              (smb.SparkinferSparseMLAImpl, "forward_mqa"),
                              (smb.SparkinferSparseMLAImpl, "do_kv_cache_update"),
-                             (replicated_indexer.indexer_backend().get_builder_cls(), "build"),
+                             (index_builder, "build"), (index_builder, "build_for_drafting"),
                              (replicated_indexer, "run_indexer"), (replicated_indexer, "quant_q_fp8")])
     # what a GPU runs as kernels, here interpreted (Triton) or the host build (records): their time is device time
     host_reads.time_entries([(triton_decode, "sparse_mla_decode_triton"), (triton_scores, "indexer_scores_triton"),
