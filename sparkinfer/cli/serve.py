@@ -18,10 +18,11 @@ attention backend named that cannot read it) and ``worker_problems`` (CUDA
 graphs that would capture a sparkinfer op, as vLLM resolves the profile's graph settings, and a
 fabric that cannot reach caches on GPUs). Each problem prints as a ``# FAIL:`` line and serve
 exits 2 without running vLLM. Then an IndexShare pattern as long as the layer count, CUDA graphs
-covering a full decode step (max_num_seqs x (1 + speculative tokens)), MTP only with a checkpoint that has the layer, ``max_model_len`` within the model's
-positions and, with ``kv_gb``, within what the KV budget holds less the replica store patched
-vLLM reserves out of it (``sparkinfer.core.capacity``, what ``sparkinfer plan`` prints;
-``sparkinfer.vllm.replica_budget``). A failure names the field and exits 2.
+covering a full decode step (max_num_seqs x (1 + speculative tokens)), MTP only with a checkpoint
+that has the layer, ``max_model_len`` within the model's positions and, with ``kv_gb``, within
+what the KV budget holds less the replica store patched vLLM reserves out of it
+(``sparkinfer.core.capacity``, what ``sparkinfer plan`` prints; ``sparkinfer.vllm.replica_budget``).
+A failure names the field and exits 2.
 
 Importing this module and reading profiles are torch-free (``sparkinfer plan --profile`` does);
 the replica check loads the record formats.

@@ -29,8 +29,9 @@ Kernels come from ``sparkinfer.decode.impls`` (Triton on a GPU or with ``SPARKIN
 CUDA graphs: the builder declares what ``decode.graph_paths`` says of the attention (``UNIFORM_BATCH``:
 FULL graphs of uniform decode batches), builds a capture run on the path fixed for the graph's size
 (``build_for_cudagraph_capture``) and records it and each step's path in the worker's
-``GraphPaths`` (the indexer's builder records the scoring beside it), which the runner's hook (patch 0008, ``sparkinfer.vllm.graph_dispatch``) reads before
-it replays a FULL graph; the worker logs its graph line once.
+``GraphPaths`` (the indexer's builder records the scoring beside it), which the runner's hook
+(patch 0008, ``sparkinfer.vllm.graph_dispatch``) reads before it replays a FULL graph; the worker
+logs its graph line once.
 
 On CUDA it validates for compute capability 9.x (the H200 test machines) and 12.x (sm_120), and
 0007 puts it first in sm_12x's MLA priorities. Run inside vLLM on CPU only so far (with the GPU

@@ -56,7 +56,8 @@ def test_the_pair_rule_case_by_case():
     assert run == "NONE" and "stock" in why and "selected" in why
     assert gp.replay_mode("FULL", None, gp.GraphChoice("selected", "sharded"), True)[0] == "PIECEWISE"
     # a graph whose capture recorded the path but not the indexer's scoring replays no scored step
-    assert gp.replay_mode("FULL", gp.GraphChoice("selected"), gp.GraphChoice("selected", "sharded"), True)[0] == "PIECEWISE"
+    unrecorded = gp.replay_mode("FULL", gp.GraphChoice("selected"), gp.GraphChoice("selected", "sharded"), True)
+    assert unrecorded[0] == "PIECEWISE" and "no scoring recorded" in unrecorded[1]
 
 
 def test_fallbacks_are_counted_per_reason_and_logged_once(caplog):

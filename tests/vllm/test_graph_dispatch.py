@@ -140,7 +140,8 @@ def test_the_indexer_builder_records_the_captured_scoring_and_each_steps(monkeyp
         device_config=SimpleNamespace(device_type="cpu"), cache_config=SimpleNamespace(cache_dtype="nvfp4_368"),
         additional_config={"sparkinfer": {"mode": "selected", "indexer_scoring": "auto"}},
         scheduler_config=SimpleNamespace(async_scheduling=False, max_num_seqs=4, max_num_batched_tokens=64),
-        speculative_config=SimpleNamespace(num_speculative_tokens=3), model_config=SimpleNamespace(max_model_len=max_len))
+        speculative_config=SimpleNamespace(num_speculative_tokens=3),
+        model_config=SimpleNamespace(max_model_len=max_len))
     runtime = WorkerRuntime("cpu")
     cls = indexer_backend().get_builder_cls()
     index = cls.__new__(cls)  # what build reads, not vLLM's state (its constructor needs an engine)
