@@ -22,8 +22,8 @@ field                  what it holds
 ``request_ids``        the ids of the step whose metadata is being built (patch 0008 records them:
                        ``sparkinfer.vllm.step_requests``)
 ``graph_line_logged``  whether the worker's one line on CUDA graphs was logged (``impls``)
-``graphs``             the path each FULL CUDA graph was captured on, the step's path and the steps
-                       that ran without their graph (``graph_paths.GraphPaths``)
+``graphs``             the path and indexer scoring each FULL CUDA graph was captured on, the step's,
+                       and the steps that ran without their graph (``graph_paths.GraphPaths``)
 =====================  =========================================================================
 """
 
@@ -45,7 +45,7 @@ class WorkerRuntime:
         self.selected = None
         self.request_ids: list | None = None
         self.graph_line_logged = False
-        self.graphs = GraphPaths()  # the captured FULL graphs' paths and this step's (decode.graph_paths)
+        self.graphs = GraphPaths()  # the captured FULL graphs' choices and this step's (decode.graph_paths)
 
     def topk_workspace_of(self, nbytes: int):
         """The indexer's top-k workspace of at least ``nbytes`` (kept: every builder of the worker asks
