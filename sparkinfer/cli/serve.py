@@ -54,6 +54,8 @@ HELP = "run `vllm serve` from a serve profile (profiles/serve/), checked against
 
 TOP_KEYS = ("description", "kv_gb", "vllm", "sparkinfer", "env")
 TABLES = ("vllm", "sparkinfer", "env")
+# Graph modes that capture full CUDA graphs; unset = vLLM 0.32's default (``DEFAULT_GRAPH_MODE``).
+FULL_GRAPH_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
 class ProfileError(ValueError):
@@ -213,6 +215,7 @@ class Checked:
 
     lines: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # risks the user should know of, which vLLM accepts
     plan: CapacityPlan | None = None
 
 
@@ -407,6 +410,11 @@ def validate(data: dict, cfg: dict, where: str = "config.json", environ=None) ->
                                f"largest CUDA graph {largest} tokens < a full decode step of max_num_seqs "
                                f"{max_seqs} x (1 + {k}) rows = {need}; raise it to {need} or lower max_num_seqs")
         out.lines.append(f"CUDA graphs ({mode}) up to {largest} tokens cover {max_seqs} x {1 + k} rows")
+    if dcp > 1 and not eager and mode in FULL_GRAPH_MODES:
+        out.notes.append(f"{mode} captures full CUDA graphs with DCP{dcp}, which no GPU run has checked yet: upstream "
+                         f"reports a hang at the first decode after a ~128K prefill in vLLM's in-graph DCP "
+                         f"collectives (vllm-project/vllm#46145); check a 128K prompt on the node, and fall back "
+                         f"with --set vllm.compilation_config.cudagraph_mode=PIECEWISE")
 
     max_len = _int(data, "max_model_len")
     positions = cfg.get("max_position_embeddings")
@@ -534,6 +542,7 @@ def render(model: str, data: dict, extra: list[str], checked: Checked, profile: 
     lines = [f"# sparkinfer serve: profile {profile}{about}"]
     lines += [f"# ok: {line}" for line in checked.lines]
     lines += [f"# FAIL: {problem}" for problem in checked.problems]
+    lines += [f"# NOTE: {note}" for note in checked.notes]
     flags = {sc.env_var(f): sc.cli_flag(f) for f in data["sparkinfer"]}
     for var in sorted(v for v in environ if v in flags):
         lines.append(f"# {var} in the environment is overridden by the profile's {flags[var]}")

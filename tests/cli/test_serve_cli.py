@@ -197,6 +197,23 @@ def _replica_reserved(name: str, kv_bytes: int, dcp: int, record: int = 368, mtp
     return b + (kv_bytes - b) // 5 if dcp > 1 else b
 
 
+@pytest.mark.parametrize("name,sets,noted", [
+    ("glm52-tp4-dcp4-mtp3-368", [], True),  # vLLM's default FULL_AND_PIECEWISE
+    ("glm52-tp4-dcp4-mtp0-368", ["vllm.compilation_config.cudagraph_mode=FULL_DECODE_ONLY"], True),
+    ("glm52-tp4-dcp4-mtp3-368", ["vllm.compilation_config.cudagraph_mode=PIECEWISE"], False),
+    ("glm52-tp4-dcp4-mtp3-368", ["vllm.enforce_eager=true"], False),
+    ("glm52-tp4-dcp1-mtp3-368", [], False),  # no DCP collectives in the graph
+])
+def test_full_graphs_with_dcp_print_the_unchecked_hang_and_the_fallback(name, sets, noted, glm, capsys):
+    argv = ["--profile", name, glm()] + [a for s in sets for a in ("--set", s)]
+    rc, out, err = dry_run(capsys, *argv)
+    assert rc == 0, err
+    notes = [line for line in out.splitlines() if line.startswith("# NOTE:")]
+    assert bool(notes) == noted, notes
+    if noted:
+        assert "vllm-project/vllm#46145" in notes[0] and "cudagraph_mode=PIECEWISE" in notes[0]
+
+
 @pytest.mark.parametrize("name,record,dcp,mtp", [("glm52-tp4-dcp4-mtp3-368", 368, 4, True),
                                                  ("glm52-tp4-dcp4-mtp3-432", 432, 4, True),
                                                  ("glm52-tp4-dcp4-mtp0-368", 368, 4, False),
