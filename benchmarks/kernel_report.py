@@ -300,12 +300,13 @@ def _indexer_paged(b: int, r: int, t: int, shape: str) -> dict:
     """The paged top-k (``triton_paged``, the engine's decode scorer and selection in one launch): b
     requests of r rows at context t. A program takes a group of rows (``compile_specs``' ROWS: a
     request's rows) and one split of their positions, reads each key once for the group, scores it
-    for every row (the rows' dots share the dequantized key slice) and keeps each row's running top-k
+    for every row (the rows' dots share the converted keys) and keeps each row's running top-k
     of k + tile keys. DRAM bytes: each request's keys once per group of its rows, their block-table
     entries, fp8 q and fp32 w, each row's keys written into its work row and read back by the
     selection (8 B per row and position, twice), the split heads and the output. Issue: the tensor-core
-    loop (the GEMM's K slices) and the loop over a tile's chunks around it at their trip counts, the
-    selection's loops once per tile and row (a lower bound: its radix levels run 2 or 3 passes). The
+    loop (a tile's chunks of BLOCK_T positions, one dot over the 128 dims each) and the tile loop around
+    it at their trip counts, the selection's loops once per tile and row (a lower bound: a tile's
+    select scans the row's k + tile keys BLOCK at a time, once per radix level and once to compact). The
     report computes it for whichever kernel the checkout has (``compile_specs``' ROWS and PRECISION)."""
     from sparkinfer.core.indexer_tiles import PAGED_TILE, paged_splits
     from sparkinfer.indexer import triton_paged as tpg
