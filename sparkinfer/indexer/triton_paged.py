@@ -19,7 +19,8 @@ MMA for the engine's fp8 q) takes as its B operand: the instruction sequence of
 ``triton_scores.row_scores`` per row (``q_tile``, ``key_tile``, ``head_dots``, ``scaled``,
 ``head_sum``, ``selection_keys``), so the same fp32 scores and int64 keys as the tiled top-k
 whatever the grouping. An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
-without DcpLayout.token_of's divisions per position. Each row keeps a running top-k of its share (tiles s, s + splits, ... of
+without DcpLayout.token_of's divisions per position, and with pages of at least a chunk's 64 tokens
+(``WIDE_PAGES``: the engine's are 64 x DCP) finds a chunk's pages with one division, not one per token. Each row keeps a running top-k of its share (tiles s, s + splits, ... of
 ``tile`` positions) in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's
 keys go after the k kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in
 place. The keys are distinct
@@ -90,7 +91,7 @@ def _paged_topk_kernel(
     s_q_m, s_q_h, s_w_m, s_w_h, s_block, s_token, s_table, s_work, s_heads, s_top, s_out,
     TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
-    IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr, SHARDED: tl.constexpr,
+    IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr, SHARDED: tl.constexpr, WIDE_PAGES: tl.constexpr,
 ):
     g = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
@@ -146,21 +147,32 @@ def _paged_topk_kernel(
                 for c in range(0, span, BLOCK_T):
                     j = j0 + c + cols
                     tmask = j < length
-                    t = j
-                    if SHARDED:  # DcpLayout.token_of (unsharded: the identity, without its divisions)
+                    if SHARDED:  # DcpLayout.token_of, then the token's page and place in it
                         t = (j // INTERLEAVE) * PERIOD + RANK * INTERLEAVE + j % INTERLEAVE
-                    block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0)
-                    rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
+                        page = t // block_size
+                        at = t % block_size
+                    elif WIDE_PAGES:  # the chunk's 64 tokens span at most two pages: one division a chunk
+                        t = j
+                        page0 = (j0 + c) // block_size
+                        at = j0 + c - page0 * block_size + cols
+                        page = page0 + (at >= block_size).to(tl.int32)
+                        at = tl.where(at >= block_size, at - block_size, at)
+                    else:
+                        t = j
+                        page = t // block_size
+                        at = t % block_size
+                    block = tl.load(table + tl.minimum(page, table_width - 1), mask=tmask, other=0)
+                    rec = cache_ptr + block.to(tl.int64) * s_block + at.to(tl.int64) * s_token
                     # row_scores' instruction sequence per row, the chunk's keys loaded and converted once
                     # for the group's rows (their dots share them as the MMA's B operand)
                     kb = key_tile(rec, tmask, PRECISION)
                     zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
-                    at = K + c + cols
+                    col = K + c + cols
                     _row_keys(wv0, head_dots(qa0, kb, zero, PRECISION), rec, t, tmask, pos0, act0,
-                              work_ptr + (r0 * S + s) * s_work + at)
+                              work_ptr + (r0 * S + s) * s_work + col)
                     if ROWS > 1:
                         _row_keys(wv1, head_dots(qa1, kb, zero, PRECISION), rec, t, tmask, pos1, act1,
-                                  work_ptr + ((r0 + 1) * S + s) * s_work + at)
+                                  work_ptr + ((r0 + 1) * S + s) * s_work + col)
                 tl.debug_barrier()  # the tile's keys are visible to the whole CTA
                 for i in range(ROWS):  # each row keeps its k best
                     if _lane(act.to(tl.int32), gl, i) != 0:
@@ -252,7 +264,8 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
         top.stride(0), out.stride(0),
         TILE=tile, SORTED=one, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
         BLOCK_T=BLOCK_T, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
-        CHECK=flag is not None, ROWS=rows, SHARDED=layout.period > 1, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        CHECK=flag is not None, ROWS=rows, SHARDED=layout.period > 1,
+        WIDE_PAGES=kv_cache.shape[1] >= BLOCK_T, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return out
 
@@ -277,7 +290,8 @@ def compile_specs(k: int = 2048) -> list[dict]:
     for name, is_sorted in (("paged_topk", True), ("paged_topk_split", False)):
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
                       "BLOCK_H": 32, "BLOCK_T": block_t, "PRECISION": "f16", "Q_CODES": True,
-                      "IDS": True, "CHECK": True, "ROWS": MAX_GROUP, "SHARDED": False}
+                      "IDS": True, "CHECK": True, "ROWS": MAX_GROUP, "SHARDED": False,
+                      "WIDE_PAGES": True}
         ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
                 "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "top_ptr": "*i64",
                 "out_ptr": "*i32", "flag_ptr": "*i32"}
