@@ -20,11 +20,11 @@ MMA for the engine's fp8 q) takes as its B operand: the instruction sequence of
 ``head_sum``, ``selection_keys``), so the same fp32 scores and int64 keys as the tiled top-k
 whatever the grouping. An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
 without DcpLayout.token_of's divisions per position, and with pages of at least a chunk's 64 tokens
-(``WIDE_PAGES``: the engine's are 64 x DCP) finds a chunk's pages with one division, not one per token. Each row keeps a running top-k of its share (tiles s, s + splits, ... of
-``tile`` positions) in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's
-keys go after the k kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in
-place. The keys are distinct
-(the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
+(``WIDE_PAGES``: the engine's are 64 x DCP) finds a chunk's pages with one division, not one per
+token. Each row keeps a running top-k of its share (tiles s, s + splits, ... of ``tile`` positions)
+in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's keys go after the k
+kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in place. The keys are
+distinct (the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
 the top-k of the program's share, and the top-k of the shares is the row's. With one split the
 program sorts its head into the output; with more, each writes its head beside the others' and
 counts itself done on the row's counter (an atomic, acquire-release), and the last to finish
@@ -280,7 +280,8 @@ def group_rows(rows_per_req: int) -> int:
 def compile_specs(k: int = 2048) -> list[dict]:
     """The paged top-k's launches in the engine at GLM-5.2's shapes (32 index heads, fp8 q, k 2,048,
     the tile of a long context, a request's 4 MTP rows per program, ids into vLLM's buffer and the
-    weights checked), as the compile test reads them: name, fn, signature, constexprs, num_warps,
+    weights checked, unsharded, pages of 64 tokens or more), as the compile test reads them: name,
+    fn, signature, constexprs, num_warps,
     num_stages. One split (it sorts its head into the output) and several (the heads side by side,
     merged by the row's last split)."""
     from .triton_scores import BLOCK_T as block_t
