@@ -246,12 +246,12 @@ def _qw_bytes(m: int) -> int:
 
 
 def _indexer_launch(kernel: str, m: int, positions: int) -> dict:
-    """The indexer kernel's grid over ``positions`` per row: (M, positions / BLOCK_T) programs, each
-    looping over the 128 dims in BLOCK_D slices (the GEMM's K loop, a constant trip count)."""
+    """The indexer kernel's grid over ``positions`` per row: (M, positions / SPAN) programs, each
+    looping over its SPAN positions in chunks of BLOCK_T (one dot over the 128 dims a chunk)."""
     from sparkinfer.indexer import triton_scores as ts
 
-    ctas = m * _cdiv(positions, ts.BLOCK_T)
-    return _launch(kernel, ctas, ts.NUM_WARPS, ctas * (INDEX_DIM // ts.BLOCK_D), f"{ts.BLOCK_D}-dim slices")
+    ctas = m * _cdiv(positions, ts.SPAN)
+    return _launch(kernel, ctas, ts.NUM_WARPS, m * _cdiv(positions, ts.BLOCK_T), f"{ts.BLOCK_T}-position chunks")
 
 
 def _indexer(m: int, t: int, shape: str) -> dict:
@@ -300,14 +300,14 @@ def _indexer_paged(b: int, r: int, t: int, shape: str) -> dict:
     """The paged top-k (``triton_paged``, the engine's decode scorer and selection in one launch): b
     requests of r rows at context t. A program takes a group of rows (``compile_specs``' ROWS: a
     request's rows) and one split of their positions, reads each key once for the group, scores it
-    for every row (the rows' dots share the dequantized key slice) and keeps each row's running top-k
+    for every row (the rows' dots share the converted keys) and keeps each row's running top-k
     of k + tile keys. DRAM bytes: each request's keys once per group of its rows, their block-table
     entries, fp8 q and fp32 w, each row's keys written into its work row and read back by the
     selection (8 B per row and position, twice), the split heads and the output. Issue: the tensor-core
-    loop (the GEMM's K slices) and the loop over a tile's chunks around it at their trip counts, the
-    selection's loops once per tile and row (a lower bound: its radix levels run 2 or 3 passes). The
-    report computes it for whichever kernel the checkout has (``compile_specs``' ROWS, BLOCK_D and
-    PRECISION)."""
+    loop (a tile's chunks of BLOCK_T positions, one dot over the 128 dims each) and the tile loop around
+    it at their trip counts, the selection's loops once per tile and row (a lower bound: a tile's
+    select scans the row's k + tile keys BLOCK at a time, once per radix level and once to compact). The
+    report computes it for whichever kernel the checkout has (``compile_specs``' ROWS and PRECISION)."""
     from sparkinfer.core.indexer_tiles import PAGED_TILE, paged_splits
     from sparkinfer.indexer import triton_paged as tpg
     from sparkinfer.indexer import triton_scores as ts
@@ -326,12 +326,12 @@ def _indexer_paged(b: int, r: int, t: int, shape: str) -> dict:
     expect = ("bf16 tensor cores (mma.sync), each request's keys read once per program of its rows: within "
               "2x of the floor needs the issue figure at or below it (the selection's loops are counted once "
               "per tile and row here, a lower bound)")
-    slices = INDEX_DIM // spec["constexprs"]["BLOCK_D"]  # the GEMM's K loop per chunk of BLOCK_T positions
-    launch = _launch(f"paged_topk_split[k{K}]", groups * splits, ts.NUM_WARPS, loop="nested",
-                     trips={"mma": chunks * slices, "mma_parent": chunks, "other": tiles * rows})
+    # the chunk loop (one dot over the 128 dims a chunk of BLOCK_T positions) inside the tile loop
+    launch = _launch(f"paged_topk_split[k{K}]", groups * splits, spec["num_warps"], loop="nested",
+                     trips={"mma": chunks, "mma_parent": tiles, "other": tiles * rows})
     return _row("indexer_paged_topk", shape, {"B": b, "R": r, "T": t, "K": K, "rows_per_program": rows,
                                               "splits": splits, "tile": PAGED_TILE, "key_reads_per_request": reads},
-                nbytes, flops, "bf16" if spec["constexprs"]["PRECISION"] == "bf16" else "tf32", expect, target="fp8",
+                nbytes, flops, "tf32" if spec["constexprs"]["PRECISION"] == "tf32x3" else "bf16", expect, target="fp8",
                 covers=[f"paged_topk[k{K}]", f"paged_topk_split[k{K}]"], launch=launch)
 
 

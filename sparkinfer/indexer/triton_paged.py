@@ -13,15 +13,18 @@ lengths, so nothing on the host follows the contexts: the grid is (ceil(M / ROWS
 Program (g, s) takes ROWS consecutive rows (``group_rows``: up to ``MAX_GROUP`` of a request's
 rows, so a request's keys are read from memory and converted once for them, issue 33) in a pass
 per request among them (one for a decode step's groups; a group that spans requests runs one pass
-for each). In a pass each key slice is loaded and converted once and every row's dot ([32 heads,
-BLOCK_D dims] x [BLOCK_D dims, 64 positions], bf16 MMA for the engine's fp8 q) takes it as its B
-operand: the instruction sequence of ``triton_scores.row_scores`` per row (``q_slice``,
-``key_slice``, ``head_dots``, ``scaled``, ``head_sum``, ``selection_keys``), so the same fp32
-scores and int64 keys as the tiled top-k whatever the grouping. Each row keeps a running top-k of its share (tiles s, s + splits, ... of
-``tile`` positions) in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's
-keys go after the k kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in
-place. The keys are distinct
-(the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
+for each). In a pass the rows' queries are loaded and converted once a tile, and each chunk of 64
+positions' keys once, which every row's dot ([32 heads, 128 dims] x [128 dims, 64 positions], f16
+MMA for the engine's fp8 q) takes as its B operand: the instruction sequence of
+``triton_scores.row_scores`` per row (``q_tile``, ``key_tile``, ``head_dots``, ``scaled``,
+``head_sum``, ``selection_keys``), so the same fp32 scores and int64 keys as the tiled top-k
+whatever the grouping. An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
+without DcpLayout.token_of's divisions per position, and with pages of at least a chunk's 64 tokens
+(``WIDE_PAGES``: the engine's are 64 x DCP) finds a chunk's pages with one division, not one per
+token. Each row keeps a running top-k of its share (tiles s, s + splits, ... of ``tile`` positions)
+in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's keys go after the k
+kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in place. The keys are
+distinct (the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
 the top-k of the program's share, and the top-k of the shares is the row's. With one split the
 program sorts its head into the output; with more, each writes its head beside the others' and
 counts itself done on the row's counter (an atomic, acquire-release), and the last to finish
@@ -49,8 +52,8 @@ import triton.language as tl
 from sparkinfer.core.indexer_tiles import paged_splits, paged_workspace_bytes
 from sparkinfer.core.topology import DcpLayout
 
-from .triton_scores import (BLOCK_D, BLOCK_T, NUM_STAGES, NUM_WARPS, block_h, head_dots, head_sum, key_slice,
-                            q_operand, q_slice, scaled, selection_keys)
+from .triton_scores import (BLOCK_T, NUM_STAGES, block_h, head_dots, head_sum, head_weights, key_tile,
+                            q_operand, q_tile, scaled, selection_keys)
 from .triton_topk import key_ids, select_row
 
 _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
@@ -61,6 +64,9 @@ MAX_GROUP = 2
 # keys a selection scan step loads (``select_row``'s BLOCK; any size selects the same keys): a quarter
 # of the top-k kernel's, which leaves registers to the group's dots
 BLOCK = 1024
+# warps per program: with 4 (the scorer's), the tile's key words, addresses and the two rows' A operands
+# held around the selection spilled 56-152 bytes (2026-12-07); 8 hold fewer of a tile's elements each
+NUM_WARPS = 8
 
 
 @triton.jit
@@ -70,10 +76,10 @@ def _lane(v, lanes, i):
 
 
 @triton.jit
-def _row_keys(w_ptr, s_w_m, s_w_h, HI, row, acc, rec, t, tmask, pos, act, dst, BLOCK_H: tl.constexpr):
-    """A group row's selection keys of a chunk (its heads' dots with the codes ``acc``), stored at
-    ``dst`` when the row is ``act``ive in this pass."""
-    score = head_sum(w_ptr + row * s_w_m, s_w_h, HI, scaled(acc, rec, tmask), BLOCK_H)
+def _row_keys(wv, acc, rec, t, tmask, pos, act, dst):
+    """A group row's selection keys of a chunk (its heads' weights ``wv`` and dots with the codes
+    ``acc``), stored at ``dst`` when the row is ``act``ive in this pass."""
+    score = head_sum(wv, scaled(acc, rec, tmask))
     keys = selection_keys(score, t.to(tl.int64), tmask & (t <= pos))
     tl.store(dst, keys, mask=(tl.zeros_like(t) + act.to(tl.int32)) != 0)
 
@@ -84,8 +90,8 @@ def _paged_topk_kernel(
     flag_ptr, M, HI, K, S, RANK, INTERLEAVE, PERIOD, block_size, table_width,
     s_q_m, s_q_h, s_w_m, s_w_h, s_block, s_token, s_table, s_work, s_heads, s_top, s_out,
     TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
-    IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_T: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
+    IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr, SHARDED: tl.constexpr, WIDE_PAGES: tl.constexpr,
 ):
     g = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
@@ -105,6 +111,10 @@ def _paged_topk_kernel(
     row1, pos1 = row0, pos0
     if ROWS > 1:
         row1, pos1 = tl.minimum(r0 + 1, M - 1), _lane(posv, gl, 1)
+    wv0 = head_weights(w_ptr + row0 * s_w_m, s_w_h, HI, BLOCK_H)  # the rows' weights, read once
+    wv1 = wv0
+    if ROWS > 1:
+        wv1 = head_weights(w_ptr + row1 * s_w_m, s_w_h, HI, BLOCK_H)
     for p in range(ROWS):  # a pass per request of the group (its first row's): its rows read its keys once
         req = _lane(reqs, gl, p)
         act = there & (reqs == req)
@@ -128,29 +138,41 @@ def _paged_topk_kernel(
                 act1 = _lane(act.to(tl.int32), gl, 1) != 0
             for j0 in range(s * TILE, length, S * TILE):  # this split's tiles of the pass, to its longest row
                 span = tl.minimum(length - j0, TILE)
+                # the rows' queries (the dots' A operands), loaded and converted once for the tile's chunks; not
+                # held across the selection below (held from the program's start they spilled, 2026-12-07)
+                qa0 = q_tile(q_ptr + row0 * s_q_m, s_q_h, HI, BLOCK_H, PRECISION, Q_CODES)
+                qa1 = qa0
+                if ROWS > 1:
+                    qa1 = q_tile(q_ptr + row1 * s_q_m, s_q_h, HI, BLOCK_H, PRECISION, Q_CODES)
                 for c in range(0, span, BLOCK_T):
                     j = j0 + c + cols
                     tmask = j < length
-                    t = (j // INTERLEAVE) * PERIOD + RANK * INTERLEAVE + j % INTERLEAVE  # DcpLayout.token_of
-                    block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0)
-                    rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
-                    # row_scores' instruction sequence per row, each key slice loaded and dequantized once
-                    # for the group's rows (their dots share it as the MMA's B operand)
-                    acc0 = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
-                    acc1 = acc0
-                    for d0 in range(0, 128, BLOCK_D):  # the GEMM's K loop
-                        kb = key_slice(rec, tmask, d0, BLOCK_D, PRECISION)
-                        acc0 = head_dots(q_slice(q_ptr + row0 * s_q_m, s_q_h, HI, d0, BLOCK_H, BLOCK_D, PRECISION,
-                                                 Q_CODES), kb, acc0, PRECISION)
-                        if ROWS > 1:
-                            acc1 = head_dots(q_slice(q_ptr + row1 * s_q_m, s_q_h, HI, d0, BLOCK_H, BLOCK_D, PRECISION,
-                                                     Q_CODES), kb, acc1, PRECISION)
-                    at = K + c + cols
-                    _row_keys(w_ptr, s_w_m, s_w_h, HI, row0, acc0, rec, t, tmask, pos0, act0,
-                              work_ptr + (r0 * S + s) * s_work + at, BLOCK_H)
+                    if SHARDED:  # DcpLayout.token_of, then the token's page and place in it
+                        t = (j // INTERLEAVE) * PERIOD + RANK * INTERLEAVE + j % INTERLEAVE
+                        page = t // block_size
+                        at = t % block_size
+                    elif WIDE_PAGES:  # the chunk's 64 tokens span at most two pages: one division a chunk
+                        t = j
+                        page0 = (j0 + c) // block_size
+                        at = j0 + c - page0 * block_size + cols
+                        page = page0 + (at >= block_size).to(tl.int32)
+                        at = tl.where(at >= block_size, at - block_size, at)
+                    else:
+                        t = j
+                        page = t // block_size
+                        at = t % block_size
+                    block = tl.load(table + tl.minimum(page, table_width - 1), mask=tmask, other=0)
+                    rec = cache_ptr + block.to(tl.int64) * s_block + at.to(tl.int64) * s_token
+                    # row_scores' instruction sequence per row, the chunk's keys loaded and converted once
+                    # for the group's rows (their dots share them as the MMA's B operand)
+                    kb = key_tile(rec, tmask, PRECISION)
+                    zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
+                    col = K + c + cols
+                    _row_keys(wv0, head_dots(qa0, kb, zero, PRECISION), rec, t, tmask, pos0, act0,
+                              work_ptr + (r0 * S + s) * s_work + col)
                     if ROWS > 1:
-                        _row_keys(w_ptr, s_w_m, s_w_h, HI, row1, acc1, rec, t, tmask, pos1, act1,
-                                  work_ptr + ((r0 + 1) * S + s) * s_work + at, BLOCK_H)
+                        _row_keys(wv1, head_dots(qa1, kb, zero, PRECISION), rec, t, tmask, pos1, act1,
+                                  work_ptr + ((r0 + 1) * S + s) * s_work + col)
                 tl.debug_barrier()  # the tile's keys are visible to the whole CTA
                 for i in range(ROWS):  # each row keeps its k best
                     if _lane(act.to(tl.int32), gl, i) != 0:
@@ -241,8 +263,9 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
         kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0), work.stride(0), 0 if one else heads.stride(0),
         top.stride(0), out.stride(0),
         TILE=tile, SORTED=one, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
-        BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
-        CHECK=flag is not None, ROWS=rows, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        BLOCK_T=BLOCK_T, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
+        CHECK=flag is not None, ROWS=rows, SHARDED=layout.period > 1,
+        WIDE_PAGES=kv_cache.shape[1] >= BLOCK_T, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return out
 
@@ -257,7 +280,8 @@ def group_rows(rows_per_req: int) -> int:
 def compile_specs(k: int = 2048) -> list[dict]:
     """The paged top-k's launches in the engine at GLM-5.2's shapes (32 index heads, fp8 q, k 2,048,
     the tile of a long context, a request's 4 MTP rows per program, ids into vLLM's buffer and the
-    weights checked), as the compile test reads them: name, fn, signature, constexprs, num_warps,
+    weights checked, unsharded, pages of 64 tokens or more), as the compile test reads them: name,
+    fn, signature, constexprs, num_warps,
     num_stages. One split (it sorts its head into the output) and several (the heads side by side,
     merged by the row's last split)."""
     from .triton_scores import BLOCK_T as block_t
@@ -266,8 +290,9 @@ def compile_specs(k: int = 2048) -> list[dict]:
     specs = []
     for name, is_sorted in (("paged_topk", True), ("paged_topk_split", False)):
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
-                      "BLOCK_H": 32, "BLOCK_T": block_t, "BLOCK_D": BLOCK_D, "PRECISION": "bf16", "Q_CODES": True,
-                      "IDS": True, "CHECK": True, "ROWS": MAX_GROUP}
+                      "BLOCK_H": 32, "BLOCK_T": block_t, "PRECISION": "f16", "Q_CODES": True,
+                      "IDS": True, "CHECK": True, "ROWS": MAX_GROUP, "SHARDED": False,
+                      "WIDE_PAGES": True}
         ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
                 "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "top_ptr": "*i64",
                 "out_ptr": "*i32", "flag_ptr": "*i32"}

@@ -1,22 +1,27 @@
 """Triton indexer scoring over 132-byte indexer_fp8 records, on tensor cores.
 
-One program scores one query row m against BLOCK_T consecutive positions of its list:
+One program scores one query row m against SPAN consecutive positions of its list, BLOCK_T a chunk:
 
     S[h, t] = q[m, h, :] . key_t          tl.dot [BLOCK_H, 128] x [128, BLOCK_T] (MMA)
     score_t = sum_h w[m, h] * relu(S[h, t])   a fixed-shape tl.sum over the BLOCK_H heads
 
 The index heads are the MMA's M dimension (GLM-5.2: 32 heads x 128 dims; fewer heads are
 zero-padded to BLOCK_H >= 16, and a zero head adds an exact 0), so any number of query rows,
-one included, runs on tensor cores. The dot takes the keys' E4M3 codes, converted by the target's
-cvt (``e4m3_operand``), in slices of BLOCK_D dims, and each record's fp32 power-of-two scale
-multiplies the finished dots (``scaled``): scaling every product and partial sum of a column by
-one power of two is exact, so this is the dot with the dequantized keys bit for bit, without a
-multiply per key element or a bit-by-bit decode. The operands' type follows q's dtype: bf16 q and
-a float8_e4m3fn q (vLLM's quantized q, read as its bytes: ``Q_CODES``, converted like the keys)
-are exact in bf16, and so are the codes (4-bit significands), so one pass of bf16 MMAs forms exact
-products (``"bf16"``); fp32 q takes Triton's 3-pass tf32 split (``"tf32x3"``, q kept to about 22
-bits). Accumulation is fp32 in the MMA. (Until 2026-12-07 the keys were decoded bit by bit, scaled
-and fed to tf32 MMAs: the same products, summed by other MMA instructions.)
+one included, runs on tensor cores. The program loads and converts its row's q (the A operand) and
+weights once, then per chunk the keys' E4M3 codes, read as 32 words a record (4 codes a load),
+converted by the target's cvt (``e4m3_operand``) into the B operand of one dot over the 128 dims;
+each record's fp32 power-of-two scale multiplies the finished dots (``scaled``): scaling every
+product and partial sum of a column by one power of two is exact, so this is the dot with the
+dequantized keys bit for bit, without a multiply per key element or a bit-by-bit decode. The
+operands' type follows q's dtype: a float8_e4m3fn q (vLLM's quantized q, read as its bytes:
+``Q_CODES``, converted like the keys) and the codes are exact in f16 (4-bit significands, exponents
+within f16's), so one pass of f16 MMAs forms exact products (``"f16"``: one cvt per two codes on
+sm_89 and newer, where bf16 takes one more per code); bf16 q is exact in bf16, and so are the codes
+(``"bf16"``); fp32 q takes Triton's 3-pass tf32 split (``"tf32x3"``, q kept to about 22 bits).
+Accumulation is fp32 in the MMA, 16 dims an instruction in dim order. (Until 2026-12-07 the keys were
+decoded bit by bit, scaled and fed to tf32 MMAs; then, until the chunk loop, a program scored 64
+positions in a K loop of 32-dim slices, loading q and the codes a byte at a time per slice, with
+fp8 q in bf16: the same exact products, the same MMA sequence per key but for the f16 operands.)
 
 An output element depends only on its own row of q and its own key, by the same instruction
 sequence in every program, so a position's score does not depend on which tile, shard or batch
@@ -49,75 +54,83 @@ NUM_STAGES = 1
 MAX_GRID_Y = 65535
 HEAD_BLOCKS = (16, 32, 64)  # BLOCK_H: the heads padded to an MMA M tile (GLM-5.2: 32)
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")  # read once, at import (as Triton does)
-BLOCK_D = 32  # dims per MMA K step: two bf16 k16 MMAs (or four tf32 k8)
+# positions a program scores, in chunks of BLOCK_T (its loop): a program loads and converts its row's
+# query once for them, and a decode call of 4 rows at 128K context is 512 programs (about 4 per SM of
+# an H200), not 8,192 of one chunk each
+SPAN = 1024
 _PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "bf16"}
 
 
 @triton.jit
 def _indexer_scores_kernel(
     q_ptr, w_ptr, rec_ptr, slot_ptr, id_ptr, pos_ptr, start_ptr, len_ptr, out_ptr,
-    HI, T, j0, col0, rec_stride, s_q_m, s_q_h, s_w_m, s_w_h, s_out_m,
+    HI, T, L, j0, col0, rec_stride, s_q_m, s_q_h, s_w_m, s_w_h, s_out_m,
     HAS_SLOTS: tl.constexpr, HAS_IDS: tl.constexpr, HAS_POS: tl.constexpr, ROWS: tl.constexpr,
-    KEYS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    KEYS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr,
     PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
 ):
     m = tl.program_id(0).to(tl.int64)
-    local = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    j = j0 + local  # position in the row's list
+    first = tl.program_id(1) * SPAN  # this program's positions: [first, first + SPAN) of the launch's L
     if ROWS:
         start = tl.load(start_ptr + m).to(tl.int64)
         n = tl.load(len_ptr + m)
     else:
         start = 0
         n = T
-    tmask = j < n
-    at = start + j.to(tl.int64)
-    if HAS_SLOTS:
-        slot = tl.load(slot_ptr + at, mask=tmask, other=0).to(tl.int64)
-    else:
-        slot = at
-    score = row_scores(q_ptr + m * s_q_m, s_q_h, w_ptr + m * s_w_m, s_w_h, HI, rec_ptr + slot * rec_stride, tmask,
-                       BLOCK_H, BLOCK_T, BLOCK_D, PRECISION, Q_CODES)
-    if HAS_IDS:
-        tid = tl.load(id_ptr + at, mask=tmask, other=0).to(tl.int64)
-    else:
-        tid = j.to(tl.int64)
-    valid = tmask
     if HAS_POS:
-        valid = valid & (tid <= tl.load(pos_ptr + m).to(tl.int64))
-    if KEYS:
-        tl.store(out_ptr + m * s_out_m + col0 + local, selection_keys(score, tid, valid))
-    else:
-        tl.store(out_ptr + m * s_out_m + j, tl.where(valid, score, float("-inf")), mask=tmask)
+        p = tl.load(pos_ptr + m).to(tl.int64)
+    # the row's query and weights, loaded and converted once for the program's chunks
+    qa = q_tile(q_ptr + m * s_q_m, s_q_h, HI, BLOCK_H, PRECISION, Q_CODES)
+    wv = head_weights(w_ptr + m * s_w_m, s_w_h, HI, BLOCK_H)
+    for c in range(first, tl.minimum(first + SPAN, L), BLOCK_T):
+        local = c + tl.arange(0, BLOCK_T)
+        j = j0 + local  # position in the row's list
+        tmask = j < n
+        at = start + j.to(tl.int64)
+        if HAS_SLOTS:
+            slot = tl.load(slot_ptr + at, mask=tmask, other=0).to(tl.int64)
+        else:
+            slot = at
+        score = row_scores(qa, wv, rec_ptr + slot * rec_stride, tmask, BLOCK_H, BLOCK_T, PRECISION)
+        if HAS_IDS:
+            tid = tl.load(id_ptr + at, mask=tmask, other=0).to(tl.int64)
+        else:
+            tid = j.to(tl.int64)
+        valid = tmask
+        if HAS_POS:
+            valid = valid & (tid <= p)
+        if KEYS:
+            tl.store(out_ptr + m * s_out_m + col0 + local, selection_keys(score, tid, valid))
+        else:
+            tl.store(out_ptr + m * s_out_m + j, tl.where(valid, score, float("-inf")), mask=tmask)
 
 
 @triton.jit
-def row_scores(q_row, s_q_h, w_row, s_w_h, HI, row_ptr, tmask, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
-               BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr):
-    """fp32 score [BLOCK_T] of one query row (its heads at ``q_row``, stride ``s_q_h``; weights at
-    ``w_row``) against the records at byte pointers ``row_ptr`` [BLOCK_T] (0 where not ``tmask``):
-    the module docstring's MMA and relu-weighted head sum. Every caller scores a key with this one
-    instruction sequence (per slice of BLOCK_D dims ``q_slice``, ``key_slice`` and ``head_dots``, then
-    ``scaled`` and ``head_sum``), so a key's score is the same in every kernel, tile and rank."""
-    s = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
-    for d0 in range(0, 128, BLOCK_D):  # the GEMM's K loop: a slice of the 128 dims at a time
-        s = head_dots(q_slice(q_row, s_q_h, HI, d0, BLOCK_H, BLOCK_D, PRECISION, Q_CODES),
-                      key_slice(row_ptr, tmask, d0, BLOCK_D, PRECISION), s, PRECISION)
-    return head_sum(w_row, s_w_h, HI, scaled(s, row_ptr, tmask), BLOCK_H)
+def row_scores(qa, wv, row_ptr, tmask, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, PRECISION: tl.constexpr):
+    """fp32 score [BLOCK_T] of one query row (its heads' operand ``qa``, ``q_tile``; weights ``wv``,
+    ``head_weights``) against the records at byte pointers ``row_ptr`` [BLOCK_T] (0 where not
+    ``tmask``): the module docstring's MMA and relu-weighted head sum. Every caller scores a key with
+    this one instruction sequence (``key_tile``, one ``head_dots`` over the 128 dims, ``scaled``,
+    ``head_sum``), so a key's score is the same in every kernel, tile and rank."""
+    s = head_dots(qa, key_tile(row_ptr, tmask, PRECISION), tl.zeros([BLOCK_H, BLOCK_T], tl.float32), PRECISION)
+    return head_sum(wv, scaled(s, row_ptr, tmask))
 
 
 @triton.jit
 def e4m3_operand(codes, PRECISION: tl.constexpr):
     """float8_e4m3fn bytes as a dot operand, by the target's conversion (cvt from e4m3 on sm_89 and
-    newer): bf16 for the "bf16" dot, fp32 otherwise. Exact for every finite code (an E4M3 value has a
-    4-bit significand); the two NaN codes never occur (the quantizers clamp to +-448)."""
+    newer, two codes an instruction): f16 for the "f16" dot, bf16 for "bf16", fp32 otherwise. Exact
+    for every finite code (an E4M3 value has a 4-bit significand and an exponent within f16's); the
+    two NaN codes never occur (the quantizers clamp to +-448)."""
     return _operand(codes.to(tl.float8e4nv, bitcast=True), PRECISION)
 
 
 @triton.jit
 def _operand(v, PRECISION: tl.constexpr):
-    """v as a dot operand: bf16 for the "bf16" dot, fp32 otherwise."""
-    if PRECISION == "bf16":
+    """v as a dot operand: f16 for the "f16" dot, bf16 for "bf16", fp32 otherwise."""
+    if PRECISION == "f16":
+        v = v.to(tl.float16)
+    elif PRECISION == "bf16":
         v = v.to(tl.bfloat16)
     else:
         v = v.to(tl.float32)
@@ -125,12 +138,19 @@ def _operand(v, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def key_slice(row_ptr, tmask, d0, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    """Dims d0 .. d0 + BLOCK_D of the keys' E4M3 codes at ``row_ptr`` [BLOCK_T] as the dot's B operand
-    [BLOCK_D, BLOCK_T] (``e4m3_operand``; the records' scales multiply the dots after, ``scaled``)."""
-    d = d0 + tl.arange(0, BLOCK_D)
-    codes = tl.load(row_ptr[None, :] + d[:, None], mask=tmask[None, :], other=0)
-    return e4m3_operand(codes, PRECISION)
+def key_tile(row_ptr, tmask, PRECISION: tl.constexpr):
+    """The keys' 128 E4M3 codes at ``row_ptr`` [BLOCK_T] as the dot's B operand [128, BLOCK_T]
+    (``e4m3_operand``; the records' scales multiply the dots after, ``scaled``). A record's codes are
+    read as 32 words from its 4-byte aligned start (the wrappers check the strides): 4 codes a load,
+    not one; byte i of word w is dim 4 w + i."""
+    w = tl.arange(0, 32)
+    words = tl.load(row_ptr.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=tmask[:, None], other=0)
+    b0 = e4m3_operand((words & 255).to(tl.uint8), PRECISION)
+    b1 = e4m3_operand(((words >> 8) & 255).to(tl.uint8), PRECISION)
+    b2 = e4m3_operand(((words >> 16) & 255).to(tl.uint8), PRECISION)
+    b3 = e4m3_operand(((words >> 24) & 255).to(tl.uint8), PRECISION)
+    codes = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [words.shape[0], 128])  # column 4 w + i: b_i
+    return tl.trans(codes)
 
 
 @triton.jit
@@ -142,12 +162,11 @@ def scaled(s, row_ptr, tmask):
 
 
 @triton.jit
-def q_slice(q_row, s_q_h, HI, d0, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-            Q_CODES: tl.constexpr):
-    """Dims d0 .. d0 + BLOCK_D of one query row's heads as the dot's A operand [BLOCK_H, BLOCK_D] (0
-    past HI): bf16 for the "bf16" dot, fp32 otherwise."""
+def q_tile(q_row, s_q_h, HI, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr):
+    """One query row's heads (stride ``s_q_h``, 128 unit-stride dims) as the dot's A operand
+    [BLOCK_H, 128] (0 past HI), in the dot's precision (``_operand``)."""
     h = tl.arange(0, BLOCK_H)
-    d = d0 + tl.arange(0, BLOCK_D)
+    d = tl.arange(0, 128)
     qv = tl.load(q_row + h[:, None] * s_q_h + d[None, :], mask=(h < HI)[:, None], other=0)
     if Q_CODES:  # float8_e4m3fn bytes (``e4m3_operand``)
         qv = qv.to(tl.float8e4nv, bitcast=True)
@@ -156,10 +175,11 @@ def q_slice(q_row, s_q_h, HI, d0, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, 
 
 @triton.jit
 def head_dots(q, k, s, PRECISION: tl.constexpr):
-    """s + q [BLOCK_H, BLOCK_D] x k [BLOCK_D, BLOCK_T] on tensor cores, fp32 accumulation. Under
-    TRITON_INTERPRET=1 the bf16 operands go in as fp32 (Triton 3.9's interpreter multiplies bf16 as
-    its raw uint16 bits, ``triton_decode._dot``): the same exact products."""
-    if PRECISION == "bf16":
+    """s + q [BLOCK_H, 128] x k [128, BLOCK_T] on tensor cores, fp32 accumulation (one dot: its MMAs
+    step through the dims in order, k16 each). Under TRITON_INTERPRET=1 the 16-bit operands go in as
+    fp32 (Triton 3.9's interpreter multiplies bf16 as its raw uint16 bits, ``triton_decode._dot``, and
+    numpy's f16 matmul rounds to f16): the same exact products."""
+    if PRECISION == "bf16" or PRECISION == "f16":
         if _INTERPRETED:
             s = tl.dot(q.to(tl.float32), k.to(tl.float32), s)
         else:
@@ -170,10 +190,16 @@ def head_dots(q, k, s, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def head_sum(w_row, s_w_h, HI, s, BLOCK_H: tl.constexpr):
-    """sum_h w[h] * relu(s[h, :]): a row's score from its heads' dots s fp32 [BLOCK_H, BLOCK_T]."""
+def head_weights(w_row, s_w_h, HI, BLOCK_H: tl.constexpr):
+    """A row's head weights fp32 [BLOCK_H] (0 past HI), read as they come (fp32 or bf16)."""
     h = tl.arange(0, BLOCK_H)
-    wv = tl.load(w_row + h * s_w_h, mask=h < HI, other=0.0).to(tl.float32)
+    return tl.load(w_row + h * s_w_h, mask=h < HI, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def head_sum(wv, s):
+    """sum_h w[h] * relu(s[h, :]): a row's score from its heads' weights ``wv`` and dots s fp32
+    [BLOCK_H, BLOCK_T]."""
     return tl.sum(wv[:, None] * tl.maximum(s, 0.0), axis=0)
 
 
@@ -200,19 +226,22 @@ def q_operand(q):
     float8 q as its bytes (the module docstring's precision rule)."""
     q = q if q.stride(-1) == 1 else q.contiguous()
     codes = q.dtype == torch.float8_e4m3fn
-    return (q.view(torch.uint8) if codes else q), ("bf16" if codes else _PRECISION[q.dtype]), codes
+    return (q.view(torch.uint8) if codes else q), ("f16" if codes else _PRECISION[q.dtype]), codes
 
 
-def _launch(q, w, records, out, grid, *, slots, ids, pos, start, length, n_tokens, j0, col0, keys):
+def _launch(q, w, records, out, grid, *, slots, ids, pos, start, length, n_tokens, limit, j0, col0, keys):
     q, precision, codes = q_operand(q)
+    if records.stride(0) % 4 or records.data_ptr() % 4:  # key_tile loads a record's codes 4 at a time
+        raise ValueError(f"records must start 4-byte aligned with a row stride of a multiple of 4, got stride "
+                         f"{records.stride(0)} at address {records.data_ptr()}")
     dummy = out  # never read where its HAS_* / ROWS flag is False
     _indexer_scores_kernel[grid](
         q, w, records, dummy if slots is None else slots, dummy if ids is None else ids,
         dummy if pos is None else pos, dummy if start is None else start, dummy if length is None else length,
-        out, q.shape[1], n_tokens, j0, col0, records.stride(0), q.stride(0), q.stride(1), w.stride(0),
+        out, q.shape[1], n_tokens, limit, j0, col0, records.stride(0), q.stride(0), q.stride(1), w.stride(0),
         w.stride(1), out.stride(0),
         HAS_SLOTS=slots is not None, HAS_IDS=ids is not None, HAS_POS=pos is not None, ROWS=start is not None,
-        KEYS=keys, BLOCK_H=block_h(q.shape[1]), BLOCK_T=BLOCK_T, BLOCK_D=BLOCK_D, PRECISION=precision,
+        KEYS=keys, BLOCK_H=block_h(q.shape[1]), BLOCK_T=BLOCK_T, SPAN=SPAN, PRECISION=precision,
         Q_CODES=codes, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
 
@@ -226,9 +255,10 @@ def indexer_scores_triton(q, w, records, pos=None, token_slots=None) -> torch.Te
         return out
     slots = None if token_slots is None else token_slots.contiguous()
     pos = None if pos is None else pos.contiguous()
-    for j0 in range(0, n_tokens, MAX_GRID_Y * BLOCK_T):  # grid axis 1 holds at most 65,535 programs
-        _launch(q, w, records, out, (m, min(MAX_GRID_Y, triton.cdiv(n_tokens - j0, BLOCK_T))), slots=slots,
-                ids=None, pos=pos, start=None, length=None, n_tokens=n_tokens, j0=j0, col0=0, keys=False)
+    for j0 in range(0, n_tokens, MAX_GRID_Y * SPAN):  # grid axis 1 holds at most 65,535 programs
+        _launch(q, w, records, out, (m, min(MAX_GRID_Y, triton.cdiv(n_tokens - j0, SPAN))), slots=slots,
+                ids=None, pos=pos, start=None, length=None, n_tokens=n_tokens, limit=n_tokens - j0, j0=j0, col0=0,
+                keys=False)
     return out
 
 
@@ -246,8 +276,9 @@ def score_keys_pass(q, w, records, pos, row_start, row_len, token_slots, token_i
     if q.shape[0] == 0:
         return
     flat = lambda t: None if t is None else t.contiguous()  # the kernel indexes them densely
-    _launch(q, w, records, out, (q.shape[0], tile // BLOCK_T), slots=flat(token_slots), ids=flat(token_ids),
-            pos=flat(pos), start=flat(row_start), length=flat(row_len), n_tokens=0, j0=j0, col0=col0, keys=True)
+    _launch(q, w, records, out, (q.shape[0], triton.cdiv(tile, SPAN)), slots=flat(token_slots),
+            ids=flat(token_ids), pos=flat(pos), start=flat(row_start), length=flat(row_len), n_tokens=0, limit=tile,
+            j0=j0, col0=col0, keys=True)
 
 
 def compile_specs() -> list[dict]:
@@ -263,9 +294,9 @@ def compile_specs() -> list[dict]:
                                       ("indexer_keys", True, False, ("fp32", "bf16", "u8")),
                                       ("indexer_keys_ids", True, True, ("fp32", "bf16"))):
         for q_dtype in q_dtypes:
-            precision = {"fp32": "tf32x3", "bf16": "bf16", "u8": "bf16"}[q_dtype]
+            precision = {"fp32": "tf32x3", "bf16": "bf16", "u8": "f16"}[q_dtype]
             constexprs = {"HAS_SLOTS": True, "HAS_IDS": ids, "HAS_POS": True, "ROWS": keys, "KEYS": keys,
-                          "BLOCK_H": 32, "BLOCK_T": BLOCK_T, "BLOCK_D": BLOCK_D, "PRECISION": precision,
+                          "BLOCK_H": 32, "BLOCK_T": BLOCK_T, "SPAN": SPAN, "PRECISION": precision,
                           "Q_CODES": q_dtype == "u8"}
             ptrs = {"q_ptr": f"*{q_dtype}", "w_ptr": "*fp32", "rec_ptr": "*u8", "slot_ptr": "*i64",
                     "id_ptr": "*i32" if ids else "*fp32", "pos_ptr": "*i64",

@@ -426,10 +426,10 @@ def test_hot_kernels_have_an_issue_figure(report):
         assert x["reaches_floor"] == (x["issue_us"] <= x["floor_us"])
         if kernel.startswith("sparse_mla_decode"):  # the loops the launch counts
             assert x["per_iter"] > 100 and x["iters_per_cta"] >= 8 and "trips_unknown" not in x
-        if kernel.startswith("indexer_"):  # the GEMM's K loop: 128 dims in slices of BLOCK_D
-            from sparkinfer.indexer.triton_scores import BLOCK_D
+        if kernel.startswith("indexer_"):  # the chunk loop: SPAN positions a program, BLOCK_T a chunk
+            from sparkinfer.indexer.triton_scores import BLOCK_T, SPAN
 
-            assert x["per_iter"] > 100 and x["iters_per_cta"] == 128 // BLOCK_D and "trips_unknown" not in x
+            assert x["per_iter"] > 100 and x["iters_per_cta"] == SPAN // BLOCK_T and "trips_unknown" not in x
     decode = next(x for k, _, _, x in rows if k == "sparse_mla_decode[nvfp4_368]")
     # selected decode: 16 req x 4 rows x 1 head block x 2 splits (one wave); a row's 2,048 keys in tiles of
     # 64 (368 with bf16 queries over 16-byte aligned records, the selected workspace), 16 per split

@@ -2,8 +2,9 @@
 (``tiled.indexer_topk_rows`` over the same keys listed by slot, Triton and its torch twin): the
 selected int64 keys and ids bit for bit, the tie rule included (duplicated keys score equal), for
 rows shorter than k, rows at block boundaries, rows of different lengths in one call, several
-tiles per row, one split and several, a block-outermost (strided) cache view, fp8 q, and a DCP
-rank's share of the positions (a sharded step's candidates)."""
+tiles per row, one split and several, a block-outermost (strided) cache view, fp8 q, pages of 16
+tokens and of a chunk or more (64, 80), and a DCP rank's share of the positions (a sharded step's
+candidates)."""
 
 import pytest
 import torch
@@ -104,6 +105,26 @@ def test_paged_equals_tiled_ties_short_rows_and_block_boundaries(monkeypatch, pr
     # the tie rule decides: at least one selected pair of equal scores (repeated keys) in id order
     scores = (want >> 32)
     assert ((scores[:, 1:] == scores[:, :-1]) & (want[:, 1:] != torch.iinfo(torch.int64).min)).any()
+
+
+@pytest.mark.parametrize("bs", [64, 80])
+def test_paged_pages_of_a_chunk_or_more(bs):
+    """Pages of at least a chunk's 64 tokens (the engine's are 64 x DCP): the kernel finds a chunk's two
+    pages at most with one division (``WIDE_PAGES``). 64: chunks on page boundaries; 80: chunks
+    across them; rows at a page's last and the next page's first token, passes of 128 positions,
+    fp8 q. Keys equal today's."""
+    globals_ = globals()
+    old, globals_["BS"] = globals_["BS"], bs  # the helpers' page size
+    try:
+        cache, table, row_req, pos, slots = _pages((300, 170), (2, 2), strided=False, seed=13)
+        pos[2], pos[3] = bs - 1, bs
+        q, w = _qw(pos.numel(), seed=14)
+        q = q.to(torch.float8_e4m3fn)
+        k = 40
+        assert torch.equal(_paged(q, w, cache, table, row_req, pos, k, tile=128, rows_per_req=2),
+                           _tiled(q, w, cache, row_req, pos, slots, k, "triton"))
+    finally:
+        globals_["BS"] = old
 
 
 def test_paged_strided_cache_fp8_q_and_random_scores():
