@@ -896,6 +896,12 @@ def _print(doc: dict) -> None:
     con.print(t)
 
 
+def kernel_names(text: str) -> set[str]:
+    """The report names of a comma-separated list; a comma inside a name's brackets is part of the name
+    (``sparse_mla_decode[nvfp4_368,a4,s1]``)."""
+    return set(re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", default=",".join(map(str, ARCHS)), help="comma-separated, default 120,90")
@@ -906,7 +912,7 @@ def main(argv=None) -> int:
                     "(e.g. sparse_mla_decode[nvfp4_368],records.cu:encode_kernel)")
     a = ap.parse_args(argv)
     archs = tuple(int(x) for x in a.archs.split(",") if x.strip())
-    doc = report(archs, a.only, None if a.kernels is None else set(a.kernels.split(",")))
+    doc = report(archs, a.only, None if a.kernels is None else kernel_names(a.kernels))
     if a.json == "-":
         print(json.dumps(doc, indent=1))
     else:

@@ -64,7 +64,7 @@ import triton.language as tl
 from sparkinfer.core.attention_workspace import HEAD_BLOCK
 from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432, RecordLayout
 
-from .triton_codes import NVFP4_SHIFT, bf16x2_split, e2m1x8_to_bf16, e4m3x4_to_bf16, load_f32
+from .triton_codes import NVFP4_SHIFT, bf16x2_split, e2m1x8_to_bf16, e4m3x4_to_bf16
 
 _FMT_ID = {NVFP4_368.name: 0, NVFP4_432.name: 1, FP8_DS_MLA.name: 2}
 PRECISIONS = ("bf16x2", "bf16")
@@ -84,8 +84,8 @@ NUM_STAGES = 1
 # 8 x 768 against 4 x 1,169 instructions per tile, with the first packed decoders); with them (``triton_codes``) they
 # fit 255 registers without a spill (allowed 255: ptxas's own choice for the 656 kernel on sm_120,
 # 168, spilled 16 B). fp32 queries (hi + lo: twice the query registers): 8 warps,
-# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 232
-# (255 spilled 8 B, 200 56 B on sm_120 with one split).
+# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 224
+# (255 spilled 8 B, 200 56 B on sm_120 with one split; 232 4 B once the record loads went unmasked).
 # Keys per tile: the online softmax's per-tile work (the accumulator rescale: 64 FMUL a thread at 4
 # warps, the row max and sum) and the queries' shared-memory loads (each warp reads all 576 query
 # columns per tile: 36 LDSM) are per tile, the decode, the MMAs and the PV tile's loads per key, so 64
@@ -95,24 +95,37 @@ NUM_STAGES = 1
 # the 432 one with fp32 queries 16 B (ceiling 200): 32 keys.
 LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 255, 64),
           (FP8_DS_MLA.name, False): (4, 255, 32), (NVFP4_368.name, True): (8, None, 32),
-          (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 232, 32)}
+          (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 224, 32)}
 # Listed indices a program scans at a time when it compacts its split (``_compact_split``): 256 int64
 # are one register pair a thread at 8 warps; a wider block only widens the scan.
 COMPACT_BLOCK = 256
 MAX_SPLITS = 64  # splits of a row's keys (a ticket's count)
-# A split covers at least this many listed keys: its partial (16 heads x 513 fp32 = 33 KB, written
-# and read back by the merge) then stays below the records it gathers (256 x 368 B = 94 KB when
-# all are valid; a quarter of that on the stock DCP4 path, where the partials dominate).
-MIN_KEYS_PER_SPLIT = 256
+# A split covers at least this many listed keys (two 64-key tiles), so that a grid far below a wave
+# (batch 1: 4 rows, 16 heads) takes more, shorter splits. The merging program's path is then the
+# split's tiles plus the merge of all S partials: per warp on sm_90 (benchmarks/kernel_report.py's
+# SASS) ~1,420 instructions a 64-key tile against ~240 a split merged (the merge loop: 16-byte
+# loads, 64 values a thread), so at K = 2,048 that path is 4 x 1,420 + 8 x 240 with 8 splits (256
+# keys each, before) and 2 x 1,420 + 16 x 240 with 16, 9% shorter (the sum is least near
+# sqrt(32 x 1,420 / 240) ~ 14 splits). The partials (16 heads x 513 fp32 = 33 KB a split) then
+# exceed the records a split gathers (128 x 368 B = 47 KB when all are valid, a quarter on the
+# stock DCP4 path); at batch 1 both are far below the launch's floor.
+MIN_KEYS_PER_SPLIT = 128
 
 
 @triton.jit
-def _words(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
+def _words(row_ptr, BYTE0: tl.constexpr, N: tl.constexpr):
     """N little-endian uint32 words of each record from byte BYTE0 (records are 4-byte aligned) -> [BK, N].
     Indexed as words (not bytes, then cast), so that Triton sees them contiguous: 16-byte loads where
-    the records are 16-byte aligned (``REC_ALIGN``)."""
+    the records are 16-byte aligned (``REC_ALIGN``). Unmasked: a tile's keys past its split's end repeat
+    its last key (``_sparse_mla_decode_kernel``)."""
     w = tl.arange(0, N)
-    return tl.load(row_ptr.to(tl.pointer_type(tl.uint32))[:, None] + BYTE0 // 4 + w[None, :], mask=vm, other=0)
+    return tl.load(row_ptr.to(tl.pointer_type(tl.uint32))[:, None] + BYTE0 // 4 + w[None, :])
+
+
+@triton.jit
+def _key_f32(row_ptr, BYTE0: tl.constexpr):
+    """The fp32 at byte BYTE0 of each record (a per-key scale) -> [BK]; unmasked as ``_words``."""
+    return tl.load((row_ptr + BYTE0).to(tl.pointer_type(tl.float32)))
 
 
 @triton.jit
@@ -141,30 +154,30 @@ def _tile_cols(c, PER_WORD: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_chunk(row_ptr, vm, B: tl.constexpr, CW: tl.constexpr, ASM: tl.constexpr):
+def _nvfp4_chunk(row_ptr, B: tl.constexpr, CW: tl.constexpr, ASM: tl.constexpr):
     """Latent columns [CW B, CW (B+1)) of NVFP4 records -> bf16 [BK, CW]: E2M1 value x E4M3 group scale
     / NVFP4_SHIFT (``e2m1x8_to_bf16``; the caller multiplies its per-key scale by NVFP4_SHIFT).
 
     Word w of the chunk holds its elements 8w..8w+7 (low nibble first), all in group CW B / 16 + w // 2.
     """
-    words = _words(row_ptr, vm, CW // 2 * B, CW // 8)
+    words = _words(row_ptr, CW // 2 * B, CW // 8)
     w = tl.arange(0, CW // 8)
-    sc = tl.load(row_ptr[:, None] + 256 + CW // 16 * B + w[None, :] // 2, mask=vm, other=0)
+    sc = tl.load(row_ptr[:, None] + 256 + CW // 16 * B + w[None, :] // 2)
     e0, e1, e2, e3, e4, e5, e6, e7 = e2m1x8_to_bf16(words, sc.to(tl.uint32), ASM)
     return _join8(e0, e4, e1, e5, e2, e6, e3, e7)  # the decoder's pairs side by side: ``_tile_cols``
 
 
 @triton.jit
-def _e4m3_tile(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr, ASM: tl.constexpr):
+def _e4m3_tile(row_ptr, BYTE0: tl.constexpr, N: tl.constexpr, ASM: tl.constexpr):
     """4N E4M3 bytes of each record from BYTE0 -> bf16 [BK, 4N] (exact)."""
-    b0, b1, b2, b3 = e4m3x4_to_bf16(_words(row_ptr, vm, BYTE0, N), ASM)
+    b0, b1, b2, b3 = e4m3x4_to_bf16(_words(row_ptr, BYTE0, N), ASM)
     return _join4(b0, b2, b1, b3)  # the decoder's pairs side by side: ``_tile_cols``
 
 
 @triton.jit
-def _bf16_rope(row_ptr, vm, BYTE0: tl.constexpr):
+def _bf16_rope(row_ptr, BYTE0: tl.constexpr):
     """64 bf16 rope values of each record from BYTE0 -> bf16 [BK, 64]."""
-    words = _words(row_ptr, vm, BYTE0, 32)
+    words = _words(row_ptr, BYTE0, 32)
     lo, hi = bf16x2_split(words)
     return tl.reshape(tl.join(lo, hi), [words.shape[0], 64])
 
@@ -338,40 +351,42 @@ def _sparse_mla_decode_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         valid = ks < k_hi
-        idx = tl.load(cidx_ptr + m * s_cidx_m + ks, mask=valid, other=0)  # int64 (the workspace's)
+        # int64 (the workspace's). A tile's keys past the split's end repeat its last key (k_lo <= k_hi - 1
+        # here), a record the encoders wrote: every record load goes unmasked (no zeroing, no predicate)
+        # and decodes to finite values, and those keys' scores are -inf (below), so they weigh 0.
+        idx = tl.load(cidx_ptr + m * s_cidx_m + tl.minimum(ks, k_hi - 1))
         # int64: idx * stride passes 2^31 (module docstring); aligned to REC_ALIGN bytes (the wrapper's word)
         row_ptr = tl.multiple_of(rec_ptr + idx * rec_stride, REC_ALIGN)
-        vm = valid[:, None]
         zero_s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
         if NVFP4:
-            t0 = _nvfp4_chunk(row_ptr, vm, 0, CW, ASM)
+            t0 = _nvfp4_chunk(row_ptr, 0, CW, ASM)
             if FOUR:  # each chunk decoded, stored and multiplied before the next is decoded (registers)
                 s_lat = _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT)
-                t1 = _nvfp4_chunk(row_ptr, vm, 1, CW, ASM)
+                t1 = _nvfp4_chunk(row_ptr, 1, CW, ASM)
                 s_lat = _qk(q1h, q1l, t1, s_lat, Q_SPLIT, F32_DOT)
-                t2 = _nvfp4_chunk(row_ptr, vm, 2, CW, ASM)
+                t2 = _nvfp4_chunk(row_ptr, 2, CW, ASM)
                 s_lat = _qk(q2h, q2l, t2, s_lat, Q_SPLIT, F32_DOT)
-                t3 = _nvfp4_chunk(row_ptr, vm, 3, CW, ASM)
+                t3 = _nvfp4_chunk(row_ptr, 3, CW, ASM)
                 s_lat = _qk(q3h, q3l, t3, s_lat, Q_SPLIT, F32_DOT)
             else:  # two, decoded before the QK (interleaved, the 368 kernel spilled 20 B over 4-byte records on sm_120)
-                t1 = _nvfp4_chunk(row_ptr, vm, 1, CW, ASM)
+                t1 = _nvfp4_chunk(row_ptr, 1, CW, ASM)
                 t2, t3 = t0, t1  # unused
                 s_lat = _qk(q1h, q1l, t1, _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT), Q_SPLIT, F32_DOT)
             if FMT == 0:
-                a0 = load_f32(row_ptr + 292, valid) * NVFP4_SHIFT  # per-token outer scale s_t (tiles: / NVFP4_SHIFT)
-                b = load_f32(row_ptr + 288, valid)  # rope scale r
-                s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, vm, 304, 16, ASM), zero_s,
+                a0 = _key_f32(row_ptr, 292) * NVFP4_SHIFT  # per-token outer scale s_t (tiles: / NVFP4_SHIFT)
+                b = _key_f32(row_ptr, 288)  # rope scale r
+                s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, 304, 16, ASM), zero_s,
                                                            Q_SPLIT, F32_DOT)
             else:
                 a0 = tl.full([BLOCK_K], NVFP4_SHIFT, tl.float32) * outer_scale
-                s = a0[None, :] * s_lat + _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 304), zero_s, Q_SPLIT, F32_DOT)
+                s = a0[None, :] * s_lat + _qk(qrh, qrl, _bf16_rope(row_ptr, 304), zero_s, Q_SPLIT, F32_DOT)
             a1, a2, a3 = a0, a0, a0  # one per-key scale for every chunk
         else:
-            t0, a0 = _e4m3_tile(row_ptr, vm, 0, 32, ASM), load_f32(row_ptr + 512, valid)
-            t1, a1 = _e4m3_tile(row_ptr, vm, 128, 32, ASM), load_f32(row_ptr + 516, valid)
-            t2, a2 = _e4m3_tile(row_ptr, vm, 256, 32, ASM), load_f32(row_ptr + 520, valid)
-            t3, a3 = _e4m3_tile(row_ptr, vm, 384, 32, ASM), load_f32(row_ptr + 524, valid)
-            s = _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 528), zero_s, Q_SPLIT, F32_DOT)
+            t0, a0 = _e4m3_tile(row_ptr, 0, 32, ASM), _key_f32(row_ptr, 512)
+            t1, a1 = _e4m3_tile(row_ptr, 128, 32, ASM), _key_f32(row_ptr, 516)
+            t2, a2 = _e4m3_tile(row_ptr, 256, 32, ASM), _key_f32(row_ptr, 520)
+            t3, a3 = _e4m3_tile(row_ptr, 384, 32, ASM), _key_f32(row_ptr, 524)
+            s = _qk(qrh, qrl, _bf16_rope(row_ptr, 528), zero_s, Q_SPLIT, F32_DOT)
             s += a0[None, :] * _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT)
             s += a1[None, :] * _qk(q1h, q1l, t1, zero_s, Q_SPLIT, F32_DOT)
             s += a2[None, :] * _qk(q2h, q2l, t2, zero_s, Q_SPLIT, F32_DOT)
@@ -423,9 +438,11 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
                     OUT_BF16: tl.constexpr):
     """merge_lse of the S partials of BLOCK (row, head) pairs: lse = ln sum_s e^lse_s, out = sum_s
     e^(lse_s - lse) out_s; no partial seen: out 0, lse -inf. po_rows, pl_rows, out_rows, lse_rows: [BLOCK]
-    pointers to split 0's partial row (512 contiguous fp32), its LSE, the output row (512 contiguous)
-    and the LSE; split s is s_po_s / s_pl_s elements on. Partials are read with .cg (from L2: other SMs
-    wrote them)."""
+    pointers to split 0's partial row (512 contiguous fp32, 16-byte aligned: a workspace's), its LSE, the
+    output row (512 contiguous) and the LSE; split s is s_po_s / s_pl_s elements on (s_po_s a multiple
+    of 512). Partials are read with .cg (from L2: other SMs wrote them), 16 bytes at a time; each split's
+    weight is loaded in the partial's 2-D layout ([BLOCK, 1]), so the loop over the splits moves no
+    data between layouts: the merging program's time grows by about one load per 4 values per split."""
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
     for s in range(0, S):
         mx = tl.maximum(mx, tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg"))
@@ -439,10 +456,11 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     for c in range(0, 4):  # 128 output columns at a time (a loop, not unrolled: the code once)
         acc = tl.zeros([BLOCK, 128], tl.float32)
         for s in range(0, S):
-            w = tl.exp(tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg") - anchor) * inv
-            part = tl.load(po_rows[:, None] + s * s_po_s + 128 * c + d[None, :], mask=mask[:, None], other=0.0,
-                           cache_modifier=".cg")
-            acc += w[:, None] * part
+            w = tl.exp(tl.load(pl_rows[:, None] + s * s_pl_s, mask=mask[:, None], other=float("-inf"),
+                               cache_modifier=".cg") - anchor[:, None]) * inv[:, None]
+            rows = tl.multiple_of(po_rows + s * s_po_s + 128 * c, 16)
+            part = tl.load(rows[:, None] + d[None, :], mask=mask[:, None], other=0.0, cache_modifier=".cg")
+            acc += w * part
         _store_out(out_rows[:, None] + 128 * c + d[None, :], acc, mask[:, None], OUT_BF16)
     tl.store(lse_rows, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")), mask=mask)
 
@@ -584,9 +602,13 @@ def launch_options(lay: RecordLayout, q_dtype: torch.dtype) -> dict:
 
 
 def block_k(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int = 16) -> int:
-    """Keys per tile of a launch (``LAUNCH``); 32 over records 4-byte aligned (``record_alignment``): their
-    4-byte loads take more registers, and the 368 kernel spilled 16 B at 64 keys on sm_120."""
-    return LAUNCH[(lay.name, q_dtype != torch.bfloat16)][2] if rec_align == 16 else 32
+    """Keys per tile of a launch (``LAUNCH``); over records 4-byte aligned (``record_alignment``: the stock
+    path's paged row view) 32, whose 4-byte loads take more registers, except for 368 (the stock
+    format): with the record loads unmasked it fits 64 keys without a spill on both archs (16 B on sm_120
+    before), 1,663 sm_90 instructions a 64-key tile against 2 x 1,032 (the 432 kernel spilled 4 B)."""
+    if rec_align == 16 or lay.name == NVFP4_368.name:
+        return LAUNCH[(lay.name, q_dtype != torch.bfloat16)][2]
+    return 32
 
 
 def record_alignment(records: torch.Tensor) -> int:

@@ -203,6 +203,33 @@ def test_decode_reads_records_at_indices_past_2_31():
     assert_matches(*got, *oracle(q_nope, q_rope, records, fmt, indices, scale), tol=TRITON_TOL)
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+def test_a_paged_row_view_decodes_as_contiguous_records(splits):
+    """The engine's bf16 queries over a paged cache's 4-byte row view (the ",a4" variant: 4-byte loads,
+    64-key tiles for 368 as over 16-byte aligned records) give bit for bit the output and LSE of the same
+    records contiguous, and the float64 oracle's: 150 listed keys, about 120 valid (two tiles, the last
+    ending inside a tile), one row of all -1."""
+    from sparkinfer.attention.triton_decode import block_k, record_alignment, sparse_mla_decode_triton
+    from sparkinfer.attention.validate import resolve_layout
+    from sparkinfer.decode.paged_sparse_mla import row_view
+
+    fmt = get_format("nvfp4_368")
+    q_nope, q_rope, records, indices = make_case(fmt, m=3, h=4, k=150, t=48, seed=15, q_dtype=torch.bfloat16)
+    indices[2] = -1
+    backing = torch.zeros(6, 2, 8, 384, dtype=torch.uint8)
+    cache = backing[:, 1, :, :368]
+    cache.copy_(records.view(6, 8, 368))
+    rows, at = row_view(cache, indices.long())
+    lay = resolve_layout(fmt)
+    assert record_alignment(rows) == 4 and record_alignment(records) == 16
+    assert block_k(lay, torch.bfloat16, 4) == block_k(lay, torch.bfloat16, 16) == 64
+    scale = 1 / math.sqrt(576)
+    got = sparse_mla_decode_triton(q_nope, q_rope, rows, lay, at, scale, num_splits=splits)
+    want = sparse_mla_decode_triton(q_nope, q_rope, records, lay, indices, scale, num_splits=splits)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_matches(*got, *oracle(q_nope, q_rope, records, fmt, indices, scale), tol=TRITON_TOL)
+
+
 def test_preallocated_outputs_and_workspace():
     from sparkinfer.attention.triton_decode import DecodeWorkspace
 
