@@ -1,7 +1,8 @@
 """Triton sparse MLA decode on tensor cores, reading 368 / 432 / 656 byte records directly.
 
 One kernel, one launch per call, without a host read: ``_sparse_mla_decode_kernel`` (grid M x
-ceil(H / BLOCK_H) x S). Program (m, hb, s):
+ceil(H / heads a program) x S: BLOCK_H = 16 heads, or WIDE_H = 32 over a paged view where a block may
+hold the shared memory, sm_90: ``heads_per_program``). Program (m, hb, s):
 
 1. compacts its split (``_compact_split``): it counts row m's valid indices (>= 0) among its K
    listed ones and stores those whose position in the compacted order falls in the s-th of S equal
@@ -100,6 +101,13 @@ LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 25
 # are one register pair a thread at 8 warps; a wider block only widens the scan.
 COMPACT_BLOCK = 256
 MAX_SPLITS = 64  # splits of a row's keys (a ticket's count)
+# Heads a program over a paged cache's row view (",a4": the stock path, 64 heads a rank under DCP4)
+# on 8 warps, where a block may hold WIDE_SHARED bytes of shared memory (sm_90: 227 KB; sm_120's 99 KB
+# may not): each of a row's head blocks gathers and decodes the same records, so 32 heads a program
+# halve that work, on twice the warps (the MMAs and the accumulator per warp as at 16 heads). sm_90
+# SASS a 64-key tile: 8 x 1,183 for 32 heads against 2 programs x 4 x 1,663 (the 368 kernel, the only
+# one measured; its queries of 32 heads and four decoded chunks take 108 KB of shared memory).
+WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 110_592
 # A split covers at least this many listed keys (two 64-key tiles), so that a grid far below a wave
 # (batch 1: 4 rows, 16 heads) takes more, shorter splits. The merging program's path is then the
 # split's tiles plus the merge of all S partials: per warp on sm_90 (benchmarks/kernel_report.py's
@@ -465,15 +473,29 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     tl.store(lse_rows, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")), mask=mask)
 
 
-_SM_COUNT: dict[int, int] = {}
+_DEVICE: dict[int, tuple[int, int]] = {}
+
+
+def _device_limits(device: torch.device) -> tuple[int, int]:
+    """(multiprocessors, shared memory a block may opt in to, bytes) of a CUDA device, queried once per
+    device index (a torch without the second property: 0, the 16-head programs)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _DEVICE:
+        props = torch.cuda.get_device_properties(index)
+        _DEVICE[index] = (props.multi_processor_count, getattr(props, "shared_memory_per_block_optin", 0))
+    return _DEVICE[index]
 
 
 def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device, queried once per device index."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    """Multiprocessors of a CUDA device (``_device_limits``)."""
+    return _device_limits(device)[0]
+
+
+def heads_per_program(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int, h: int, shared_optin: int) -> int:
+    """WIDE_H for the 368 kernel with bf16 queries over a paged row view (``record_alignment`` 4) of more
+    than BLOCK_H heads on a device whose blocks may hold WIDE_SHARED bytes of shared memory; else BLOCK_H."""
+    wide = lay.name == NVFP4_368.name and q_dtype == torch.bfloat16 and rec_align == 4 and h > BLOCK_H
+    return WIDE_H if wide and shared_optin >= WIDE_SHARED else BLOCK_H
 
 
 def num_splits_for(m: int, h: int, k: int, sms: int) -> int:
@@ -554,13 +576,14 @@ def _check_output(name: str, t, shape, device, dtypes=(torch.float32,)) -> torch
 def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices, scale, *,
                              outer_scale: float = 1.0, num_splits: int | None = None,
                              dot_precision: str = "bf16x2", out=None, lse=None,
-                             workspace: DecodeWorkspace | None = None):
+                             workspace: DecodeWorkspace | None = None, block_h: int | None = None):
     """Launch the kernels on already-validated inputs; see ``sparse_mla_decode`` for the contract.
 
     outer_scale is the per-cache constant S of the 432 format (ignored by the others). out
     (float32 or bfloat16 [M, H, 512]: a bf16 model's attention needs no cast after it, the kernel
     rounds the output), lse (float32 [M, H]) and workspace (whose S wins over num_splits) are
-    optional preallocated buffers.
+    optional preallocated buffers. block_h: heads a program (BLOCK_H or WIDE_H; default
+    ``heads_per_program`` on this device, BLOCK_H off-GPU: the tests set WIDE_H to run it interpreted).
     """
     m, h = q_nope.shape[:2]
     k = indices.shape[1]
@@ -582,22 +605,31 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     po, pl, tk = (workspace.partial_out, workspace.partial_lse, workspace.tickets) if splits > 1 \
         else (out, lse, lse)
     cidx = workspace.indices
-    _sparse_mla_decode_kernel[(m, triton.cdiv(h, BLOCK_H), splits)](
+    align = record_alignment(records)
+    if block_h is None:
+        block_h = BLOCK_H if dev.type != "cuda" else heads_per_program(lay, q_nope.dtype, align, h,
+                                                                       _device_limits(dev)[1])
+    if block_h not in (BLOCK_H, WIDE_H):
+        raise ValueError(f"block_h must be {BLOCK_H} or {WIDE_H}, got {block_h}")
+    # tickets: [M, ceil(H / BLOCK_H)] hold the ceil(H / block_h) a row uses (program (m, hb)'s at m x blocks + hb)
+    _sparse_mla_decode_kernel[(m, triton.cdiv(h, block_h), splits)](
         q_nope, q_rope, records, indices, cidx, out, lse, po, pl, tk,
         h, k, splits, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
         q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), indices.stride(0), indices.stride(1),
         cidx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         *((po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1)) if splits > 1 else (0,) * 5),
         **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda", out.dtype == torch.bfloat16,
-                            splits > 1, record_alignment(records)),
-        num_stages=NUM_STAGES, **launch_options(lay, q_nope.dtype),
+                            splits > 1, align, block_h),
+        num_stages=NUM_STAGES, **launch_options(lay, q_nope.dtype, block_h),
     )
     return out, lse
 
 
-def launch_options(lay: RecordLayout, q_dtype: torch.dtype) -> dict:
-    """num_warps and, where set, the ptxas register ceiling of a launch (``LAUNCH``)."""
+def launch_options(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_H) -> dict:
+    """num_warps and, where set, the ptxas register ceiling of a launch (``LAUNCH``; WIDE_H heads a
+    program: WIDE_WARPS)."""
     warps, ceiling, _ = LAUNCH[(lay.name, q_dtype != torch.bfloat16)]
+    warps = WIDE_WARPS if block_h == WIDE_H else warps
     return {"num_warps": warps} if ceiling is None else {"num_warps": warps, "maxnreg": ceiling}
 
 
@@ -621,14 +653,14 @@ def record_alignment(records: torch.Tensor) -> int:
 
 
 def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: str, interpreted: bool = False,
-                      bf16_out: bool = False, merge: bool = False, rec_align: int = 16) -> dict:
+                      bf16_out: bool = False, merge: bool = False, rec_align: int = 16, block_h: int = BLOCK_H) -> dict:
     """The decode kernel's constexprs for a format, query dtype, precision, output dtype, split
     count (merge: S > 1, partials and the fused merge; interpreted: under TRITON_INTERPRET=1, see
-    ``_dot``) and record alignment (``record_alignment``)."""
+    ``_dot``), record alignment (``record_alignment``) and heads a program."""
     if dot_precision not in PRECISIONS:
         raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     split = dot_precision == "bf16x2"
-    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=block_k(lay, q_dtype, rec_align),
+    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=block_h, BLOCK_K=block_k(lay, q_dtype, rec_align),
                 BLOCK_C=COMPACT_BLOCK,
                 Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted, OUT_BF16=bf16_out,
                 MERGE=merge, ASM=not interpreted, REC_ALIGN=rec_align)
@@ -641,9 +673,9 @@ _DECODE_SIG = {
 }
 
 
-def _spec_options(lay: RecordLayout, q_dtype: torch.dtype) -> dict:
+def _spec_options(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_H) -> dict:
     """``launch_options`` as a compile spec holds them: num_warps, the rest under options."""
-    opts = launch_options(lay, q_dtype)
+    opts = launch_options(lay, q_dtype, block_h)
     return {"num_warps": opts.pop("num_warps"), "options": opts}
 
 
@@ -655,20 +687,27 @@ def compile_specs() -> list[dict]:
     (the CPU twin's and the tests'; the selected path's workspace slots), at the default precision,
     each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly),
     over 16-byte aligned records, and the engine's also over a paged cache's 4-byte row view (",a4":
-    ``record_alignment``).
+    ``record_alignment``), there for 368 with WIDE_H heads a program too (",h32"; ``archs``: compiled for
+    sm_90 only, whose blocks may hold its shared memory: ``heads_per_program``).
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
         for q_dtype, q_type, align in ((torch.bfloat16, "*bf16", 16), (torch.bfloat16, "*bf16", 4),
                                        (torch.float32, "*fp32", 16)):
+            wide = heads_per_program(lay, q_dtype, align, WIDE_H, WIDE_SHARED) == WIDE_H
             for merge in (True, False):
-                engine = q_dtype == torch.bfloat16
-                c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge, rec_align=align)
-                sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
-                sig.update(qn_ptr=q_type, qr_ptr=q_type, out_ptr="*bf16" if engine else "*fp32",
-                           idx_ptr="*i64" if engine else "*i32", **{n: "constexpr" for n in c})
-                name = lay.short + ("" if engine else ",q_fp32") + ("" if align == 16 else ",a4") \
-                    + ("" if merge else ",s1")
-                specs.append(dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
-                                  constexprs=c, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype)))
+                for block_h in (BLOCK_H, WIDE_H) if wide else (BLOCK_H,):
+                    engine = q_dtype == torch.bfloat16
+                    c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge, rec_align=align,
+                                          block_h=block_h)
+                    sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
+                    sig.update(qn_ptr=q_type, qr_ptr=q_type, out_ptr="*bf16" if engine else "*fp32",
+                               idx_ptr="*i64" if engine else "*i32", **{n: "constexpr" for n in c})
+                    name = lay.short + ("" if engine else ",q_fp32") + ("" if align == 16 else ",a4") \
+                        + ("" if block_h == BLOCK_H else f",h{block_h}") + ("" if merge else ",s1")
+                    spec = dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
+                                constexprs=c, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype, block_h))
+                    if block_h == WIDE_H:
+                        spec["archs"] = (90,)
+                    specs.append(spec)
     return specs
