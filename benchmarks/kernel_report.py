@@ -195,7 +195,8 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     def launch_on(gpu: str) -> dict:
         """The compiled variant the wrapper launches on ``gpu``: heads a program by its shared memory
         (``heads_per_program``: ",h32"), with the fused merge for S > 1, ",s1" for one split."""
-        bh = td.heads_per_program(lay, torch.bfloat16, align, h, HW[gpu]["smem_optin"])
+        bh = td.heads_per_program(lay, torch.bfloat16, align, h, m * _cdiv(h, td.BLOCK_H) * s, HW[gpu]["sms"],
+                                  HW[gpu]["smem_optin"])
         hb = _cdiv(h, bh)
         warps = td.launch_options(lay, torch.bfloat16, bh)["num_warps"]  # the engine's bf16 queries
         name = f"{fmt}{',a4' if paged else ''}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"

@@ -491,11 +491,17 @@ def _sm_count(device: torch.device) -> int:
     return _device_limits(device)[0]
 
 
-def heads_per_program(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int, h: int, shared_optin: int) -> int:
+def heads_per_program(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int, h: int, programs: int, sms: int,
+                      shared_optin: int) -> int:
     """WIDE_H for the 368 kernel with bf16 queries over a paged row view (``record_alignment`` 4) of more
-    than BLOCK_H heads on a device whose blocks may hold WIDE_SHARED bytes of shared memory; else BLOCK_H."""
+    than BLOCK_H heads, when its ``programs`` of BLOCK_H heads (rows x head blocks x splits) are more than
+    the ``sms`` hold in one wave, on a device whose blocks may hold WIDE_SHARED bytes of shared memory;
+    else BLOCK_H. Within one wave a 16-head program has an SM to itself and 4 warps issue a tile in
+    1,663 instructions a scheduler against 2 x 1,183 for the 8 warps of a 32-head one (sm_90), which only
+    wins where it takes the place of two 16-head programs on one SM. The split count stays that of 16-head
+    programs (``num_splits_for``: the attention arena's partials are counted so)."""
     wide = lay.name == NVFP4_368.name and q_dtype == torch.bfloat16 and rec_align == 4 and h > BLOCK_H
-    return WIDE_H if wide and shared_optin >= WIDE_SHARED else BLOCK_H
+    return WIDE_H if wide and programs > sms and shared_optin >= WIDE_SHARED else BLOCK_H
 
 
 def num_splits_for(m: int, h: int, k: int, sms: int) -> int:
@@ -607,8 +613,8 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     cidx = workspace.indices
     align = record_alignment(records)
     if block_h is None:
-        block_h = BLOCK_H if dev.type != "cuda" else heads_per_program(lay, q_nope.dtype, align, h,
-                                                                       _device_limits(dev)[1])
+        block_h = BLOCK_H if dev.type != "cuda" else heads_per_program(
+            lay, q_nope.dtype, align, h, m * triton.cdiv(h, BLOCK_H) * splits, *_device_limits(dev))
     if block_h not in (BLOCK_H, WIDE_H):
         raise ValueError(f"block_h must be {BLOCK_H} or {WIDE_H}, got {block_h}")
     # tickets: [M, ceil(H / BLOCK_H)] hold the ceil(H / block_h) a row uses (program (m, hb)'s at m x blocks + hb)
@@ -687,16 +693,17 @@ def compile_specs() -> list[dict]:
     (the CPU twin's and the tests'; the selected path's workspace slots), at the default precision,
     each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly),
     over 16-byte aligned records, and the engine's also over a paged cache's 4-byte row view (",a4":
-    ``record_alignment``), there for 368 with WIDE_H heads a program too (",h32"; ``archs``: compiled for
-    sm_90 only, whose blocks may hold its shared memory: ``heads_per_program``).
+    ``record_alignment``), there for 368 with one split also with WIDE_H heads a program (",h32"; ``archs``:
+    compiled for sm_90 only, whose blocks may hold its shared memory: ``heads_per_program``).
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
         for q_dtype, q_type, align in ((torch.bfloat16, "*bf16", 16), (torch.bfloat16, "*bf16", 4),
                                        (torch.float32, "*fp32", 16)):
-            wide = heads_per_program(lay, q_dtype, align, WIDE_H, WIDE_SHARED) == WIDE_H
+            wide = heads_per_program(lay, q_dtype, align, WIDE_H, 2, 1, WIDE_SHARED) == WIDE_H
             for merge in (True, False):
-                for block_h in (BLOCK_H, WIDE_H) if wide else (BLOCK_H,):
+                # WIDE_H: one split only (S > 1 leaves the 16-head programs within a wave: ``heads_per_program``)
+                for block_h in (BLOCK_H, WIDE_H) if wide and not merge else (BLOCK_H,):
                     engine = q_dtype == torch.bfloat16
                     c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge, rec_align=align,
                                           block_h=block_h)

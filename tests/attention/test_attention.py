@@ -257,6 +257,23 @@ def test_32_heads_a_program_equal_16(splits):
     torch.testing.assert_close(out[WIDE_H].double(), ref_out, atol=2e-2, rtol=1e-2)  # bf16 output
 
 
+def test_heads_per_program_goes_wide_past_a_wave_where_the_shared_memory_fits():
+    """32 heads a program only for 368 / bf16 queries / a paged row view / more than 16 heads, when the
+    16-head programs exceed one wave (two of them would share an SM) and a block may hold WIDE_SHARED."""
+    from sparkinfer.attention.triton_decode import BLOCK_H, WIDE_H, WIDE_SHARED, heads_per_program
+    from sparkinfer.core.layouts import NVFP4_368, NVFP4_432
+
+    h200, pro = (132, 227 * 1024), (188, 99 * 1024)
+    assert WIDE_SHARED <= h200[1] and WIDE_SHARED > pro[1]
+    stock = (NVFP4_368, torch.bfloat16, 4, 64)
+    assert heads_per_program(*stock, 64 * 4, *h200) == WIDE_H  # stock DCP4: 256 programs on 132 SMs
+    assert heads_per_program(*stock, 64 * 4, *pro) == BLOCK_H  # 99 KB a block: no room
+    assert heads_per_program(*stock, 4 * 4 * 8, *h200) == BLOCK_H  # batch 1 in 8 splits: within a wave
+    for other in ((NVFP4_432, torch.bfloat16, 4, 64), (NVFP4_368, torch.float32, 4, 64),
+                  (NVFP4_368, torch.bfloat16, 16, 64), (NVFP4_368, torch.bfloat16, 4, 16)):
+        assert heads_per_program(*other, 1024, *h200) == BLOCK_H, other
+
+
 def test_preallocated_outputs_and_workspace():
     from sparkinfer.attention.triton_decode import DecodeWorkspace
 
