@@ -75,11 +75,12 @@ TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.attention.tr
 # issuing at most one warp instruction per clock. SM clocks: H200 1,980 MHz, what nvidia-smi read on the lent
 # H200 under load (gpu-validation.md, 2026-12-04; the datasheet's boost clock, an H100 SXM's too); RTX PRO 6000
 # Blackwell 2,617 MHz, the datasheet's boost clock (not measured here). SMs: 188 (glm52-and-hardware.md) and 132.
+# smem_optin: the shared memory a block may opt in to (sm_120 99 KB, sm_90 227 KB; CUDA's arch tables).
 HW = {
     "rtx_pro_6000": {"bw": 1.79e12, "bf16": 500e12, "fp8": 1000e12, "tf32": 250e12, "fp32": 125e12, "sms": 188,
-                     "p2p": 55e9, "clock_hz": 2.617e9, "schedulers": 4},
+                     "p2p": 55e9, "clock_hz": 2.617e9, "schedulers": 4, "smem_optin": 99 * 1024},
     "h200": {"bw": 4.8e12, "bf16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12, "sms": 132, "p2p": None,
-             "clock_hz": 1.98e9, "schedulers": 4},
+             "clock_hz": 1.98e9, "schedulers": 4, "smem_optin": 227 * 1024},
 }
 GPU_OF_ARCH = {120: "rtx_pro_6000", 90: "h200"}  # the compiled arch whose code each GPU's issue figure counts
 LAUNCH_US = 3.0  # a kernel launch + an almost empty grid, order of magnitude: the floor of tiny kernels
@@ -186,14 +187,23 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     # grid (M, H / BLOCK_H, S); split i walks keys [i kps, min((i + 1) kps, k)) in BLOCK_K tiles
     # (kps = ceil(ceil(k / S) / BLOCK_K) BLOCK_K, the kernel's k_per_split); rows and head blocks alike
     lay = {x.short: x for x in (NVFP4_368, NVFP4_432, FP8_DS_MLA)}[fmt]
-    bk = td.block_k(lay, torch.bfloat16, 4 if paged else 16)  # the engine's bf16 queries
+    align = 4 if paged else 16
+    bk = td.block_k(lay, torch.bfloat16, align)  # the engine's bf16 queries
     kps = _cdiv(_cdiv(k, s), bk) * bk
     tiles = sum(_cdiv(max(0, min(kps, k - i * kps)), bk) for i in range(s))
-    hb = _cdiv(h, td.BLOCK_H)
-    # the compiled variant the wrapper launches: with the fused merge for S > 1, ",s1" for one split
-    warps = td.launch_options(lay, torch.bfloat16)["num_warps"]  # the engine's bf16 queries
-    launch = _launch(f"sparse_mla_decode[{fmt}{',a4' if paged else ''}{'' if s > 1 else ',s1'}]", m * hb * s, warps,
-                     m * hb * tiles, f"{bk}-key tiles")
+
+    def launch_on(gpu: str) -> dict:
+        """The compiled variant the wrapper launches on ``gpu``: heads a program by its shared memory
+        (``heads_per_program``: ",h32"), with the fused merge for S > 1, ",s1" for one split."""
+        bh = td.heads_per_program(lay, torch.bfloat16, align, h, m * _cdiv(h, td.BLOCK_H) * s, HW[gpu]["sms"],
+                                  HW[gpu]["smem_optin"])
+        hb = _cdiv(h, bh)
+        warps = td.launch_options(lay, torch.bfloat16, bh)["num_warps"]  # the engine's bf16 queries
+        name = f"{fmt}{',a4' if paged else ''}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"
+        return _launch(f"sparse_mla_decode[{name}]", m * hb * s, warps, m * hb * tiles, f"{bk}-key tiles")
+
+    launch = launch_on("rtx_pro_6000")
+    by_gpu = {gpu: launch_on(gpu) for gpu in HW if launch_on(gpu) != launch}
     out = m * h * (LATENT + 1) * 4
     nbytes = gathered * RECORD[fmt] + m * listed * listed_bytes + 2 * m * k * 8 + m * h * (LATENT + ROPE) * 2 \
         + (2 * s * out + out if s > 1 else out)
@@ -201,10 +211,13 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     mma = 2 * m * h * k * (LATENT + ROPE + 2 * LATENT)
     expect = ("bf16 tensor cores (mma.sync), memory-bound on both GPUs: within 2x of the floor on the H200 "
               "and faster than the upstream sm_12x split-K Triton kernel's 28.7 us per call")
-    return _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "listed": listed,
-                                                     "listed_bytes": listed_bytes, "splits": s,
-                                                     "record": RECORD[fmt], "gathered": gathered},
-                nbytes, flops, "bf16", expect, mma_flops=mma, launch=launch)
+    row = _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "listed": listed,
+                                                    "listed_bytes": listed_bytes, "splits": s,
+                                                    "record": RECORD[fmt], "gathered": gathered},
+               nbytes, flops, "bf16", expect, mma_flops=mma, launch=launch)
+    if by_gpu:  # a GPU that launches another variant (``issue_bound``)
+        row["launch_by_gpu"] = by_gpu
+    return row
 
 
 def _mla_union(fmt: str, b: int, r: int, h: int, u: int, k: int, shape: str) -> dict:
@@ -662,8 +675,8 @@ def issue_bound(doc: dict) -> None:
     roofline row with a launch whose kernel was compiled for that GPU's arch (GPU_OF_ARCH)."""
     profiles = {(r["kernel"], r["arch"]): r["profile"] for r in doc["kernels"] if r.get("profile")}
     for row in doc["roofline"]:
-        launch = row.get("launch")
         for arch, gpu in GPU_OF_ARCH.items():
+            launch = row.get("launch_by_gpu", {}).get(gpu, row.get("launch"))
             prof = profiles.get((launch["kernel"], arch)) if launch else None
             if prof is None:
                 continue
@@ -823,8 +836,9 @@ def compile_triton(archs=ARCHS, kernels: set | None = None) -> list[dict]:
     import importlib
     import multiprocessing as mp
 
+    # a spec with "archs" compiles for those only (one whose shared memory fits only there)
     jobs = [(mod, i, arch) for mod in TRITON_MODULES for i, spec in enumerate(importlib.import_module(mod).compile_specs())
-            for arch in archs if kernels is None or spec["name"] in kernels]
+            for arch in archs if (kernels is None or spec["name"] in kernels) and arch in spec.get("archs", archs)]
     if not jobs:
         return []
     workers = max(1, min(len(jobs), os.cpu_count() or 1, 8))
@@ -896,6 +910,12 @@ def _print(doc: dict) -> None:
     con.print(t)
 
 
+def kernel_names(text: str) -> set[str]:
+    """The report names of a comma-separated list; a comma inside a name's brackets is part of the name
+    (``sparse_mla_decode[nvfp4_368,a4,s1]``)."""
+    return set(re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", default=",".join(map(str, ARCHS)), help="comma-separated, default 120,90")
@@ -906,7 +926,7 @@ def main(argv=None) -> int:
                     "(e.g. sparse_mla_decode[nvfp4_368],records.cu:encode_kernel)")
     a = ap.parse_args(argv)
     archs = tuple(int(x) for x in a.archs.split(",") if x.strip())
-    doc = report(archs, a.only, None if a.kernels is None else set(a.kernels.split(",")))
+    doc = report(archs, a.only, None if a.kernels is None else kernel_names(a.kernels))
     if a.json == "-":
         print(json.dumps(doc, indent=1))
     else:

@@ -1,7 +1,8 @@
 """Triton sparse MLA decode on tensor cores, reading 368 / 432 / 656 byte records directly.
 
 One kernel, one launch per call, without a host read: ``_sparse_mla_decode_kernel`` (grid M x
-ceil(H / BLOCK_H) x S). Program (m, hb, s):
+ceil(H / heads a program) x S: BLOCK_H = 16 heads, or WIDE_H = 32 over a paged view where a block may
+hold the shared memory, sm_90: ``heads_per_program``). Program (m, hb, s):
 
 1. compacts its split (``_compact_split``): it counts row m's valid indices (>= 0) among its K
    listed ones and stores those whose position in the compacted order falls in the s-th of S equal
@@ -64,7 +65,7 @@ import triton.language as tl
 from sparkinfer.core.attention_workspace import HEAD_BLOCK
 from sparkinfer.core.layouts import FP8_DS_MLA, LATENT_DIM, NVFP4_368, NVFP4_432, RecordLayout
 
-from .triton_codes import NVFP4_SHIFT, bf16x2_split, e2m1x8_to_bf16, e4m3x4_to_bf16, load_f32
+from .triton_codes import NVFP4_SHIFT, bf16x2_split, e2m1x8_to_bf16, e4m3x4_to_bf16
 
 _FMT_ID = {NVFP4_368.name: 0, NVFP4_432.name: 1, FP8_DS_MLA.name: 2}
 PRECISIONS = ("bf16x2", "bf16")
@@ -84,8 +85,8 @@ NUM_STAGES = 1
 # 8 x 768 against 4 x 1,169 instructions per tile, with the first packed decoders); with them (``triton_codes``) they
 # fit 255 registers without a spill (allowed 255: ptxas's own choice for the 656 kernel on sm_120,
 # 168, spilled 16 B). fp32 queries (hi + lo: twice the query registers): 8 warps,
-# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 232
-# (255 spilled 8 B, 200 56 B on sm_120 with one split).
+# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 224
+# (255 spilled 8 B, 200 56 B on sm_120 with one split; 232 4 B once the record loads went unmasked).
 # Keys per tile: the online softmax's per-tile work (the accumulator rescale: 64 FMUL a thread at 4
 # warps, the row max and sum) and the queries' shared-memory loads (each warp reads all 576 query
 # columns per tile: 36 LDSM) are per tile, the decode, the MMAs and the PV tile's loads per key, so 64
@@ -95,24 +96,44 @@ NUM_STAGES = 1
 # the 432 one with fp32 queries 16 B (ceiling 200): 32 keys.
 LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 255, 64),
           (FP8_DS_MLA.name, False): (4, 255, 32), (NVFP4_368.name, True): (8, None, 32),
-          (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 232, 32)}
+          (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 224, 32)}
 # Listed indices a program scans at a time when it compacts its split (``_compact_split``): 256 int64
 # are one register pair a thread at 8 warps; a wider block only widens the scan.
 COMPACT_BLOCK = 256
 MAX_SPLITS = 64  # splits of a row's keys (a ticket's count)
-# A split covers at least this many listed keys: its partial (16 heads x 513 fp32 = 33 KB, written
-# and read back by the merge) then stays below the records it gathers (256 x 368 B = 94 KB when
-# all are valid; a quarter of that on the stock DCP4 path, where the partials dominate).
-MIN_KEYS_PER_SPLIT = 256
+# Heads a program over a paged cache's row view (",a4": the stock path, 64 heads a rank under DCP4)
+# on 8 warps, where a block may hold WIDE_SHARED bytes of shared memory (sm_90: 227 KB; sm_120's 99 KB
+# may not): each of a row's head blocks gathers and decodes the same records, so 32 heads a program
+# halve that work, on twice the warps (the MMAs and the accumulator per warp as at 16 heads). sm_90
+# SASS a 64-key tile: 8 x 1,183 for 32 heads against 2 programs x 4 x 1,663 (the 368 kernel, the only
+# one measured; its queries of 32 heads and four decoded chunks take 108 KB of shared memory).
+WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 110_592
+# A split covers at least this many listed keys (two 64-key tiles), so that a grid far below a wave
+# (batch 1: 4 rows, 16 heads) takes more, shorter splits. The merging program's path is then the
+# split's tiles plus the merge of all S partials: per warp on sm_90 (benchmarks/kernel_report.py's
+# SASS) ~1,420 instructions a 64-key tile against ~240 a split merged (the merge loop: 16-byte
+# loads, 64 values a thread), so at K = 2,048 that path is 4 x 1,420 + 8 x 240 with 8 splits (256
+# keys each, before) and 2 x 1,420 + 16 x 240 with 16, 9% shorter (the sum is least near
+# sqrt(32 x 1,420 / 240) ~ 14 splits). The partials (16 heads x 513 fp32 = 33 KB a split) then
+# exceed the records a split gathers (128 x 368 B = 47 KB when all are valid, a quarter on the
+# stock DCP4 path); at batch 1 both are far below the launch's floor.
+MIN_KEYS_PER_SPLIT = 128
 
 
 @triton.jit
-def _words(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr):
+def _words(row_ptr, BYTE0: tl.constexpr, N: tl.constexpr):
     """N little-endian uint32 words of each record from byte BYTE0 (records are 4-byte aligned) -> [BK, N].
     Indexed as words (not bytes, then cast), so that Triton sees them contiguous: 16-byte loads where
-    the records are 16-byte aligned (``REC_ALIGN``)."""
+    the records are 16-byte aligned (``REC_ALIGN``). Unmasked: a tile's keys past its split's end repeat
+    its last key (``_sparse_mla_decode_kernel``)."""
     w = tl.arange(0, N)
-    return tl.load(row_ptr.to(tl.pointer_type(tl.uint32))[:, None] + BYTE0 // 4 + w[None, :], mask=vm, other=0)
+    return tl.load(row_ptr.to(tl.pointer_type(tl.uint32))[:, None] + BYTE0 // 4 + w[None, :])
+
+
+@triton.jit
+def _key_f32(row_ptr, BYTE0: tl.constexpr):
+    """The fp32 at byte BYTE0 of each record (a per-key scale) -> [BK]; unmasked as ``_words``."""
+    return tl.load((row_ptr + BYTE0).to(tl.pointer_type(tl.float32)))
 
 
 @triton.jit
@@ -141,30 +162,30 @@ def _tile_cols(c, PER_WORD: tl.constexpr):
 
 
 @triton.jit
-def _nvfp4_chunk(row_ptr, vm, B: tl.constexpr, CW: tl.constexpr, ASM: tl.constexpr):
+def _nvfp4_chunk(row_ptr, B: tl.constexpr, CW: tl.constexpr, ASM: tl.constexpr):
     """Latent columns [CW B, CW (B+1)) of NVFP4 records -> bf16 [BK, CW]: E2M1 value x E4M3 group scale
     / NVFP4_SHIFT (``e2m1x8_to_bf16``; the caller multiplies its per-key scale by NVFP4_SHIFT).
 
     Word w of the chunk holds its elements 8w..8w+7 (low nibble first), all in group CW B / 16 + w // 2.
     """
-    words = _words(row_ptr, vm, CW // 2 * B, CW // 8)
+    words = _words(row_ptr, CW // 2 * B, CW // 8)
     w = tl.arange(0, CW // 8)
-    sc = tl.load(row_ptr[:, None] + 256 + CW // 16 * B + w[None, :] // 2, mask=vm, other=0)
+    sc = tl.load(row_ptr[:, None] + 256 + CW // 16 * B + w[None, :] // 2)
     e0, e1, e2, e3, e4, e5, e6, e7 = e2m1x8_to_bf16(words, sc.to(tl.uint32), ASM)
     return _join8(e0, e4, e1, e5, e2, e6, e3, e7)  # the decoder's pairs side by side: ``_tile_cols``
 
 
 @triton.jit
-def _e4m3_tile(row_ptr, vm, BYTE0: tl.constexpr, N: tl.constexpr, ASM: tl.constexpr):
+def _e4m3_tile(row_ptr, BYTE0: tl.constexpr, N: tl.constexpr, ASM: tl.constexpr):
     """4N E4M3 bytes of each record from BYTE0 -> bf16 [BK, 4N] (exact)."""
-    b0, b1, b2, b3 = e4m3x4_to_bf16(_words(row_ptr, vm, BYTE0, N), ASM)
+    b0, b1, b2, b3 = e4m3x4_to_bf16(_words(row_ptr, BYTE0, N), ASM)
     return _join4(b0, b2, b1, b3)  # the decoder's pairs side by side: ``_tile_cols``
 
 
 @triton.jit
-def _bf16_rope(row_ptr, vm, BYTE0: tl.constexpr):
+def _bf16_rope(row_ptr, BYTE0: tl.constexpr):
     """64 bf16 rope values of each record from BYTE0 -> bf16 [BK, 64]."""
-    words = _words(row_ptr, vm, BYTE0, 32)
+    words = _words(row_ptr, BYTE0, 32)
     lo, hi = bf16x2_split(words)
     return tl.reshape(tl.join(lo, hi), [words.shape[0], 64])
 
@@ -338,40 +359,42 @@ def _sparse_mla_decode_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         valid = ks < k_hi
-        idx = tl.load(cidx_ptr + m * s_cidx_m + ks, mask=valid, other=0)  # int64 (the workspace's)
+        # int64 (the workspace's). A tile's keys past the split's end repeat its last key (k_lo <= k_hi - 1
+        # here), a record the encoders wrote: every record load goes unmasked (no zeroing, no predicate)
+        # and decodes to finite values, and those keys' scores are -inf (below), so they weigh 0.
+        idx = tl.load(cidx_ptr + m * s_cidx_m + tl.minimum(ks, k_hi - 1))
         # int64: idx * stride passes 2^31 (module docstring); aligned to REC_ALIGN bytes (the wrapper's word)
         row_ptr = tl.multiple_of(rec_ptr + idx * rec_stride, REC_ALIGN)
-        vm = valid[:, None]
         zero_s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
         if NVFP4:
-            t0 = _nvfp4_chunk(row_ptr, vm, 0, CW, ASM)
+            t0 = _nvfp4_chunk(row_ptr, 0, CW, ASM)
             if FOUR:  # each chunk decoded, stored and multiplied before the next is decoded (registers)
                 s_lat = _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT)
-                t1 = _nvfp4_chunk(row_ptr, vm, 1, CW, ASM)
+                t1 = _nvfp4_chunk(row_ptr, 1, CW, ASM)
                 s_lat = _qk(q1h, q1l, t1, s_lat, Q_SPLIT, F32_DOT)
-                t2 = _nvfp4_chunk(row_ptr, vm, 2, CW, ASM)
+                t2 = _nvfp4_chunk(row_ptr, 2, CW, ASM)
                 s_lat = _qk(q2h, q2l, t2, s_lat, Q_SPLIT, F32_DOT)
-                t3 = _nvfp4_chunk(row_ptr, vm, 3, CW, ASM)
+                t3 = _nvfp4_chunk(row_ptr, 3, CW, ASM)
                 s_lat = _qk(q3h, q3l, t3, s_lat, Q_SPLIT, F32_DOT)
             else:  # two, decoded before the QK (interleaved, the 368 kernel spilled 20 B over 4-byte records on sm_120)
-                t1 = _nvfp4_chunk(row_ptr, vm, 1, CW, ASM)
+                t1 = _nvfp4_chunk(row_ptr, 1, CW, ASM)
                 t2, t3 = t0, t1  # unused
                 s_lat = _qk(q1h, q1l, t1, _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT), Q_SPLIT, F32_DOT)
             if FMT == 0:
-                a0 = load_f32(row_ptr + 292, valid) * NVFP4_SHIFT  # per-token outer scale s_t (tiles: / NVFP4_SHIFT)
-                b = load_f32(row_ptr + 288, valid)  # rope scale r
-                s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, vm, 304, 16, ASM), zero_s,
+                a0 = _key_f32(row_ptr, 292) * NVFP4_SHIFT  # per-token outer scale s_t (tiles: / NVFP4_SHIFT)
+                b = _key_f32(row_ptr, 288)  # rope scale r
+                s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, 304, 16, ASM), zero_s,
                                                            Q_SPLIT, F32_DOT)
             else:
                 a0 = tl.full([BLOCK_K], NVFP4_SHIFT, tl.float32) * outer_scale
-                s = a0[None, :] * s_lat + _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 304), zero_s, Q_SPLIT, F32_DOT)
+                s = a0[None, :] * s_lat + _qk(qrh, qrl, _bf16_rope(row_ptr, 304), zero_s, Q_SPLIT, F32_DOT)
             a1, a2, a3 = a0, a0, a0  # one per-key scale for every chunk
         else:
-            t0, a0 = _e4m3_tile(row_ptr, vm, 0, 32, ASM), load_f32(row_ptr + 512, valid)
-            t1, a1 = _e4m3_tile(row_ptr, vm, 128, 32, ASM), load_f32(row_ptr + 516, valid)
-            t2, a2 = _e4m3_tile(row_ptr, vm, 256, 32, ASM), load_f32(row_ptr + 520, valid)
-            t3, a3 = _e4m3_tile(row_ptr, vm, 384, 32, ASM), load_f32(row_ptr + 524, valid)
-            s = _qk(qrh, qrl, _bf16_rope(row_ptr, vm, 528), zero_s, Q_SPLIT, F32_DOT)
+            t0, a0 = _e4m3_tile(row_ptr, 0, 32, ASM), _key_f32(row_ptr, 512)
+            t1, a1 = _e4m3_tile(row_ptr, 128, 32, ASM), _key_f32(row_ptr, 516)
+            t2, a2 = _e4m3_tile(row_ptr, 256, 32, ASM), _key_f32(row_ptr, 520)
+            t3, a3 = _e4m3_tile(row_ptr, 384, 32, ASM), _key_f32(row_ptr, 524)
+            s = _qk(qrh, qrl, _bf16_rope(row_ptr, 528), zero_s, Q_SPLIT, F32_DOT)
             s += a0[None, :] * _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT)
             s += a1[None, :] * _qk(q1h, q1l, t1, zero_s, Q_SPLIT, F32_DOT)
             s += a2[None, :] * _qk(q2h, q2l, t2, zero_s, Q_SPLIT, F32_DOT)
@@ -423,9 +446,11 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
                     OUT_BF16: tl.constexpr):
     """merge_lse of the S partials of BLOCK (row, head) pairs: lse = ln sum_s e^lse_s, out = sum_s
     e^(lse_s - lse) out_s; no partial seen: out 0, lse -inf. po_rows, pl_rows, out_rows, lse_rows: [BLOCK]
-    pointers to split 0's partial row (512 contiguous fp32), its LSE, the output row (512 contiguous)
-    and the LSE; split s is s_po_s / s_pl_s elements on. Partials are read with .cg (from L2: other SMs
-    wrote them)."""
+    pointers to split 0's partial row (512 contiguous fp32, 16-byte aligned: a workspace's), its LSE, the
+    output row (512 contiguous) and the LSE; split s is s_po_s / s_pl_s elements on (s_po_s a multiple
+    of 512). Partials are read with .cg (from L2: other SMs wrote them), 16 bytes at a time; each split's
+    weight is loaded in the partial's 2-D layout ([BLOCK, 1]), so the loop over the splits moves no
+    data between layouts: the merging program's time grows by about one load per 4 values per split."""
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
     for s in range(0, S):
         mx = tl.maximum(mx, tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg"))
@@ -439,23 +464,44 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     for c in range(0, 4):  # 128 output columns at a time (a loop, not unrolled: the code once)
         acc = tl.zeros([BLOCK, 128], tl.float32)
         for s in range(0, S):
-            w = tl.exp(tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg") - anchor) * inv
-            part = tl.load(po_rows[:, None] + s * s_po_s + 128 * c + d[None, :], mask=mask[:, None], other=0.0,
-                           cache_modifier=".cg")
-            acc += w[:, None] * part
+            w = tl.exp(tl.load(pl_rows[:, None] + s * s_pl_s, mask=mask[:, None], other=float("-inf"),
+                               cache_modifier=".cg") - anchor[:, None]) * inv[:, None]
+            rows = tl.multiple_of(po_rows + s * s_po_s + 128 * c, 16)
+            part = tl.load(rows[:, None] + d[None, :], mask=mask[:, None], other=0.0, cache_modifier=".cg")
+            acc += w * part
         _store_out(out_rows[:, None] + 128 * c + d[None, :], acc, mask[:, None], OUT_BF16)
     tl.store(lse_rows, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")), mask=mask)
 
 
-_SM_COUNT: dict[int, int] = {}
+_DEVICE: dict[int, tuple[int, int]] = {}
+
+
+def _device_limits(device: torch.device) -> tuple[int, int]:
+    """(multiprocessors, shared memory a block may opt in to, bytes) of a CUDA device, queried once per
+    device index (a torch without the second property: 0, the 16-head programs)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _DEVICE:
+        props = torch.cuda.get_device_properties(index)
+        _DEVICE[index] = (props.multi_processor_count, getattr(props, "shared_memory_per_block_optin", 0))
+    return _DEVICE[index]
 
 
 def _sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device, queried once per device index."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    """Multiprocessors of a CUDA device (``_device_limits``)."""
+    return _device_limits(device)[0]
+
+
+def heads_per_program(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int, h: int, programs: int, sms: int,
+                      shared_optin: int) -> int:
+    """WIDE_H for the 368 kernel with bf16 queries over a paged row view (``record_alignment`` 4) of more
+    than BLOCK_H heads, when its ``programs`` of BLOCK_H heads (rows x head blocks x splits) are more than
+    the ``sms`` hold in one wave, on a device whose blocks may hold WIDE_SHARED bytes of shared memory;
+    else BLOCK_H. Within one wave a 16-head program has an SM to itself and 4 warps issue a tile in
+    1,663 instructions a scheduler against 2 x 1,183 for the 8 warps of a 32-head one (sm_90), which only
+    wins where it takes the place of two 16-head programs on one SM. The split count stays that of 16-head
+    programs (``num_splits_for``: the attention arena's partials are counted so)."""
+    wide = lay.name == NVFP4_368.name and q_dtype == torch.bfloat16 and rec_align == 4 and h > BLOCK_H
+    return WIDE_H if wide and programs > sms and shared_optin >= WIDE_SHARED else BLOCK_H
 
 
 def num_splits_for(m: int, h: int, k: int, sms: int) -> int:
@@ -536,13 +582,14 @@ def _check_output(name: str, t, shape, device, dtypes=(torch.float32,)) -> torch
 def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices, scale, *,
                              outer_scale: float = 1.0, num_splits: int | None = None,
                              dot_precision: str = "bf16x2", out=None, lse=None,
-                             workspace: DecodeWorkspace | None = None):
+                             workspace: DecodeWorkspace | None = None, block_h: int | None = None):
     """Launch the kernels on already-validated inputs; see ``sparse_mla_decode`` for the contract.
 
     outer_scale is the per-cache constant S of the 432 format (ignored by the others). out
     (float32 or bfloat16 [M, H, 512]: a bf16 model's attention needs no cast after it, the kernel
     rounds the output), lse (float32 [M, H]) and workspace (whose S wins over num_splits) are
-    optional preallocated buffers.
+    optional preallocated buffers. block_h: heads a program (BLOCK_H or WIDE_H; default
+    ``heads_per_program`` on this device, BLOCK_H off-GPU: the tests set WIDE_H to run it interpreted).
     """
     m, h = q_nope.shape[:2]
     k = indices.shape[1]
@@ -564,29 +611,42 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     po, pl, tk = (workspace.partial_out, workspace.partial_lse, workspace.tickets) if splits > 1 \
         else (out, lse, lse)
     cidx = workspace.indices
-    _sparse_mla_decode_kernel[(m, triton.cdiv(h, BLOCK_H), splits)](
+    align = record_alignment(records)
+    if block_h is None:
+        block_h = BLOCK_H if dev.type != "cuda" else heads_per_program(
+            lay, q_nope.dtype, align, h, m * triton.cdiv(h, BLOCK_H) * splits, *_device_limits(dev))
+    if block_h not in (BLOCK_H, WIDE_H):
+        raise ValueError(f"block_h must be {BLOCK_H} or {WIDE_H}, got {block_h}")
+    # tickets: [M, ceil(H / BLOCK_H)] hold the ceil(H / block_h) a row uses (program (m, hb)'s at m x blocks + hb)
+    _sparse_mla_decode_kernel[(m, triton.cdiv(h, block_h), splits)](
         q_nope, q_rope, records, indices, cidx, out, lse, po, pl, tk,
         h, k, splits, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
         q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), indices.stride(0), indices.stride(1),
         cidx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         *((po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1)) if splits > 1 else (0,) * 5),
         **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda", out.dtype == torch.bfloat16,
-                            splits > 1, record_alignment(records)),
-        num_stages=NUM_STAGES, **launch_options(lay, q_nope.dtype),
+                            splits > 1, align, block_h),
+        num_stages=NUM_STAGES, **launch_options(lay, q_nope.dtype, block_h),
     )
     return out, lse
 
 
-def launch_options(lay: RecordLayout, q_dtype: torch.dtype) -> dict:
-    """num_warps and, where set, the ptxas register ceiling of a launch (``LAUNCH``)."""
+def launch_options(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_H) -> dict:
+    """num_warps and, where set, the ptxas register ceiling of a launch (``LAUNCH``; WIDE_H heads a
+    program: WIDE_WARPS)."""
     warps, ceiling, _ = LAUNCH[(lay.name, q_dtype != torch.bfloat16)]
+    warps = WIDE_WARPS if block_h == WIDE_H else warps
     return {"num_warps": warps} if ceiling is None else {"num_warps": warps, "maxnreg": ceiling}
 
 
 def block_k(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int = 16) -> int:
-    """Keys per tile of a launch (``LAUNCH``); 32 over records 4-byte aligned (``record_alignment``): their
-    4-byte loads take more registers, and the 368 kernel spilled 16 B at 64 keys on sm_120."""
-    return LAUNCH[(lay.name, q_dtype != torch.bfloat16)][2] if rec_align == 16 else 32
+    """Keys per tile of a launch (``LAUNCH``); over records 4-byte aligned (``record_alignment``: the stock
+    path's paged row view) 32, whose 4-byte loads take more registers, except for 368 (the stock
+    format): with the record loads unmasked it fits 64 keys without a spill on both archs (16 B on sm_120
+    before), 1,663 sm_90 instructions a 64-key tile against 2 x 1,032 (the 432 kernel spilled 4 B)."""
+    if rec_align == 16 or lay.name == NVFP4_368.name:
+        return LAUNCH[(lay.name, q_dtype != torch.bfloat16)][2]
+    return 32
 
 
 def record_alignment(records: torch.Tensor) -> int:
@@ -599,14 +659,14 @@ def record_alignment(records: torch.Tensor) -> int:
 
 
 def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: str, interpreted: bool = False,
-                      bf16_out: bool = False, merge: bool = False, rec_align: int = 16) -> dict:
+                      bf16_out: bool = False, merge: bool = False, rec_align: int = 16, block_h: int = BLOCK_H) -> dict:
     """The decode kernel's constexprs for a format, query dtype, precision, output dtype, split
     count (merge: S > 1, partials and the fused merge; interpreted: under TRITON_INTERPRET=1, see
-    ``_dot``) and record alignment (``record_alignment``)."""
+    ``_dot``), record alignment (``record_alignment``) and heads a program."""
     if dot_precision not in PRECISIONS:
         raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     split = dot_precision == "bf16x2"
-    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=BLOCK_H, BLOCK_K=block_k(lay, q_dtype, rec_align),
+    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=block_h, BLOCK_K=block_k(lay, q_dtype, rec_align),
                 BLOCK_C=COMPACT_BLOCK,
                 Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted, OUT_BF16=bf16_out,
                 MERGE=merge, ASM=not interpreted, REC_ALIGN=rec_align)
@@ -619,9 +679,9 @@ _DECODE_SIG = {
 }
 
 
-def _spec_options(lay: RecordLayout, q_dtype: torch.dtype) -> dict:
+def _spec_options(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_H) -> dict:
     """``launch_options`` as a compile spec holds them: num_warps, the rest under options."""
-    opts = launch_options(lay, q_dtype)
+    opts = launch_options(lay, q_dtype, block_h)
     return {"num_warps": opts.pop("num_warps"), "options": opts}
 
 
@@ -633,20 +693,28 @@ def compile_specs() -> list[dict]:
     (the CPU twin's and the tests'; the selected path's workspace slots), at the default precision,
     each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly),
     over 16-byte aligned records, and the engine's also over a paged cache's 4-byte row view (",a4":
-    ``record_alignment``).
+    ``record_alignment``), there for 368 with one split also with WIDE_H heads a program (",h32"; ``archs``:
+    compiled for sm_90 only, whose blocks may hold its shared memory: ``heads_per_program``).
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
         for q_dtype, q_type, align in ((torch.bfloat16, "*bf16", 16), (torch.bfloat16, "*bf16", 4),
                                        (torch.float32, "*fp32", 16)):
+            wide = heads_per_program(lay, q_dtype, align, WIDE_H, 2, 1, WIDE_SHARED) == WIDE_H
             for merge in (True, False):
-                engine = q_dtype == torch.bfloat16
-                c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge, rec_align=align)
-                sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
-                sig.update(qn_ptr=q_type, qr_ptr=q_type, out_ptr="*bf16" if engine else "*fp32",
-                           idx_ptr="*i64" if engine else "*i32", **{n: "constexpr" for n in c})
-                name = lay.short + ("" if engine else ",q_fp32") + ("" if align == 16 else ",a4") \
-                    + ("" if merge else ",s1")
-                specs.append(dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
-                                  constexprs=c, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype)))
+                # WIDE_H: one split only (S > 1 leaves the 16-head programs within a wave: ``heads_per_program``)
+                for block_h in (BLOCK_H, WIDE_H) if wide and not merge else (BLOCK_H,):
+                    engine = q_dtype == torch.bfloat16
+                    c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge, rec_align=align,
+                                          block_h=block_h)
+                    sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
+                    sig.update(qn_ptr=q_type, qr_ptr=q_type, out_ptr="*bf16" if engine else "*fp32",
+                               idx_ptr="*i64" if engine else "*i32", **{n: "constexpr" for n in c})
+                    name = lay.short + ("" if engine else ",q_fp32") + ("" if align == 16 else ",a4") \
+                        + ("" if block_h == BLOCK_H else f",h{block_h}") + ("" if merge else ",s1")
+                    spec = dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
+                                constexprs=c, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype, block_h))
+                    if block_h == WIDE_H:
+                        spec["archs"] = (90,)
+                    specs.append(spec)
     return specs

@@ -36,8 +36,8 @@ def test_every_call_within_the_engine_limits_fits_the_layout(rows, heads, topk, 
 
 def test_partials_and_tickets_only_for_splits_and_small_blocks_take_more_splits():
     need, blocks = call_plan(1, 64, 2048, 2, lambda n: num_splits_for(n, 64, 2048, 188))
-    assert blocks == [(0, 1, 8)]  # 188 SMs over 4 head blocks: 47 wanted, 2048 // 256 = 8 at most
-    assert need["partial_out"] == 4 * 8 * 64 * 512
+    assert blocks == [(0, 1, 16)]  # 188 SMs over 4 head blocks: 47 wanted, 2048 // 128 = 16 at most
+    assert need["partial_out"] == 4 * 16 * 64 * 512
     assert need["tickets"] == 4 * 1 * 4  # one row x 4 head blocks
     need, blocks = call_plan(2048, 64, 2048, 2, lambda n: 1)
     rows = BLOCK_PROGRAMS // (64 // BLOCK_H)  # one split of 4 head blocks per row
