@@ -16,27 +16,64 @@ __device__ __forceinline__ float warp_max(float v, int width) {
   return v;
 }
 
-// 368 / 432: lane g owns latent group g (16 values) and rope values 2g, 2g+1.
+// 16-byte alignment of a pointer, uniform across the warp where the warp's pointers share it: picks
+// vector or byte-wise accesses (the engine's rows and records are aligned; a strided view may not be).
+__device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+
+__device__ __forceinline__ void load16(const float* src, float* x) {
+  if (aligned16(src)) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = reinterpret_cast<const float4*>(src)[i];
+      x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = src[i];
+  }
+}
+
+// Little-endian bytes of word(s) to dst: one store of n bytes where dst is n-aligned, else n stores.
+template <int N>
+__device__ __forceinline__ void store_le(uint8_t* dst, const uint32_t (&w)[(N + 3) / 4], bool vec) {
+  if (vec) {
+    if constexpr (N == 16) *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    else if constexpr (N == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    else if constexpr (N == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
+    else *reinterpret_cast<uint16_t*>(dst) = (uint16_t)w[0];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+  }
+}
+
+// 368 / 432: lane g owns latent group g (16 values) and rope values 2g, 2g+1. Every access is one
+// vector load or store where the row and the record are 16-byte aligned; no loops are left.
 __device__ void encode_nvfp4(int32_t fmt, const float* lat, const float* rope, uint8_t* rec, float outer_scale) {
   const int g = threadIdx.x % kWarp;
-  const float gmax = si::amax(lat + g * si::kGroup, si::kGroup);
+  const bool vec = aligned16(rec);  // the offsets below are aligned to their store widths
+  float x[si::kGroup];
+  load16(lat + g * si::kGroup, x);
+  const float gmax = si::amax(x, si::kGroup);
   const float s = fmt == si::FMT_NVFP4_368 ? si::nvfp4_token_scale(warp_max(gmax, kWarp)) : outer_scale;
   const uint8_t c = si::nvfp4_group_scale(gmax, s);
+  uint32_t codes[2];
+  si::nvfp4_encode_group(x, c, s, codes);
+  store_le<8>(rec + g * si::kGroup / 2, codes, vec);
   rec[si::kNvfp4ScalesOff + g] = c;
-  si::nvfp4_encode_group(lat + g * si::kGroup, c, s, rec + g * si::kGroup / 2);
-  // zero padding: [296,304) for 368 (288..295 hold its two scales), [288,304) for 432
-  const int pad0 = fmt == si::FMT_NVFP4_368 ? 296 : 288;
-  if (pad0 + g < si::kNvfp4RopeOff) rec[pad0 + g] = 0;
+  const float r0 = rope[2 * g], r1 = rope[2 * g + 1];
+  // [288, 304): 368's two fp32 scales and zero padding, 432's zero padding, by lane 0
+  uint32_t head[4] = {0, 0, 0, 0};
   if (fmt == si::FMT_NVFP4_368) {
-    const float r = fmaxf(warp_max(si::amax(rope + 2 * g, 2), kWarp) / 448.0f, si::kTiny);
-    if (g == 0) {
-      si::store_f32(rec + si::kNvfp4RopeScaleOff, r);
-      si::store_f32(rec + si::kNvfp4OuterScaleOff, s);
-    }
-    si::fp8_encode_values(rope + 2 * g, 2, r, rec + si::kNvfp4RopeOff + 2 * g);
+    const float r = fmaxf(warp_max(fmaxf(fabsf(r0), fabsf(r1)), kWarp) / 448.0f, si::kTiny);
+    head[0] = si::f32_bits(r), head[1] = si::f32_bits(s);
+    const uint32_t w[1] = {si::e4m3_encode(r0 / r) | (uint32_t)si::e4m3_encode(r1 / r) << 8};
+    store_le<2>(rec + si::kNvfp4RopeOff + 2 * g, w, vec);
   } else {
-    si::bf16_encode_values(rope + 2 * g, 2, rec + si::kNvfp4RopeOff + 4 * g);
+    const uint32_t w[1] = {si::bf16_encode(r0) | (uint32_t)si::bf16_encode(r1) << 16};
+    store_le<4>(rec + si::kNvfp4RopeOff + 4 * g, w, vec);
   }
+  if (g == 0) store_le<16>(rec + si::kNvfp4RopeScaleOff, head, vec);
 }
 
 // 656: lane l owns latent[16l, 16l+16); tile t = lanes 8t..8t+7.
