@@ -385,12 +385,13 @@ def roofline() -> list[dict]:
                      "latency-bound (one CTA per request, 16 of the SMs busy): a few us, well under a layer",
                      covers=["union.cu:union_kernel"]))
     chunk = 8192
-    per_block = _csrc_int("records.cu", "kWarpsPerBlock")  # one warp per record
+    per_block = _csrc_int("records.cu", "kWarpsPerBlock")
+    per_warp = 32 // _csrc_int("records.cu", "kEncodeLanes")  # NVFP4 tokens per warp (the fp8 kernel: one)
     rows.append(_row("records_encode[nvfp4_368]", f"prefill chunk {chunk} tokens", {"tokens": chunk},
                      chunk * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
-                     "memory- or instruction-bound (IEEE division per value): 50-100% of the HBM floor",
-                     covers=["records.cu:encode_kernel"],
-                     launch=_launch("records.cu:encode_kernel", _cdiv(chunk, per_block), per_block)))
+                     "memory-bound (two FMAs and a bit-level rounding per value, no loop): near the HBM floor",
+                     covers=["records.cu:encode_kernel", "records.cu:encode_fp8_kernel"],
+                     launch=_launch("records.cu:encode_kernel", _cdiv(chunk, per_block * per_warp), per_block)))
     n_gather = B * R * K
     rows.append(_row("records_decode[nvfp4_368]", "gather-decode 16 req x 4 rows x 2048 records to fp32",
                      {"records": n_gather}, n_gather * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",

@@ -1,7 +1,20 @@
 // CUDA record kernels: encode tokens into a paged cache at given slots, and
-// decode selected records. One warp per record; the per-group logic is the
-// same sparkinfer/records.h the host twin loops over, and amax reductions are
-// order-free, so GPU and host bytes are identical.
+// decode selected records. The per-group logic is the same sparkinfer/records.h
+// the host twin loops over, and amax reductions are order-free, so GPU and host
+// bytes are identical.
+//
+// NVFP4 encode (encode_kernel, the prefill write; write_paged_kernel shares its
+// per-token code): a token's lanes own whole 16-value groups. A lane loads its
+// groups with 16-byte loads, reduces the group amax in registers and the token
+// amax with shuffles, and turns each value into its E2M1 code with one exact
+// quotient (a reciprocal per group, two FMAs per value, records.h) and three
+// roundings to integers (E2M1's three spacings), packed by shift-adds: no division,
+// compare chain or branch per value, and no loop, so the
+// kernel report's count of the SASS is the count the warp issues. encode_kernel
+// runs four tokens per warp (8 lanes each, four groups per lane) so the warp's
+// per-token work (slot, addresses, scale shuffles, the division slow paths in its
+// code) is issued once for four; it needs 16-byte aligned rows and records (the
+// binding checks). The fp8 records (656, 132) go through encode_fp8_kernel, a warp each.
 #include <cuda_runtime.h>
 
 #include "sparkinfer/records.h"
@@ -18,10 +31,10 @@ __device__ __forceinline__ float warp_max(float v, int width) {
 
 // 16-byte alignment of a pointer, uniform across the warp where the warp's pointers share it: picks
 // vector or byte-wise accesses (the engine's rows and records are aligned; a strided view may not be).
-__device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+__host__ __device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
 
-__device__ __forceinline__ void load16(const float* src, float* x) {
-  if (aligned16(src)) {
+__device__ __forceinline__ void load16(const float* src, float* x, bool vec) {
+  if (vec) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float4 v = reinterpret_cast<const float4*>(src)[i];
@@ -35,7 +48,7 @@ __device__ __forceinline__ void load16(const float* src, float* x) {
 
 // Little-endian bytes of word(s) to dst: one store of n bytes where dst is n-aligned, else n stores.
 template <int N>
-__device__ __forceinline__ void store_le(uint8_t* dst, const uint32_t (&w)[(N + 3) / 4], bool vec) {
+__device__ __forceinline__ void store_le(uint8_t* dst, const uint32_t* w, bool vec) {
   if (vec) {
     if constexpr (N == 16) *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
     else if constexpr (N == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
@@ -47,33 +60,66 @@ __device__ __forceinline__ void store_le(uint8_t* dst, const uint32_t (&w)[(N + 
   }
 }
 
-// 368 / 432: lane g owns latent group g (16 values) and rope values 2g, 2g+1. Every access is one
-// vector load or store where the row and the record are 16-byte aligned; no loops are left.
-__device__ void encode_nvfp4(int32_t fmt, const float* lat, const float* rope, uint8_t* rec, float outer_scale) {
-  const int g = threadIdx.x % kWarp;
-  const bool vec = aligned16(rec);  // the offsets below are aligned to their store widths
-  float x[si::kGroup];
-  load16(lat + g * si::kGroup, x);
-  const float gmax = si::amax(x, si::kGroup);
-  const float s = fmt == si::FMT_NVFP4_368 ? si::nvfp4_token_scale(warp_max(gmax, kWarp)) : outer_scale;
-  const uint8_t c = si::nvfp4_group_scale(gmax, s);
-  uint32_t codes[2];
-  si::nvfp4_encode_group(x, c, s, codes);
-  store_le<8>(rec + g * si::kGroup / 2, codes, vec);
-  rec[si::kNvfp4ScalesOff + g] = c;
-  const float r0 = rope[2 * g], r1 = rope[2 * g + 1];
-  // [288, 304): 368's two fp32 scales and zero padding, 432's zero padding, by lane 0
-  uint32_t head[4] = {0, 0, 0, 0};
-  if (fmt == si::FMT_NVFP4_368) {
-    const float r = fmaxf(warp_max(fmaxf(fabsf(r0), fabsf(r1)), kWarp) / 448.0f, si::kTiny);
-    head[0] = si::f32_bits(r), head[1] = si::f32_bits(s);
-    const uint32_t w[1] = {si::e4m3_encode(r0 / r) | (uint32_t)si::e4m3_encode(r1 / r) << 8};
-    store_le<2>(rec + si::kNvfp4RopeOff + 2 * g, w, vec);
-  } else {
-    const uint32_t w[1] = {si::bf16_encode(r0) | (uint32_t)si::bf16_encode(r1) << 16};
-    store_le<4>(rec + si::kNvfp4RopeOff + 4 * g, w, vec);
+// 368 / 432 for the L lanes (32 or 16) of one token: lane j owns groups j + L k (k < 32 / L) and rope
+// values [R j, R j + R), R = 64 / L. vec: the rows and the record are 16-byte aligned (the offsets below
+// are then aligned to their access widths); store: write the record (a lane whose token is a tail or a
+// skipped slot computes along, for the shuffles, and stores nothing).
+template <int L>
+__device__ __forceinline__ void encode_nvfp4(int32_t fmt, const float* lat, const float* rope, uint8_t* rec,
+                                             float outer_scale, bool vec, bool store) {
+  constexpr int G = kWarp / L, R = si::kRopeDim / L;
+  const int j = threadIdx.x % L;
+  float x[G][si::kGroup], gmax[G], tmax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    load16(lat + (j + L * k) * si::kGroup, x[k], vec);
+    gmax[k] = si::amax(x[k], si::kGroup);
+    tmax = fmaxf(tmax, gmax[k]);
   }
-  if (g == 0) store_le<16>(rec + si::kNvfp4RopeScaleOff, head, vec);
+  const float s = fmt == si::FMT_NVFP4_368 ? si::nvfp4_token_scale(warp_max(tmax, L)) : outer_scale;
+  uint8_t c[G];
+  uint32_t codes[G][2];
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    c[k] = si::nvfp4_group_scale(gmax[k], s);
+    si::nvfp4_encode_group(x[k], c[k], s, codes[k]);
+  }
+  float r[R];
+  if (vec && R % 2 == 0) {
+    if constexpr (R % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < R / 4; ++i) {
+        const float4 v = reinterpret_cast<const float4*>(rope + R * j)[i];
+        r[4 * i] = v.x, r[4 * i + 1] = v.y, r[4 * i + 2] = v.z, r[4 * i + 3] = v.w;
+      }
+    } else {
+      const float2 v = *reinterpret_cast<const float2*>(rope + R * j);
+      r[0] = v.x, r[1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < R; ++i) r[i] = rope[R * j + i];
+  }
+  // [288, 304): 368's two fp32 scales and zero padding, 432's zero padding, by the token's lane 0
+  uint32_t head[4] = {0, 0, 0, 0}, rw[R / 2] = {};  // rw: the lane's rope bytes (368: R, 432: 2 R)
+  if (fmt == si::FMT_NVFP4_368) {
+    const float ra = fmaxf(warp_max(si::amax(r, R), L) / 448.0f, si::kTiny);
+    head[0] = si::f32_bits(ra), head[1] = si::f32_bits(s);
+#pragma unroll
+    for (int i = 0; i < R; ++i) rw[i / 4] |= (uint32_t)si::e4m3_encode(r[i] / ra) << 8 * (i % 4);
+  } else {
+#pragma unroll
+    for (int i = 0; i < R; ++i) rw[i / 2] |= (uint32_t)si::bf16_encode(r[i]) << 16 * (i % 2);
+  }
+  if (!store) return;
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    store_le<8>(rec + (j + L * k) * si::kGroup / 2, codes[k], vec);
+    rec[si::kNvfp4ScalesOff + j + L * k] = c[k];
+  }
+  if (fmt == si::FMT_NVFP4_368) store_le<R>(rec + si::kNvfp4RopeOff + R * j, rw, vec);
+  else store_le<2 * R>(rec + si::kNvfp4RopeOff + 2 * R * j, rw, vec);
+  if (j == 0) store_le<16>(rec + si::kNvfp4RopeScaleOff, head, vec);
 }
 
 // 656: lane l owns latent[16l, 16l+16); tile t = lanes 8t..8t+7.
@@ -94,26 +140,40 @@ __device__ void encode_indexer(const float* key, uint8_t* rec) {
   if (l == 0) si::store_f32(rec + si::kIndexerScaleOff, sc);
 }
 
-// One record by the warp: lane-split per format (the functions above).
-__device__ void encode_one(int32_t fmt, const float* lat, const float* rp, uint8_t* rec, float outer_scale,
-                           int32_t scale_format) {
-  if (fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) encode_nvfp4(fmt, lat, rp, rec, outer_scale);
-  else if (fmt == si::FMT_FP8_DS_MLA) encode_fp8_ds_mla(lat, rp, rec, scale_format);
+// One fp8 record (656 / 132) by the warp.
+__device__ void encode_fp8(int32_t fmt, const float* lat, const float* rp, uint8_t* rec, int32_t scale_format) {
+  if (fmt == si::FMT_FP8_DS_MLA) encode_fp8_ds_mla(lat, rp, rec, scale_format);
   else encode_indexer(lat, rec);
 }
 
+// Four NVFP4 tokens per warp (8 lanes each): token 4 w + lane / 8 of warp w. Rows and records 16-byte
+// aligned (si_records_encode_cuda checks).
+constexpr int kEncodeLanes = 8;
+
 __global__ void encode_kernel(int32_t fmt, const float* __restrict__ latent, const float* __restrict__ rope,
                               int64_t n, const int64_t* __restrict__ slots, uint8_t* __restrict__ cache,
-                              int64_t num_slots, int64_t stride, float outer_scale, int32_t scale_format) {
+                              int64_t num_slots, int64_t stride, float outer_scale) {
+  constexpr int kPerWarp = kWarp / kEncodeLanes;
+  const int64_t first = ((int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp) * kPerWarp;
+  if (first >= n) return;  // whole warps leave together: the shuffles stay converged
+  const int64_t t = first + threadIdx.x % kWarp / kEncodeLanes;
+  const int64_t i = t < n ? t : n - 1;  // a tail token repeats the last row and stores nothing
+  const int64_t slot = slots ? slots[i] : i;
+  // -1: skip; past the cache: skip too (the caller's device check flags it; the host twin refuses it)
+  const bool store = t < n && slot >= 0 && slot < num_slots;
+  encode_nvfp4<kEncodeLanes>(fmt, latent + i * si::kLatentDim, rope + i * si::kRopeDim,
+                             cache + (store ? slot : 0) * stride, outer_scale, true, store);
+}
+
+__global__ void encode_fp8_kernel(int32_t fmt, const float* __restrict__ latent, const float* __restrict__ rope,
+                                  int64_t n, const int64_t* __restrict__ slots, uint8_t* __restrict__ cache,
+                                  int64_t num_slots, int64_t stride, int32_t scale_format) {
   const int64_t i = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
   if (i >= n) return;
   const int64_t slot = slots ? slots[i] : i;
-  // -1: skip; past the cache: skip too (the caller's device check flags it; the host twin refuses it)
-  if (slot < 0 || slot >= num_slots) return;  // whole warp leaves together: shuffles stay converged
-  uint8_t* rec = cache + slot * stride;
-  const float* lat = latent + i * si::latent_dim(fmt);
-  const float* rp = rope ? rope + i * si::kRopeDim : nullptr;
-  encode_one(fmt, lat, rp, rec, outer_scale, scale_format);
+  if (slot < 0 || slot >= num_slots) return;  // as encode_kernel; the whole warp leaves together
+  encode_fp8(fmt, latent + i * si::latent_dim(fmt), rope ? rope + i * si::kRopeDim : nullptr, cache + slot * stride,
+             scale_format);
 }
 
 // The host twin's si_records_write_paged, one warp per token: the warp stages its row in fp32 in
@@ -123,7 +183,7 @@ __global__ void write_paged_kernel(int32_t fmt, const void* __restrict__ latent,
                                    const int64_t* __restrict__ slots, uint8_t* __restrict__ cache, int64_t num_blocks,
                                    int64_t block_size, int64_t s0, int64_t s1, int64_t null_block, float outer_scale,
                                    int32_t scale_format, int32_t* value_flag, int32_t* slot_flag) {
-  __shared__ float staged[kWarpsPerBlock][si::kLatentDim + si::kRopeDim];
+  __shared__ __align__(16) float staged[kWarpsPerBlock][si::kLatentDim + si::kRopeDim];
   const int w = threadIdx.x / kWarp, l = threadIdx.x % kWarp;
   const int64_t i = (int64_t)blockIdx.x * kWarpsPerBlock + w;
   if (i >= n) return;  // per warp: the shuffles and votes below stay converged
@@ -141,8 +201,11 @@ __global__ void write_paged_kernel(int32_t fmt, const void* __restrict__ latent,
     return;
   }
   if (slot < 0) return;
-  encode_one(fmt, lat, rd ? rp : nullptr, cache + (slot / block_size) * s0 + (slot % block_size) * s1, outer_scale,
-             scale_format);
+  uint8_t* rec = cache + (slot / block_size) * s0 + (slot % block_size) * s1;
+  if (fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432)
+    encode_nvfp4<kWarp>(fmt, lat, rp, rec, outer_scale, aligned16(rec), true);
+  else
+    encode_fp8(fmt, lat, rd ? rp : nullptr, rec, scale_format);
 }
 
 __global__ void decode_kernel(int32_t fmt, const uint8_t* __restrict__ cache, int64_t num_slots, int64_t stride,
@@ -180,17 +243,24 @@ int32_t launch_status() { return cudaGetLastError() == cudaSuccess ? SI_OK : SI_
 
 }  // namespace
 
-// Same arguments as the host twin (records_host.cpp), all pointers on the
-// device, plus the stream. Slot ranges are checked by the Python binding.
+// Same arguments as the host twin (records_host.cpp), all pointers on the device, plus the stream.
+// Slot ranges are checked by the Python binding; NVFP4 needs latent, rope and cache 16-byte aligned
+// and a stride of whole 16 bytes (SI_ERR_ARG otherwise: the binding aligns the rows).
 extern "C" int32_t si_records_encode_cuda(int32_t fmt, const float* latent, const float* rope, int64_t n,
                                           const int64_t* slots, uint8_t* cache, int64_t num_slots,
                                           int64_t stride, float outer_scale, int32_t scale_format,
                                           cudaStream_t stream) {
   if (si::record_bytes(fmt) == 0 || n < 0 || stride < si::record_bytes(fmt)) return SI_ERR_ARG;
   if (n == 0) return SI_OK;
-  const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  encode_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(fmt, latent, rope, n, slots, cache,
-                                                                        num_slots, stride, outer_scale, scale_format);
+  if (fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) {
+    if (!aligned16(latent) || !aligned16(rope) || !aligned16(cache) || stride % 16) return SI_ERR_ARG;
+    const int64_t per_block = kWarpsPerBlock * (kWarp / kEncodeLanes);
+    encode_kernel<<<(unsigned)((n + per_block - 1) / per_block), kWarp * kWarpsPerBlock, 0, stream>>>(
+        fmt, latent, rope, n, slots, cache, num_slots, stride, outer_scale);
+  } else {
+    encode_fp8_kernel<<<(unsigned)((n + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, stream>>>(
+        fmt, latent, rope, n, slots, cache, num_slots, stride, scale_format);
+  }
   return launch_status();
 }
 

@@ -87,16 +87,15 @@ SI_HD float e4m3_decode(uint8_t c) {
 
 // E2M1: magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6; ties to the even code, so the
 // boundary tie goes down at 0.25, 1.25, 2.5, 5 and up at 0.75, 1.75, 3.5.
-// The magnitude code of a in [0, 6] (not NaN): below 1 the grid is 0.5 apart, so the code is 2a
-// rounded to an integer (adding 2**23 rounds it, ties to even: 2a is exact, one rounding); from 1
-// on E2M1 is fp32 cut to one mantissa bit, so the code is a's bits rounded at bit 22 to nearest
-// even, exponent rebiased 127 -> 1. No compare chain, no branch.
-SI_HD uint32_t e2m1_magnitude(float a) {
-  const uint32_t b = f32_bits(a);
-  const uint32_t normal = (b + 0x1fffffu + ((b >> 22) & 1u) - (252u << 22)) >> 22;
-  const uint32_t small = f32_bits(fmaf(a, 2.0f, 8388608.0f)) - 0x4b000000u;
-  return a < 1.0f ? small : normal;
+// The magnitude code of a in [0, 6] (not NaN) as the fp32 2**23 + code: the least of 2a, 2 + a and
+// 4 + a / 2, each rounded to an integer by adding 2**23 (one rounding, ties to even; the products by
+// 2 and 1/2 are exact). E2M1 is 0.5 apart on [0, 2) (code 2a), 1 apart on [2, 4) (2 + a), 2 apart
+// on [4, 6] (4 + a / 2), and outside its own interval each term rounds to at least the code (checked
+// for every fp32 in [0, 6]). No compare chain, no branch: three FP operations and two minimums.
+SI_HD float e2m1_biased(float a) {
+  return fminf(fminf(fmaf(a, 2.0f, 8388608.0f), a + 8388610.0f), fmaf(a, 0.5f, 8388612.0f));
 }
+SI_HD uint32_t e2m1_magnitude(float a) { return f32_bits(e2m1_biased(a)) - 0x4b000000u; }
 
 SI_HD uint8_t e2m1_encode(float y) {  // NaN -> 0, past +-6 -> +-6
   const uint32_t c = e2m1_magnitude(fminf(fmaxf(fabsf(y), 0.0f), 6.0f));
@@ -162,9 +161,10 @@ SI_HD uint32_t e2m1_codes8(const float* x, E2m1Divisor d) {
     const float xs = fmaxf(fabsf(x[i]) * d.p, 0.0f);
     const float q0 = xs * d.r1;
     const float q = fmaf(d.r1, fmaf(-d.m1, q0, xs), q0);
-    mag |= e2m1_magnitude(fminf(fabsf(q), 6.0f)) << (4 * i);
+    mag += f32_bits(e2m1_biased(fminf(fabsf(q), 6.0f))) << (4 * i);  // one shift-add: bias removed below
     sign |= (f32_bits(x[i]) >> 31) << (4 * i + 3);
   }
+  mag -= 0x4b000000u * 0x11111111u;  // the eight biases, modulo 2**32
   // the sign only on a nonzero code (+0): nibble + 7 carries into its bit 3 iff the nibble is 1..7
   return mag | (sign & (mag + 0x77777777u));
 }
