@@ -154,17 +154,37 @@ SI_HD E2m1Divisor e2m1_divisor(float m) {
   return {p, m1, 1.0f / m1};
 }
 
+// Bytes of a (0..3) and b (4..7) picked by the selector's nibbles: CUDA's __byte_perm (one PRMT).
+SI_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, sel);
+#else
+  const uint64_t v = (uint64_t)b << 32 | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= (uint32_t)(v >> (8 * ((sel >> (4 * i)) & 7u)) & 0xffu) << (8 * i);
+  return r;
+#endif
+}
+
+// The top bytes (sign and exponent) of x[0], x[2], x[4], x[6] in one word: three byte permutes.
+SI_HD uint32_t top_bytes4(const float* x) {
+  return byte_perm(byte_perm(f32_bits(x[0]), f32_bits(x[2]), 0x73u), byte_perm(f32_bits(x[4]), f32_bits(x[6]), 0x73u),
+                   0x5410u);
+}
+
 // 8 values -> their packed codes as a little-endian word (element i in bits 4i..4i+3).
 SI_HD uint32_t e2m1_codes8(const float* x, E2m1Divisor d) {
-  uint32_t mag = 0, sign = 0;
+  uint32_t mag = 0;
   for (int i = 0; i < 8; ++i) {
     const float xs = fmaxf(fabsf(x[i]) * d.p, 0.0f);
     const float q0 = xs * d.r1;
     const float q = fmaf(d.r1, fmaf(-d.m1, q0, xs), q0);
     mag += f32_bits(e2m1_biased(fminf(fabsf(q), 6.0f))) << (4 * i);  // one shift-add: bias removed below
-    sign |= (f32_bits(x[i]) >> 31) << (4 * i + 3);
   }
   mag -= 0x4b000000u * 0x11111111u;  // the eight biases, modulo 2**32
+  // sign bits: the even elements' top bytes shifted down by 4 land on bits 3, 11, 19, 27 (their
+  // nibbles' bit 3), the odd elements' already sit on bits 7, 15, 23, 31
+  const uint32_t sign = (top_bytes4(x) >> 4 & 0x08080808u) | (top_bytes4(x + 1) & 0x80808080u);
   // the sign only on a nonzero code (+0): nibble + 7 carries into its bit 3 iff the nibble is 1..7
   return mag | (sign & (mag + 0x77777777u));
 }
