@@ -389,7 +389,8 @@ def roofline() -> list[dict]:
     per_warp = 32 // _csrc_int("records.cu", "kEncodeLanes")  # NVFP4 tokens per warp (the fp8 kernel: one)
     rows.append(_row("records_encode[nvfp4_368]", f"prefill chunk {chunk} tokens", {"tokens": chunk},
                      chunk * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
-                     "memory-bound (two FMAs and a bit-level rounding per value, no loop): near the HBM floor",
+                     "memory-bound (per value two FMAs for the quotient, three roundings for the code; no loop): "
+                     "near the HBM floor",
                      covers=["records.cu:encode_kernel", "records.cu:encode_fp8_kernel"],
                      launch=_launch("records.cu:encode_kernel", _cdiv(chunk, per_block * per_warp), per_block)))
     n_gather = B * R * K
@@ -407,14 +408,6 @@ def roofline() -> list[dict]:
                      "latency-bound (115 KB): the layer's whole cache write in one launch (values and slots "
                      "checked, encoded in place)",
                      covers=["records.cu:write_paged_nvfp4_kernel", "records.cu:write_paged_kernel"]))
-    # the forward's prefill write (aligned bf16 rows: write_paged_nvfp4_kernel, tokens per warp as encode_kernel)
-    rows.append(_row("records_write_paged[nvfp4_368]", f"prefill chunk {chunk} bf16 rows into the strided cache",
-                     {"tokens": chunk}, chunk * ((LATENT + ROPE) * 2 + 8 + 368), 0, "none",
-                     "the layer forward's cache write: bf16 rows halve the bytes, not the per-value work, so "
-                     "near the floor on the RTX PRO 6000, instruction-bound on the H200 (its issue figure)",
-                     covers=["records.cu:write_paged_nvfp4_kernel"],
-                     launch=_launch("records.cu:write_paged_nvfp4_kernel", _cdiv(chunk, per_block * per_warp),
-                                    per_block)))
     rows.append(_row("paging_flag_nonfinite", "the indexer's weights of a decode step: 16 x 4 rows x 32 heads fp32",
                      {"rows": B * R, "heads": 32}, B * R * 32 * 4, 0, "none",
                      "latency-bound (8 KB): a launch per F layer, where the torch form took four"))

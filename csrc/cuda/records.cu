@@ -45,7 +45,10 @@ __device__ __forceinline__ void load_vec(const void* base, int64_t off, bool bf1
       const uint4 v = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + off)[i];
       const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int q = 0; q < 4; ++q) x[8 * i + 2 * q] = si::bits_f32(w[q] << 16), x[8 * i + 2 * q + 1] = si::bits_f32(w[q] & 0xffff0000u);
+      for (int q = 0; q < 4; ++q) {
+        x[8 * i + 2 * q] = si::bits_f32(w[q] << 16);
+        x[8 * i + 2 * q + 1] = si::bits_f32(w[q] & 0xffff0000u);
+      }
     }
   } else {
 #pragma unroll
@@ -159,7 +162,8 @@ __global__ void encode_kernel(int32_t fmt, const float* __restrict__ latent, con
   const int j = threadIdx.x % kEncodeLanes;
   float x[G][si::kGroup], r[R];
 #pragma unroll
-  for (int k = 0; k < G; ++k) load_vec<si::kGroup>(latent, i * si::kLatentDim + (j + kEncodeLanes * k) * si::kGroup, false, x[k]);
+  for (int k = 0; k < G; ++k)
+    load_vec<si::kGroup>(latent, i * si::kLatentDim + (j + kEncodeLanes * k) * si::kGroup, false, x[k]);
   load_vec<R>(rope, i * si::kRopeDim + R * j, false, r);
   encode_nvfp4<kEncodeLanes>(fmt, x, r, cache + (store ? slot : 0) * stride, outer_scale, true, store);
 }

@@ -103,7 +103,10 @@ def e2m1_boundary_tokens(fmt, n: int = 256, seed: int = 5):
 
     g = torch.Generator().manual_seed(seed)
     gmax = (torch.rand(n, 32, generator=g) + 0.5) * 2.0 ** torch.randint(-30, 30, (n, 1), generator=g).float()
-    s = (gmax.amax(1) / 2688.0).clamp_min(C.TINY) if fmt.layout.record_bytes == 368 else torch.full((n,), fmt.outer_scale)
+    if fmt.layout.record_bytes == 368:
+        s = (gmax.amax(1) / 2688.0).clamp_min(C.TINY)
+    else:
+        s = torch.full((n,), fmt.outer_scale)
     m = s[:, None] * C.e4m3_decode(C.e4m3_encode(gmax / (6.0 * s[:, None])))
     t = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])[torch.randint(0, 7, (n, 32, 15), generator=g)]
     x = t * m[..., None]
