@@ -91,7 +91,7 @@ SI_HD float e4m3_decode(uint8_t c) {
 // 4 + a / 2, each rounded to an integer by adding 2**23 (one rounding, ties to even; the products by
 // 2 and 1/2 are exact). E2M1 is 0.5 apart on [0, 2) (code 2a), 1 apart on [2, 4) (2 + a), 2 apart
 // on [4, 6] (4 + a / 2), and outside its own interval each term rounds to at least the code (checked
-// for every fp32 in [0, 6]). No compare chain, no branch: three FP operations and two minimums.
+// for every fp32 in [0, 6], csrc/tools/check_nvfp4_codes.cpp). No compare chain, no branch: three FP operations and two minimums.
 SI_HD float e2m1_biased(float a) {
   return fminf(fminf(fmaf(a, 2.0f, 8388608.0f), a + 8388610.0f), fmaf(a, 0.5f, 8388612.0f));
 }
@@ -139,7 +139,8 @@ SI_HD uint8_t nvfp4_group_scale(float group_amax, float s) { return e4m3_encode(
 // takes m into [1, 2) (into [2, 4) past 2**127; m subnormal: below 1) changes no quotient; with
 // r = RN(1 / m1), q0 = x * r and one FMA correction, q = q0 + r * (x - m1 * q0), is RN(x / m1)
 // whenever that is at least 2**-100 (checked for every m1 in [1, 2) with x within 6 ulps of each
-// E2M1 boundary times m1, and on 2e8 random pairs; below 2**-100 both codes are 0). x is taken as
+// E2M1 boundary times m1, csrc/tools/check_nvfp4_codes.cpp, and on 2e8 random pairs; below 2**-100
+// both codes are 0). x is taken as
 // |x| * p, NaN -> 0 (a NaN's code is 0); |x| * p = inf gives q = NaN -> clamped to 6 (code 7, as
 // x / m = inf). m <= 0, NaN or inf: p = 0, every code 0 (x / inf = 0).
 struct E2m1Divisor {
