@@ -398,12 +398,14 @@ def roofline() -> list[dict]:
                      "latency-bound (one CTA per request, 16 of the SMs busy): a few us, well under a layer",
                      covers=["union.cu:union_kernel"]))
     chunk = 8192
-    per_block = _csrc_int("records.cu", "kWarpsPerBlock")  # one warp per record
+    per_block = _csrc_int("records.cu", "kWarpsPerBlock")
+    per_warp = 32 // _csrc_int("records.cu", "kEncodeLanes")  # NVFP4 tokens per warp (the fp8 kernel: one)
     rows.append(_row("records_encode[nvfp4_368]", f"prefill chunk {chunk} tokens", {"tokens": chunk},
                      chunk * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
-                     "memory- or instruction-bound (IEEE division per value): 50-100% of the HBM floor",
-                     covers=["records.cu:encode_kernel"],
-                     launch=_launch("records.cu:encode_kernel", _cdiv(chunk, per_block), per_block)))
+                     "memory-bound (per value two FMAs for the quotient, three roundings for the code; no loop): "
+                     "near the HBM floor",
+                     covers=["records.cu:encode_kernel", "records.cu:encode_fp8_kernel"],
+                     launch=_launch("records.cu:encode_kernel", _cdiv(chunk, per_block * per_warp), per_block)))
     n_gather = B * R * K
     rows.append(_row("records_decode[nvfp4_368]", "gather-decode 16 req x 4 rows x 2048 records to fp32",
                      {"records": n_gather}, n_gather * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
@@ -417,7 +419,8 @@ def roofline() -> list[dict]:
     rows.append(_row("records_write_paged[nvfp4_368]", "a decode step's cache write: 16 x 4 bf16 rows encoded "
                      "into the strided cache", {"tokens": B * R}, B * R * ((LATENT + ROPE) * 2 + 8 + 368), 0, "none",
                      "latency-bound (115 KB): the layer's whole cache write in one launch (values and slots "
-                     "checked, encoded in place)", covers=["records.cu:write_paged_kernel"]))
+                     "checked, encoded in place)",
+                     covers=["records.cu:write_paged_nvfp4_kernel", "records.cu:write_paged_kernel"]))
     rows.append(_row("paging_flag_nonfinite", "the indexer's weights of a decode step: 16 x 4 rows x 32 heads fp32",
                      {"rows": B * R, "heads": 32}, B * R * 32 * 4, 0, "none",
                      "latency-bound (8 KB): a launch per F layer, where the torch form took four"))

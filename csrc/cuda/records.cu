@@ -1,7 +1,22 @@
 // CUDA record kernels: encode tokens into a paged cache at given slots, and
-// decode selected records. One warp per record; the per-group logic is the
-// same sparkinfer/records.h the host twin loops over, and amax reductions are
-// order-free, so GPU and host bytes are identical.
+// decode selected records. The per-group logic is the same sparkinfer/records.h
+// the host twin loops over, and amax reductions are order-free, so GPU and host
+// bytes are identical.
+//
+// NVFP4 encode (encode_kernel, and write_paged_nvfp4_kernel, the layer forward's
+// write, with the same per-token code): a token's lanes own whole 16-value groups.
+// A lane loads its groups with 16-byte loads, reduces the group amax in registers
+// and the token amax with shuffles, and turns each value into its E2M1 code with
+// one exact quotient (a reciprocal per group, two FMAs per value, records.h) and
+// three roundings to integers (E2M1's three spacings), packed by shift-adds: no
+// division, compare chain or branch per value, and no loop, so the kernel report's
+// count of the SASS is what a warp issues. Four tokens run per warp (8 lanes each,
+// four groups per lane), so the warp's per-token work (slot, addresses, scale
+// shuffles, the division slow paths in its code) is issued once for four. Both need
+// 16-byte aligned rows and records: si_records_encode_cuda checks, the binding
+// copies misaligned rows; si_records_write_paged_cuda sends other strides to
+// write_paged_kernel (a warp per token). The fp8 records (656, 132) go through
+// encode_fp8_kernel and write_paged_kernel, a warp per record.
 #include <cuda_runtime.h>
 
 #include "sparkinfer/records.h"
@@ -16,27 +31,92 @@ __device__ __forceinline__ float warp_max(float v, int width) {
   return v;
 }
 
-// 368 / 432: lane g owns latent group g (16 values) and rope values 2g, 2g+1.
-__device__ void encode_nvfp4(int32_t fmt, const float* lat, const float* rope, uint8_t* rec, float outer_scale) {
-  const int g = threadIdx.x % kWarp;
-  const float gmax = si::amax(lat + g * si::kGroup, si::kGroup);
-  const float s = fmt == si::FMT_NVFP4_368 ? si::nvfp4_token_scale(warp_max(gmax, kWarp)) : outer_scale;
-  const uint8_t c = si::nvfp4_group_scale(gmax, s);
-  rec[si::kNvfp4ScalesOff + g] = c;
-  si::nvfp4_encode_group(lat + g * si::kGroup, c, s, rec + g * si::kGroup / 2);
-  // zero padding: [296,304) for 368 (288..295 hold its two scales), [288,304) for 432
-  const int pad0 = fmt == si::FMT_NVFP4_368 ? 296 : 288;
-  if (pad0 + g < si::kNvfp4RopeOff) rec[pad0 + g] = 0;
-  if (fmt == si::FMT_NVFP4_368) {
-    const float r = fmaxf(warp_max(si::amax(rope + 2 * g, 2), kWarp) / 448.0f, si::kTiny);
-    if (g == 0) {
-      si::store_f32(rec + si::kNvfp4RopeScaleOff, r);
-      si::store_f32(rec + si::kNvfp4OuterScaleOff, s);
+// 16-byte alignment of a pointer, uniform across the warp where the warp's pointers share it: picks
+// vector or byte-wise accesses (the engine's rows and records are aligned; a strided view may not be).
+__host__ __device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+
+// 16-byte loads of N (a multiple of 8) consecutive row values at base + off, fp32 or bf16 (bf16 -> fp32
+// is exact): the address is 16-byte aligned.
+template <int N>
+__device__ __forceinline__ void load_vec(const void* base, int64_t off, bool bf16, float* x) {
+  if (bf16) {
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + off)[i];
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        x[8 * i + 2 * q] = si::bits_f32(w[q] << 16);
+        x[8 * i + 2 * q + 1] = si::bits_f32(w[q] & 0xffff0000u);
+      }
     }
-    si::fp8_encode_values(rope + 2 * g, 2, r, rec + si::kNvfp4RopeOff + 2 * g);
   } else {
-    si::bf16_encode_values(rope + 2 * g, 2, rec + si::kNvfp4RopeOff + 4 * g);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 v = reinterpret_cast<const float4*>(static_cast<const float*>(base) + off)[i];
+      x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    }
   }
+}
+
+// Little-endian bytes of word(s) to dst: one store of n bytes where dst is n-aligned, else n stores.
+template <int N>
+__device__ __forceinline__ void store_le(uint8_t* dst, const uint32_t* w, bool vec) {
+  if (vec) {
+    if constexpr (N == 16) *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    else if constexpr (N == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    else if constexpr (N == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
+    else *reinterpret_cast<uint16_t*>(dst) = (uint16_t)w[0];
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = (uint8_t)(w[i / 4] >> (8 * (i % 4)));
+  }
+}
+
+// 368 / 432 for the L lanes (32 or 8) of one token: lane j owns groups j + L k (k < G = 32 / L), in x,
+// and rope values [R j, R j + R), R = 64 / L, in r. vec: the record is 16-byte aligned (the offsets
+// below are then aligned to their store widths); store: write the record (a lane whose token is a tail
+// or a skipped slot computes along, for the shuffles, and stores nothing).
+template <int L>
+__device__ __forceinline__ void encode_nvfp4(int32_t fmt, const float (&x)[kWarp / L][si::kGroup],
+                                             const float (&r)[si::kRopeDim / L], uint8_t* rec, float outer_scale,
+                                             bool vec, bool store) {
+  constexpr int G = kWarp / L, R = si::kRopeDim / L;
+  const int j = threadIdx.x % L;
+  float gmax[G], tmax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    gmax[k] = si::amax(x[k], si::kGroup);
+    tmax = fmaxf(tmax, gmax[k]);
+  }
+  const float s = fmt == si::FMT_NVFP4_368 ? si::nvfp4_token_scale(warp_max(tmax, L)) : outer_scale;
+  uint8_t c[G];
+  uint32_t codes[G][2];
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    c[k] = si::nvfp4_group_scale(gmax[k], s);
+    si::nvfp4_encode_group(x[k], c[k], s, codes[k]);
+  }
+  // [288, 304): 368's two fp32 scales and zero padding, 432's zero padding, by the token's lane 0
+  uint32_t head[4] = {0, 0, 0, 0}, rw[R / 2] = {};  // rw: the lane's rope bytes (368: R, 432: 2 R)
+  if (fmt == si::FMT_NVFP4_368) {
+    const float ra = fmaxf(warp_max(si::amax(r, R), L) / 448.0f, si::kTiny);
+    head[0] = si::f32_bits(ra), head[1] = si::f32_bits(s);
+#pragma unroll
+    for (int i = 0; i < R; ++i) rw[i / 4] |= (uint32_t)si::e4m3_encode(r[i] / ra) << 8 * (i % 4);
+  } else {
+#pragma unroll
+    for (int i = 0; i < R; ++i) rw[i / 2] |= (uint32_t)si::bf16_encode(r[i]) << 16 * (i % 2);
+  }
+  if (!store) return;
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    store_le<8>(rec + (j + L * k) * si::kGroup / 2, codes[k], vec);
+    rec[si::kNvfp4ScalesOff + j + L * k] = c[k];
+  }
+  if (fmt == si::FMT_NVFP4_368) store_le<R>(rec + si::kNvfp4RopeOff + R * j, rw, vec);
+  else store_le<2 * R>(rec + si::kNvfp4RopeOff + 2 * R * j, rw, vec);
+  if (j == 0) store_le<16>(rec + si::kNvfp4RopeScaleOff, head, vec);
 }
 
 // 656: lane l owns latent[16l, 16l+16); tile t = lanes 8t..8t+7.
@@ -57,36 +137,57 @@ __device__ void encode_indexer(const float* key, uint8_t* rec) {
   if (l == 0) si::store_f32(rec + si::kIndexerScaleOff, sc);
 }
 
-// One record by the warp: lane-split per format (the functions above).
-__device__ void encode_one(int32_t fmt, const float* lat, const float* rp, uint8_t* rec, float outer_scale,
-                           int32_t scale_format) {
-  if (fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) encode_nvfp4(fmt, lat, rp, rec, outer_scale);
-  else if (fmt == si::FMT_FP8_DS_MLA) encode_fp8_ds_mla(lat, rp, rec, scale_format);
+// One fp8 record (656 / 132) by the warp.
+__device__ void encode_fp8(int32_t fmt, const float* lat, const float* rp, uint8_t* rec, int32_t scale_format) {
+  if (fmt == si::FMT_FP8_DS_MLA) encode_fp8_ds_mla(lat, rp, rec, scale_format);
   else encode_indexer(lat, rec);
 }
 
+// Four NVFP4 tokens per warp (8 lanes each): token 4 w + lane / 8 of warp w. Rows and records 16-byte
+// aligned (si_records_encode_cuda checks).
+constexpr int kEncodeLanes = 8;
+
 __global__ void encode_kernel(int32_t fmt, const float* __restrict__ latent, const float* __restrict__ rope,
                               int64_t n, const int64_t* __restrict__ slots, uint8_t* __restrict__ cache,
-                              int64_t num_slots, int64_t stride, float outer_scale, int32_t scale_format) {
+                              int64_t num_slots, int64_t stride, float outer_scale) {
+  constexpr int kPerWarp = kWarp / kEncodeLanes;
+  const int64_t first = ((int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp) * kPerWarp;
+  if (first >= n) return;  // whole warps leave together: the shuffles stay converged
+  const int64_t t = first + threadIdx.x % kWarp / kEncodeLanes;
+  const int64_t i = t < n ? t : n - 1;  // a tail token repeats the last row and stores nothing
+  const int64_t slot = slots ? slots[i] : i;
+  // -1: skip; past the cache: skip too (the caller's device check flags it; the host twin refuses it)
+  const bool store = t < n && slot >= 0 && slot < num_slots;
+  constexpr int G = kWarp / kEncodeLanes, R = si::kRopeDim / kEncodeLanes;
+  const int j = threadIdx.x % kEncodeLanes;
+  float x[G][si::kGroup], r[R];
+#pragma unroll
+  for (int k = 0; k < G; ++k)
+    load_vec<si::kGroup>(latent, i * si::kLatentDim + (j + kEncodeLanes * k) * si::kGroup, false, x[k]);
+  load_vec<R>(rope, i * si::kRopeDim + R * j, false, r);
+  encode_nvfp4<kEncodeLanes>(fmt, x, r, cache + (store ? slot : 0) * stride, outer_scale, true, store);
+}
+
+__global__ void encode_fp8_kernel(int32_t fmt, const float* __restrict__ latent, const float* __restrict__ rope,
+                                  int64_t n, const int64_t* __restrict__ slots, uint8_t* __restrict__ cache,
+                                  int64_t num_slots, int64_t stride, int32_t scale_format) {
   const int64_t i = (int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
   if (i >= n) return;
   const int64_t slot = slots ? slots[i] : i;
-  // -1: skip; past the cache: skip too (the caller's device check flags it; the host twin refuses it)
-  if (slot < 0 || slot >= num_slots) return;  // whole warp leaves together: shuffles stay converged
-  uint8_t* rec = cache + slot * stride;
-  const float* lat = latent + i * si::latent_dim(fmt);
-  const float* rp = rope ? rope + i * si::kRopeDim : nullptr;
-  encode_one(fmt, lat, rp, rec, outer_scale, scale_format);
+  if (slot < 0 || slot >= num_slots) return;  // as encode_kernel; the whole warp leaves together
+  encode_fp8(fmt, latent + i * si::latent_dim(fmt), rope ? rope + i * si::kRopeDim : nullptr, cache + slot * stride,
+             scale_format);
 }
 
-// The host twin's si_records_write_paged, one warp per token: the warp stages its row in fp32 in
-// shared memory (checking every value), then encodes it straight into the paged slot.
+// The host twin's si_records_write_paged, one warp per token, for any strides and alignment (and the
+// fp8 records): the warp stages its row in fp32 in shared memory (checking every value), then encodes
+// it straight into the paged slot.
 __global__ void write_paged_kernel(int32_t fmt, const void* __restrict__ latent, int64_t lat_stride, int32_t lat_bf16,
                                    const void* __restrict__ rope, int64_t rope_stride, int32_t rope_bf16, int64_t n,
                                    const int64_t* __restrict__ slots, uint8_t* __restrict__ cache, int64_t num_blocks,
                                    int64_t block_size, int64_t s0, int64_t s1, int64_t null_block, float outer_scale,
                                    int32_t scale_format, int32_t* value_flag, int32_t* slot_flag) {
-  __shared__ float staged[kWarpsPerBlock][si::kLatentDim + si::kRopeDim];
+  __shared__ __align__(16) float staged[kWarpsPerBlock][si::kLatentDim + si::kRopeDim];
   const int w = threadIdx.x / kWarp, l = threadIdx.x % kWarp;
   const int64_t i = (int64_t)blockIdx.x * kWarpsPerBlock + w;
   if (i >= n) return;  // per warp: the shuffles and votes below stay converged
@@ -104,8 +205,52 @@ __global__ void write_paged_kernel(int32_t fmt, const void* __restrict__ latent,
     return;
   }
   if (slot < 0) return;
-  encode_one(fmt, lat, rd ? rp : nullptr, cache + (slot / block_size) * s0 + (slot % block_size) * s1, outer_scale,
-             scale_format);
+  uint8_t* rec = cache + (slot / block_size) * s0 + (slot % block_size) * s1;
+  if (fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) {
+    float x[1][si::kGroup];
+    const float r[2] = {rp[2 * l], rp[2 * l + 1]};
+    load_vec<si::kGroup>(lat, l * si::kGroup, false, x[0]);  // the staged row is 16-byte aligned
+    encode_nvfp4<kWarp>(fmt, x, r, rec, outer_scale, aligned16(rec), true);
+  } else
+    encode_fp8(fmt, lat, rd ? rp : nullptr, rec, scale_format);
+}
+
+// write_paged_kernel's NVFP4 form over 16-byte aligned rows, row strides, cache and cache strides
+// (si_records_write_paged_cuda picks it; vLLM's rows and caches are): four tokens per warp as
+// encode_kernel, the model's fp32 or bf16 rows read with 16-byte loads and checked in registers (a NaN
+// or an infinity makes x * 0 NaN), one flag store per warp.
+__global__ void write_paged_nvfp4_kernel(int32_t fmt, const void* __restrict__ latent, int64_t lat_stride,
+                                         int32_t lat_bf16, const void* __restrict__ rope, int64_t rope_stride,
+                                         int32_t rope_bf16, int64_t n, const int64_t* __restrict__ slots,
+                                         uint8_t* __restrict__ cache, int64_t num_blocks, int64_t block_size,
+                                         int64_t s0, int64_t s1, int64_t null_block, float outer_scale,
+                                         int32_t* value_flag, int32_t* slot_flag) {
+  constexpr int L = kEncodeLanes, G = kWarp / L, R = si::kRopeDim / L;
+  const int64_t first = ((int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp) * (kWarp / L);
+  if (first >= n) return;  // whole warps leave together: the shuffles and votes stay converged
+  const int64_t t = first + threadIdx.x % kWarp / L;
+  const int64_t i = t < n ? t : n - 1;  // a tail token repeats the last row and stores nothing
+  const int j = threadIdx.x % L;
+  float x[G][si::kGroup], r[R], nonfinite = 0.0f;
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    load_vec<si::kGroup>(latent, i * lat_stride + (j + L * k) * si::kGroup, lat_bf16, x[k]);
+#pragma unroll
+    for (int v = 0; v < si::kGroup; ++v) nonfinite = fmaf(x[k][v], 0.0f, nonfinite);
+  }
+  load_vec<R>(rope, i * rope_stride + R * j, rope_bf16, r);
+#pragma unroll
+  for (int v = 0; v < R; ++v) nonfinite = fmaf(r[v], 0.0f, nonfinite);
+  const int64_t slot = slots[i];
+  const bool bad = t < n && si::bad_slot(slot, num_blocks, block_size, null_block);
+  const bool flag_values = __any_sync(0xffffffffu, nonfinite != nonfinite), flag_slots = __any_sync(0xffffffffu, bad);
+  if (threadIdx.x % kWarp == 0) {
+    if (flag_values) atomicOr(value_flag, 1);
+    if (flag_slots) atomicOr(slot_flag, 1);
+  }
+  const bool store = t < n && !bad && slot >= 0;
+  encode_nvfp4<L>(fmt, x, r, store ? cache + (slot / block_size) * s0 + (slot % block_size) * s1 : cache,
+                  outer_scale, true, store);
 }
 
 __global__ void decode_kernel(int32_t fmt, const uint8_t* __restrict__ cache, int64_t num_slots, int64_t stride,
@@ -143,17 +288,24 @@ int32_t launch_status() { return cudaGetLastError() == cudaSuccess ? SI_OK : SI_
 
 }  // namespace
 
-// Same arguments as the host twin (records_host.cpp), all pointers on the
-// device, plus the stream. Slot ranges are checked by the Python binding.
+// Same arguments as the host twin (records_host.cpp), all pointers on the device, plus the stream.
+// Slot ranges are checked by the Python binding; NVFP4 needs latent, rope and cache 16-byte aligned
+// and a stride of whole 16 bytes (SI_ERR_ARG otherwise: the binding aligns the rows).
 extern "C" int32_t si_records_encode_cuda(int32_t fmt, const float* latent, const float* rope, int64_t n,
                                           const int64_t* slots, uint8_t* cache, int64_t num_slots,
                                           int64_t stride, float outer_scale, int32_t scale_format,
                                           cudaStream_t stream) {
   if (si::record_bytes(fmt) == 0 || n < 0 || stride < si::record_bytes(fmt)) return SI_ERR_ARG;
   if (n == 0) return SI_OK;
-  const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  encode_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(fmt, latent, rope, n, slots, cache,
-                                                                        num_slots, stride, outer_scale, scale_format);
+  if (fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) {
+    if (!aligned16(latent) || !aligned16(rope) || !aligned16(cache) || stride % 16) return SI_ERR_ARG;
+    const int64_t per_block = kWarpsPerBlock * (kWarp / kEncodeLanes);
+    encode_kernel<<<(unsigned)((n + per_block - 1) / per_block), kWarp * kWarpsPerBlock, 0, stream>>>(
+        fmt, latent, rope, n, slots, cache, num_slots, stride, outer_scale);
+  } else {
+    encode_fp8_kernel<<<(unsigned)((n + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, stream>>>(
+        fmt, latent, rope, n, slots, cache, num_slots, stride, scale_format);
+  }
   return launch_status();
 }
 
@@ -165,6 +317,16 @@ extern "C" int32_t si_records_write_paged_cuda(int32_t fmt, const void* latent, 
                                                int32_t* slot_flag, cudaStream_t stream) {
   if (si::record_bytes(fmt) == 0 || n < 0 || block_size < 1) return SI_ERR_ARG;
   if (n == 0) return SI_OK;
+  const bool aligned = aligned16(latent) && aligned16(rope) && aligned16(cache) &&
+                       lat_stride * (lat_bf16 ? 2 : 4) % 16 == 0 && rope_stride * (rope_bf16 ? 2 : 4) % 16 == 0 &&
+                       s0 % 16 == 0 && s1 % 16 == 0;
+  if ((fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) && aligned) {
+    const int64_t per_block = kWarpsPerBlock * (kWarp / kEncodeLanes);
+    write_paged_nvfp4_kernel<<<(unsigned)((n + per_block - 1) / per_block), kWarp * kWarpsPerBlock, 0, stream>>>(
+        fmt, latent, lat_stride, lat_bf16, rope, rope_stride, rope_bf16, n, slots, cache, num_blocks, block_size, s0,
+        s1, null_block, outer_scale, value_flag, slot_flag);
+    return launch_status();
+  }
   const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;
   write_paged_kernel<<<(unsigned)blocks, kWarp * kWarpsPerBlock, 0, stream>>>(
       fmt, latent, lat_stride, lat_bf16, rope, rope_stride, rope_bf16, n, slots, cache, num_blocks, block_size, s0, s1,

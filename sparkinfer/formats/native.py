@@ -5,7 +5,7 @@ C ABI (csrc/host/records_host.cpp, csrc/cuda/records.cu):
     si_records_decode(fmt, cache*, num_slots, stride, idx*|NULL, n, latent*, rope*, S)
     si_records_encode_cuda / si_records_decode_cuda: the same on device pointers plus a stream (a slot
         past num_slots is skipped / decoded as zeros there: the forward's device check flags it,
-        where the host twin refuses the call).
+        where the host twin refuses the call; NVFP4 encode needs 16-byte aligned rows and cache).
     si_records_write_paged(fmt, latent*, lat_stride, lat_bf16, rope*, rope_stride, rope_bf16, n, slots*,
         cache*, num_blocks, block_size, s0, s1, null_block, S, scale_format, value_flag*, slot_flag*)
         and si_records_write_paged_cuda (plus a stream): a layer forward's whole cache write
@@ -57,10 +57,23 @@ def _opt(t):
     return ptr(t) if t is not None else None
 
 
+def _aligned16(t) -> bool:
+    return t is None or t.data_ptr() % 16 == 0
+
+
 def encode(fmt, latent: torch.Tensor, rope, cache: torch.Tensor, slots) -> None:
-    """Encode fp32 latent/rope into cache [num_slots, record_bytes] at slots (None: row i)."""
+    """Encode fp32 latent/rope into cache [num_slots, record_bytes] at slots (None: row i).
+
+    On a GPU the NVFP4 kernel reads 16-byte aligned rows and writes 16-byte aligned records: a row
+    tensor that starts off that alignment is copied (a fresh allocation is aligned); a cache that
+    does is refused (the engine's caches and ``RecordFormat.encode``'s output are aligned)."""
     n = latent.shape[0]
     if cache.device.type == "cuda":
+        if fmt.fmt_id in (1, 2):
+            latent = latent if _aligned16(latent) else latent.clone()
+            rope = rope if _aligned16(rope) else rope.clone()
+            if not _aligned16(cache):
+                raise ValueError(f"{fmt.name} encode on a GPU needs a 16-byte aligned cache")
         st = _cuda().si_records_encode_cuda(fmt.fmt_id, ptr(latent), _opt(rope), n, _opt(slots), ptr(cache),
                                             cache.shape[0], fmt.record_bytes, fmt.outer_scale, fmt.scale_format_id,
                                             stream_handle(cache.device))

@@ -90,3 +90,25 @@ def test_pow2_ceil_exact_near_powers_of_two(v):
     t = torch.tensor([v], dtype=torch.float32)
     assert float(C.pow2_ceil(t)) == expect
     assert float(host_codec("pow2_ceil", t).view(torch.float32)) == expect
+
+
+def test_nvfp4_division_free_codes_on_every_boundary(tmp_path):
+    """csrc/tools/check_nvfp4_codes.cpp on every 64th value: the E2M1 magnitude of fp32 in [0, 6], and the
+    codes of x / m1 near each E2M1 boundary for divisor mantissas across [1, 2) (records.h's path, built
+    with the host twin's flags) against an fp32 division and the spec's thresholds. Run without a stride
+    it checks all 4.4e9 cases (about a minute)."""
+    import shutil
+    import subprocess
+
+    from sparkinfer.native import build
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("needs g++")
+    exe = tmp_path / "check"
+    flags = [f for f in build.HOST_FLAGS if f not in ("-shared", "-fPIC")]
+    subprocess.run([cxx, *flags, "-I", build.CSRC_DIR + "/include", build.CSRC_DIR + "/tools/check_nvfp4_codes.cpp",
+                    "-o", str(exe)], check=True)
+    run = subprocess.run([str(exe), "64"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+    assert run.stdout.strip().endswith("checked, 0 wrong") and int(run.stdout.split()[0]) > 60_000_000

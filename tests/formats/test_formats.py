@@ -94,6 +94,37 @@ def test_adversarial_and_bf16_inputs(name, opts):
         assert torch.equal(part, torch.zeros_like(part)), "an all-zero token must decode to exact zeros"
 
 
+def e2m1_boundary_tokens(fmt, n: int = 256, seed: int = 5):
+    """Tokens whose values sit within 3 fp32 ulps of an E2M1 boundary (0.25 ... 5) times their group's
+    divisor m_g = s * d_g, computed as the spec does: the inputs where the encoder's per-value quotient
+    (a reciprocal and an FMA correction, not a division) must round exactly as x / m_g does. Element 0
+    of each group is its amax (random mantissa, token scales 2**-30 .. 2**30); the others stay below it."""
+    from sparkinfer.formats import codecs as C
+
+    g = torch.Generator().manual_seed(seed)
+    gmax = (torch.rand(n, 32, generator=g) + 0.5) * 2.0 ** torch.randint(-30, 30, (n, 1), generator=g).float()
+    if fmt.layout.record_bytes == 368:
+        s = (gmax.amax(1) / 2688.0).clamp_min(C.TINY)
+    else:
+        s = torch.full((n,), fmt.outer_scale)
+    m = s[:, None] * C.e4m3_decode(C.e4m3_encode(gmax / (6.0 * s[:, None])))
+    t = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])[torch.randint(0, 7, (n, 32, 15), generator=g)]
+    x = t * m[..., None]
+    for _ in range(3):  # step 0..3 ulps up or down
+        step = torch.randint(-1, 2, x.shape, generator=g).float()
+        x = torch.where(step != 0, torch.nextafter(x, x + step * x.abs().clamp_min(1e-30)), x)
+    x = torch.where(torch.rand(x.shape, generator=g) < 0.5, -x, x).clamp(-gmax[..., None], gmax[..., None])
+    latent = torch.cat([gmax[..., None], x], dim=2).view(n, 512)
+    return latent, torch.randn(n, 64, generator=g)
+
+
+@pytest.mark.parametrize("name,opts", FORMAT_CASES[:3], ids=IDS[:3])
+def test_e2m1_quotient_boundaries(name, opts):
+    fmt = get_format(name, **opts)
+    latent, rope = e2m1_boundary_tokens(fmt)
+    assert torch.equal(fmt.encode(latent, rope, backend="torch"), fmt.encode(latent, rope, backend="host"))
+
+
 @settings(max_examples=60, deadline=None)
 @given(latent=arrays("float32", (3, 512), elements=st.floats(-1e6, 1e6, width=32)),
        rope=arrays("float32", (3, 64), elements=st.floats(-1e6, 1e6, width=32)))
@@ -268,6 +299,17 @@ def test_cuda_kernels_equal_host_build(name, opts):
     slots = torch.randperm(cache.shape[0], device="cuda")[:latent.shape[0]]
     fmt.write(cache, slots, *[a.cuda() for a in args])
     assert torch.equal(cache[slots].cpu(), host)
+    # rows off 16-byte alignment (the binding copies them for the NVFP4 kernel) and skipped slots
+    shifted = [torch.empty(a.numel() + 1, device="cuda")[1:].view_as(a).copy_(a) for a in args]
+    again = torch.zeros_like(cache)
+    skip = slots.clone()
+    skip[::3] = -1
+    fmt.write(again, skip, *shifted)
+    kept = skip >= 0
+    assert torch.equal(again[skip[kept]].cpu(), host[kept.cpu()])
+    written = torch.zeros(cache.shape[0], dtype=torch.bool, device="cuda")
+    written[skip[kept]] = True
+    assert not again[~written].any()
     dec_host = fmt.decode(host, backend="host")
     dec_cuda = fmt.gather(cache, slots)
     for a, b in zip(*(([dec_host], [dec_cuda]) if fmt.rope_dim == 0 else (dec_host, dec_cuda))):

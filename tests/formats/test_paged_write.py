@@ -66,19 +66,25 @@ def test_bad_slots_and_values_are_flagged_and_bad_slots_not_written():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["nvfp4_368", "nvfp4_432", "fp8_ds_mla", "indexer_fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_paged_write_equals_the_host_twin(name, dtype):
+@pytest.mark.parametrize("aligned", [False, True])
+def test_gpu_paged_write_equals_the_host_twin(name, dtype, aligned):
     """The CUDA kernel against its host twin (above: the direct write's bytes) on the same inputs, many
     rows at once so several CTAs run: every byte of a strided cache (the records written, the bytes
     around them untouched), and the same flags for the same bad slots (below -1, the null block, past
-    the cache) and non-finite values (a skipped row's too)."""
+    the cache) and non-finite values (a skipped row's too). ``aligned``: rows, cache and strides on
+    16 bytes, as vLLM's (the NVFP4 records then take write_paged_nvfp4_kernel, four tokens per warp);
+    else rows and records off that alignment (write_paged_kernel)."""
     fmt = get_format(name)
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(7)
-    nb, bs, n = 40, 16, 300
-    backing = torch.randint(0, 256, (nb, bs, 2, fmt.record_bytes + 20), generator=g, dtype=torch.uint8)
+    nb, bs, n = 40, 16, 301  # not a multiple of the four tokens per warp
+    pad, at = (32, 16) if aligned else (20, 4)
+    backing = torch.randint(0, 256, (nb, bs, 2, fmt.record_bytes + pad), generator=g, dtype=torch.uint8)
     slots = torch.randperm((nb - 1) * bs, generator=g)[:n] + bs  # distinct: each record written once
     slots[::37] = -1
     lat, rope = _inputs(fmt, n, dtype, 8)
+    if aligned:
+        lat, rope = lat.contiguous(), None if rope is None else rope.contiguous()
     for bad_slots, bad_value in ((False, False), (True, False), (False, True)):
         s, l = slots.clone(), lat.clone()
         if bad_slots:
@@ -90,7 +96,7 @@ def test_gpu_paged_write_equals_the_host_twin(name, dtype):
             b = backing.clone().to(device)
             checks = DeviceChecks(device)
             native.write_paged(fmt, l.to(device), None if rope is None else rope.to(device),
-                               b[:, :, 1, 4:4 + fmt.record_bytes], s.to(device), NULL_BLOCK,
+                               b[:, :, 1, at:at + fmt.record_bytes], s.to(device), NULL_BLOCK,
                                checks.word("record_values"), checks.word("cache_slots"))
             got[str(device)] = (b.cpu(), bool(checks.word("record_values")), bool(checks.word("cache_slots")))
         (host, host_v, host_s), (cuda, cuda_v, cuda_s) = got["cpu"], got[str(dev)]

@@ -77,21 +77,29 @@ SI_HD uint8_t e4m3_encode(float x) {
 }
 
 SI_HD float e4m3_decode(uint8_t c) {
-  const int e = (c >> 3) & 15, m = c & 7;
-  float a;
-  if (e == 15 && m == 7) a = NAN;
-  else if (e == 0) a = ldexpf((float)m, -9);
-  else a = ldexpf((float)(8 + m), e - 10);
-  return (c & 0x80) ? -a : a;
+  const uint32_t mag = c & 0x7fu;
+  // a normal code is fp32 with its exponent rebiased (7 -> 127) and its 3 mantissa bits on top;
+  // a subnormal one is m * 2**-9 (exact)
+  float a = mag >= 8u ? bits_f32((mag << 20) + (120u << 23)) : (float)mag * 0.001953125f;
+  if (mag == 0x7fu) a = NAN;
+  return bits_f32(f32_bits(a) | ((uint32_t)(c & 0x80u) << 24));
 }
 
 // E2M1: magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6; ties to the even code, so the
 // boundary tie goes down at 0.25, 1.25, 2.5, 5 and up at 0.75, 1.75, 3.5.
-SI_HD uint8_t e2m1_encode(float y) {
-  const float a = fabsf(y);
-  const uint8_t c = (uint8_t)((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) +
-                              (a > 2.5f) + (a >= 3.5f) + (a > 5.0f));
-  return (c != 0 && (f32_bits(y) >> 31)) ? (uint8_t)(c | 8) : c;  // magnitude 0 is +0
+// The magnitude code of a in [0, 6] (not NaN) as the fp32 2**23 + code: the least of 2a, 2 + a and
+// 4 + a / 2, each rounded to an integer by adding 2**23 (one rounding, ties to even; the products by
+// 2 and 1/2 are exact). E2M1 is 0.5 apart on [0, 2) (code 2a), 1 apart on [2, 4) (2 + a), 2 apart
+// on [4, 6] (4 + a / 2), and outside its own interval each term rounds to at least the code (checked
+// for every fp32 in [0, 6], csrc/tools/check_nvfp4_codes.cpp). No compare chain, no branch: three FP operations and two minimums.
+SI_HD float e2m1_biased(float a) {
+  return fminf(fminf(fmaf(a, 2.0f, 8388608.0f), a + 8388610.0f), fmaf(a, 0.5f, 8388612.0f));
+}
+SI_HD uint32_t e2m1_magnitude(float a) { return f32_bits(e2m1_biased(a)) - 0x4b000000u; }
+
+SI_HD uint8_t e2m1_encode(float y) {  // NaN -> 0, past +-6 -> +-6
+  const uint32_t c = e2m1_magnitude(fminf(fmaxf(fabsf(y), 0.0f), 6.0f));
+  return (uint8_t)((c != 0 && (f32_bits(y) >> 31)) ? (c | 8u) : c);  // magnitude 0 is +0
 }
 
 SI_HD float e2m1_decode(uint8_t c) {
@@ -127,14 +135,66 @@ SI_HD float load_f32(const uint8_t* src) { float v; memcpy(&v, src, 4); return v
 SI_HD float nvfp4_token_scale(float token_amax) { return fmaxf(token_amax / 2688.0f, kTiny); }
 SI_HD uint8_t nvfp4_group_scale(float group_amax, float s) { return e4m3_encode(group_amax / (6.0f * s)); }
 
-// 16 latent values -> 8 bytes of E2M1 pairs (element 2i low nibble).
-SI_HD void nvfp4_encode_group(const float* x, uint8_t scale_code, float s, uint8_t* out) {
-  const float m = s * e4m3_decode(scale_code);
-  for (int i = 0; i < kGroup / 2; ++i) {
-    const uint8_t lo = m > 0.0f ? e2m1_encode(x[2 * i] / m) : 0;
-    const uint8_t hi = m > 0.0f ? e2m1_encode(x[2 * i + 1] / m) : 0;
-    out[i] = (uint8_t)(lo | (hi << 4));
+// E2M1 codes of x_i / m_g without a division per value. Scaling x and m by the power of two p that
+// takes m into [1, 2) (into [2, 4) past 2**127; m subnormal: below 1) changes no quotient; with
+// r = RN(1 / m1), q0 = x * r and one FMA correction, q = q0 + r * (x - m1 * q0), is RN(x / m1)
+// whenever that is at least 2**-100 (checked for every m1 in [1, 2) with x within 6 ulps of each
+// E2M1 boundary times m1, csrc/tools/check_nvfp4_codes.cpp, and on 2e8 random pairs; below 2**-100
+// both codes are 0). x is taken as
+// |x| * p, NaN -> 0 (a NaN's code is 0); |x| * p = inf gives q = NaN -> clamped to 6 (code 7, as
+// x / m = inf). m <= 0, NaN or inf: p = 0, every code 0 (x / inf = 0).
+struct E2m1Divisor {
+  float p, m1, r1;
+};
+
+SI_HD E2m1Divisor e2m1_divisor(float m) {
+  const bool ok = m > 0.0f && m <= 3.40282347e38f;
+  const uint32_t e = f32_bits(m) & 0x7f800000u;
+  const float p = ok ? bits_f32(0x7f000000u - (e < 0x7e800000u ? e : 0x7e800000u)) : 0.0f;  // 2**(127 - exp)
+  const float m1 = ok ? m * p : 1.0f;
+  return {p, m1, 1.0f / m1};
+}
+
+// Bytes of a (0..3) and b (4..7) picked by the selector's nibbles: CUDA's __byte_perm (one PRMT).
+SI_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, sel);
+#else
+  const uint64_t v = (uint64_t)b << 32 | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= (uint32_t)(v >> (8 * ((sel >> (4 * i)) & 7u)) & 0xffu) << (8 * i);
+  return r;
+#endif
+}
+
+// The top bytes (sign and exponent) of x[0], x[2], x[4], x[6] in one word: three byte permutes.
+SI_HD uint32_t top_bytes4(const float* x) {
+  return byte_perm(byte_perm(f32_bits(x[0]), f32_bits(x[2]), 0x73u), byte_perm(f32_bits(x[4]), f32_bits(x[6]), 0x73u),
+                   0x5410u);
+}
+
+// 8 values -> their packed codes as a little-endian word (element i in bits 4i..4i+3).
+SI_HD uint32_t e2m1_codes8(const float* x, E2m1Divisor d) {
+  uint32_t mag = 0;
+  for (int i = 0; i < 8; ++i) {
+    const float xs = fmaxf(fabsf(x[i]) * d.p, 0.0f);
+    const float q0 = xs * d.r1;
+    const float q = fmaf(d.r1, fmaf(-d.m1, q0, xs), q0);
+    mag += f32_bits(e2m1_biased(fminf(fabsf(q), 6.0f))) << (4 * i);  // one shift-add: bias removed below
   }
+  mag -= 0x4b000000u * 0x11111111u;  // the eight biases, modulo 2**32
+  // sign bits: the even elements' top bytes shifted down by 4 land on bits 3, 11, 19, 27 (their
+  // nibbles' bit 3), the odd elements' already sit on bits 7, 15, 23, 31
+  const uint32_t sign = (top_bytes4(x) >> 4 & 0x08080808u) | (top_bytes4(x + 1) & 0x80808080u);
+  // the sign only on a nonzero code (+0): nibble + 7 carries into its bit 3 iff the nibble is 1..7
+  return mag | (sign & (mag + 0x77777777u));
+}
+
+// A group's 16 codes (8 bytes, element 2i in the low nibble of byte i) for scale code c, outer scale s.
+SI_HD void nvfp4_encode_group(const float* x, uint8_t scale_code, float s, uint32_t out[2]) {
+  const E2m1Divisor d = e2m1_divisor(s * e4m3_decode(scale_code));
+  out[0] = e2m1_codes8(x, d);
+  out[1] = e2m1_codes8(x + 8, d);
 }
 
 SI_HD void nvfp4_decode_group(const uint8_t* in, uint8_t scale_code, float s, float* x) {
@@ -181,7 +241,9 @@ SI_HD void encode_record(int32_t fmt, const float* latent, const float* rope, ui
     for (int g = 0; g < kLatentDim / kGroup; ++g) {
       const uint8_t c = nvfp4_group_scale(amax(latent + g * kGroup, kGroup), s);
       rec[kNvfp4ScalesOff + g] = c;
-      nvfp4_encode_group(latent + g * kGroup, c, s, rec + g * kGroup / 2);
+      uint32_t w[2];
+      nvfp4_encode_group(latent + g * kGroup, c, s, w);
+      memcpy(rec + g * kGroup / 2, w, 8);  // little-endian host
     }
     for (int i = 288; i < kNvfp4RopeOff; ++i) rec[i] = 0;
     if (fmt == FMT_NVFP4_368) {
