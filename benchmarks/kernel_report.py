@@ -146,10 +146,12 @@ def _launch(kernel: str, ctas: int, warps: int, iters: int = 0, loop: str = "non
     grid, each run by every warp of its CTA. ``issue_bound`` multiplies these by the compiled counts.
     ``trips`` (a kernel whose work is in nested loops): iterations per CTA of every loop by its kind
     instead, {"mma": the innermost loops holding tensor-core instructions, "mma_parent": the loops
-    directly around them, "other": every other loop} (``nested_issue``)."""
+    directly around them, "other": every other loop}, and optionally "sites": rules that count the loops
+    of a source site at their own trips (``site_trips``: a helper's loops at the trips of one of its calls)
+    (``nested_issue``)."""
     out = {"kernel": kernel, "ctas": int(ctas), "warps": int(warps), "iters": int(iters), "loop": loop}
     if trips:
-        out["trips"] = {k: float(v) for k, v in trips.items()}
+        out["trips"] = {k: v if k == "sites" else float(v) for k, v in trips.items()}
     return out
 
 
@@ -309,6 +311,99 @@ def _indexer_tiled(m: int, t: int, shape: str) -> dict:
                 launch=_indexer_launch("indexer_keys[q_fp8]", m, passes * tile))
 
 
+def _radix_levels(keys, k: int, cap: int) -> int:
+    """The radix levels ``triton_topk.select_row`` runs on the int64 ``keys`` (numpy) for the k largest
+    with a buffer of ``cap``: its level loop replayed on the host."""
+    import numpy as np
+
+    shift, pref, above, need, levels = 56, 0, 0, k, 0
+    real = keys != np.iinfo(np.int64).min
+    while True:
+        levels += 1
+        top = shift == 56
+        match = real if top else real & ((keys >> min(shift + 8, 63)) == pref)
+        digit = ((keys[match] >> shift) & 255) ^ (128 if top else 0)
+        hist = np.bincount(digit.astype(np.int64), minlength=256)
+        at_or_above = np.cumsum(hist[::-1])[::-1]
+        byte = int(np.flatnonzero(at_or_above >= need).max(initial=-1))
+        here = int(hist[byte]) if byte >= 0 else 0
+        higher = (int(at_or_above[byte]) - here) if byte >= 0 else 0
+        above, need = above + higher, need - higher
+        pref = byte - 128 if top else pref * 256 + byte
+        if above + here <= cap or shift == 0:
+            return levels
+        shift -= 8
+
+
+def _paged_levels(t: int, splits: int, tile: int, seed: int = 0) -> tuple[float, float]:
+    """Mean radix levels of the paged top-k's selections at context t (``_radix_levels``): a program's
+    running select per tile (its k kept keys and the tile's, CAP k) and the merge of the splits' heads
+    (CAP k), on one row's packed keys (``topk.pack_keys``) of relu-sum scores (32 heads' relu'd dots,
+    weighted: the indexer's form) at random, seeded: the levels follow the scores' bits, not a count."""
+    import numpy as np
+    import torch
+
+    from sparkinfer.indexer.topk import pack_keys
+
+    g = torch.Generator().manual_seed(seed)
+    scores = (torch.relu(torch.randn(t, INDEX_HEADS, generator=g)) @ torch.rand(INDEX_HEADS, generator=g))[None]
+    keys = pack_keys(scores.float(), torch.arange(t))[0].numpy()
+    run, heads = [], []
+    for s in range(splits):
+        head = np.empty(0, np.int64)
+        for j0 in range(s * tile, t, splits * tile):
+            cand = np.concatenate([head, keys[j0:j0 + tile]])
+            run.append(_radix_levels(cand, K, K))
+            head = np.sort(cand)[-K:]
+        heads.append(head)
+    merge = _radix_levels(np.concatenate(heads), K, K)
+    return float(np.mean(run)), float(merge)
+
+
+def _select_rules(tiles: float, rows: int, splits: int, levels: tuple[float, float]) -> list:
+    """Site rules (``site_trips``) for ``triton_paged``'s two ``select_row`` calls, per program: a tile's
+    running select (tiles x rows calls over the k kept keys and the tile's) and the merge of the splits'
+    heads (once per row, by its last split: the busiest program merges both its rows). Each call runs its
+    level loop ``levels`` times (``_paged_levels``), a scan of its N keys BLOCK at a time in each level and
+    once more to compact, and a pad of k; the rest of select_row once. The lines are select_row's loops
+    and the calls' lines are read from the sources, so the rules follow the code."""
+    import ast
+    import inspect
+    import textwrap
+
+    from sparkinfer.core.indexer_tiles import PAGED_TILE
+    from sparkinfer.indexer import triton_paged as tpg
+    from sparkinfer.indexer import triton_topk as tk
+
+    def parsed(fn):
+        lines, first = inspect.getsourcelines(fn)
+        return ast.parse(textwrap.dedent("".join(lines))), first - 1
+
+    tree, off = parsed(tk.select_row.fn)
+    span = lambda node: [node.lineno + off, node.end_lineno + off]
+    (level,) = [n for n in ast.walk(tree) if isinstance(n, ast.While)]
+    (scan,) = [n for n in level.body if isinstance(n, ast.For)]
+    body = tree.body[0].body
+    (compact,) = [n for n in body[body.index(level) + 1:] if isinstance(n, ast.For)][:1]
+    pad = [n for n in ast.walk(tree) if isinstance(n, ast.For) and n not in (scan, compact)]
+    topk = os.path.basename(inspect.getsourcefile(tk.select_row.fn))
+    tree, off_k = parsed(tpg._paged_topk_kernel.fn)
+    calls = sorted(n.lineno + off_k for n in ast.walk(tree) if isinstance(n, ast.Call)
+                   and getattr(n.func, "id", None) == "select_row")
+    paged = os.path.basename(inspect.getsourcefile(tpg._paged_topk_kernel.fn))
+    assert len(calls) == 2 and len(pad) == 1, (calls, pad)  # the tile's select and the merge
+    block = tpg.BLOCK
+    rules = []
+    for line, n_calls, n_keys, lv in ((calls[0], tiles * rows, K + PAGED_TILE, levels[0]),
+                                      (calls[1], rows, splits * K, levels[1])):
+        steps = _cdiv(n_keys, block)
+        call = f"{paged}:{line}"
+        for node, trips in ((scan, lv * steps), (level, lv), (compact, steps), (pad[0], _cdiv(K, block))):
+            rules.append({"call": call, "file": topk, "lines": span(node), "trips": n_calls * trips})
+        rules.append({"call": call, "file": topk, "lines": None, "trips": n_calls})
+    return rules
+
+
 def _indexer_paged(b: int, r: int, t: int, shape: str) -> dict:
     """The paged top-k (``triton_paged``, the engine's decode scorer and selection in one launch): b
     requests of r rows at context t. A program takes a group of rows (``compile_specs``' ROWS: a
@@ -318,9 +413,11 @@ def _indexer_paged(b: int, r: int, t: int, shape: str) -> dict:
     entries, fp8 q and fp32 w, each row's keys written into its work row and read back by the
     selection (8 B per row and position, twice), the split heads and the output. Issue: the tensor-core
     loop (a tile's chunks of BLOCK_T positions, one dot over the 128 dims each) and the tile loop around
-    it at their trip counts, the selection's loops once per tile and row (a lower bound: a tile's
-    select scans the row's k + tile keys BLOCK at a time, once per radix level and once to compact). The
-    report computes it for whichever kernel the checkout has (``compile_specs``' ROWS and PRECISION)."""
+    it at their trip counts, and the selection's loops at theirs (``_select_rules``: a tile's select scans
+    the row's k + tile keys BLOCK at a time once per radix level, levels replayed on the host, and once to
+    compact; the merge scans the splits' heads the same way), the other loops (the heads' fills and copies)
+    at rows x k / BLOCK, an upper bound. The report computes it for whichever kernel the checkout has
+    (``compile_specs``' ROWS and PRECISION)."""
     from sparkinfer.core.indexer_tiles import PAGED_TILE, paged_splits
     from sparkinfer.indexer import triton_paged as tpg
     from sparkinfer.indexer import triton_scores as ts
@@ -337,11 +434,13 @@ def _indexer_paged(b: int, r: int, t: int, shape: str) -> dict:
         + m * splits * K * 8 * 2 + m * K * 4
     flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
     expect = ("bf16 tensor cores (mma.sync), each request's keys read once per program of its rows: within "
-              "2x of the floor needs the issue figure at or below it (the selection's loops are counted once "
-              "per tile and row here, a lower bound)")
+              "2x of the floor needs the issue figure at or below it (the selection's scans counted at their "
+              "trips)")
     # the chunk loop (one dot over the 128 dims a chunk of BLOCK_T positions) inside the tile loop
+    levels = _paged_levels(t, splits, PAGED_TILE)
     launch = _launch(f"paged_topk_split[k{K}]", groups * splits, spec["num_warps"], loop="nested",
-                     trips={"mma": chunks, "mma_parent": tiles, "other": tiles * rows})
+                     trips={"mma": chunks, "mma_parent": tiles, "other": rows * _cdiv(K, tpg.BLOCK),
+                            "sites": _select_rules(tiles, rows, splits, levels)})
     return _row("indexer_paged_topk", shape, {"B": b, "R": r, "T": t, "K": K, "rows_per_program": rows,
                                               "splits": splits, "tile": PAGED_TILE, "key_reads_per_request": reads},
                 nbytes, flops, "tf32" if spec["constexprs"]["PRECISION"] == "tf32x3" else "bf16", expect, target="fp8",
@@ -553,12 +652,33 @@ def parse_sass(text: str) -> dict:
 def parse_ptx(text: str) -> dict:
     """{entry: code} of PTX: the statements of each ``.entry``'s body (directives, braces and labels
     are not instructions; a label names the instruction after it)."""
-    out, fn, depth, labels, code = {}, None, 0, {}, []
+    return {fn: code for fn, (code, _) in _parse_ptx(text).items()}
+
+
+_PTX_LOC = re.compile(r"\.loc\s+(\d+)\s+(\d+)\s+\d+(?:,\s*function_name\s+[\w$]+,\s*inlined_at\s+(\d+)\s+(\d+))?")
+
+
+def ptx_sources(text: str) -> dict:
+    """{entry: [source of each instruction of ``parse_ptx``'s code]}: ("file:line", "file:line" of the
+    call it was inlined at, or None) from the ``.loc`` before it (file base names), None before any."""
+    return {fn: src for fn, (_, src) in _parse_ptx(text).items()}
+
+
+def _parse_ptx(text: str) -> dict:
+    """{entry: (code, sources)}: ``parse_ptx``'s code and ``ptx_sources``' positions (the ``.file``
+    table comes after the entries)."""
+    files = {n: os.path.basename(f) for n, f in re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', text, re.M)}
+    out, fn, depth, labels, code, src, loc = {}, None, 0, {}, [], [], None
     for raw in text.splitlines():
         line = raw.split("//")[0].strip()
         m = re.search(r"\.entry\s+([\w$]+)", line)
         if m:
-            fn, depth, labels, code = m.group(1), 0, {}, []
+            fn, depth, labels, code, src, loc = m.group(1), 0, {}, [], [], None
+            continue
+        m = _PTX_LOC.match(line)
+        if m and fn is not None:
+            f, ln, cf_, cl = m.groups()
+            loc = (f"{files.get(f, f)}:{ln}", f"{files.get(cf_, cf_)}:{cl}" if cf_ else None)
             continue
         if fn is None or not line:
             continue
@@ -568,7 +688,7 @@ def parse_ptx(text: str) -> dict:
         if line == "}":
             depth -= 1
             if depth == 0:
-                out[fn] = [(t, labels.get(lab) if lab else None, c) for t, lab, c in code]
+                out[fn] = ([(t, labels.get(lab) if lab else None, c) for t, lab, c in code], src)
                 fn = None
             continue
         if depth == 0:
@@ -581,6 +701,7 @@ def parse_ptx(text: str) -> dict:
             continue
         m = _PTX_BRA.match(line)
         code.append((line, m.group(2) if m else None, bool(m and m.group(1))))
+        src.append(loc)
     return out
 
 
@@ -613,6 +734,53 @@ def loop_profile(code: list, source: str) -> dict:
             "hot_mma": hot_mma}
 
 
+def _own_loop(loops: list, at: int) -> int | None:
+    """The innermost loop holding instruction ``at`` (the shortest span of ``loops`` [start, end, ...])."""
+    holding = [j for j, (a, b, *_) in enumerate(loops) if a <= at <= b]
+    return min(holding, key=lambda j: loops[j][1] - loops[j][0]) if holding else None
+
+
+def loop_sites(code: list, src: list) -> list:
+    """Where each loop of ``code`` (``find_loops``' order) comes from in the source, from its own
+    instructions' positions (``ptx_sources``; those of Triton's library counted at the line that
+    called them, line 0's not at all): {"line": the most common "file:line", "call": the most common "file:line" a
+    function was inlined at from another file (a helper's call site), or None}."""
+    loops = [(lp["start"], lp["end"]) for lp in find_loops(code)]
+    lines = [{} for _ in loops]
+    calls = [{} for _ in loops]
+    for at, pos in enumerate(src):
+        j = _own_loop(loops, at)
+        if j is None or pos is None:
+            continue
+        line, call = pos
+        if line.endswith(":0"):  # code the compiler made (no source line)
+            continue
+        if call and _LIBRARY.match(line):
+            line, call = call, None
+        lines[j][line] = lines[j].get(line, 0) + 1
+        if call and call.split(":")[0] != line.split(":")[0]:
+            calls[j][call] = calls[j].get(call, 0) + 1
+    top = lambda d: max(d, key=d.get) if d else None
+    return [{"line": top(a), "call": top(b)} for a, b in zip(lines, calls)]
+
+
+_LIBRARY = re.compile(r"(standard|core|math|semantic)\.py:")  # triton.language's files
+
+
+def site_trips(site: dict, rules: list) -> float | None:
+    """The trips of the first of ``rules`` ({"call", "file", "lines": [first, last] or None,
+    "trips"}) that ``site`` (``loop_sites``) matches: its call, and its line in that file and range."""
+    for r in rules:
+        if site.get("call") != r["call"]:
+            continue
+        if r["lines"] is None:
+            return r["trips"]
+        f, _, ln = (site.get("line") or "::").rpartition(":")
+        if f == r["file"] and ln.isdigit() and r["lines"][0] <= int(ln) <= r["lines"][1]:
+            return r["trips"]
+    return None
+
+
 def nested_issue(profile: dict, trips: dict) -> dict:
     """Warp instructions per warp of one CTA when every loop runs ``trips`` times by its kind (``_launch``):
     each instruction counts the trips of the innermost loop holding it (the shortest span; the
@@ -626,17 +794,27 @@ def nested_issue(profile: dict, trips: dict) -> dict:
     parent = {min((j for j in range(len(loops)) if within(i, j)), key=lambda j: loops[j][1] - loops[j][0])
               for i in leaf if any(within(i, j) for j in range(len(loops)))}
     kind = ["mma" if j in leaf else "mma_parent" if j in parent else "other" for j in range(len(loops))]
-    per_warp, by_kind, outside = 0.0, {}, 0
+    # a loop a site rule names (a helper's loops at the trips of its calls) counts at the rule's trips
+    sites = profile.get("loop_sites") or [{}] * len(loops)
+    ruled = [site_trips(sites[j], trips.get("sites", [])) for j in range(len(loops))]
+    per_warp, by_kind, outside, by_site = 0.0, {}, 0, {}
     for at in range(profile["instructions"]):
-        holding = [j for j, (a, b) in enumerate(loops) if a <= at <= b]
-        if not holding:
+        j = _own_loop(loops, at)
+        if j is None:
             per_warp += 1
             outside += 1
             continue
-        k = kind[min(holding, key=lambda j: loops[j][1] - loops[j][0])]
+        if ruled[j] is not None:
+            per_warp += ruled[j]
+            by_site[j] = by_site.get(j, 0) + 1
+            continue
+        k = kind[j]
         per_warp += trips[k]
         by_kind[k] = by_kind.get(k, 0) + 1
-    return {"per_warp": per_warp, "own_by_kind": by_kind, "outside": outside}
+    out = {"per_warp": per_warp, "own_by_kind": by_kind, "outside": outside}
+    if by_site:  # loop index: [its own instructions, its trips]
+        out["by_site"] = {str(j): [n, ruled[j]] for j, n in sorted(by_site.items())}
+    return out
 
 
 def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
@@ -651,23 +829,29 @@ def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
     warp_instr = launch["warps"] * (launch["ctas"] * profile["outside"] + iters * profile["hot_body"])
     per_iter, outside = profile["hot_body"], profile["outside"]
     count_from = profile["count_from"]
+    extra = {}
     if "trips" in launch:  # nested loops, each at its own trip count
         # ptxas may turn the loops into a SASS control flow that is no longer a nest (loops sharing
+        # instructions without one holding the other), and site rules (``nested_issue``) name loops by
         # instructions without one holding the other): then the PTX's nest is counted
         ptx = profile.get("ptx_nest")
         counted = profile
-        if ptx and len(profile["loops"]) != len(ptx["loops"]):
+        # instructions by their source; the SASS has no positions): then the PTX's nest is counted
+        if ptx and (len(profile["loops"]) != len(ptx["loops"]) or launch["trips"].get("sites")):
             counted, count_from = ptx, "ptx"
         nest = nested_issue(counted, launch["trips"])
         warp_instr = int(launch["warps"] * launch["ctas"] * nest["per_warp"])
         per_iter, outside = nest["own_by_kind"].get("mma", 0), nest["outside"]
         iters = launch["trips"]["mma"] * launch["ctas"]
+        if "by_site" in nest:
+            extra["by_site"] = nest["by_site"]
     busiest = _cdiv(launch["ctas"], h["sms"])  # CTAs on the busiest SM
     out = {"kernel": launch["kernel"], "per_iter": per_iter, "outside": outside,
            "iters_per_cta": round(iters / launch["ctas"], 2), "ctas": launch["ctas"], "warps": launch["warps"],
            "warp_instr": warp_instr, "count_from": count_from,
            "busiest_sm_ctas": busiest,
-           "issue_us": round(warp_instr * busiest / launch["ctas"] / (h["schedulers"] * h["clock_hz"]) * 1e6, 3)}
+           "issue_us": round(warp_instr * busiest / launch["ctas"] / (h["schedulers"] * h["clock_hz"]) * 1e6, 3),
+           **extra}
     if profile["hot_body"] and not launch["iters"] and "trips" not in launch:
         out["trips_unknown"] = True
     return out
@@ -818,7 +1002,7 @@ def _compile_spec(mod: str, index: int, arch: int) -> dict:
         with open(cubin, "wb") as f:
             f.write(k.asm["cubin"])
         code = parse_sass(_sass(cubin)).get(k.metadata.name)
-    (ptx_code,) = parse_ptx(ptx).values()
+    ((ptx_code, ptx_src),) = _parse_ptx(ptx).values()
     ptx_loops = len(find_loops(ptx_code))
     ptx_profile = loop_profile(ptx_code, "ptx")
     # no cuobjdump: count the PTX
@@ -827,6 +1011,7 @@ def _compile_spec(mod: str, index: int, arch: int) -> dict:
     profile["ptx_hot_mma"] = ptx_profile.get("hot_mma", 0)
     # the PTX's loop nest, which nested_issue counts where ptxas restructured the SASS loops
     profile["ptx_nest"] = {k: ptx_profile[k] for k in ("instructions", "loops", "loop_mma") if k in ptx_profile}
+    profile["ptx_nest"]["loop_sites"] = loop_sites(ptx_code, ptx_src)
     return _row_of(spec["name"], mod, arch, info, info["sass_mma"], ptx_mma=sorted(set(_MMA_PTX.findall(ptx))),
                    shared=k.metadata.shared, profile=profile)
 

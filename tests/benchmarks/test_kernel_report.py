@@ -284,6 +284,137 @@ def test_nested_issue_counts_each_loop_at_its_trips():
     assert t["count_from"] == "ptx" and t["warp_instr"] == 4 * 2 * 42 and t["per_iter"] == 3
 
 
+# A kernel (k.py) that calls a helper (h.py, with a loop at lines 20-22) at lines 5 and 9 of k.py, its
+# loops' instructions marked with .loc as Triton's PTX marks them (inlined_at the call site; triton's own
+# library code, standard.py, inlined at the helper's line; line 0: code without a source line).
+SITED_PTX = """
+.visible .entry k()
+{
+$L__BB0_1:
+	.loc	1 4 0
+	add.s32 	%r1, %r1, 1;
+$L__BB0_2:
+	.loc	2 21 3, function_name $L__info_string0, inlined_at 1 5 7
+	ld.global.u64 	%rd1, [%rd2];
+	.loc	3 300 1, function_name $L__info_string1, inlined_at 2 21 9
+	shfl.sync.bfly.b32 	%r2, %r3, 1, 31, -1;
+	.loc	2 0 0
+	add.s32 	%r4, %r4, 1;
+	add.s32 	%r4, %r4, 2;
+	.loc	2 22 3, function_name $L__info_string0, inlined_at 1 5 7
+	@%p1 bra 	$L__BB0_2;
+	.loc	1 6 0
+	@%p2 bra 	$L__BB0_1;
+$L__BB0_3:
+	.loc	2 21 3, function_name $L__info_string0, inlined_at 1 9 7
+	ld.global.u64 	%rd1, [%rd2];
+	@%p3 bra 	$L__BB0_3;
+	ret;
+}
+	.file	1 "/src/k.py"
+	.file	2 "/src/h.py"
+	.file	3 "/site-packages/triton/language/standard.py"
+"""
+
+
+def test_loops_counted_at_their_call_sites_trips():
+    """Site rules (``site_trips``) count a helper's loop at the trips of the call it was inlined at: the
+    helper's loop inside the kernel's loop (the first call) at its rule's 50, not the kind's 1; the
+    helper's loop at the second call at its own rule's; a loop no rule names at its kind's trips."""
+    (code,) = kr.parse_ptx(SITED_PTX).values()
+    (src,) = kr.ptx_sources(SITED_PTX).values()
+    assert len(src) == len(code) == 10 and src[0] == ("k.py:4", None) and src[2] == ("standard.py:300", "h.py:21")
+    loops = kr.find_loops(code)
+    assert [(lp["start"], lp["end"]) for lp in loops] == [(0, 6), (1, 5), (7, 8)]
+    sites = kr.loop_sites(code, src)
+    # standard.py's shuffle counts at h.py:21, line 0's adds not at all; the call is the other file's line (the
+    # outer loop's lines 4 and 6 tie: the first)
+    assert sites == [{"line": "k.py:4", "call": None}, {"line": "h.py:21", "call": "k.py:5"},
+                     {"line": "h.py:21", "call": "k.py:9"}]
+    rules = [{"call": "k.py:5", "file": "h.py", "lines": [20, 22], "trips": 50},
+             {"call": "k.py:9", "file": "h.py", "lines": None, "trips": 3}]
+    prof = {"instructions": len(code), "loops": [[lp["start"], lp["end"], lp["depth"]] for lp in loops],
+            "loop_mma": [0, 0, 0], "loop_sites": sites}
+    nest = kr.nested_issue(prof, {"mma": 1, "mma_parent": 1, "other": 2, "sites": rules})
+    assert nest["by_site"] == {"1": [5, 50], "2": [2, 3]} and nest["own_by_kind"] == {"other": 2}
+    assert nest["per_warp"] == 5 * 50 + 2 * 3 + 2 * 2 + 1  # the ret outside every loop once
+    # a site rule counts the PTX's nest even where the SASS's has as many loops (its lines are the PTX's)
+    sass = {**prof, "count_from": "sass", "hot_body": 7, "outside": 2, "loop_sites": None, "ptx_nest": prof}
+    t = kr.issue_time(sass, kr._launch("k", 1, 1, trips={"mma": 1, "mma_parent": 1, "other": 2, "sites": rules}),
+                      "h200")
+    assert t["count_from"] == "ptx" and t["warp_instr"] == nest["per_warp"]
+
+
+def _levels_by_counting(keys, k, cap):
+    """Radix levels of a select (``triton_topk``'s rule, independently): the first 8-bit level whose
+    prefix of the k-th largest key has at most ``cap`` keys at or above it (the last, 8, always)."""
+    real = sorted((int(x) for x in keys if x != -2**63), reverse=True)
+    if len(real) < k:
+        return 1  # no byte at the first level: every key is taken
+    kth = real[k - 1]
+    for level in range(1, 9):
+        shift = 64 - 8 * level
+        if sum(1 for x in real if x >> shift >= kth >> shift) <= cap or level == 8:
+            return level
+
+
+def test_radix_level_replay_matches_the_counting_rule():
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    cases = [rng.integers(-2**63 + 1, 2**63 - 1, 3000, dtype=np.int64),  # spread over the top byte: 1 level
+             (rng.integers(0, 2**20, 3000, dtype=np.int64) << 40) | np.arange(3000),  # deeper
+             np.int64(7) << 40 | np.arange(3000, dtype=np.int64),  # one top 3 bytes: levels past them
+             np.concatenate([np.full(100, -2**63, np.int64), np.arange(50, dtype=np.int64)])]  # fewer than k
+    for keys in cases:
+        for k, cap in ((64, 64), (64, 128), (1000, 1000)):
+            assert kr._radix_levels(keys, k, cap) == _levels_by_counting(keys, k, cap), (k, cap)
+
+
+def test_paged_topk_selection_counted_at_its_scans():
+    """The paged row's site rules: a tile's select scans the k kept keys and the tile's once per radix
+    level (the replayed levels) and once to compact, BLOCK keys a step, tiles x rows times a program; the
+    merge scans the splits' heads. Counted once per tile and row, the scan would be 1 in 147 steps."""
+    from sparkinfer.core.indexer_tiles import PAGED_TILE, paged_splits
+    from sparkinfer.indexer import triton_paged as tpg
+
+    row = kr._indexer_paged(kr.B, kr.R, 65536, "decode")
+    trips = row["launch"]["trips"]
+    rows, splits = tpg.MAX_GROUP, paged_splits(kr.B * kr.R)
+    tiles = -(-65536 // PAGED_TILE) // splits
+    tile_lv, merge_lv = kr._paged_levels(65536, splits, PAGED_TILE)
+    assert 1 < tile_lv <= 8 and 1 < merge_lv <= 8
+    steps = -(-(kr.K + PAGED_TILE) // tpg.BLOCK)
+    tile_call, merge_call = sorted({r["call"] for r in trips["sites"]}, key=lambda c: int(c.split(":")[1]))
+    by = {(r["call"], tuple(r["lines"]) if r["lines"] else None): r["trips"] for r in trips["sites"]}
+    src = Path(importlib.import_module("sparkinfer.indexer.triton_topk").__file__).read_text().splitlines()
+    scan = next(k for c, k in by if c == tile_call and k and "for c0" in src[k[0] - 1] and "hist" in src[k[1] - 1])
+    assert by[(tile_call, scan)] == pytest.approx(tiles * rows * tile_lv * steps)
+    assert by[(merge_call, scan)] == pytest.approx(rows * merge_lv * -(-(splits * kr.K) // tpg.BLOCK))
+    assert by[(tile_call, None)] == tiles * rows and by[(merge_call, None)] == rows
+
+
+def test_paged_topk_compiled_loops_meet_their_rules(tmp_path):
+    """Compiled for sm_90, the paged top-k's every select loop is named by a rule: the tile's scan loop
+    at its trips (not once), the merge's at its own."""
+    pytest.importorskip("triton.backends.nvidia")
+    out = tmp_path / "r.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks/kernel_report.py"), "--archs", "90",
+                          "--kernels", "paged_topk_split[k2048]", "--json", str(out)],
+                         env=_compile_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    row = next(r for r in doc["roofline"] if r["kernel"] == "indexer_paged_topk")
+    x, rules = row["issue"]["h200"], row["launch"]["trips"]["sites"]
+    assert x["count_from"] == "ptx"
+    counted = sorted(t for _, t in x["by_site"].values())
+    # the rules per call: scan, level, compaction, pad and the rest of select_row (_select_rules); every
+    # one met by a loop but the merge's pad (the merge sorts: no pad loop)
+    assert len(rules) == 10 and rules[0]["trips"] > 100
+    for r in rules[:8] + rules[9:]:
+        assert r["trips"] in counted, (r, x["by_site"])
+
+
 def test_issue_figure_when_ptxas_unrolled_a_side_loop():
     """A SASS with one loop more than its PTX keeps its issue figure only when its hot loop holds as
     many MMA instructions as the PTX hot loop (another loop was unrolled); otherwise it gets an error."""
