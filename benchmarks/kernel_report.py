@@ -193,8 +193,9 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
 
     Issue (``decode_path_issue``): the critical path, the program that merges: the compaction's two
     scans at ceil(listed / COMPACT_BLOCK) trips each, its split's tiles (the first split's, the most),
-    and the merge: its loops over the S splits S times, the loop over the output's 128-column chunks
-    4 times with the loop over the splits inside it 4 S times; the busiest SM runs that program
+    and the merge: its loops over the S splits S times (with one pass over the output's columns, 16
+    heads a program: ``triton_decode.merge_chunks``; with more, the chunk loop that many times and the
+    loop over the splits inside it that many times S); the busiest SM runs that program
     after the others it holds (one wave at every shape here: none)."""
     import torch
 
@@ -220,7 +221,7 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
         warps = td.launch_options(lay, torch.bfloat16, bh)["num_warps"]  # the engine's bf16 queries
         name = f"{fmt}{',a4' if paged else ''}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"
         path = {"compact": _cdiv(listed, td.COMPACT_BLOCK), "tiles": _cdiv(min(kps, k), bk), "splits": s,
-                "merge_chunks": LATENT // 128}  # ``_merge_partials``' 128-column chunks
+                "merge_chunks": td.merge_chunks(bh)}  # ``_merge_partials``' passes over the columns
         return _launch(f"sparse_mla_decode[{name}]", m * hb * s, warps, m * hb * tiles, f"{bk}-key tiles", path=path)
 
     launch = launch_on("rtx_pro_6000")
@@ -680,9 +681,10 @@ def decode_path_issue(profile: dict, path: dict) -> dict:
     holding another is the loop over the output's chunks (``merge_chunks`` trips), the loops inside it
     the loop over the splits (``merge_chunks`` x ``splits`` trips), and the other loops the loops over
     the splits (``splits`` trips). ptxas unrolls a loop over the splits u times into a main loop, whose
-    iteration loads u partials (u global loads), a straight-line pair and a remainder loop of one load:
-    the main loop then runs splits // u times and the remainder splits % u (the straight-line pair is
-    counted once, an upper bound). Raises ValueError where the code is not that shape (another loop
+    iteration loads u splits' values (u times the global loads of one), straight-line code and a
+    remainder loop of one split's loads:
+    the main loop then runs splits // u times and the remainder splits % u (the straight-line
+    code counted once, an upper bound). Raises ValueError where the code is not that shape (another loop
     count before the hot loop than the PTX's, more than one loop in the chunk loop)."""
     loops = [(a, b) for a, b, _ in profile["loops"]]
     loads = profile.get("loop_loads", [])
@@ -718,8 +720,9 @@ def decode_path_issue(profile: dict, path: dict) -> dict:
     s, i = path["splits"], 0
     while i < len(leaves):
         j = leaves[i]
-        u = loads[j]
-        if u > 1 and i + 1 < len(leaves) and loads[leaves[i + 1]] == 1:  # main loop, remainder loop
+        nxt = loads[leaves[i + 1]] if i + 1 < len(leaves) else 0
+        u = loads[j] // nxt if nxt and loads[j] % nxt == 0 else 1
+        if u > 1:  # main loop, remainder loop
             trips[j], trips[leaves[i + 1]] = s // u, s % u
             i += 2
         else:

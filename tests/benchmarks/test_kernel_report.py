@@ -142,8 +142,8 @@ def test_roofline_arithmetic():
     assert one["params"]["splits"] == 16 and one["bytes"] == 4 * 2048 * (368 + 4 + 16) + 4 * 16 * 576 * 2 \
         + 17 * 4 * 16 * 513 * 4
     # its critical path (the merging program): 8 trips of each compaction scan (2048 listed / 256), the
-    # first split's 2 tiles of 64 keys, the merge over 16 splits in 4 chunks of 128 columns
-    assert one["launch"]["path"] == {"compact": 8, "tiles": 2, "splits": 16, "merge_chunks": 4}
+    # first split's 2 tiles of 64 keys, the merge over 16 splits in one pass over the 512 columns
+    assert one["launch"]["path"] == {"compact": 8, "tiles": 2, "splits": 16, "merge_chunks": 1}
     idx = next(r for r in rows if r["kernel"] == "indexer_scores" and r["params"]["M"] == 4
                and r["params"]["T"] == 131072)
     # 4 rows x 32 heads x 131072 tokens x 128 dims x 2, + relu, weight, sum per head and token
