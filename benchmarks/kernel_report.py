@@ -196,7 +196,9 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     and the merge: its loops over the S splits S times (with one pass over the output's columns, 16
     heads a program: ``triton_decode.merge_chunks``; with more, the chunk loop that many times and the
     loop over the splits inside it that many times S); the busiest SM runs that program
-    after the others it holds (one wave at every shape here: none)."""
+    after the others it holds (one wave at every shape here: none). With S > 1 the launch also holds
+    that path at every other split count of one wave (``path_by_splits``; the issue figure's
+    ``by_splits`` and ``best_splits``: what ``num_splits_for`` should pick)."""
     import torch
 
     from sparkinfer.attention import triton_decode as td
@@ -220,9 +222,16 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
         hb = _cdiv(h, bh)
         warps = td.launch_options(lay, torch.bfloat16, bh)["num_warps"]  # the engine's bf16 queries
         name = f"{fmt}{',a4' if paged else ''}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"
-        path = {"compact": _cdiv(listed, td.COMPACT_BLOCK), "tiles": _cdiv(min(kps, k), bk), "splits": s,
-                "merge_chunks": td.merge_chunks(bh)}  # ``_merge_partials``' passes over the columns
-        return _launch(f"sparse_mla_decode[{name}]", m * hb * s, warps, m * hb * tiles, f"{bk}-key tiles", path=path)
+        def path(n: int) -> dict:  # the critical path's trips with n splits (``decode_path_issue``)
+            per = _cdiv(_cdiv(k, n), bk) * bk
+            return {"compact": _cdiv(listed, td.COMPACT_BLOCK), "tiles": _cdiv(min(per, k), bk), "splits": n,
+                    "merge_chunks": td.merge_chunks(bh)}  # ``_merge_partials``' passes over the columns
+
+        out = _launch(f"sparse_mla_decode[{name}]", m * hb * s, warps, m * hb * tiles, f"{bk}-key tiles", path=path(s))
+        if s > 1:  # the other split counts of one wave and the same compiled variant (``issue_bound``: by_splits)
+            wave = min(td.MAX_SPLITS, HW["rtx_pro_6000"]["sms"] // (m * _cdiv(h, td.BLOCK_H)))
+            out["path_by_splits"] = {n: path(n) for n in range(2, wave + 1)}
+        return out
 
     launch = launch_on("rtx_pro_6000")
     by_gpu = {gpu: launch_on(gpu) for gpu in HW if launch_on(gpu) != launch}
@@ -806,6 +815,10 @@ def issue_bound(doc: dict) -> None:
             floor = row["times"][gpu]["floor_us"]
             t.update(arch=arch, floor_us=floor, mem_us=row["times"][gpu]["mem_us"],
                      ratio=round(t["issue_us"] / floor, 3), reaches_floor=t["issue_us"] <= floor)
+            if "path_by_splits" in launch:  # the decode's critical path at every split count of one wave
+                t["by_splits"] = {n: issue_time(prof, {**launch, "path": p}, gpu)["issue_us"]
+                                  for n, p in launch["path_by_splits"].items()}
+                t["best_splits"] = min(t["by_splits"], key=t["by_splits"].get)
             row.setdefault("issue", {})[gpu] = t
 
 

@@ -114,12 +114,13 @@ WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 110_592
 # A split covers at least this many listed keys (two 64-key tiles), so that a grid far below a wave
 # (batch 1: 4 rows, 16 heads) takes more, shorter splits. The merging program's path is then the
 # split's tiles plus the merge of all S partials: per warp on sm_90 (benchmarks/kernel_report.py's
-# SASS) ~1,420 instructions a 64-key tile against ~240 a split merged (the merge loop: 16-byte
-# loads, 64 values a thread), so at K = 2,048 that path is 4 x 1,420 + 8 x 240 with 8 splits (256
-# keys each, before) and 2 x 1,420 + 16 x 240 with 16, 9% shorter (the sum is least near
-# sqrt(32 x 1,420 / 240) ~ 14 splits). The partials (16 heads x 513 fp32 = 33 KB a split) then
-# exceed the records a split gathers (128 x 368 B = 47 KB when all are valid, a quarter on the
-# stock DCP4 path); at batch 1 both are far below the launch's floor.
+# critical path, every loop at its trips) ~1,420 instructions a 64-key tile against ~160 a split
+# merged (``_merge_partials``: 16 16-byte loads and 64 FMAs a thread), and at batch 1 (K = 2,048) the
+# report's sweep of every split count of one wave (``by_splits``) is least at 16 on both archs:
+# 2 tiles + 16 merged, 4.53 us on the H200 against 4.84 at 11 (3 tiles), 5.29 at 8 and 5.17 at 32 (1
+# tile, 32 merged). Fewer keys a split would only lengthen the merge. The partials (16 heads x 513
+# fp32 = 33 KB a split, read back from L2) exceed the records a split gathers (128 x 368 B = 47 KB
+# when all are valid, a quarter on the stock DCP4 path).
 MIN_KEYS_PER_SPLIT = 128
 
 

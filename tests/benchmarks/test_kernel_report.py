@@ -466,6 +466,12 @@ def test_hot_kernels_have_an_issue_figure(report):
             from sparkinfer.indexer.triton_scores import BLOCK_D
 
             assert x["per_iter"] > 100 and x["iters_per_cta"] == 128 // BLOCK_D and "trips_unknown" not in x
+    # the split count the wrapper picks is the one whose critical path (the merging program) is shortest
+    # among every split count of one wave: at batch 1, 2 tiles of 64 keys against 16 partials merged
+    for row in report["roofline"]:
+        for gpu, x in row.get("issue", {}).items():
+            if "by_splits" in x:
+                assert int(x["best_splits"]) == row["params"]["splits"], (row["shape"], gpu, x["by_splits"])
     decode = next(x for k, _, _, x in rows if k == "sparse_mla_decode[nvfp4_368]")
     # selected decode: 16 req x 4 rows x 1 head block x 2 splits (one wave); a row's 2,048 keys in tiles of
     # 64 (368 with bf16 queries over 16-byte aligned records, the selected workspace), 16 per split
