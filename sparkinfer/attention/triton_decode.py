@@ -117,7 +117,7 @@ WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 110_592
 # critical path, every loop at its trips) ~1,420 instructions a 64-key tile against ~160 a split
 # merged (``_merge_partials``: 16 16-byte loads and 64 FMAs a thread), and at batch 1 (K = 2,048) the
 # report's sweep of every split count of one wave (``by_splits``) is least at 16 on both archs:
-# 2 tiles + 16 merged, 4.53 us on the H200 against 4.84 at 11 (3 tiles), 5.29 at 8 and 5.17 at 32 (1
+# 2 tiles + 16 merged, 4.24 us on the H200 against 4.57 at 11 (3 tiles), 5.03 at 8 and 4.81 at 32 (1
 # tile, 32 merged). Fewer keys a split would only lengthen the merge. The partials (16 heads x 513
 # fp32 = 33 KB a split, read back from L2) exceed the records a split gathers (128 x 368 B = 47 KB
 # when all are valid, a quarter on the stock DCP4 path).
@@ -752,8 +752,16 @@ def compile_specs() -> list[dict]:
                                idx_ptr="*i64" if engine else "*i32", **{n: "constexpr" for n in c})
                     name = lay.short + ("" if engine else ",q_fp32") + ("" if align == 16 else ",a4") \
                         + ("" if block_h == BLOCK_H else f",h{block_h}") + ("" if merge else ",s1")
+                    # what a launch specializes (Triton: a pointer or int divisible by 16): the workspace's
+                    # and the outputs' pointers and strides, arena views (256-byte aligned, ``attention_workspace``)
+                    # of contiguous [M, K] / [M, H, 512] / [M, H] / [S, M, H, 512] buffers at H = 16 or 64 and
+                    # K = 2,048; the caller's queries, records and indices are left unspecialized
+                    div16 = [n for n in ("cidx_ptr", "out_ptr", "lse_ptr", "po_ptr", "pl_ptr", "tk_ptr", "s_cidx_m",
+                                         "s_out_m", "s_out_h", "s_lse_m", "s_po_s", "s_po_m", "s_po_h", "s_pl_s",
+                                         "s_pl_m") if n in sig]
+                    attrs = {(_sparse_mla_decode_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
                     spec = dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
-                                constexprs=c, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype, block_h))
+                                constexprs=c, attrs=attrs, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype, block_h))
                     if block_h == WIDE_H:
                         spec["archs"] = (90,)
                     specs.append(spec)
