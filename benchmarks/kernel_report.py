@@ -36,8 +36,10 @@ its SASS (``cuobjdump -sass``; the PTX without cuobjdump) for sm_120 (the RTX PR
 sm_90 (the H200's): the hot loop's instructions per iteration (found from the control flow: the
 rule above ``parse_sass``) times its iterations under the wrapper's grid (``_launch``, next to the
 row builders), plus the rest once per warp, over the SMs' issue rate (4 schedulers x 1 instruction
-per clock) of the busiest SM (ceil(CTAs / SMs) CTAs: a CTA issues on one SM). A kernel whose issue
-time exceeds its floor cannot reach the floor: the table flags it.
+per clock) of the busiest SM (ceil(CTAs / SMs) CTAs: a CTA issues on one SM). The sparse-MLA decode
+counts its critical path instead, every loop at its trip count (``_mla``, ``decode_path_issue``): the
+program that merges the splits runs the merge's loops S times. A kernel whose issue time exceeds its
+floor cannot reach the floor: the table flags it.
 
 Without nvcc/ptxas (or without Triton's NVIDIA backend) the compile rows say why they are missing.
 """
@@ -76,11 +78,14 @@ TRITON_MODULES = ("sparkinfer.attention.triton_decode", "sparkinfer.attention.tr
 # H200 under load (gpu-validation.md, 2026-12-04; the datasheet's boost clock, an H100 SXM's too); RTX PRO 6000
 # Blackwell 2,617 MHz, the datasheet's boost clock (not measured here). SMs: 188 (glm52-and-hardware.md) and 132.
 # smem_optin: the shared memory a block may opt in to (sm_120 99 KB, sm_90 227 KB; CUDA's arch tables).
+# l2: L2 bytes (RTX PRO 6000 Blackwell: GB202's 128 MB, NVIDIA's RTX Blackwell architecture paper; H200: 50 MB,
+# an H100 SXM's, the same GH100 configuration; neither measured here): where a kernel's scratch that another
+# program reads back right after it is written fits, the read-back is an L2 hit (``_mla``'s split partials).
 HW = {
     "rtx_pro_6000": {"bw": 1.79e12, "bf16": 500e12, "fp8": 1000e12, "tf32": 250e12, "fp32": 125e12, "sms": 188,
-                     "p2p": 55e9, "clock_hz": 2.617e9, "schedulers": 4, "smem_optin": 99 * 1024},
+                     "p2p": 55e9, "clock_hz": 2.617e9, "schedulers": 4, "smem_optin": 99 * 1024, "l2": 128 << 20},
     "h200": {"bw": 4.8e12, "bf16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12, "sms": 132, "p2p": None,
-             "clock_hz": 1.98e9, "schedulers": 4, "smem_optin": 227 * 1024},
+             "clock_hz": 1.98e9, "schedulers": 4, "smem_optin": 227 * 1024, "l2": 50 << 20},
 }
 GPU_OF_ARCH = {120: "rtx_pro_6000", 90: "h200"}  # the compiled arch whose code each GPU's issue figure counts
 LAUNCH_US = 3.0  # a kernel launch + an almost empty grid, order of magnitude: the floor of tiny kernels
@@ -140,7 +145,8 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _launch(kernel: str, ctas: int, warps: int, iters: int = 0, loop: str = "none", trips: dict | None = None) -> dict:
+def _launch(kernel: str, ctas: int, warps: int, iters: int = 0, loop: str = "none", trips: dict | None = None,
+            path: dict | None = None) -> dict:
     """How the wrapper launches ``kernel`` (its compiled report name) at a row's shape: ``ctas`` programs
     of ``warps`` warps; ``iters`` the iterations of its hot loop (``loop`` says which) summed over the
     grid, each run by every warp of its CTA. ``issue_bound`` multiplies these by the compiled counts.
@@ -148,10 +154,13 @@ def _launch(kernel: str, ctas: int, warps: int, iters: int = 0, loop: str = "non
     instead, {"mma": the innermost loops holding tensor-core instructions, "mma_parent": the loops
     directly around them, "other": every other loop}, and optionally "sites": rules that count the loops
     of a source site at their own trips (``site_trips``: a helper's loops at the trips of one of its calls)
-    (``nested_issue``)."""
+    (``nested_issue``). ``path`` (the sparse-MLA decode): the trip counts of its critical path's loops
+    instead (``decode_path_issue``)."""
     out = {"kernel": kernel, "ctas": int(ctas), "warps": int(warps), "iters": int(iters), "loop": loop}
     if trips:
         out["trips"] = {k: v if k == "sites" else float(v) for k, v in trips.items()}
+    if path:
+        out["path"] = {k: int(v) for k, v in path.items()}
     return out
 
 
@@ -168,17 +177,30 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     """Sparse-MLA decode, one launch per call: each row's ``listed`` indices (the selected path's int32
     workspace slots, the stock path's int64 cache rows: ``listed_bytes``; k < listed when other
     ranks' entries are -1) are read from DRAM once (every program of the row scans them twice to
-    compact its split, from L2; the two scans are outside the hot loop, counted once per program),
-    its k valid ones written to the workspace as int64 and read back, and those records gathered
-    (``gathered`` records in all when the rows of a request read their union once), QK over 576
-    dims, PV over 512 (absorbed), bf16 MMA with an fp32 accumulator. The engine's default
-    "bf16x2" keeps bf16 queries whole (one QK dot) and splits the fp32 probabilities into hi + lo
-    (two PV dots). With S > 1 splits it writes S fp32 partials (out + LSE), which the last split of
-    each row and head block reads back and merges into the output (the merge is fused: its loop over
-    the splits runs once per (row, head block) and is counted with the rest, once per program);
-    with one split the output only (counted fp32). ``paged``: the records are a paged cache's 4-byte row
-    view (the stock path), read 4 bytes at a time (the ",a4" variant); else the selected path's
-    contiguous workspace, 16 bytes at a time (``triton_decode.record_alignment``)."""
+    compact its split, from L2), its k valid ones written to the workspace as int64 and read back,
+    and those records gathered (``gathered`` records in all when the rows of a request read their
+    union once), QK over 576 dims, PV over 512 (absorbed), bf16 MMA with an fp32 accumulator. The
+    engine's default "bf16x2" keeps bf16 queries whole (one QK dot) and splits the fp32
+    probabilities into hi + lo (two PV dots). With S > 1 splits it writes S fp32 partials (out +
+    LSE), which the last split of each row and head block reads back and merges into the output (the
+    fused merge); with one split the output only (counted fp32). ``paged``: the records are a paged
+    cache's 4-byte row view (the stock path), read 4 bytes at a time (the ",a4" variant); else the
+    selected path's contiguous workspace, 16 bytes at a time (``triton_decode.record_alignment``).
+
+    The partials' bytes: where they fit in half the smaller L2 (``HW``'s l2; 2.1 MB at batch 1 with 16
+    splits, 4.2 MB at the main shape with 2, against 50 MB on the H200), they are counted once, as
+    DRAM writes (their dirty lines are written back at most once a call, when evicted; the workspace is
+    the same addresses every call), and their read-back not at all: the merging program reads them
+    within the same wave that wrote them, from L2. Larger ones: written and read back from DRAM.
+
+    Issue (``decode_path_issue``): the critical path, the program that merges: the compaction's two
+    scans at ceil(listed / COMPACT_BLOCK) trips each, its split's tiles (the first split's, the most),
+    and the merge: its loops over the S splits S times (with one pass over the output's columns, 16
+    heads a program: ``triton_decode.merge_chunks``; with more, the chunk loop that many times and the
+    loop over the splits inside it that many times S); the busiest SM runs that program
+    after the others it holds (one wave at every shape here: none). With S > 1 the launch also holds
+    that path at every other split count of one wave (``path_by_splits``; the issue figure's
+    ``by_splits`` and ``best_splits``: what ``num_splits_for`` should pick)."""
     import torch
 
     from sparkinfer.attention import triton_decode as td
@@ -202,20 +224,31 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
         hb = _cdiv(h, bh)
         warps = td.launch_options(lay, torch.bfloat16, bh)["num_warps"]  # the engine's bf16 queries
         name = f"{fmt}{',a4' if paged else ''}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"
-        return _launch(f"sparse_mla_decode[{name}]", m * hb * s, warps, m * hb * tiles, f"{bk}-key tiles")
+        def path(n: int) -> dict:  # the critical path's trips with n splits (``decode_path_issue``)
+            per = _cdiv(_cdiv(k, n), bk) * bk
+            return {"compact": _cdiv(listed, td.COMPACT_BLOCK), "tiles": _cdiv(min(per, k), bk), "splits": n,
+                    "merge_chunks": td.merge_chunks(bh)}  # ``_merge_partials``' passes over the columns
+
+        out = _launch(f"sparse_mla_decode[{name}]", m * hb * s, warps, m * hb * tiles, f"{bk}-key tiles", path=path(s))
+        if s > 1:  # the other split counts of one wave and the same compiled variant (``issue_bound``: by_splits)
+            wave = min(td.MAX_SPLITS, HW["rtx_pro_6000"]["sms"] // (m * _cdiv(h, td.BLOCK_H)))
+            out["path_by_splits"] = {n: path(n) for n in range(2, wave + 1)}
+        return out
 
     launch = launch_on("rtx_pro_6000")
     by_gpu = {gpu: launch_on(gpu) for gpu in HW if launch_on(gpu) != launch}
     out = m * h * (LATENT + 1) * 4
+    in_l2 = s * out <= min(x["l2"] for x in HW.values()) // 2  # the partials' read-back (docstring)
     nbytes = gathered * RECORD[fmt] + m * listed * listed_bytes + 2 * m * k * 8 + m * h * (LATENT + ROPE) * 2 \
-        + (2 * s * out + out if s > 1 else out)
+        + ((1 if in_l2 else 2) * s * out + out if s > 1 else out)
     flops = 2 * m * h * k * (LATENT + ROPE + LATENT)
     mma = 2 * m * h * k * (LATENT + ROPE + 2 * LATENT)
     expect = ("bf16 tensor cores (mma.sync), memory-bound on both GPUs: within 2x of the floor on the H200 "
               "and faster than the upstream sm_12x split-K Triton kernel's 28.7 us per call")
     row = _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "listed": listed,
                                                     "listed_bytes": listed_bytes, "splits": s,
-                                                    "record": RECORD[fmt], "gathered": gathered},
+                                                    "record": RECORD[fmt], "gathered": gathered,
+                                                    "partials_in_l2": bool(s > 1 and in_l2)},
                nbytes, flops, "bf16", expect, mma_flops=mma, launch=launch)
     if by_gpu:  # a GPU that launches another variant (``issue_bound``)
         row["launch_by_gpu"] = by_gpu
@@ -615,6 +648,8 @@ def _sass_mma(text: str) -> dict:
 # over the splits), counted once with the rest. A kernel
 # that branches at run time between whole paths (records.cu's encode: one per format) counts them all.
 
+_LOAD_SASS = re.compile(r"\bLDG\b")  # global loads (``decode_path_issue``: a loop's unroll factor)
+_LOAD_PTX = re.compile(r"\bld\.global\b")
 _SASS_INSN = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 _PTX_BRA = re.compile(r"^(@!?%\w+\s+)?bra(?:\.uni)?\s+([\w$]+)\s*;")
 
@@ -730,6 +765,8 @@ def loop_profile(code: list, source: str) -> dict:
     mma = _MMA_SASS if source == "sass" else _MMA_PTX
     hot_mma = sum(1 for insn, _, _ in code[hot["start"]:hot["end"] + 1] if mma.search(insn))
     prof["loop_mma"] = [sum(1 for insn, _, _ in code[lp["start"]:lp["end"] + 1] if mma.search(insn)) for lp in loops]
+    load = _LOAD_SASS if source == "sass" else _LOAD_PTX
+    prof["loop_loads"] = [sum(1 for insn, _, _ in code[lp["start"]:lp["end"] + 1] if load.search(insn)) for lp in loops]
     return {**prof, "hot_body": hot["size"], "hot_inner_loops": inner, "outside": len(code) - hot["size"],
             "hot_mma": hot_mma}
 
@@ -817,6 +854,82 @@ def nested_issue(profile: dict, trips: dict) -> dict:
     return out
 
 
+def _innermost(loops: list, n: int) -> list:
+    """For each of ``n`` instructions the index of the shortest of ``loops`` (start, end) holding it, or None."""
+    out = []
+    for at in range(n):
+        holding = [j for j, (a, b) in enumerate(loops) if a <= at <= b]
+        out.append(min(holding, key=lambda j: loops[j][1] - loops[j][0]) if holding else None)
+    return out
+
+
+def decode_path_issue(profile: dict, path: dict) -> dict:
+    """Warp instructions per warp of the sparse-MLA decode's critical path (``_mla``): each instruction
+    counts the trips of the innermost loop holding it (the instructions in no loop once), by the loop's
+    place around the hot loop (the tiles, ``path["tiles"]`` trips; a loop nested in it once a tile):
+    before it the compaction's scans (``compact`` trips each); after it the fused merge, where a loop
+    holding another is the loop over the output's chunks (``merge_chunks`` trips), the loops inside it
+    the loop over the splits (``merge_chunks`` x ``splits`` trips), and the other loops the loops over
+    the splits (``splits`` trips). ptxas unrolls a loop over the splits u times into a main loop, whose
+    iteration loads u splits' values (u times the global loads of one), straight-line code and a
+    remainder loop of one split's loads:
+    the main loop then runs splits // u times and the remainder splits % u (the straight-line
+    code counted once, an upper bound). Raises ValueError where the code is not that shape (another loop
+    count before the hot loop than the PTX's, more than one loop in the chunk loop)."""
+    loops = [(a, b) for a, b, _ in profile["loops"]]
+    loads = profile.get("loop_loads", [])
+    loads = loads if len(loads) == len(loops) else [1] * len(loops)  # unknown: no unrolled loop recognized
+    top = [j for j, (_, _, d) in enumerate(profile["loops"]) if d == 0]
+    hot = max(top, key=lambda j: loops[j][1] - loops[j][0])
+    within = lambda i, j: i != j and loops[j][0] <= loops[i][0] and loops[i][1] <= loops[j][1]
+    before = [j for j in top if loops[j][1] < loops[hot][0]]
+    ptx = profile.get("ptx_nest")
+    if ptx:
+        pl = [(a, b) for a, b, d in ptx["loops"]]
+        ptx_hot = max((j for j, (_, _, d) in enumerate(ptx["loops"]) if d == 0), key=lambda j: pl[j][1] - pl[j][0])
+        if len(before) != sum(1 for a, b in pl if b < pl[ptx_hot][0]):
+            raise ValueError("ptxas restructured the compaction's loops")
+    trips = [0] * len(loops)
+    trips[hot] = path["tiles"]
+    for j in range(len(loops)):
+        if within(j, hot):
+            trips[j] = path["tiles"]
+        elif j in before or any(within(j, i) for i in before):
+            trips[j] = path["compact"]
+    after = [j for j in top if loops[j][0] > loops[hot][1]]
+    leaves = []
+    for j in after:
+        inner = [i for i in range(len(loops)) if within(i, j)]
+        if len(inner) > 1:
+            raise ValueError("ptxas unrolled the merge's loop over the splits inside its chunk loop")
+        if inner:
+            trips[j] = path["merge_chunks"]
+            trips[inner[0]] = path["merge_chunks"] * path["splits"]
+        else:
+            leaves.append(j)
+    s, i = path["splits"], 0
+    while i < len(leaves):
+        j = leaves[i]
+        nxt = loads[leaves[i + 1]] if i + 1 < len(leaves) else 0
+        u = loads[j] // nxt if nxt and loads[j] % nxt == 0 else 1
+        if u > 1:  # main loop, remainder loop
+            trips[j], trips[leaves[i + 1]] = s // u, s % u
+            i += 2
+        else:
+            trips[j] = s
+            i += 1
+    by_loop = [0] * len(loops)
+    innermost = _innermost(loops, profile["instructions"])
+    for j in innermost:
+        if j is not None:
+            by_loop[j] += trips[j]
+    outside = innermost.count(None)
+    per_warp = outside + sum(by_loop)
+    merge = sum(by_loop[j] for j in range(len(loops)) if j in after or any(within(j, i) for i in after))
+    return {"per_warp": per_warp, "trips": trips, "outside": outside, "tiles": by_loop[hot],
+            "compact": sum(by_loop[j] for j in range(len(loops)) if trips[j] and j in before), "merge": merge}
+
+
 def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
     """The issue-bound time of ``launch`` (``_launch``) with ``profile``'s counts on ``gpu``: the
     instructions of the busiest SM / (schedulers x 1 per clock x clock). A CTA's warps issue on one SM,
@@ -833,10 +946,9 @@ def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
     if "trips" in launch:  # nested loops, each at its own trip count
         # ptxas may turn the loops into a SASS control flow that is no longer a nest (loops sharing
         # instructions without one holding the other), and site rules (``nested_issue``) name loops by
-        # instructions without one holding the other): then the PTX's nest is counted
+        # their instructions' source, which the SASS does not carry: then the PTX's nest is counted
         ptx = profile.get("ptx_nest")
         counted = profile
-        # instructions by their source; the SASS has no positions): then the PTX's nest is counted
         if ptx and (len(profile["loops"]) != len(ptx["loops"]) or launch["trips"].get("sites")):
             counted, count_from = ptx, "ptx"
         nest = nested_issue(counted, launch["trips"])
@@ -845,6 +957,11 @@ def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
         iters = launch["trips"]["mma"] * launch["ctas"]
         if "by_site" in nest:
             extra["by_site"] = nest["by_site"]
+    if "path" in launch:  # the critical path, every CTA counted as the merging one (``decode_path_issue``)
+        path = decode_path_issue(profile, launch["path"])
+        warp_instr = launch["warps"] * launch["ctas"] * path["per_warp"]
+        outside, iters = path["outside"], launch["path"]["tiles"] * launch["ctas"]
+        extra["path"] = {k: path[k] for k in ("compact", "tiles", "merge", "trips")}
     busiest = _cdiv(launch["ctas"], h["sms"])  # CTAs on the busiest SM
     out = {"kernel": launch["kernel"], "per_iter": per_iter, "outside": outside,
            "iters_per_cta": round(iters / launch["ctas"], 2), "ctas": launch["ctas"], "warps": launch["warps"],
@@ -874,10 +991,18 @@ def issue_bound(doc: dict) -> None:
                     "kernel": launch["kernel"], "arch": arch,
                     "error": f"ptxas unrolled a loop ({len(prof['loops'])} SASS loops, {prof['ptx_loops']} in the PTX)"}
                 continue
-            t = issue_time(prof, launch, gpu)
+            try:
+                t = issue_time(prof, launch, gpu)
+            except ValueError as e:  # code not of the shape its trip counts assume (``decode_path_issue``)
+                row.setdefault("issue", {})[gpu] = {"kernel": launch["kernel"], "arch": arch, "error": str(e)}
+                continue
             floor = row["times"][gpu]["floor_us"]
             t.update(arch=arch, floor_us=floor, mem_us=row["times"][gpu]["mem_us"],
                      ratio=round(t["issue_us"] / floor, 3), reaches_floor=t["issue_us"] <= floor)
+            if "path_by_splits" in launch:  # the decode's critical path at every split count of one wave
+                t["by_splits"] = {n: issue_time(prof, {**launch, "path": p}, gpu)["issue_us"]
+                                  for n, p in launch["path_by_splits"].items()}
+                t["best_splits"] = min(t["by_splits"], key=t["by_splits"].get)
             row.setdefault("issue", {})[gpu] = t
 
 

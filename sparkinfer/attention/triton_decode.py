@@ -101,6 +101,9 @@ LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 25
 # are one register pair a thread at 8 warps; a wider block only widens the scan.
 COMPACT_BLOCK = 256
 MAX_SPLITS = 64  # splits of a row's keys (a ticket's count)
+# fp32 accumulators of the fused merge's pass over the output columns (``_merge_partials``): 16 heads x 512
+MERGE_ELEMS = 16 * LATENT_DIM
+_MERGE_ELEMS, _LATENT = tl.constexpr(MERGE_ELEMS), tl.constexpr(LATENT_DIM)  # the same in @triton.jit code
 # Heads a program over a paged cache's row view (",a4": the stock path, 64 heads a rank under DCP4)
 # on 8 warps, where a block may hold WIDE_SHARED bytes of shared memory (sm_90: 227 KB; sm_120's 99 KB
 # may not): each of a row's head blocks gathers and decodes the same records, so 32 heads a program
@@ -111,12 +114,13 @@ WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 110_592
 # A split covers at least this many listed keys (two 64-key tiles), so that a grid far below a wave
 # (batch 1: 4 rows, 16 heads) takes more, shorter splits. The merging program's path is then the
 # split's tiles plus the merge of all S partials: per warp on sm_90 (benchmarks/kernel_report.py's
-# SASS) ~1,420 instructions a 64-key tile against ~240 a split merged (the merge loop: 16-byte
-# loads, 64 values a thread), so at K = 2,048 that path is 4 x 1,420 + 8 x 240 with 8 splits (256
-# keys each, before) and 2 x 1,420 + 16 x 240 with 16, 9% shorter (the sum is least near
-# sqrt(32 x 1,420 / 240) ~ 14 splits). The partials (16 heads x 513 fp32 = 33 KB a split) then
-# exceed the records a split gathers (128 x 368 B = 47 KB when all are valid, a quarter on the
-# stock DCP4 path); at batch 1 both are far below the launch's floor.
+# critical path, every loop at its trips) ~1,420 instructions a 64-key tile against ~160 a split
+# merged (``_merge_partials``: 16 16-byte loads and 64 FMAs a thread), and at batch 1 (K = 2,048) the
+# report's sweep of every split count of one wave (``by_splits``) is least at 16 on both archs:
+# 2 tiles + 16 merged, 4.24 us on the H200 against 4.57 at 11 (3 tiles), 5.03 at 8 and 4.81 at 32 (1
+# tile, 32 merged). Fewer keys a split would only lengthen the merge. The partials (16 heads x 513
+# fp32 = 33 KB a split, read back from L2) exceed the records a split gathers (128 x 368 B = 47 KB
+# when all are valid, a quarter on the stock DCP4 path).
 MIN_KEYS_PER_SPLIT = 128
 
 
@@ -442,6 +446,20 @@ def _store_out(ptr, x, mask, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _split_weight(lse_ptrs, mask, anchor, inv):
+    """A split's merge weights e^(lse_s - anchor) / total of BLOCK (row, head) pairs, [BLOCK, 1] (the
+    partials' layout: ``_merge_partials``)."""
+    return tl.exp(tl.load(lse_ptrs[:, None], mask=mask[:, None], other=float("-inf"), cache_modifier=".cg")
+                  - anchor[:, None]) * inv[:, None]
+
+
+@triton.jit
+def _merge_cols(acc, w, rows, d, mask):
+    """acc + w x 128 columns of a split's partials (``rows``: 16-byte aligned, read from L2 with .cg)."""
+    return acc + w * tl.load(rows[:, None] + d[None, :], mask=mask[:, None], other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
 def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_s, BLOCK: tl.constexpr,
                     OUT_BF16: tl.constexpr):
     """merge_lse of the S partials of BLOCK (row, head) pairs: lse = ln sum_s e^lse_s, out = sum_s
@@ -450,7 +468,12 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     output row (512 contiguous) and the LSE; split s is s_po_s / s_pl_s elements on (s_po_s a multiple
     of 512). Partials are read with .cg (from L2: other SMs wrote them), 16 bytes at a time; each split's
     weight is loaded in the partial's 2-D layout ([BLOCK, 1]), so the loop over the splits moves no
-    data between layouts: the merging program's time grows by about one load per 4 values per split."""
+    data between layouts. Where BLOCK x 512 accumulators fit MERGE_ELEMS (16 heads: 64 fp32 a thread at 4
+    warps) one loop over the splits updates all 512 columns (four [BLOCK, 128] accumulators: one
+    [16, 512] lost the 16-byte loads), so a split's weight is computed once; else (the union kernel's
+    64 rows) 128 columns a pass, the loop over the splits in each (``merge_chunks``). At 16 heads four
+    passes took 216 of the merging program's ~300 sm_90 instructions a split (``benchmarks/
+    kernel_report.py``'s critical path). Each output value sums its splits in order either way.""" 
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
     for s in range(0, S):
         mx = tl.maximum(mx, tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg"))
@@ -461,16 +484,33 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     seen = total > 0
     inv = 1.0 / tl.where(seen, total, 1.0)
     d = tl.arange(0, 128)
-    for c in range(0, 4):  # 128 output columns at a time (a loop, not unrolled: the code once)
-        acc = tl.zeros([BLOCK, 128], tl.float32)
+    if BLOCK * _LATENT <= _MERGE_ELEMS:  # every column in one pass over the splits: four accumulators
+        a0 = tl.zeros([BLOCK, 128], tl.float32)
+        a1, a2, a3 = a0, a0, a0
         for s in range(0, S):
-            w = tl.exp(tl.load(pl_rows[:, None] + s * s_pl_s, mask=mask[:, None], other=float("-inf"),
-                               cache_modifier=".cg") - anchor[:, None]) * inv[:, None]
-            rows = tl.multiple_of(po_rows + s * s_po_s + 128 * c, 16)
-            part = tl.load(rows[:, None] + d[None, :], mask=mask[:, None], other=0.0, cache_modifier=".cg")
-            acc += w * part
-        _store_out(out_rows[:, None] + 128 * c + d[None, :], acc, mask[:, None], OUT_BF16)
+            w = _split_weight(pl_rows + s * s_pl_s, mask, anchor, inv)
+            rows = tl.multiple_of(po_rows + s * s_po_s, 16)
+            a0 = _merge_cols(a0, w, rows, d, mask)
+            a1 = _merge_cols(a1, w, rows + 128, d, mask)
+            a2 = _merge_cols(a2, w, rows + 256, d, mask)
+            a3 = _merge_cols(a3, w, rows + 384, d, mask)
+        _store_out(out_rows[:, None] + d[None, :], a0, mask[:, None], OUT_BF16)
+        _store_out(out_rows[:, None] + 128 + d[None, :], a1, mask[:, None], OUT_BF16)
+        _store_out(out_rows[:, None] + 256 + d[None, :], a2, mask[:, None], OUT_BF16)
+        _store_out(out_rows[:, None] + 384 + d[None, :], a3, mask[:, None], OUT_BF16)
+    else:
+        for c in range(0, 4):  # 128 output columns at a time (a loop, not unrolled: the code once)
+            acc = tl.zeros([BLOCK, 128], tl.float32)
+            for s in range(0, S):
+                w = _split_weight(pl_rows + s * s_pl_s, mask, anchor, inv)
+                acc = _merge_cols(acc, w, tl.multiple_of(po_rows + s * s_po_s + 128 * c, 16), d, mask)
+            _store_out(out_rows[:, None] + 128 * c + d[None, :], acc, mask[:, None], OUT_BF16)
     tl.store(lse_rows, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")), mask=mask)
+
+
+def merge_chunks(block: int) -> int:
+    """Passes of ``_merge_partials`` over the output's columns for BLOCK (row, head) pairs a program."""
+    return 1 if block * LATENT_DIM <= MERGE_ELEMS else 4
 
 
 _DEVICE: dict[int, tuple[int, int]] = {}
@@ -712,8 +752,16 @@ def compile_specs() -> list[dict]:
                                idx_ptr="*i64" if engine else "*i32", **{n: "constexpr" for n in c})
                     name = lay.short + ("" if engine else ",q_fp32") + ("" if align == 16 else ",a4") \
                         + ("" if block_h == BLOCK_H else f",h{block_h}") + ("" if merge else ",s1")
+                    # what a launch specializes (Triton: a pointer or int divisible by 16): the workspace's
+                    # and the outputs' pointers and strides, arena views (256-byte aligned, ``attention_workspace``)
+                    # of contiguous [M, K] / [M, H, 512] / [M, H] / [S, M, H, 512] buffers at H = 16 or 64 and
+                    # K = 2,048; the caller's queries, records and indices are left unspecialized
+                    div16 = [n for n in ("cidx_ptr", "out_ptr", "lse_ptr", "po_ptr", "pl_ptr", "tk_ptr", "s_cidx_m",
+                                         "s_out_m", "s_out_h", "s_lse_m", "s_po_s", "s_po_m", "s_po_h", "s_pl_s",
+                                         "s_pl_m") if n in sig]
+                    attrs = {(_sparse_mla_decode_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
                     spec = dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
-                                constexprs=c, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype, block_h))
+                                constexprs=c, attrs=attrs, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype, block_h))
                     if block_h == WIDE_H:
                         spec["archs"] = (90,)
                     specs.append(spec)

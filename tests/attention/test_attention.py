@@ -300,11 +300,13 @@ def _merge_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, S, N: tl.constexpr, D: tl.co
     _merge_partials(po_ptr + n * D, pl_ptr + n, out_ptr + n * D, lse_ptr + n, n < N, S, N * D, N, N, False)
 
 
-def test_fused_merge_equals_merge_lse():
+@pytest.mark.parametrize("m", [2, 4])
+def test_fused_merge_equals_merge_lse(m):
     """The merge the last split of a row runs, on S partials against ``merge_lse``: a partial with no
-    key (lse -inf) weighs nothing, a pair none of whose partials saw a key gets out 0 and lse -inf."""
+    key (lse -inf) weighs nothing, a pair none of whose partials saw a key gets out 0 and lse -inf.
+    16 pairs a program merge all 512 columns in one pass over the splits, 32 in four (``merge_chunks``)."""
     g = torch.Generator().manual_seed(8)
-    s, m, h = 5, 2, 8
+    s, h = 5, 8
     po = torch.randn(s, m, h, 512, generator=g)
     pl = torch.randn(s, m, h, generator=g) * 10
     pl[1, 0, 0] = -math.inf
