@@ -538,6 +538,14 @@ def roofline() -> list[dict]:
                      "near the HBM floor",
                      covers=["records.cu:encode_kernel", "records.cu:encode_fp8_kernel"],
                      launch=_launch("records.cu:encode_kernel", _cdiv(chunk, per_block * per_warp), per_block)))
+    # the layer forward's write (native.write_paged) of a prefill chunk: bf16 rows in, records out, a slot
+    # each; its own name (the device benchmarks key rows by name: records_write_paged is the decode step's)
+    rows.append(_row("records_write_paged[nvfp4_368,prefill]", f"prefill chunk: {chunk} bf16 rows encoded into "
+                     "the strided cache", {"tokens": chunk}, chunk * ((LATENT + ROPE) * 2 + 8 + 368), 0, "none",
+                     "at the floor (12.5 MB: the H200's launch, the PRO 6000's memory) where its instructions "
+                     "issue within it (no loop: the SASS count is a warp's issue)", covers=["records.cu:write_paged_nvfp4_kernel"],
+                     launch=_launch("records.cu:write_paged_nvfp4_kernel", _cdiv(chunk, per_block * per_warp),
+                                    per_block)))
     n_gather = B * R * K
     rows.append(_row("records_decode[nvfp4_368]", "gather-decode 16 req x 4 rows x 2048 records to fp32",
                      {"records": n_gather}, n_gather * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
@@ -552,7 +560,9 @@ def roofline() -> list[dict]:
                      "into the strided cache", {"tokens": B * R}, B * R * ((LATENT + ROPE) * 2 + 8 + 368), 0, "none",
                      "latency-bound (115 KB): the layer's whole cache write in one launch (values and slots "
                      "checked, encoded in place)",
-                     covers=["records.cu:write_paged_nvfp4_kernel", "records.cu:write_paged_kernel"]))
+                     covers=["records.cu:write_paged_nvfp4_kernel", "records.cu:write_paged_kernel"],
+                     launch=_launch("records.cu:write_paged_nvfp4_kernel", _cdiv(B * R, per_block * per_warp),
+                                    per_block)))
     rows.append(_row("paging_flag_nonfinite", "the indexer's weights of a decode step: 16 x 4 rows x 32 heads fp32",
                      {"rows": B * R, "heads": 32}, B * R * 32 * 4, 0, "none",
                      "latency-bound (8 KB): a launch per F layer, where the torch form took four"))

@@ -366,6 +366,9 @@ def _case(row, dev, smoke):
         return _move_case(row, dev, smoke), None
     if name == "union":
         return _union_case(row, dev, smoke), None
+    if name.startswith("records_write_paged"):  # the engine's write at the row's tokens (was timed as a gather)
+        return _engine_small_case({**row, "engine": "write", "params": {"rows": row["params"]["tokens"]}}, dev,
+                                  smoke), None
     if name.startswith("records_"):
         return _records_case(row, dev, smoke), None
     return None, "no case of its own: its engine row below, or inside the whole step (graph_step)"

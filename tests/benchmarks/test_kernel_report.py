@@ -559,10 +559,11 @@ def test_triton_loop_body_counts_grow_with_the_body(tmp_path):
 
 
 # The issue-bound test's kernels: sparse-MLA decode in the three formats, indexer scoring, the top-k
-# (the tiled top-k's key pass and the top-k -> cache rows), the cache write (encode and scatter).
+# (the tiled top-k's key pass and the top-k -> cache rows), the cache write (encode and scatter, and
+# the layer forward's write: its first row is the prefill chunk's, ahead of the launch-bound decode step).
 HOT = ("sparse_mla_decode[nvfp4_368]", "sparse_mla_decode[nvfp4_432]", "sparse_mla_decode[fp8_ds_mla]",
        "indexer_scores[q_bf16]", "indexer_keys[q_fp8]", "paging_topk_rows", "paging_scatter_rows[u8]",
-       "records.cu:encode_kernel")
+       "records.cu:encode_kernel", "records.cu:write_paged_nvfp4_kernel")
 
 
 # The hot kernels' issue figures on sm_90, where the H200's 3.6x the node's bandwidth on 30% fewer,
