@@ -7,16 +7,17 @@
 // write, with the same per-token code): a token's lanes own whole 16-value groups.
 // A lane loads its groups with 16-byte loads, reduces the group amax in registers
 // and the token amax with shuffles, and turns each value into its E2M1 code with
-// one exact quotient (a reciprocal per group, two FMAs per value, records.h) and
+// one exact quotient (a division-free reciprocal per group, two FMAs per value, records.h) and
 // three roundings to integers (E2M1's three spacings), packed by shift-adds: no
 // division, compare chain or branch per value, and no loop, so the kernel report's
 // count of the SASS is what a warp issues. Four tokens run per warp (8 lanes each,
 // four groups per lane), so the warp's per-token work (slot, addresses, scale
-// shuffles, the division slow paths in its code) is issued once for four. Both need
+// shuffles, its scales' quotients: no IEEE division, records.h's quotient) is issued once for four. Both need
 // 16-byte aligned rows and records: si_records_encode_cuda checks, the binding
-// copies misaligned rows; si_records_write_paged_cuda sends other strides to
-// write_paged_kernel (a warp per token). The fp8 records (656, 132) go through
+// copies misaligned rows; si_records_write_paged_cuda sends other strides, and caches of 2**31 slots or
+// more, to write_paged_kernel (a warp per token). The fp8 records (656, 132) go through
 // encode_fp8_kernel and write_paged_kernel, a warp per record.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "sparkinfer/records.h"
@@ -35,10 +36,26 @@ __device__ __forceinline__ float warp_max(float v, int width) {
 // vector or byte-wise accesses (the engine's rows and records are aligned; a strided view may not be).
 __host__ __device__ __forceinline__ bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
 
+// Accumulators of the write's value check: a NaN or an infinity makes v * 0 NaN, and a NaN stays. bf16
+// words are checked two values to an instruction (a bf16x2 FMA: bf16's infinities and NaNs are fp32's).
+struct NonFinite {
+  __nv_bfloat162 pairs = __floats2bfloat162_rn(0.0f, 0.0f);
+  float values = 0.0f;
+  __device__ __forceinline__ void add(uint32_t bf16_pair) {
+    pairs = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&bf16_pair), __floats2bfloat162_rn(0.0f, 0.0f), pairs);
+  }
+  __device__ __forceinline__ void add(float v) { values = fmaf(v, 0.0f, values); }
+  __device__ __forceinline__ bool any() const {
+    const float2 p = __bfloat1622float2(pairs);
+    return values != values || p.x != p.x || p.y != p.y;
+  }
+};
+
 // 16-byte loads of N (a multiple of 8) consecutive row values at base + off, fp32 or bf16 (bf16 -> fp32
-// is exact): the address is 16-byte aligned.
+// is exact): the address is 16-byte aligned. check: every value added to it.
 template <int N>
-__device__ __forceinline__ void load_vec(const void* base, int64_t off, bool bf16, float* x) {
+__device__ __forceinline__ void load_vec(const void* base, int64_t off, bool bf16, float* x,
+                                         NonFinite* check = nullptr) {
   if (bf16) {
 #pragma unroll
     for (int i = 0; i < N / 8; ++i) {
@@ -48,6 +65,7 @@ __device__ __forceinline__ void load_vec(const void* base, int64_t off, bool bf1
       for (int q = 0; q < 4; ++q) {
         x[8 * i + 2 * q] = si::bits_f32(w[q] << 16);
         x[8 * i + 2 * q + 1] = si::bits_f32(w[q] & 0xffff0000u);
+        if (check) check->add(w[q]);
       }
     }
   } else {
@@ -55,6 +73,8 @@ __device__ __forceinline__ void load_vec(const void* base, int64_t off, bool bf1
     for (int i = 0; i < N / 4; ++i) {
       const float4 v = reinterpret_cast<const float4*>(static_cast<const float*>(base) + off)[i];
       x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+#pragma unroll
+      for (int q = 0; check && q < 4; ++q) check->add(x[4 * i + q]);
     }
   }
 }
@@ -90,20 +110,22 @@ __device__ __forceinline__ void encode_nvfp4(int32_t fmt, const float (&x)[kWarp
     tmax = fmaxf(tmax, gmax[k]);
   }
   const float s = fmt == si::FMT_NVFP4_368 ? si::nvfp4_token_scale(warp_max(tmax, L)) : outer_scale;
+  const si::Divisor d6s = si::divisor(6.0f * s);
   uint8_t c[G];
   uint32_t codes[G][2];
 #pragma unroll
   for (int k = 0; k < G; ++k) {
-    c[k] = si::nvfp4_group_scale(gmax[k], s);
+    c[k] = si::nvfp4_group_scale(gmax[k], d6s);
     si::nvfp4_encode_group(x[k], c[k], s, codes[k]);
   }
   // [288, 304): 368's two fp32 scales and zero padding, 432's zero padding, by the token's lane 0
   uint32_t head[4] = {0, 0, 0, 0}, rw[R / 2] = {};  // rw: the lane's rope bytes (368: R, 432: 2 R)
   if (fmt == si::FMT_NVFP4_368) {
-    const float ra = fmaxf(warp_max(si::amax(r, R), L) / 448.0f, si::kTiny);
+    const float ra = si::nvfp4_rope_scale(warp_max(si::amax(r, R), L));
+    const si::Divisor dr = si::divisor(ra);
     head[0] = si::f32_bits(ra), head[1] = si::f32_bits(s);
 #pragma unroll
-    for (int i = 0; i < R; ++i) rw[i / 4] |= (uint32_t)si::e4m3_encode(r[i] / ra) << 8 * (i % 4);
+    for (int i = 0; i < R; ++i) rw[i / 4] |= (uint32_t)si::e4m3_encode(si::quotient(r[i], dr)) << 8 * (i % 4);
   } else {
 #pragma unroll
     for (int i = 0; i < R; ++i) rw[i / 2] |= (uint32_t)si::bf16_encode(r[i]) << 16 * (i % 2);
@@ -217,8 +239,8 @@ __global__ void write_paged_kernel(int32_t fmt, const void* __restrict__ latent,
 
 // write_paged_kernel's NVFP4 form over 16-byte aligned rows, row strides, cache and cache strides
 // (si_records_write_paged_cuda picks it; vLLM's rows and caches are): four tokens per warp as
-// encode_kernel, the model's fp32 or bf16 rows read with 16-byte loads and checked in registers (a NaN
-// or an infinity makes x * 0 NaN), one flag store per warp.
+// encode_kernel, the model's fp32 or bf16 rows read with 16-byte loads and checked in registers
+// (NonFinite), one flag store per warp.
 __global__ void write_paged_nvfp4_kernel(int32_t fmt, const void* __restrict__ latent, int64_t lat_stride,
                                          int32_t lat_bf16, const void* __restrict__ rope, int64_t rope_stride,
                                          int32_t rope_bf16, int64_t n, const int64_t* __restrict__ slots,
@@ -231,25 +253,25 @@ __global__ void write_paged_nvfp4_kernel(int32_t fmt, const void* __restrict__ l
   const int64_t t = first + threadIdx.x % kWarp / L;
   const int64_t i = t < n ? t : n - 1;  // a tail token repeats the last row and stores nothing
   const int j = threadIdx.x % L;
-  float x[G][si::kGroup], r[R], nonfinite = 0.0f;
+  float x[G][si::kGroup], r[R];
+  NonFinite nonfinite;
 #pragma unroll
-  for (int k = 0; k < G; ++k) {
-    load_vec<si::kGroup>(latent, i * lat_stride + (j + L * k) * si::kGroup, lat_bf16, x[k]);
-#pragma unroll
-    for (int v = 0; v < si::kGroup; ++v) nonfinite = fmaf(x[k][v], 0.0f, nonfinite);
-  }
-  load_vec<R>(rope, i * rope_stride + R * j, rope_bf16, r);
-#pragma unroll
-  for (int v = 0; v < R; ++v) nonfinite = fmaf(r[v], 0.0f, nonfinite);
+  for (int k = 0; k < G; ++k)
+    load_vec<si::kGroup>(latent, i * lat_stride + (j + L * k) * si::kGroup, lat_bf16, x[k], &nonfinite);
+  load_vec<R>(rope, i * rope_stride + R * j, rope_bf16, r, &nonfinite);
+  // si::bad_slot with one division: a cache of under 2**31 slots (si_records_write_paged_cuda routes others
+  // to write_paged_kernel) puts an in-range slot's block and offset in one unsigned 32-bit division
   const int64_t slot = slots[i];
-  const bool bad = t < n && si::bad_slot(slot, num_blocks, block_size, null_block);
-  const bool flag_values = __any_sync(0xffffffffu, nonfinite != nonfinite), flag_slots = __any_sync(0xffffffffu, bad);
+  const bool in_range = slot >= 0 && slot < num_blocks * block_size;
+  const uint32_t blk = in_range ? (uint32_t)slot / (uint32_t)block_size : 0u;
+  const bool bad = t < n && (slot < -1 || slot >= num_blocks * block_size || (in_range && blk == null_block));
+  const bool flag_values = __any_sync(0xffffffffu, nonfinite.any()), flag_slots = __any_sync(0xffffffffu, bad);
   if (threadIdx.x % kWarp == 0) {
     if (flag_values) atomicOr(value_flag, 1);
     if (flag_slots) atomicOr(slot_flag, 1);
   }
   const bool store = t < n && !bad && slot >= 0;
-  encode_nvfp4<L>(fmt, x, r, store ? cache + (slot / block_size) * s0 + (slot % block_size) * s1 : cache,
+  encode_nvfp4<L>(fmt, x, r, store ? cache + blk * s0 + ((uint32_t)slot - blk * (uint32_t)block_size) * s1 : cache,
                   outer_scale, true, store);
 }
 
@@ -319,7 +341,7 @@ extern "C" int32_t si_records_write_paged_cuda(int32_t fmt, const void* latent, 
   if (n == 0) return SI_OK;
   const bool aligned = aligned16(latent) && aligned16(rope) && aligned16(cache) &&
                        lat_stride * (lat_bf16 ? 2 : 4) % 16 == 0 && rope_stride * (rope_bf16 ? 2 : 4) % 16 == 0 &&
-                       s0 % 16 == 0 && s1 % 16 == 0;
+                       s0 % 16 == 0 && s1 % 16 == 0 && num_blocks * block_size <= INT32_MAX;
   if ((fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) && aligned) {
     const int64_t per_block = kWarpsPerBlock * (kWarp / kEncodeLanes);
     write_paged_nvfp4_kernel<<<(unsigned)((n + per_block - 1) / per_block), kWarp * kWarpsPerBlock, 0, stream>>>(

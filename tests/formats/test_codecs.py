@@ -93,10 +93,11 @@ def test_pow2_ceil_exact_near_powers_of_two(v):
 
 
 def test_nvfp4_division_free_codes_on_every_boundary(tmp_path):
-    """csrc/tools/check_nvfp4_codes.cpp on every 64th value: the E2M1 magnitude of fp32 in [0, 6], and the
-    codes of x / m1 near each E2M1 boundary for divisor mantissas across [1, 2) (records.h's path, built
-    with the host twin's flags) against an fp32 division and the spec's thresholds. Run without a stride
-    it checks all 4.4e9 cases (about a minute)."""
+    """csrc/tools/check_nvfp4_codes.cpp on every 64th value: the E2M1 magnitude of fp32 in [0, 6], the
+    codes of x / m1 near each E2M1 boundary for divisor mantissas across [1, 2), the division-free
+    reciprocal, token and rope scales and the quotients near every E4M3 boundary (records.h's paths,
+    built with the host twin's flags) against fp32 divisions and the spec's thresholds. Run without a
+    stride it checks all 1.2e10 cases."""
     import shutil
     import subprocess
 

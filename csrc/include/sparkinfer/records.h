@@ -131,28 +131,59 @@ SI_HD void store_f32(uint8_t* dst, float v) { memcpy(dst, &v, 4); }
 SI_HD float load_f32(const uint8_t* src) { float v; memcpy(&v, src, 4); return v; }
 
 // ---- NVFP4 latent (368 and 432) ------------------------------------------------
-// 368: dynamic per-token outer scale s_t; 432: a per-cache constant S.
-SI_HD float nvfp4_token_scale(float token_amax) { return fmaxf(token_amax / 2688.0f, kTiny); }
-SI_HD uint8_t nvfp4_group_scale(float group_amax, float s) { return e4m3_encode(group_amax / (6.0f * s)); }
+// RN(1 / m) for m in [2**-22, 4) (Divisor's m1) without a division: a first guess from the bits
+// (within 5.1%), one cubic and two Newton steps in FMAs, and the one case their last rounding misses
+// (m's mantissa all ones: the quotient sits just above a tie) moved up one ulp. Equal to the IEEE
+// 1.0f / m for every fp32 m in that range (csrc/tools/check_nvfp4_codes.cpp).
+SI_HD float rcp_rn(float m) {
+  float y = bits_f32(0x7ef311c3u - f32_bits(m));
+  float e = fmaf(-m, y, 1.0f);
+  y = fmaf(y, fmaf(e, e, e), y);
+  e = fmaf(-m, y, 1.0f);
+  y = fmaf(y, e, y);
+  e = fmaf(-m, y, 1.0f);
+  y = fmaf(y, e, y);
+  return (f32_bits(m) & 0x7fffffu) == 0x7fffffu ? bits_f32(f32_bits(y) + 1u) : y;
+}
 
-// E2M1 codes of x_i / m_g without a division per value. Scaling x and m by the power of two p that
-// takes m into [1, 2) (into [2, 4) past 2**127; m subnormal: below 1) changes no quotient; with
-// r = RN(1 / m1), q0 = x * r and one FMA correction, q = q0 + r * (x - m1 * q0), is RN(x / m1)
-// whenever that is at least 2**-100 (checked for every m1 in [1, 2) with x within 6 ulps of each
-// E2M1 boundary times m1, csrc/tools/check_nvfp4_codes.cpp, and on 2e8 random pairs; below 2**-100
-// both codes are 0). x is taken as
-// |x| * p, NaN -> 0 (a NaN's code is 0); |x| * p = inf gives q = NaN -> clamped to 6 (code 7, as
-// x / m = inf). m <= 0, NaN or inf: p = 0, every code 0 (x / inf = 0).
-struct E2m1Divisor {
+// Quotients x / m without a division: scaling x and m by the power of two p that takes m into [1, 2)
+// (into [2, 4) past 2**127; m subnormal: below 1) changes no quotient; with r = RN(1 / m1),
+// q0 = x * r and one FMA correction, q = q0 + r * (x - m1 * q0), is RN(x / m1) whenever that is at
+// least 2**-100 (checked for every m1 in [1, 2) with x within 6 ulps of each E2M1 and E4M3 boundary
+// times m1, and for every fp32 over the constant divisors 2688 and 448, csrc/tools/check_nvfp4_codes.cpp;
+// E2M1: 2e8 random pairs too; below 2**-100 both E2M1 and E4M3 codes are 0). m <= 0, NaN or inf:
+// p = 0, x * p is 0 (x finite) or NaN. quotient() also keeps x's sign on a zero quotient (the residual is taken as
+// m1 q0 - x, which is +0 there, so q0 = -0 survives) and holds q0 at FLT_MAX in the residual, so a
+// quotient past it is +inf, not NaN (-inf gives NaN: E4M3 encodes both as -448).
+struct Divisor {
   float p, m1, r1;
 };
 
-SI_HD E2m1Divisor e2m1_divisor(float m) {
+SI_HD Divisor divisor(float m) {
   const bool ok = m > 0.0f && m <= 3.40282347e38f;
   const uint32_t e = f32_bits(m) & 0x7f800000u;
   const float p = ok ? bits_f32(0x7f000000u - (e < 0x7e800000u ? e : 0x7e800000u)) : 0.0f;  // 2**(127 - exp)
   const float m1 = ok ? m * p : 1.0f;
-  return {p, m1, 1.0f / m1};
+  return {p, m1, rcp_rn(m1)};
+}
+
+// x / m as above: the IEEE quotient wherever an E4M3 code or a scale (2688, 448) reads it.
+SI_HD float quotient(float x, Divisor d) {
+  const float xs = x * d.p, q0 = xs * d.r1;
+  return fmaf(-d.r1, fmaf(d.m1, fminf(q0, 3.40282347e38f), -xs), q0);  // -0 stays -0: x - m1 q0 is +0
+}
+
+// 368: dynamic per-token outer scale s_t = max(amax / 2688, 2**-126); 432: a per-cache constant S.
+// The group scale's code: E4M3 of amax_g / (6 s), 6 s one per token (d6s = divisor(6 s)).
+// The constants divide unscaled (p = 1, their reciprocals folded at compile time): a scaled dividend would
+// lose the residual's low bits where the quotient nears 2**-126.
+SI_HD float nvfp4_token_scale(float token_amax) {
+  return fmaxf(quotient(token_amax, Divisor{1.0f, 2688.0f, 1.0f / 2688.0f}), kTiny);
+}
+SI_HD uint8_t nvfp4_group_scale(float group_amax, Divisor d6s) { return e4m3_encode(quotient(group_amax, d6s)); }
+// The rope's fp8 scale max(amax / 448, 2**-126) of a 368 record.
+SI_HD float nvfp4_rope_scale(float rope_amax) {
+  return fmaxf(quotient(rope_amax, Divisor{1.0f, 448.0f, 1.0f / 448.0f}), kTiny);
 }
 
 // Bytes of a (0..3) and b (4..7) picked by the selector's nibbles: CUDA's __byte_perm (one PRMT).
@@ -173,8 +204,10 @@ SI_HD uint32_t top_bytes4(const float* x) {
                    0x5410u);
 }
 
-// 8 values -> their packed codes as a little-endian word (element i in bits 4i..4i+3).
-SI_HD uint32_t e2m1_codes8(const float* x, E2m1Divisor d) {
+// 8 values -> their packed codes as a little-endian word (element i in bits 4i..4i+3): the E2M1 codes of
+// x_i / m_g, quotient's steps with x taken as |x| * p, NaN -> 0 (a NaN's code is 0); |x| * p = inf
+// gives q = NaN -> clamped to 6 (code 7, as x / m = inf).
+SI_HD uint32_t e2m1_codes8(const float* x, Divisor d) {
   uint32_t mag = 0;
   for (int i = 0; i < 8; ++i) {
     const float xs = fmaxf(fabsf(x[i]) * d.p, 0.0f);
@@ -192,7 +225,7 @@ SI_HD uint32_t e2m1_codes8(const float* x, E2m1Divisor d) {
 
 // A group's 16 codes (8 bytes, element 2i in the low nibble of byte i) for scale code c, outer scale s.
 SI_HD void nvfp4_encode_group(const float* x, uint8_t scale_code, float s, uint32_t out[2]) {
-  const E2m1Divisor d = e2m1_divisor(s * e4m3_decode(scale_code));
+  const Divisor d = divisor(s * e4m3_decode(scale_code));
   out[0] = e2m1_codes8(x, d);
   out[1] = e2m1_codes8(x + 8, d);
 }
@@ -238,8 +271,9 @@ SI_HD void encode_record(int32_t fmt, const float* latent, const float* rope, ui
                          float outer_scale, int32_t scale_format) {
   if (fmt == FMT_NVFP4_368 || fmt == FMT_NVFP4_432) {
     const float s = fmt == FMT_NVFP4_368 ? nvfp4_token_scale(amax(latent, kLatentDim)) : outer_scale;
+    const Divisor d6s = divisor(6.0f * s);
     for (int g = 0; g < kLatentDim / kGroup; ++g) {
-      const uint8_t c = nvfp4_group_scale(amax(latent + g * kGroup, kGroup), s);
+      const uint8_t c = nvfp4_group_scale(amax(latent + g * kGroup, kGroup), d6s);
       rec[kNvfp4ScalesOff + g] = c;
       uint32_t w[2];
       nvfp4_encode_group(latent + g * kGroup, c, s, w);
@@ -247,10 +281,11 @@ SI_HD void encode_record(int32_t fmt, const float* latent, const float* rope, ui
     }
     for (int i = 288; i < kNvfp4RopeOff; ++i) rec[i] = 0;
     if (fmt == FMT_NVFP4_368) {
-      const float r = fmaxf(amax(rope, kRopeDim) / 448.0f, kTiny);
+      const float r = nvfp4_rope_scale(amax(rope, kRopeDim));
       store_f32(rec + kNvfp4RopeScaleOff, r);
       store_f32(rec + kNvfp4OuterScaleOff, s);
-      fp8_encode_values(rope, kRopeDim, r, rec + kNvfp4RopeOff);
+      const Divisor dr = divisor(r);
+      for (int i = 0; i < kRopeDim; ++i) rec[kNvfp4RopeOff + i] = e4m3_encode(quotient(rope[i], dr));
     } else {
       bf16_encode_values(rope, kRopeDim, rec + kNvfp4RopeOff);
     }
