@@ -61,9 +61,9 @@ NUM_STAGES = 1
 MAX_GRID_Y = 65535
 HEAD_BLOCKS = (16, 32, 64)  # BLOCK_H: the heads padded to an MMA M tile (GLM-5.2: 32)
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")  # read once, at import (as Triton does)
-# positions a program scores, in chunks of BLOCK_T (its loop): a program loads and converts its row's
-# query once for them, and a decode call of 4 rows at 128K context is 512 programs (about 4 per SM of
-# an H200), not 8,192 of one chunk each
+# positions a program scores, in chunks of BLOCK_T (its loop): a program loads and converts its rows'
+# queries once for them, and a decode call of 4 fp8 rows at 128K context is 128 programs of 4 rows
+# (512 of one row before GROUPS), not 8,192 of one row and one chunk each
 SPAN = 1024
 # query rows a program scores, by the dot's precision (grid axis 0: ceil(M / GROUP)), their heads stacked
 # as the dot's M = GROUP x BLOCK_H: rows that share their list (a request's rows: all of the score
