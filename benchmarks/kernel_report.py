@@ -293,13 +293,16 @@ def _qw_bytes(m: int) -> int:
     return m * INDEX_HEADS * (INDEX_DIM + 1) * 4
 
 
-def _indexer_launch(kernel: str, m: int, positions: int) -> dict:
-    """The indexer kernel's grid over ``positions`` per row: (M, positions / SPAN) programs, each
-    looping over its SPAN positions in chunks of BLOCK_T (one dot over the 128 dims a chunk)."""
+def _indexer_launch(kernel: str, m: int, positions: int, precision: str) -> dict:
+    """The indexer kernel's grid over ``positions`` per row: (M / GROUP, positions / SPAN) programs, each
+    looping over its SPAN positions in chunks of BLOCK_T (one dot over the 128 dims a chunk for its
+    GROUP rows (``GROUPS`` by the dot's ``precision``), which share their list at every shape below: one
+    pass a program)."""
     from sparkinfer.indexer import triton_scores as ts
 
-    ctas = m * _cdiv(positions, ts.SPAN)
-    return _launch(kernel, ctas, ts.NUM_WARPS, m * _cdiv(positions, ts.BLOCK_T), f"{ts.BLOCK_T}-position chunks")
+    groups = _cdiv(m, ts.GROUPS[precision])
+    return _launch(kernel, groups * _cdiv(positions, ts.SPAN), ts.WARPS[precision], groups * _cdiv(positions, ts.BLOCK_T),
+                   f"{ts.BLOCK_T}-position chunks")
 
 
 def _indexer(m: int, t: int, shape: str) -> dict:
@@ -309,12 +312,12 @@ def _indexer(m: int, t: int, shape: str) -> dict:
     passes), relu, weight, sum over heads on CUDA cores."""
     nbytes = t * (INDEX_RECORD + 8) + m * t * 4 + _qw_bytes(m)  # key record + its int64 slot; fp32 scores
     flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
-    expect = ("bf16 tensor cores (mma.sync): within 2x of the bf16 floor; on fp8 MMA (the keys are E4M3 "
-              "codes) the floor would drop to the target's")
+    expect = ("bf16 tensor cores (mma.sync; wgmma on sm_90, 2 rows stacked): within 2x of the bf16 floor; on fp8 "
+              "MMA (the keys are E4M3 codes) the floor would drop to the target's")
     return _row("indexer_scores", shape, {"M": m, "T": t, "heads": INDEX_HEADS, "dim": INDEX_DIM},
                 nbytes, flops, "bf16", expect, target="fp8",
                 covers=["indexer_scores[q_fp32]", "indexer_scores[q_bf16]"],
-                launch=_indexer_launch("indexer_scores[q_bf16]", m, t))
+                launch=_indexer_launch("indexer_scores[q_bf16]", m, t, "bf16"))
 
 
 def _indexer_tiled(m: int, t: int, shape: str) -> dict:
@@ -341,7 +344,7 @@ def _indexer_tiled(m: int, t: int, shape: str) -> dict:
                         "indexer_keys_ids[q_bf16]", "topk_keys[k2048]", "topk_keys_unsorted[k2048]"],
                 # the engine's key pass (fp8 q), every pass; the issue figure leaves out the top-k
                 # kernel's own passes (topk_keys)
-                launch=_indexer_launch("indexer_keys[q_fp8]", m, passes * tile))
+                launch=_indexer_launch("indexer_keys[q_fp8]", m, passes * tile, "f16"))
 
 
 def _radix_levels(keys, k: int, cap: int) -> int:

@@ -18,7 +18,9 @@ positions' keys once, which every row's dot ([32 heads, 128 dims] x [128 dims, 6
 MMA for the engine's fp8 q) takes as its B operand: the instruction sequence of
 ``triton_scores.row_scores`` per row (``q_tile``, ``key_tile``, ``head_dots``, ``scaled``,
 ``head_sum``, ``selection_keys``), so the same fp32 scores and int64 keys as the tiled top-k
-whatever the grouping. An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
+whatever the grouping (the tiled scorer stacks its rows into one dot, a wgmma on sm_90 where this
+kernel's dot per row is an mma.sync: the same products in the same dim order, the same bits not yet
+checked on a GPU, ``test_gpu_paged_equals_tiled_at_decode_shapes``). An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
 without DcpLayout.token_of's divisions per position, and with pages of at least a chunk's 64 tokens
 (``WIDE_PAGES``: the engine's are 64 x DCP) finds a chunk's pages with one division, not one per
 token. Each row keeps a running top-k of its share (tiles s, s + splits, ... of ``tile`` positions)
@@ -52,7 +54,7 @@ import triton.language as tl
 from sparkinfer.core.indexer_tiles import paged_splits, paged_workspace_bytes
 from sparkinfer.core.topology import DcpLayout
 
-from .triton_scores import (BLOCK_T, NUM_STAGES, block_h, head_dots, head_sum, head_weights, key_tile,
+from .triton_scores import (BLOCK_T, NUM_STAGES, block_h, head_dots, head_sum, head_weights, key_tile, lane,
                             q_operand, q_tile, scaled, selection_keys)
 from .triton_topk import key_ids, select_row
 
@@ -67,12 +69,6 @@ BLOCK = 1024
 # warps per program: with 4 (the scorer's), the tile's key words, addresses and the two rows' A operands
 # held around the selection spilled 56-152 bytes (2026-12-07); 8 hold fewer of a tile's elements each
 NUM_WARPS = 8
-
-
-@triton.jit
-def _lane(v, lanes, i):
-    """Element i of the small vector ``v`` as a scalar."""
-    return tl.sum(tl.where(lanes == i, v, 0), 0)
 
 
 @triton.jit
@@ -107,22 +103,22 @@ def _paged_topk_kernel(
     cols = tl.arange(0, BLOCK_T)
     # the group rows' scalars (rows past M stand in for the last: computed, never stored)
     row0 = tl.minimum(r0, M - 1)
-    pos0 = _lane(posv, gl, 0)
+    pos0 = lane(posv, gl, 0)
     row1, pos1 = row0, pos0
     if ROWS > 1:
-        row1, pos1 = tl.minimum(r0 + 1, M - 1), _lane(posv, gl, 1)
+        row1, pos1 = tl.minimum(r0 + 1, M - 1), lane(posv, gl, 1)
     wv0 = head_weights(w_ptr + row0 * s_w_m, s_w_h, HI, BLOCK_H)  # the rows' weights, read once
     wv1 = wv0
     if ROWS > 1:
         wv1 = head_weights(w_ptr + row1 * s_w_m, s_w_h, HI, BLOCK_H)
     for p in range(ROWS):  # a pass per request of the group (its first row's): its rows read its keys once
-        req = _lane(reqs, gl, p)
+        req = lane(reqs, gl, p)
         act = there & (reqs == req)
         if (r0 + p < M) & (tl.sum((act & (gl < p)).to(tl.int32), 0) == 0):
             length = tl.max(tl.where(act, lens, 0), 0)
             table = table_ptr + req * s_table
             for i in range(ROWS):  # the pass's rows: their running heads start empty; weights checked
-                if _lane(act.to(tl.int32), gl, i) != 0:
+                if lane(act.to(tl.int32), gl, i) != 0:
                     m = r0 + i
                     work = work_ptr + (m * S + s) * s_work
                     for i0 in range(0, K, BLOCK):
@@ -132,18 +128,18 @@ def _paged_topk_kernel(
                             h = tl.arange(0, BLOCK_H)
                             wv = tl.load(w_ptr + m * s_w_m + h * s_w_h, mask=h < HI, other=0.0).to(tl.float32)
                             tl.atomic_or(flag_ptr, tl.max(((wv != wv) | (tl.abs(wv) == float("inf"))).to(tl.int32), 0))
-            act0 = _lane(act.to(tl.int32), gl, 0) != 0
+            act0 = lane(act.to(tl.int32), gl, 0) != 0
             act1 = act0
             if ROWS > 1:
-                act1 = _lane(act.to(tl.int32), gl, 1) != 0
+                act1 = lane(act.to(tl.int32), gl, 1) != 0
             for j0 in range(s * TILE, length, S * TILE):  # this split's tiles of the pass, to its longest row
                 span = tl.minimum(length - j0, TILE)
                 # the rows' queries (the dots' A operands), loaded and converted once for the tile's chunks; not
                 # held across the selection below (held from the program's start they spilled, 2026-12-07)
-                qa0 = q_tile(q_ptr + row0 * s_q_m, s_q_h, HI, BLOCK_H, PRECISION, Q_CODES)
+                qa0 = q_tile(q_ptr, row0, M, s_q_m, s_q_h, HI, 1, BLOCK_H, PRECISION, Q_CODES)
                 qa1 = qa0
                 if ROWS > 1:
-                    qa1 = q_tile(q_ptr + row1 * s_q_m, s_q_h, HI, BLOCK_H, PRECISION, Q_CODES)
+                    qa1 = q_tile(q_ptr, row1, M, s_q_m, s_q_h, HI, 1, BLOCK_H, PRECISION, Q_CODES)
                 for c in range(0, span, BLOCK_T):
                     j = j0 + c + cols
                     tmask = j < length
@@ -168,20 +164,20 @@ def _paged_topk_kernel(
                     kb = key_tile(rec, tmask, PRECISION)
                     zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
                     col = K + c + cols
-                    _row_keys(wv0, head_dots(qa0, kb, zero, PRECISION), rec, t, tmask, pos0, act0,
+                    _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, pos0, act0,
                               work_ptr + (r0 * S + s) * s_work + col)
                     if ROWS > 1:
-                        _row_keys(wv1, head_dots(qa1, kb, zero, PRECISION), rec, t, tmask, pos1, act1,
+                        _row_keys(wv1, head_dots(qa1, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, pos1, act1,
                                   work_ptr + ((r0 + 1) * S + s) * s_work + col)
                 tl.debug_barrier()  # the tile's keys are visible to the whole CTA
                 for i in range(ROWS):  # each row keeps its k best
-                    if _lane(act.to(tl.int32), gl, i) != 0:
+                    if lane(act.to(tl.int32), gl, i) != 0:
                         work = work_ptr + ((r0 + i) * S + s) * s_work
                         select_row(work, K + tl.cdiv(span, BLOCK_T) * BLOCK_T, K, K, work, work, BLOCK, 1, False,
                                    False)
                 tl.debug_barrier()  # the heads are kept before the next tile is written
             for i in range(ROWS):
-                if _lane(act.to(tl.int32), gl, i) != 0:
+                if lane(act.to(tl.int32), gl, i) != 0:
                     m = r0 + i
                     work = work_ptr + (m * S + s) * s_work
                     out = out_ptr + m * s_out

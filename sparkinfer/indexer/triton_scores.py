@@ -1,14 +1,18 @@
 """Triton indexer scoring over 132-byte indexer_fp8 records, on tensor cores.
 
-One program scores one query row m against SPAN consecutive positions of its list, BLOCK_T a chunk:
+One program scores GROUP consecutive query rows m (``GROUPS``: 4 for fp8 q, 2 for bf16, 1 for fp32)
+against SPAN consecutive positions of their list, BLOCK_T a chunk:
 
-    S[h, t] = q[m, h, :] . key_t          tl.dot [BLOCK_H, 128] x [128, BLOCK_T] (MMA)
-    score_t = sum_h w[m, h] * relu(S[h, t])   a fixed-shape tl.sum over the BLOCK_H heads
+    S[m, h, t] = q[m, h, :] . key_t       tl.dot [GROUP x BLOCK_H, 128] x [128, BLOCK_T] (MMA)
+    score_mt = sum_h w[m, h] * relu(S[m, h, t])   a fixed-shape tl.sum over each row's BLOCK_H heads
 
-The index heads are the MMA's M dimension (GLM-5.2: 32 heads x 128 dims; fewer heads are
-zero-padded to BLOCK_H >= 16, and a zero head adds an exact 0), so any number of query rows,
-one included, runs on tensor cores. The program loads and converts its row's q (the A operand) and
-weights once, then per chunk the keys' E4M3 codes, read as 32 words a record (4 codes a load),
+The rows' index heads, stacked, are the MMA's M dimension (GLM-5.2: 32 heads x 128 dims; fewer heads
+are zero-padded to BLOCK_H >= 16, and a zero head adds an exact 0), so any number of query rows, one
+included, runs on tensor cores, and 64 or more stacked (2 or 4 rows) make it a wgmma on sm_90. Rows
+of one list (a request's) share every key chunk: loaded and converted once for the group. Rows of
+different lists in a group (a batch's request boundary) take a pass each over the chunks, the
+group's dot each time, each pass storing the rows of its list. The program loads and converts its
+rows' q (the A operand) and weights once, then per chunk the keys' E4M3 codes, read as 32 words a record (4 codes a load),
 converted by the target's cvt (``e4m3_operand``) into the B operand of one dot over the 128 dims;
 each record's fp32 power-of-two scale multiplies the finished dots (``scaled``): scaling every
 product and partial sum of a column by one power of two is exact, so this is the dot with the
@@ -49,71 +53,101 @@ from sparkinfer.attention.triton_codes import load_f32
 from sparkinfer.core.layouts import INDEX_DIM, INDEXER_FP8
 
 BLOCK_T = 64
-NUM_WARPS = 4
+# warps a program, by the dot's precision: fp32 q's 3-pass split at 4 warps took 254-255 registers and,
+# with the row groups' bookkeeping, a 16 B stack frame on sm_120 in the key pass (2026-12-07); 8 hold it
+# in 166
+WARPS = {"f16": 4, "bf16": 4, "tf32x3": 8}
 NUM_STAGES = 1
 MAX_GRID_Y = 65535
 HEAD_BLOCKS = (16, 32, 64)  # BLOCK_H: the heads padded to an MMA M tile (GLM-5.2: 32)
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")  # read once, at import (as Triton does)
-# positions a program scores, in chunks of BLOCK_T (its loop): a program loads and converts its row's
-# query once for them, and a decode call of 4 rows at 128K context is 512 programs (about 4 per SM of
-# an H200), not 8,192 of one chunk each
+# positions a program scores, in chunks of BLOCK_T (its loop): a program loads and converts its rows'
+# queries once for them, and a decode call of 4 fp8 rows at 128K context is 128 programs of 4 rows
+# (512 of one row before GROUPS), not 8,192 of one row and one chunk each
 SPAN = 1024
+# query rows a program scores, by the dot's precision (grid axis 0: ceil(M / GROUP)), their heads stacked
+# as the dot's M = GROUP x BLOCK_H: rows that share their list (a request's rows: all of the score
+# matrix's, a decode request's 1 + drafts, a prefill chunk's) load and convert each key chunk once for
+# all of them, where a row a program did it once per row; rows of different lists take a pass each.
+# M >= 64 makes the sm_90 dot a wgmma. bf16 at 4 rows spilled on sm_120 (255 registers, 864 B) and 2
+# do not; fp32 q's 3-pass split stages its operands in 96 KB of shared memory at one row already
+GROUPS = {"f16": 4, "bf16": 2, "tf32x3": 1}
 _PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "bf16"}
 
 
 @triton.jit
 def _indexer_scores_kernel(
     q_ptr, w_ptr, rec_ptr, slot_ptr, id_ptr, pos_ptr, start_ptr, len_ptr, out_ptr,
-    HI, T, L, j0, col0, rec_stride, s_q_m, s_q_h, s_w_m, s_w_h, s_out_m,
+    M, HI, T, L, j0, col0, rec_stride, s_q_m, s_q_h, s_w_m, s_w_h, s_out_m,
     HAS_SLOTS: tl.constexpr, HAS_IDS: tl.constexpr, HAS_POS: tl.constexpr, ROWS: tl.constexpr,
     KEYS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, SPAN: tl.constexpr,
-    PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
+    PRECISION: tl.constexpr, Q_CODES: tl.constexpr, GROUP: tl.constexpr,
 ):
-    m = tl.program_id(0).to(tl.int64)
+    r0 = tl.program_id(0).to(tl.int64) * GROUP  # this program's rows: r0 .. r0 + GROUP - 1
     first = tl.program_id(1) * SPAN  # this program's positions: [first, first + SPAN) of the launch's L
+    gl = tl.arange(0, GROUP)
+    there = r0 + gl < M
+    rows = tl.minimum(r0 + gl, M - 1)  # rows past M stand in for the last: scored, never stored
     if ROWS:
-        start = tl.load(start_ptr + m).to(tl.int64)
-        n = tl.load(len_ptr + m)
+        starts = tl.load(start_ptr + rows).to(tl.int64)
+        lens = tl.load(len_ptr + rows).to(tl.int32)
     else:
-        start = 0
-        n = T
+        starts = tl.zeros([GROUP], tl.int64)
+        lens = tl.zeros([GROUP], tl.int32) + T
     if HAS_POS:
-        p = tl.load(pos_ptr + m).to(tl.int64)
-    # the row's query and weights, loaded and converted once for the program's chunks
-    qa = q_tile(q_ptr + m * s_q_m, s_q_h, HI, BLOCK_H, PRECISION, Q_CODES)
-    wv = head_weights(w_ptr + m * s_w_m, s_w_h, HI, BLOCK_H)
-    for c in range(first, tl.minimum(first + SPAN, L), BLOCK_T):
-        local = c + tl.arange(0, BLOCK_T)
-        j = j0 + local  # position in the row's list
-        tmask = j < n
-        at = start + j.to(tl.int64)
-        if HAS_SLOTS:
-            slot = tl.load(slot_ptr + at, mask=tmask, other=0).to(tl.int64)
-        else:
-            slot = at
-        score = row_scores(qa, wv, rec_ptr + slot * rec_stride, tmask, BLOCK_H, BLOCK_T, PRECISION)
-        if HAS_IDS:
-            tid = tl.load(id_ptr + at, mask=tmask, other=0).to(tl.int64)
-        else:
-            tid = j.to(tl.int64)
-        valid = tmask
-        if HAS_POS:
-            valid = valid & (tid <= p)
-        if KEYS:
-            tl.store(out_ptr + m * s_out_m + col0 + local, selection_keys(score, tid, valid))
-        else:
-            tl.store(out_ptr + m * s_out_m + j, tl.where(valid, score, float("-inf")), mask=tmask)
+        p = tl.load(pos_ptr + rows).to(tl.int64)
+    # the rows' queries stacked (the dot's A operand [GROUP x BLOCK_H, 128]) and weights, loaded and
+    # converted once for the program's chunks
+    qa = q_tile(q_ptr, r0, M, s_q_m, s_q_h, HI, GROUP, BLOCK_H, PRECISION, Q_CODES)
+    wv = head_weights(w_ptr + rows[:, None] * s_w_m, s_w_h, HI, BLOCK_H)
+    dst = out_ptr + rows[:, None] * s_out_m
+    for i in range(GROUP):  # a pass per list among the rows: one when they share it (a request's rows)
+        start = lane(starts, gl, i)
+        n = lane(lens, gl, i)
+        act = there & (starts == start) & (lens == n)
+        if (r0 + i < M) & (tl.sum((act & (gl < i)).to(tl.int32), 0) == 0):
+            for c in range(first, tl.minimum(first + SPAN, L), BLOCK_T):
+                local = c + tl.arange(0, BLOCK_T)
+                j = j0 + local  # position in the rows' list
+                tmask = j < n
+                at = start + j.to(tl.int64)
+                if HAS_SLOTS:
+                    slot = tl.load(slot_ptr + at, mask=tmask, other=0).to(tl.int64)
+                else:
+                    slot = at
+                score = row_scores(qa, wv, rec_ptr + slot * rec_stride, tmask, GROUP, BLOCK_H, BLOCK_T, PRECISION)
+                if HAS_IDS:
+                    tid = tl.load(id_ptr + at, mask=tmask, other=0).to(tl.int64)
+                else:
+                    tid = j.to(tl.int64)
+                valid = act[:, None] & tmask[None, :]
+                if HAS_POS:
+                    valid = valid & (tid[None, :] <= p[:, None])
+                if KEYS:
+                    tl.store(dst + col0 + local[None, :], selection_keys(score, tid[None, :], valid),
+                             mask=act[:, None])
+                else:
+                    tl.store(dst + j[None, :], tl.where(valid, score, float("-inf")), mask=act[:, None] & tmask[None, :])
 
 
 @triton.jit
-def row_scores(qa, wv, row_ptr, tmask, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, PRECISION: tl.constexpr):
-    """fp32 score [BLOCK_T] of one query row (its heads' operand ``qa``, ``q_tile``; weights ``wv``,
-    ``head_weights``) against the records at byte pointers ``row_ptr`` [BLOCK_T] (0 where not
-    ``tmask``): the module docstring's MMA and relu-weighted head sum. Every caller scores a key with
-    this one instruction sequence (``key_tile``, one ``head_dots`` over the 128 dims, ``scaled``,
-    ``head_sum``), so a key's score is the same in every kernel, tile and rank."""
-    s = head_dots(qa, key_tile(row_ptr, tmask, PRECISION), tl.zeros([BLOCK_H, BLOCK_T], tl.float32), PRECISION)
-    return head_sum(wv, scaled(s, row_ptr, tmask))
+def lane(v, lanes, i):
+    """Element i of the small vector ``v`` (``lanes`` its arange) as a scalar."""
+    return tl.sum(tl.where(lanes == i, v, 0), 0)
+
+
+@triton.jit
+def row_scores(qa, wv, row_ptr, tmask, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """fp32 scores [GROUP, BLOCK_T] of GROUP query rows (their heads stacked in the operand ``qa``,
+    ``q_tile``; weights ``wv`` [GROUP, BLOCK_H], ``head_weights``) against the records at byte
+    pointers ``row_ptr`` [BLOCK_T] (0 where not ``tmask``): the module docstring's MMA and
+    relu-weighted head sum. Every caller scores a key with this one instruction sequence per row
+    (``key_tile``, one ``head_dots`` over the 128 dims, ``scaled``, ``head_sum``), so a key's score
+    is the same in every kernel, tile and rank."""
+    s = head_dots(qa, key_tile(row_ptr, tmask, PRECISION), tl.zeros([GROUP * BLOCK_H, BLOCK_T], tl.float32),
+                  BLOCK_H, PRECISION)
+    return head_sum(wv, tl.reshape(scaled(s, row_ptr, tmask), [GROUP, BLOCK_H, BLOCK_T]))
 
 
 @triton.jit
@@ -162,28 +196,38 @@ def scaled(s, row_ptr, tmask):
 
 
 @triton.jit
-def q_tile(q_row, s_q_h, HI, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr):
-    """One query row's heads (stride ``s_q_h``, 128 unit-stride dims) as the dot's A operand
-    [BLOCK_H, 128] (0 past HI), in the dot's precision (``_operand``)."""
-    h = tl.arange(0, BLOCK_H)
+def q_tile(q_ptr, r0, M, s_q_m, s_q_h, HI, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr,
+           Q_CODES: tl.constexpr):
+    """The heads (stride ``s_q_h``, 128 unit-stride dims) of GROUP consecutive query rows from r0 (rows
+    past M stand in for the last) stacked as the dot's A operand [GROUP x BLOCK_H, 128]: row
+    r0 + g's head h at g x BLOCK_H + h (0 past HI), in the dot's precision (``_operand``)."""
+    i = tl.arange(0, GROUP * BLOCK_H)
+    h = i % BLOCK_H
+    row = tl.minimum(r0 + i // BLOCK_H, M - 1).to(tl.int64)
     d = tl.arange(0, 128)
-    qv = tl.load(q_row + h[:, None] * s_q_h + d[None, :], mask=(h < HI)[:, None], other=0)
+    qv = tl.load(q_ptr + (row * s_q_m + h * s_q_h)[:, None] + d[None, :], mask=(h < HI)[:, None], other=0)
     if Q_CODES:  # float8_e4m3fn bytes (``e4m3_operand``)
         qv = qv.to(tl.float8e4nv, bitcast=True)
     return _operand(qv, PRECISION)
 
 
 @triton.jit
-def head_dots(q, k, s, PRECISION: tl.constexpr):
-    """s + q [BLOCK_H, 128] x k [128, BLOCK_T] on tensor cores, fp32 accumulation (one dot: its MMAs
-    step through the dims in order, k16 each). Under TRITON_INTERPRET=1 the 16-bit operands go in as
-    fp32 (Triton 3.9's interpreter multiplies bf16 as its raw uint16 bits, ``triton_decode._dot``, and
-    numpy's f16 matmul rounds to f16): the same exact products."""
-    if PRECISION == "bf16" or PRECISION == "f16":
-        if _INTERPRETED:
-            s = tl.dot(q.to(tl.float32), k.to(tl.float32), s)
-        else:
-            s = tl.dot(q, k, s)
+def head_dots(q, k, s, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr):
+    """s + q [G x BLOCK_H, 128] x k [128, BLOCK_T] on tensor cores, fp32 accumulation (one dot: its MMAs
+    step through the dims in order, k16 each; an element depends on its own row of q and column of k
+    only). Under TRITON_INTERPRET=1 the operands go in as fp32 (Triton 3.9's interpreter multiplies
+    bf16 as its raw uint16 bits, ``triton_decode._dot``, and numpy's f16 matmul rounds to f16: the same
+    exact products) and as G dots of one row's BLOCK_H heads, batched: numpy's matmul sums a
+    [64, 128] x [128, 64] product's elements in other orders than a [32, 128] one's, so a stacked dot
+    would give a row other bits than the dot of its heads alone (the paged top-k's)."""
+    if _INTERPRETED:
+        G: tl.constexpr = q.shape[0] // BLOCK_H
+        BT: tl.constexpr = k.shape[1]
+        rows = tl.reshape(q.to(tl.float32), [G, BLOCK_H, 128])
+        keys = tl.broadcast_to(tl.expand_dims(k.to(tl.float32), 0), [G, 128, BT])
+        s = s + tl.reshape(tl.dot(rows, keys), [G * BLOCK_H, BT])
+    elif PRECISION == "bf16" or PRECISION == "f16":
+        s = tl.dot(q, k, s)
     else:
         s = tl.dot(q, k, s, input_precision=PRECISION)
     return s
@@ -191,7 +235,8 @@ def head_dots(q, k, s, PRECISION: tl.constexpr):
 
 @triton.jit
 def head_weights(w_row, s_w_h, HI, BLOCK_H: tl.constexpr):
-    """A row's head weights fp32 [BLOCK_H] (0 past HI), read as they come (fp32 or bf16)."""
+    """A row's head weights fp32 [BLOCK_H] (0 past HI), read as they come (fp32 or bf16); rows' [G,
+    BLOCK_H] from their row pointers [G, 1]."""
     h = tl.arange(0, BLOCK_H)
     return tl.load(w_row + h * s_w_h, mask=h < HI, other=0.0).to(tl.float32)
 
@@ -199,8 +244,9 @@ def head_weights(w_row, s_w_h, HI, BLOCK_H: tl.constexpr):
 @triton.jit
 def head_sum(wv, s):
     """sum_h w[h] * relu(s[h, :]): a row's score from its heads' weights ``wv`` and dots s fp32
-    [BLOCK_H, BLOCK_T]."""
-    return tl.sum(wv[:, None] * tl.maximum(s, 0.0), axis=0)
+    [BLOCK_H, BLOCK_T] (rows': wv [G, BLOCK_H] and s [G, BLOCK_H, BLOCK_T] -> [G, BLOCK_T], each
+    row's heads summed alike)."""
+    return tl.sum(tl.expand_dims(wv, -1) * tl.maximum(s, 0.0), axis=-2)
 
 
 @triton.jit
@@ -229,20 +275,20 @@ def q_operand(q):
     return (q.view(torch.uint8) if codes else q), ("f16" if codes else _PRECISION[q.dtype]), codes
 
 
-def _launch(q, w, records, out, grid, *, slots, ids, pos, start, length, n_tokens, limit, j0, col0, keys):
+def _launch(q, w, records, out, programs: int, *, slots, ids, pos, start, length, n_tokens, limit, j0, col0, keys):
     q, precision, codes = q_operand(q)
     if records.stride(0) % 4 or records.data_ptr() % 4:  # key_tile loads a record's codes 4 at a time
         raise ValueError(f"records must start 4-byte aligned with a row stride of a multiple of 4, got stride "
                          f"{records.stride(0)} at address {records.data_ptr()}")
     dummy = out  # never read where its HAS_* / ROWS flag is False
-    _indexer_scores_kernel[grid](
+    _indexer_scores_kernel[(triton.cdiv(q.shape[0], GROUPS[precision]), programs)](
         q, w, records, dummy if slots is None else slots, dummy if ids is None else ids,
         dummy if pos is None else pos, dummy if start is None else start, dummy if length is None else length,
-        out, q.shape[1], n_tokens, limit, j0, col0, records.stride(0), q.stride(0), q.stride(1), w.stride(0),
+        out, q.shape[0], q.shape[1], n_tokens, limit, j0, col0, records.stride(0), q.stride(0), q.stride(1), w.stride(0),
         w.stride(1), out.stride(0),
         HAS_SLOTS=slots is not None, HAS_IDS=ids is not None, HAS_POS=pos is not None, ROWS=start is not None,
         KEYS=keys, BLOCK_H=block_h(q.shape[1]), BLOCK_T=BLOCK_T, SPAN=SPAN, PRECISION=precision,
-        Q_CODES=codes, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        Q_CODES=codes, GROUP=GROUPS[precision], num_warps=WARPS[precision], num_stages=NUM_STAGES,
     )
 
 
@@ -256,7 +302,7 @@ def indexer_scores_triton(q, w, records, pos=None, token_slots=None) -> torch.Te
     slots = None if token_slots is None else token_slots.contiguous()
     pos = None if pos is None else pos.contiguous()
     for j0 in range(0, n_tokens, MAX_GRID_Y * SPAN):  # grid axis 1 holds at most 65,535 programs
-        _launch(q, w, records, out, (m, min(MAX_GRID_Y, triton.cdiv(n_tokens - j0, SPAN))), slots=slots,
+        _launch(q, w, records, out, min(MAX_GRID_Y, triton.cdiv(n_tokens - j0, SPAN)), slots=slots,
                 ids=None, pos=pos, start=None, length=None, n_tokens=n_tokens, limit=n_tokens - j0, j0=j0, col0=0,
                 keys=False)
     return out
@@ -276,7 +322,7 @@ def score_keys_pass(q, w, records, pos, row_start, row_len, token_slots, token_i
     if q.shape[0] == 0:
         return
     flat = lambda t: None if t is None else t.contiguous()  # the kernel indexes them densely
-    _launch(q, w, records, out, (q.shape[0], triton.cdiv(tile, SPAN)), slots=flat(token_slots),
+    _launch(q, w, records, out, triton.cdiv(tile, SPAN), slots=flat(token_slots),
             ids=flat(token_ids), pos=flat(pos), start=flat(row_start), length=flat(row_len), n_tokens=0, limit=tile,
             j0=j0, col0=col0, keys=True)
 
@@ -297,7 +343,7 @@ def compile_specs() -> list[dict]:
             precision = {"fp32": "tf32x3", "bf16": "bf16", "u8": "f16"}[q_dtype]
             constexprs = {"HAS_SLOTS": True, "HAS_IDS": ids, "HAS_POS": True, "ROWS": keys, "KEYS": keys,
                           "BLOCK_H": 32, "BLOCK_T": BLOCK_T, "SPAN": SPAN, "PRECISION": precision,
-                          "Q_CODES": q_dtype == "u8"}
+                          "Q_CODES": q_dtype == "u8", "GROUP": GROUPS[precision]}
             ptrs = {"q_ptr": f"*{q_dtype}", "w_ptr": "*fp32", "rec_ptr": "*u8", "slot_ptr": "*i64",
                     "id_ptr": "*i32" if ids else "*fp32", "pos_ptr": "*i64",
                     "start_ptr": "*i64" if keys else "*fp32", "len_ptr": "*i32" if keys else "*fp32",
@@ -306,7 +352,7 @@ def compile_specs() -> list[dict]:
                    if n not in constexprs}
             sig.update({n: "constexpr" for n in constexprs})
             specs.append({"name": f"{name}[q_{'fp8' if q_dtype == 'u8' else q_dtype}]", "fn": _indexer_scores_kernel, "signature": sig,
-                          "constexprs": constexprs, "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+                          "constexprs": constexprs, "num_warps": WARPS[precision], "num_stages": NUM_STAGES})
     return specs
 
 

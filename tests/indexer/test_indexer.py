@@ -23,7 +23,7 @@ from sparkinfer.core.topology import IndexSharePattern
 from sparkinfer.indexer import (ReplicatedIndexerCache, indexer_scores, indexer_scores_torch, indexer_topk,
                                 indexer_topk_rows, indexer_topk_torch, merge_candidates, plan_rows, select_topk,
                                 shard_candidates)
-from sparkinfer.indexer import tiled
+from sparkinfer.indexer import tiled, triton_scores
 
 IDX = get_format("indexer_fp8")
 
@@ -371,6 +371,29 @@ def test_batched_rows_equal_per_request_calls(backend):
     for rows, slots, tid in owned:
         s, i = shard_candidates(q[rows], w[rows], pool, tid, pos[rows], k, token_slots=slots, backend=backend)
         assert torch.equal(ids[rows], i) and torch.equal(best[rows], s)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_grouped_rows_of_several_lists_equal_the_reference(dtype):
+    """A Triton program scores ``GROUPS[precision]`` consecutive rows (2 for bf16 q, 4 for fp8 q), each
+    key chunk loaded once for them: groups that mix requests (rows 4, 3 and 1 of three requests, a row
+    in none, so rows 4-7 span two lists and the last group runs past M) select each row's own list
+    with the torch twin's keys bit for bit on exact inputs; the score matrix of 5 rows (a group past
+    M) equals the float64 reference's."""
+    q, w, pool, pos, reqs = _step()
+    g = torch.Generator().manual_seed(4)
+    pool = IDX.encode(torch.randint(-15, 16, (pool.shape[0], 128), generator=g).float())
+    q = torch.cat([q, q[:1]])
+    q = torch.randint(-3, 4, q.shape, generator=g).float().to(dtype)
+    w = torch.randint(0, 9, q.shape[:2], generator=g).float() / 4
+    pos = torch.cat([pos, pos[:1]])
+    plan = plan_rows([(rows, slots, None) for rows, slots in reqs], q.shape[0])  # the last row in none
+    assert triton_scores.GROUPS[triton_scores.q_operand(q)[1]] in (2, 4)
+    got, want = (indexer_topk_rows(q, w, pool, pos, 24, **plan.kwargs(), backend=b, tile_bytes=1, as_keys=True)
+                 for b in ("triton", "torch"))
+    assert torch.equal(got, want) and (got[-1] == torch.iinfo(torch.int64).min).all()
+    assert torch.equal(indexer_scores(q[:5], w[:5], pool, pos[:5], backend="triton").double(),
+                       indexer_scores_torch(q[:5], w[:5], pool, pos[:5]))
 
 
 def test_sharded_merge_equals_replicated_with_small_tiles(monkeypatch):

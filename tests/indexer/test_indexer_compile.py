@@ -6,7 +6,9 @@ heads; ``triton_paged.compile_specs()``: the paged top-k, one split and several)
 ``triton.compile`` for sm_120 (RTX PRO 6000: at most 99 KB of shared memory per block) and sm_90.
 The cubin Triton produced, the code a GPU would run, is read back with the toolkit's
 ``cuobjdump --dump-resource-usage``: a spill needs a local-memory stack frame, so STACK and LOCAL
-must be 0 and registers at most 255. The PTX must hold tensor-core ``mma`` instructions. Compilation
+must be 0 and registers at most 255. The PTX must hold tensor-core ``mma`` instructions, and on sm_90
+the scorer's kernels that stack 2 or 4 rows' heads (M 64 or 128: ``triton_scores.GROUPS``) ``wgmma``
+ones. Compilation
 runs in a subprocess because conftest sets TRITON_INTERPRET=1, which replaces @triton.jit functions
 by interpreted ones.
 """
@@ -41,8 +43,8 @@ for spec in ts.compile_specs() + tp.compile_specs():
                                check=True).stdout
         os.unlink(f.name)
         res = {key: int(v) for key, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
-        out[f"{spec['name']}-{arch}"] = {"shared": k.metadata.shared, "mma": len(re.findall(r"\bw?mma\.", k.asm["ptx"])),
-                                         **res}
+        out[f"{spec['name']}-{arch}"] = {"shared": k.metadata.shared, "mma": len(re.findall(r"\b(?:wg)?mma\.", k.asm["ptx"])),
+                                         "wgmma": len(re.findall(r"\bwgmma\.mma_async", k.asm["ptx"])), **res}
 print(json.dumps(out))
 """
 
@@ -75,18 +77,26 @@ def test_every_spec_compiled_for_both_targets(compiled):
 
 @pytest.mark.parametrize("arch", [120, 90])
 def test_no_spills_shared_memory_fits_and_mma(compiled, arch):
+    from sparkinfer.indexer.triton_scores import GROUPS, WARPS
+
     for name, info in compiled.items():
         if not name.endswith(f"-{arch}"):
             continue
         assert info["REG"] <= 255 and info["STACK"] == 0 and info["LOCAL"] == 0, f"{name}: spills {info}"
         assert info["shared"] <= MAX_SHARED[arch], f"{name}: {info['shared']} B shared memory"
         assert info["mma"] > 0, f"{name}: no tensor-core mma in the PTX"
-        # fp32 q takes the 3-pass tf32 split of k8 MMAs: six times the MMAs of the bf16 kernel (one pass of
-        # k16 bf16 MMAs, its operands exact in bf16)
-        if "q_fp32" in name:
-            assert info["mma"] == 6 * compiled[name.replace("q_fp32", "q_bf16")]["mma"], name
-        if "q_fp8" in name:  # fp8 codes converted to bf16 (exact): one pass, as bf16
-            assert info["mma"] == compiled[name.replace("q_fp8", "q_bf16")]["mma"], name
+        if arch == 120 and name.startswith("indexer_"):  # mma.sync: a warp's share of GROUPS[p] x 32 heads' dots
+            # a chunk's MMAs per row, from the PTX's per warp: fp32 q takes the 3-pass tf32 split of k8 MMAs,
+            # six times those of bf16 q (one pass of k16 bf16 MMAs, its operands exact in bf16); fp8 q one
+            # pass of f16 MMAs, as bf16
+            per_row = lambda n, p: compiled[n]["mma"] * WARPS[p] // GROUPS[p]
+            bf16 = per_row(name.replace("q_fp32", "q_bf16").replace("q_fp8", "q_bf16"), "bf16")
+            if "q_fp32" in name:
+                assert per_row(name, "tf32x3") == 6 * bf16, name
+            if "q_fp8" in name:
+                assert per_row(name, "f16") == bf16, name
+        elif name.startswith("indexer_") and "q_fp32" not in name:  # M = 64 or 128: wgmma on sm_90
+            assert info["wgmma"] > 0, f"{name}: no wgmma"
 
 
 def test_spec_signatures_match_the_kernel():
