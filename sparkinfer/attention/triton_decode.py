@@ -327,17 +327,15 @@ def _finish(m_i, l_i):
     return inv_l, tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
 
 
-# fp32 pairs -> bf16 pairs rounded to nearest even (one cvt a pair), a NaN as 0x7FC0 (torch's; the cvt
-# gives the canonical 0x7FFF): ``_bf16_bits`` on a GPU
+# fp32 pairs -> bf16 pairs rounded to nearest even (one cvt a pair), a NaN as 0x7FC0 (torch's): the cvt
+# gives the canonical 0x7FFF, the only bf16 it writes above 0x7FC0 as a signed 16-bit integer (a finite
+# value or an infinity is at most 0x7F80, negative ones are negative), so a signed min of each half
+# with 0x7FC0 sets it and leaves every other value: ``_bf16_bits`` on a GPU
 _BF16X2_PTX = tl.constexpr("""{
-    .reg .pred p;
+    .reg .b32 n;
     cvt.rn.bf16x2.f32 $0, $2, $1;
-    testp.notanumber.f32 p, $1;
-    @p and.b32 $0, $0, 0xFFFF0000;
-    @p or.b32 $0, $0, 0x7FC0;
-    testp.notanumber.f32 p, $2;
-    @p and.b32 $0, $0, 0xFFFF;
-    @p or.b32 $0, $0, 0x7FC00000;
+    mov.b32 n, 0x7FC07FC0;
+    min.s16x2 $0, $0, n;
     }""")
 
 
