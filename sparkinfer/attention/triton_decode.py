@@ -278,7 +278,8 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     that position of the workspace row ``crow_ptr``. A valid index's compacted position is at most its
     listed one and at least that less the K - count invalid ones, so the slice comes from the listed
     [lo, hi + K - count): the scan that places them (a cumulative sum a block) starts at lo's block,
-    after a count of the valid ones before it, and stops there (all valid: the slice's own blocks).
+    after a count of the valid ones before it (none to count when all K are valid), and stops there
+    (all valid: the slice's own blocks).
     Every program of the row reads the list (from L2 after the first program) and writes only its
     slice (the head blocks of a split write the same values), then a barrier makes the slice visible
     to all of its threads.
@@ -287,7 +288,9 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     count = _count_valid(row_ptr, s_k, 0, K, BLOCK_C)
     lo, hi = _split_range(count, num_splits, split, BLOCK_K)
     c_lo = tl.minimum(lo, count) // BLOCK_C * BLOCK_C  # an empty split (lo >= count) scans nothing
-    base = _count_valid(row_ptr, s_k, 0, c_lo, BLOCK_C)
+    # the valid indices before c_lo: all of them when the whole list is (the selected path's rows), counted
+    pre = tl.where(count == K, 0, c_lo)
+    base = _count_valid(row_ptr, s_k, 0, pre, BLOCK_C) + (c_lo - pre)
     for c0 in range(c_lo, tl.where(lo < hi, tl.minimum(K, hi + K - count), c_lo), BLOCK_C):
         ks = c0 + tl.arange(0, BLOCK_C)
         idx = tl.load(row_ptr + ks * s_k, mask=ks < K, other=-1)
