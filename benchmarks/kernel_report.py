@@ -160,7 +160,7 @@ def _launch(kernel: str, ctas: int, warps: int, iters: int = 0, loop: str = "non
     if trips:
         out["trips"] = {k: v if k == "sites" else float(v) for k, v in trips.items()}
     if path:
-        out["path"] = {k: int(v) for k, v in path.items()}
+        out["path"] = {k: [int(x) for x in v] if isinstance(v, list) else int(v) for k, v in path.items()}
     return out
 
 
@@ -172,11 +172,27 @@ def _splits(m: int, h: int, listed: int) -> int:
     return num_splits_for(m, h, listed, HW["rtx_pro_6000"]["sms"])
 
 
+def compact_trips(listed: int, k: int, per: int, n: int, block: int) -> list[int]:
+    """Trips of the decode's compaction loops (``triton_decode._compact_split``) in a program of n splits
+    of ``per`` keys over k valid of ``listed`` indices, each the most of any split (the merging program
+    may be any): the count of all the listed ones, the count before the split's first block and the
+    scan from there to the last listed index its slice may come from (hi + listed - k); with all
+    listed valid the count before the block is known (its start) and does not run."""
+    prefix = scan = 0
+    for i in range(n):
+        lo, hi = min(i * per, k), min((i + 1) * per, k)
+        start = lo // block * block
+        end = min(listed, hi + listed - k) if lo < hi else start  # an empty split scans nothing
+        # the count before the slice's block: none when every listed index is valid (the kernel knows it)
+        prefix, scan = max(prefix, 0 if k == listed else start // block), max(scan, _cdiv(end - start, block))
+    return [_cdiv(listed, block), prefix, scan]
+
+
 def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None, listed: int = K,
          listed_bytes: int = 4, paged: bool = False) -> dict:
     """Sparse-MLA decode, one launch per call: each row's ``listed`` indices (the selected path's int32
     workspace slots, the stock path's int64 cache rows: ``listed_bytes``; k < listed when other
-    ranks' entries are -1) are read from DRAM once (every program of the row scans them twice to
+    ranks' entries are -1) are read from DRAM once (every program of the row reads them again to
     compact its split, from L2), its k valid ones written to the workspace as int64 and read back,
     and those records gathered (``gathered`` records in all when the rows of a request read their
     union once), QK over 576 dims, PV over 512 (absorbed), bf16 MMA with an fp32 accumulator. The
@@ -193,8 +209,9 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     the same addresses every call), and their read-back not at all: the merging program reads them
     within the same wave that wrote them, from L2. Larger ones: written and read back from DRAM.
 
-    Issue (``decode_path_issue``): the critical path, the program that merges: the compaction's two
-    scans at ceil(listed / COMPACT_BLOCK) trips each, its split's tiles (the first split's, the most),
+    Issue (``decode_path_issue``): the critical path, the program that merges: the compaction's loops
+    at their trips (``compact_trips``: the count of the listed indices, the count before the split's
+    first block, the scan from there), its split's tiles (the first split's, the most),
     and the merge: its loops over the S splits S times (with one pass over the output's columns, 16
     heads a program: ``triton_decode.merge_chunks``; with more, the chunk loop that many times and the
     loop over the splits inside it that many times S); the busiest SM runs that program
@@ -226,8 +243,8 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
         name = f"{fmt}{',a4' if paged else ''}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"
         def path(n: int) -> dict:  # the critical path's trips with n splits (``decode_path_issue``)
             per = _cdiv(_cdiv(k, n), bk) * bk
-            return {"compact": _cdiv(listed, td.COMPACT_BLOCK), "tiles": _cdiv(min(per, k), bk), "splits": n,
-                    "merge_chunks": td.merge_chunks(bh)}  # ``_merge_partials``' passes over the columns
+            return {"compact": compact_trips(listed, k, per, n, td.COMPACT_BLOCK), "tiles": _cdiv(min(per, k), bk),
+                    "splits": n, "merge_chunks": td.merge_chunks(bh)}  # ``_merge_partials``' passes over the columns
 
         out = _launch(f"sparse_mla_decode[{name}]", m * hb * s, warps, m * hb * tiles, f"{bk}-key tiles", path=path(s))
         if s > 1:  # the other split counts of one wave and the same compiled variant (``issue_bound``: by_splits)
@@ -880,7 +897,7 @@ def decode_path_issue(profile: dict, path: dict) -> dict:
     """Warp instructions per warp of the sparse-MLA decode's critical path (``_mla``): each instruction
     counts the trips of the innermost loop holding it (the instructions in no loop once), by the loop's
     place around the hot loop (the tiles, ``path["tiles"]`` trips; a loop nested in it once a tile):
-    before it the compaction's scans (``compact`` trips each); after it the fused merge, where a loop
+    before it the compaction's loops (``compact``: their trips in order); after it the fused merge, where a loop
     holding another is the loop over the output's chunks (``merge_chunks`` trips), the loops inside it
     the loop over the splits (``merge_chunks`` x ``splits`` trips), and the other loops the loops over
     the splits (``splits`` trips). ptxas unrolls a loop over the splits u times into a main loop, whose
@@ -888,7 +905,8 @@ def decode_path_issue(profile: dict, path: dict) -> dict:
     remainder loop of one split's loads:
     the main loop then runs splits // u times and the remainder splits % u (the straight-line
     code counted once, an upper bound). Raises ValueError where the code is not that shape (another loop
-    count before the hot loop than the PTX's, more than one loop in the chunk loop)."""
+    count before the hot loop than the PTX's or than ``compact`` names, more than one loop in the chunk
+    loop)."""
     loops = [(a, b) for a, b, _ in profile["loops"]]
     loads = profile.get("loop_loads", [])
     loads = loads if len(loads) == len(loops) else [1] * len(loops)  # unknown: no unrolled loop recognized
@@ -902,13 +920,17 @@ def decode_path_issue(profile: dict, path: dict) -> dict:
         ptx_hot = max((j for j, (_, _, d) in enumerate(ptx["loops"]) if d == 0), key=lambda j: pl[j][1] - pl[j][0])
         if len(before) != sum(1 for a, b in pl if b < pl[ptx_hot][0]):
             raise ValueError("ptxas restructured the compaction's loops")
+    if before and len(before) != len(path["compact"]):  # each compaction loop at its own trips
+        raise ValueError(f"{len(before)} loops before the tiles, {len(path['compact'])} compaction trip counts")
     trips = [0] * len(loops)
     trips[hot] = path["tiles"]
     for j in range(len(loops)):
         if within(j, hot):
             trips[j] = path["tiles"]
-        elif j in before or any(within(j, i) for i in before):
-            trips[j] = path["compact"]
+        elif j in before:
+            trips[j] = path["compact"][before.index(j)]
+        elif any(within(j, i) for i in before):
+            trips[j] = path["compact"][before.index(next(i for i in before if within(j, i)))]
     after = [j for j in top if loops[j][0] > loops[hot][1]]
     leaves = []
     for j in after:

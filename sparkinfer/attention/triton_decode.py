@@ -197,8 +197,12 @@ def _bf16_rope(row_ptr, BYTE0: tl.constexpr):
 @triton.jit
 def _load_q(ptr, cols, hmask, SPLIT: tl.constexpr):
     """Query columns [BH, n] -> (hi, lo) bf16 with q = hi + lo when SPLIT (fp32 / fp16 queries); without
-    SPLIT (bf16 queries, exact in hi) lo is hi and unused."""
-    q = tl.load(ptr + cols[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+    SPLIT (bf16 queries, exact in hi) lo is hi and unused. Rows outside ``hmask`` are 0; hmask None: every
+    row is loaded (no zeroing before a masked load)."""
+    if hmask is None:
+        q = tl.load(ptr + cols[None, :]).to(tl.float32)
+    else:
+        q = tl.load(ptr + cols[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
     hi = q.to(tl.bfloat16)
     if SPLIT:
         lo = (q - hi.to(tl.float32)).to(tl.bfloat16)
@@ -257,22 +261,37 @@ def _split_range(count, num_splits, split, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _count_valid(row_ptr, s_k, c_lo, c_hi, BLOCK_C: tl.constexpr):
+    """Valid indices (>= 0) among the listed ones [c_lo, c_hi)."""
+    count = tl.zeros([], tl.int32)
+    for c0 in range(c_lo, c_hi, BLOCK_C):
+        ks = c0 + tl.arange(0, BLOCK_C)
+        count += tl.sum((tl.load(row_ptr + ks * s_k, mask=ks < c_hi, other=-1) >= 0).to(tl.int32), axis=0)
+    return count
+
+
+@triton.jit
 def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
     """This split's keys [lo, hi) of the row's valid indices, compacted: the row's K listed indices
     (int32/int64 at ``row_ptr``, stride ``s_k``; -1 = skip) are counted, and those whose position in
     the compacted order falls in the split's slice (``_split_range`` of the count) are stored, int64, at
-    that position of the workspace row ``crow_ptr``. Every program of the row reads the whole list
-    twice (K indices, from L2 after the first program) and writes only its slice (the head blocks of a split
-    write the same values), then a barrier makes the slice visible to all of its threads.
+    that position of the workspace row ``crow_ptr``. A valid index's compacted position is at most its
+    listed one and at least that less the K - count invalid ones, so the slice comes from the listed
+    [lo, hi + K - count): the scan that places them (a cumulative sum a block) starts at lo's block,
+    after a count of the valid ones before it (none to count when all K are valid), and stops there
+    (all valid: the slice's own blocks).
+    Every program of the row reads the list (from L2 after the first program) and writes only its
+    slice (the head blocks of a split write the same values), then a barrier makes the slice visible
+    to all of its threads.
 
     Positions are bounded by K: int32; the stored indices keep their width up to int64."""
-    count = tl.zeros([], tl.int32)
-    for c0 in range(0, K, BLOCK_C):
-        ks = c0 + tl.arange(0, BLOCK_C)
-        count += tl.sum((tl.load(row_ptr + ks * s_k, mask=ks < K, other=-1) >= 0).to(tl.int32), axis=0)
+    count = _count_valid(row_ptr, s_k, 0, K, BLOCK_C)
     lo, hi = _split_range(count, num_splits, split, BLOCK_K)
-    base = tl.zeros([], tl.int32)
-    for c0 in range(0, K, BLOCK_C):
+    c_lo = tl.minimum(lo, count) // BLOCK_C * BLOCK_C  # an empty split (lo >= count) scans nothing
+    # the valid indices before c_lo: all of them when the whole list is (the selected path's rows), counted
+    pre = tl.where(count == K, 0, c_lo)
+    base = _count_valid(row_ptr, s_k, 0, pre, BLOCK_C) + (c_lo - pre)
+    for c0 in range(c_lo, tl.where(lo < hi, tl.minimum(K, hi + K - count), c_lo), BLOCK_C):
         ks = c0 + tl.arange(0, BLOCK_C)
         idx = tl.load(row_ptr + ks * s_k, mask=ks < K, other=-1)
         flag = (idx >= 0).to(tl.int32)
@@ -311,10 +330,25 @@ def _finish(m_i, l_i):
     return inv_l, tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
 
 
+# fp32 pairs -> bf16 pairs rounded to nearest even (one cvt a pair), a NaN as 0x7FC0 (torch's): the cvt
+# gives the canonical 0x7FFF, the only bf16 it writes above 0x7FC0 as a signed 16-bit integer (a finite
+# value or an infinity is at most 0x7F80, negative ones are negative), so a signed min of each half
+# with 0x7FC0 sets it and leaves every other value: ``_bf16_bits`` on a GPU
+_BF16X2_PTX = tl.constexpr("""{
+    .reg .b32 n;
+    cvt.rn.bf16x2.f32 $0, $2, $1;
+    mov.b32 n, 0x7FC07FC0;
+    min.s16x2 $0, $0, n;
+    }""")
+
+
 @triton.jit
-def _bf16_bits(x):
+def _bf16_bits(x, ASM: tl.constexpr):
     """fp32 ``x`` rounded to bf16 (nearest, ties to even; NaN to the canonical 0x7FC0) as int16 bits,
-    the same on a GPU and in the interpreter (whose fp32 -> bf16 cast truncates)."""
+    the same on a GPU (ASM: ``cvt.rn.bf16x2``, two values an instruction) and in the interpreter (whose
+    fp32 -> bf16 cast truncates: on the bits, ~6 integer instructions a value)."""
+    if ASM:
+        return tl.inline_asm_elementwise(_BF16X2_PTX, "=r,r,r", [x], dtype=tl.int16, is_pure=True, pack=2)
     b = x.to(tl.uint32, bitcast=True)
     r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
     r = tl.where(x != x, 0x7FC0, r)
@@ -351,13 +385,15 @@ def _sparse_mla_decode_kernel(
     # the split's keys first: the compaction's scans run before the queries take their registers
     k_lo, k_hi = _compact_split(idx_ptr + m * s_idx_m, s_idx_k, K, cidx_ptr + m * s_cidx_m, num_splits, split,
                                 BLOCK_K, BLOCK_C)
-    qn_row = qn_ptr + m * s_qn_m + heads[:, None] * s_qn_h
-    q0h, q0l = _load_q(qn_row, col, hmask, Q_SPLIT)
-    q1h, q1l = _load_q(qn_row, CW + col, hmask, Q_SPLIT)
+    # heads past H compute with head H - 1's queries (every load unmasked); their rows are not stored
+    q_heads = tl.minimum(heads, H - 1)[:, None]
+    qn_row = qn_ptr + m * s_qn_m + q_heads * s_qn_h
+    q0h, q0l = _load_q(qn_row, col, None, Q_SPLIT)
+    q1h, q1l = _load_q(qn_row, CW + col, None, Q_SPLIT)
     if FOUR:
-        q2h, q2l = _load_q(qn_row, 2 * CW + col, hmask, Q_SPLIT)
-        q3h, q3l = _load_q(qn_row, 3 * CW + col, hmask, Q_SPLIT)
-    qrh, qrl = _load_q(qr_ptr + m * s_qr_m + heads[:, None] * s_qr_h, rcol, hmask, Q_SPLIT)
+        q2h, q2l = _load_q(qn_row, 2 * CW + col, None, Q_SPLIT)
+        q3h, q3l = _load_q(qn_row, 3 * CW + col, None, Q_SPLIT)
+    qrh, qrl = _load_q(qr_ptr + m * s_qr_m + q_heads * s_qr_h, rcol, None, Q_SPLIT)
 
     m_i, l_i, acc0, acc1, acc2, acc3 = _start(BLOCK_H, CW)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -412,11 +448,11 @@ def _sparse_mla_decode_kernel(
     vmask = hmask[:, None]
     if not MERGE:  # one split (a constexpr: each variant compiles only its epilogue)
         o_row = out_ptr + m * s_out_m + heads[:, None] * s_out_h
-        _store_out(o_row + col[None, :], acc0 * inv_l[:, None], vmask, OUT_BF16)
-        _store_out(o_row + CW + col[None, :], acc1 * inv_l[:, None], vmask, OUT_BF16)
+        _store_out(o_row + col[None, :], acc0 * inv_l[:, None], vmask, OUT_BF16, ASM)
+        _store_out(o_row + CW + col[None, :], acc1 * inv_l[:, None], vmask, OUT_BF16, ASM)
         if FOUR:
-            _store_out(o_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], vmask, OUT_BF16)
-            _store_out(o_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], vmask, OUT_BF16)
+            _store_out(o_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], vmask, OUT_BF16, ASM)
+            _store_out(o_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], vmask, OUT_BF16, ASM)
         tl.store(lse_ptr + m * s_lse_m + heads, lse, mask=hmask)
     else:
         p_row = po_ptr + split * s_po_s + m * s_po_m + heads[:, None] * s_po_h
@@ -432,41 +468,44 @@ def _sparse_mla_decode_kernel(
         tk = tk_ptr + m * tl.num_programs(1) + hb
         if tl.atomic_add(tk, 1, sem="acq_rel") == num_splits - 1:
             tl.store(tk, 0)  # the next launch (a CUDA-graph replay) starts from 0 again
-            _merge_partials(po_ptr + m * s_po_m + heads * s_po_h, pl_ptr + m * s_pl_m + heads,
+            last = tl.minimum(heads, H - 1)  # heads past H read head H - 1's partial (not stored)
+            _merge_partials(po_ptr + m * s_po_m + last * s_po_h, pl_ptr + m * s_pl_m + last,
                             out_ptr + m * s_out_m + heads * s_out_h, lse_ptr + m * s_lse_m + heads, hmask,
-                            num_splits, s_po_s, s_pl_s, BLOCK_H, OUT_BF16)
+                            num_splits, s_po_s, s_pl_s, BLOCK_H, OUT_BF16, ASM)
 
 
 @triton.jit
-def _store_out(ptr, x, mask, OUT_BF16: tl.constexpr):
-    if OUT_BF16:  # rounded to nearest even on the bits (``_bf16_bits``: the interpreter's cast truncates)
-        tl.store(ptr.to(tl.pointer_type(tl.int16)), _bf16_bits(x), mask=mask)
+def _store_out(ptr, x, mask, OUT_BF16: tl.constexpr, ASM: tl.constexpr):
+    if OUT_BF16:  # rounded to nearest even (``_bf16_bits``: the interpreter's cast truncates)
+        tl.store(ptr.to(tl.pointer_type(tl.int16)), _bf16_bits(x, ASM), mask=mask)
     else:
         tl.store(ptr, x, mask=mask)
 
 
 @triton.jit
-def _split_weight(lse_ptrs, mask, anchor, inv):
+def _split_weight(lse_ptrs, anchor, inv):
     """A split's merge weights e^(lse_s - anchor) / total of BLOCK (row, head) pairs, [BLOCK, 1] (the
     partials' layout: ``_merge_partials``)."""
-    return tl.exp(tl.load(lse_ptrs[:, None], mask=mask[:, None], other=float("-inf"), cache_modifier=".cg")
-                  - anchor[:, None]) * inv[:, None]
+    return tl.exp(tl.load(lse_ptrs[:, None], cache_modifier=".cg") - anchor[:, None]) * inv[:, None]
 
 
 @triton.jit
-def _merge_cols(acc, w, rows, d, mask):
+def _merge_cols(acc, w, rows, d):
     """acc + w x 128 columns of a split's partials (``rows``: 16-byte aligned, read from L2 with .cg)."""
-    return acc + w * tl.load(rows[:, None] + d[None, :], mask=mask[:, None], other=0.0, cache_modifier=".cg")
+    return acc + w * tl.load(rows[:, None] + d[None, :], cache_modifier=".cg")
 
 
 @triton.jit
 def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_s, BLOCK: tl.constexpr,
-                    OUT_BF16: tl.constexpr):
+                    OUT_BF16: tl.constexpr, ASM: tl.constexpr):
     """merge_lse of the S partials of BLOCK (row, head) pairs: lse = ln sum_s e^lse_s, out = sum_s
     e^(lse_s - lse) out_s; no partial seen: out 0, lse -inf. po_rows, pl_rows, out_rows, lse_rows: [BLOCK]
     pointers to split 0's partial row (512 contiguous fp32, 16-byte aligned: a workspace's), its LSE, the
     output row (512 contiguous) and the LSE; split s is s_po_s / s_pl_s elements on (s_po_s a multiple
-    of 512). Partials are read with .cg (from L2: other SMs wrote them), 16 bytes at a time; each split's
+    of 512). ``mask``: the pairs to write. The partials and LSEs are read unmasked (a masked load
+    zeroes its registers first: 32 instructions a split at 16 heads), so the caller points a masked-off
+    pair at a partial it may read (clamped to the last pair): its lanes compute from that one, alone,
+    and are not stored. Partials are read with .cg (from L2: other SMs wrote them), 16 bytes at a time; each split's
     weight is loaded in the partial's 2-D layout ([BLOCK, 1]), so the loop over the splits moves no
     data between layouts. Where BLOCK x 512 accumulators fit MERGE_ELEMS (16 heads: 64 fp32 a thread at 4
     warps) one loop over the splits updates all 512 columns (four [BLOCK, 128] accumulators: one
@@ -476,11 +515,11 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     kernel_report.py``'s critical path). Each output value sums its splits in order either way.""" 
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
     for s in range(0, S):
-        mx = tl.maximum(mx, tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg"))
+        mx = tl.maximum(mx, tl.load(pl_rows + s * s_pl_s, cache_modifier=".cg"))
     anchor = tl.where(mx == float("-inf"), 0.0, mx)
     total = tl.zeros([BLOCK], tl.float32)
     for s in range(0, S):
-        total += tl.exp(tl.load(pl_rows + s * s_pl_s, mask=mask, other=float("-inf"), cache_modifier=".cg") - anchor)
+        total += tl.exp(tl.load(pl_rows + s * s_pl_s, cache_modifier=".cg") - anchor)
     seen = total > 0
     inv = 1.0 / tl.where(seen, total, 1.0)
     d = tl.arange(0, 128)
@@ -488,23 +527,23 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
         a0 = tl.zeros([BLOCK, 128], tl.float32)
         a1, a2, a3 = a0, a0, a0
         for s in range(0, S):
-            w = _split_weight(pl_rows + s * s_pl_s, mask, anchor, inv)
+            w = _split_weight(pl_rows + s * s_pl_s, anchor, inv)
             rows = tl.multiple_of(po_rows + s * s_po_s, 16)
-            a0 = _merge_cols(a0, w, rows, d, mask)
-            a1 = _merge_cols(a1, w, rows + 128, d, mask)
-            a2 = _merge_cols(a2, w, rows + 256, d, mask)
-            a3 = _merge_cols(a3, w, rows + 384, d, mask)
-        _store_out(out_rows[:, None] + d[None, :], a0, mask[:, None], OUT_BF16)
-        _store_out(out_rows[:, None] + 128 + d[None, :], a1, mask[:, None], OUT_BF16)
-        _store_out(out_rows[:, None] + 256 + d[None, :], a2, mask[:, None], OUT_BF16)
-        _store_out(out_rows[:, None] + 384 + d[None, :], a3, mask[:, None], OUT_BF16)
+            a0 = _merge_cols(a0, w, rows, d)
+            a1 = _merge_cols(a1, w, rows + 128, d)
+            a2 = _merge_cols(a2, w, rows + 256, d)
+            a3 = _merge_cols(a3, w, rows + 384, d)
+        _store_out(out_rows[:, None] + d[None, :], a0, mask[:, None], OUT_BF16, ASM)
+        _store_out(out_rows[:, None] + 128 + d[None, :], a1, mask[:, None], OUT_BF16, ASM)
+        _store_out(out_rows[:, None] + 256 + d[None, :], a2, mask[:, None], OUT_BF16, ASM)
+        _store_out(out_rows[:, None] + 384 + d[None, :], a3, mask[:, None], OUT_BF16, ASM)
     else:
         for c in range(0, 4):  # 128 output columns at a time (a loop, not unrolled: the code once)
             acc = tl.zeros([BLOCK, 128], tl.float32)
             for s in range(0, S):
-                w = _split_weight(pl_rows + s * s_pl_s, mask, anchor, inv)
-                acc = _merge_cols(acc, w, tl.multiple_of(po_rows + s * s_po_s + 128 * c, 16), d, mask)
-            _store_out(out_rows[:, None] + 128 * c + d[None, :], acc, mask[:, None], OUT_BF16)
+                w = _split_weight(pl_rows + s * s_pl_s, anchor, inv)
+                acc = _merge_cols(acc, w, tl.multiple_of(po_rows + s * s_po_s + 128 * c, 16), d)
+            _store_out(out_rows[:, None] + 128 * c + d[None, :], acc, mask[:, None], OUT_BF16, ASM)
     tl.store(lse_rows, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")), mask=mask)
 
 

@@ -235,9 +235,9 @@ def _union_decode_kernel(
     lmask = mm < R * H * (1 - half)  # both halves hold the same LSE: the first writes it
     if num_splits == 1:
         o_row = out_ptr + qrow[:, None] * s_out_m + head[:, None] * s_out_h
-        _store_out(o_row + cols, acc0 * inv_l[:, None], vmask, OUT_BF16)
+        _store_out(o_row + cols, acc0 * inv_l[:, None], vmask, OUT_BF16, False)
         if not NVFP4:
-            _store_out(o_row + cols + 128, acc1 * inv_l[:, None], vmask, OUT_BF16)
+            _store_out(o_row + cols + 128, acc1 * inv_l[:, None], vmask, OUT_BF16, False)
         tl.store(lse_ptr + qrow * s_lse_m + head, lse, mask=lmask)
     else:
         p_row = po_ptr + split * s_po_s + b * s_po_b + mm[:, None] * _D
@@ -251,9 +251,10 @@ def _union_decode_kernel(
         ticket = tl.atomic_add(cnt_ptr + b * num_mb + mb, 1, sem="acq_rel")
         if ticket == 2 * num_splits - 1:
             tl.store(cnt_ptr + b * num_mb + mb, 0)  # the next launch starts from 0 again
-            _merge_partials(po_ptr + b * s_po_b + mm * _D, pl_ptr + b * s_pl_b + mm,
+            last = tl.minimum(mm, R * H - 1)  # rows past R x H read the last row's partial (not stored)
+            _merge_partials(po_ptr + b * s_po_b + last * _D, pl_ptr + b * s_pl_b + last,
                             out_ptr + qrow * s_out_m + head * s_out_h, lse_ptr + qrow * s_lse_m + head, mvalid,
-                            num_splits, s_po_s, s_pl_s, BLOCK_M, OUT_BF16)
+                            num_splits, s_po_s, s_pl_s, BLOCK_M, OUT_BF16, False)
 
 
 @triton.jit

@@ -297,7 +297,7 @@ def test_preallocated_outputs_and_workspace():
 def _merge_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, S, N: tl.constexpr, D: tl.constexpr):
     """The decode's fused merge (``_merge_partials``) over N (row, head) pairs of partials [S, N, D]."""
     n = tl.arange(0, N)
-    _merge_partials(po_ptr + n * D, pl_ptr + n, out_ptr + n * D, lse_ptr + n, n < N, S, N * D, N, N, False)
+    _merge_partials(po_ptr + n * D, pl_ptr + n, out_ptr + n * D, lse_ptr + n, n < N, S, N * D, N, N, False, False)
 
 
 @pytest.mark.parametrize("m", [2, 4])
@@ -374,26 +374,41 @@ def test_a_bf16_output_is_the_fp32_one_rounded(name, splits):
 
 
 @triton.jit
-def _round_kernel(x_ptr, out_ptr, N: tl.constexpr):
+def _round_kernel(x_ptr, out_ptr, N: tl.constexpr, ASM: tl.constexpr):
     i = tl.arange(0, N)
-    tl.store(out_ptr + i, _bf16_bits(tl.load(x_ptr + i)))
+    tl.store(out_ptr + i, _bf16_bits(tl.load(x_ptr + i), ASM))
 
 
-def test_bf16_rounding_on_the_bits_equals_torch():
-    """``_bf16_bits`` against torch's fp32 -> bf16 on the edges: ties to even either way, the largest
-    finite values (rounding to inf), infinities, NaN, subnormals, signed zeros, and random values."""
+def _rounding_cases(dev, asm: bool):
+    """(``_bf16_bits`` of the edge cases and random values, torch's round of them, their NaN mask)."""
     edges = torch.tensor([0x3F808000, 0x3F818000, 0x3F80C000, 0x3F807FFF, 0x7F7FFFFF, 0x7F7F7FFF, 0x7F800000,
                           0xFF800000 - 2**32, 0x7FC00000, 0x7F800001, 0x00008000, 0x00018000, 0x00000001,
                           0x80000000 - 2**32, 0, 0xBF808000 - 2**32], dtype=torch.int64).to(torch.int32)
     g = torch.Generator().manual_seed(3)
     x = torch.cat([edges.view(torch.float32), torch.randn(240, generator=g) * 10 ** torch.randint(-30, 30, (240,),
                                                                                                       generator=g)])
-    out = torch.empty(256, dtype=torch.int16)
-    _round_kernel[(1,)](x, out, N=256)
-    want = x.to(torch.bfloat16).view(torch.int16)
-    nan = torch.isnan(x)
+    x = x.to(dev)
+    out = torch.empty(256, dtype=torch.int16, device=dev)
+    _round_kernel[(1,)](x, out, N=256, ASM=asm)
+    return out.cpu(), x.cpu().to(torch.bfloat16).view(torch.int16), torch.isnan(x.cpu())
+
+
+def test_bf16_rounding_on_the_bits_equals_torch():
+    """``_bf16_bits`` (the interpreter's twin) against torch's fp32 -> bf16 on the edges: ties to even
+    either way, the largest finite values (rounding to inf), infinities, NaN, subnormals, signed zeros,
+    and random values."""
+    out, want, nan = _rounding_cases("cpu", asm=False)
     assert torch.equal(out[~nan], want[~nan])
     assert bool((out[nan] == 0x7FC0).all())
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_rounding_asm_equals_twin():
+    """The GPU's ``_bf16_bits`` (cvt.rn.bf16x2, NaN set to 0x7FC0) bit for bit its twin and torch's round."""
+    out, want, nan = _rounding_cases(torch.device("cuda"), asm=True)
+    twin, _, _ = _rounding_cases(torch.device("cuda"), asm=False)
+    assert torch.equal(out, twin)
+    assert torch.equal(out[~nan], want[~nan])
 
 
 def test_432_outer_scale_is_honoured():

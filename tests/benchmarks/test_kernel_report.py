@@ -141,9 +141,18 @@ def test_roofline_arithmetic():
     # L2: 2.1 MB), one output
     assert one["params"]["splits"] == 16 and one["bytes"] == 4 * 2048 * (368 + 4 + 16) + 4 * 16 * 576 * 2 \
         + 17 * 4 * 16 * 513 * 4
-    # its critical path (the merging program): 8 trips of each compaction scan (2048 listed / 256), the
-    # first split's 2 tiles of 64 keys, the merge over 16 splits in one pass over the 512 columns
-    assert one["launch"]["path"] == {"compact": 8, "tiles": 2, "splits": 16, "merge_chunks": 1}
+    # its critical path (the merging program): the compaction's count of the 2048 listed (8 trips of 256),
+    # no count before its slice's block (all valid: its start) and the scan of that block (a slice of 128
+    # of 2048 all valid: 1), the first split's 2 tiles of 64 keys, the merge over 16 splits in one pass
+    assert one["launch"]["path"] == {"compact": [8, 0, 1], "tiles": 2, "splits": 16, "merge_chunks": 1}
+    # stock DCP4, one split: 512 of the 2048 valid may come from any listed block, the scan runs over all
+    assert stock["launch"]["path"]["compact"] == [8, 0, 8]
+    # the trips by hand: 2 splits of 1024 all valid (4 blocks each); 3 of 128 valid of 2048 listed: the
+    # last split's slice [128, 128) is empty and scans nothing, the others may reach the list's end; 2 of
+    # 1024 valid of 2048: the second split counts the 2 blocks before its slice's start (512)
+    assert kr.compact_trips(2048, 2048, 1024, 2, 256) == [8, 0, 4]
+    assert kr.compact_trips(2048, 128, 64, 3, 256) == [8, 0, 8]
+    assert kr.compact_trips(2048, 1024, 512, 2, 256) == [8, 2, 6]
     idx = next(r for r in rows if r["kernel"] == "indexer_scores" and r["params"]["M"] == 4
                and r["params"]["T"] == 131072)
     # 4 rows x 32 heads x 131072 tokens x 128 dims x 2, + relu, weight, sum per head and token
@@ -427,7 +436,7 @@ def test_decode_critical_path_counts_the_merge_at_its_splits():
     [26, 30], 2 after. Each loop at its trips: a merge loop counted once per program would fail."""
     prof = {"instructions": 36, "loops": [[2, 4, 0], [5, 14, 0], [16, 19, 0], [22, 23, 0], [24, 33, 0], [26, 30, 1]],
             "loop_loads": [1, 9, 4, 1, 6, 5]}
-    path = {"compact": 8, "tiles": 2, "splits": 16, "merge_chunks": 4}
+    path = {"compact": [8], "tiles": 2, "splits": 16, "merge_chunks": 4}
     got = kr.decode_path_issue(prof, path)
     assert got["trips"] == [8, 2, 4, 0, 4, 64]
     # outside: 0-1, 15, 20-21, 34-35; the chunk loop's own 5 instructions x 4, its inner 5 x 4 x 16
