@@ -596,17 +596,39 @@ def test_what_vllm_makes_of_the_builders_support(support, requested, resolved):
     assert cfg.cudagraph_capture_sizes == ([4, 8, 12, 16] if full_decode else [1, 2, 4, 8, 12, 16])
 
 
-def test_dcp_serve_profiles_run_piecewise():
-    """Every DCP > 1 serve profile asks for PIECEWISE itself (vLLM's FULL modes fault with MTP + DCP
-    upstream, and sparkinfer's indexer, which runs there, is not replay-safe yet: graph_paths)."""
+@pytest.mark.vllm
+def test_dcp_serve_profiles_get_full_decode_graphs_from_vllm():
+    """Every DCP > 1 serve profile, as vLLM 0.32 resolves its graph settings against the builders'
+    declared support (``graph_paths.support``, every part: the attention and sparkinfer's indexer with
+    its scoring part of each graph's choice): FULL decode graphs at the profile's own capture sizes,
+    each a multiple of the MTP query length, so none is rounded or dropped."""
+    pytest.importorskip("vllm")
     import tomllib
     from pathlib import Path
 
+    from vllm.config import CompilationConfig, CompilationMode
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    from sparkinfer.decode import graph_paths
+    from sparkinfer.vllm.model_config_check import DEFAULT_GRAPH_MODE
+
+    least = min((AttentionCGSupport[graph_paths.support(p)] for p in graph_paths.PARTS), key=lambda s: s.value)
+    assert least is AttentionCGSupport.UNIFORM_BATCH
     paths = sorted((Path(__file__).parents[2] / "profiles" / "serve").glob("*.toml"))
     dcp = []
     for path in paths:
         v = tomllib.loads(path.read_text())["vllm"]
-        if v.get("decode_context_parallel_size", 1) > 1:
-            dcp.append(path.name)
-            assert v["compilation_config"]["cudagraph_mode"] == "PIECEWISE", path.name
+        if v.get("decode_context_parallel_size", 1) == 1:
+            continue
+        dcp.append(path.name)
+        comp = v["compilation_config"]
+        query_len = 1 + v.get("speculative_config", {}).get("num_speculative_tokens", 0)
+        sizes = comp["cudagraph_capture_sizes"]
+        cfg = CompilationConfig(mode=CompilationMode.VLLM_COMPILE,
+                                cudagraph_mode=comp.get("cudagraph_mode", DEFAULT_GRAPH_MODE),
+                                splitting_ops=list(CompilationConfig._attention_ops),
+                                cudagraph_capture_sizes=list(sizes), max_cudagraph_capture_size=max(sizes))
+        mode = cfg.resolve_cudagraph_mode_and_sizes(least, "SPARKINFER_SPARSE_MLA", uniform_decode_query_len=query_len)
+        assert mode.name == "FULL_AND_PIECEWISE", path.name
+        assert cfg.cudagraph_capture_sizes == sizes and all(n % query_len == 0 for n in sizes), path.name
     assert len(dcp) >= 3, dcp
