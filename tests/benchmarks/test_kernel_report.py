@@ -397,6 +397,8 @@ def test_paged_topk_selection_counted_at_its_scans():
     rows, splits = tpg.MAX_GROUP, paged_splits(kr.B * kr.R)
     tiles = -(-65536 // PAGED_TILE) // splits
     tile_lv, merge_lv = kr._paged_levels(65536, splits, PAGED_TILE)
+    # an int64 key has 8 byte-wide radix levels at most; the replayed scores share their top byte, so a
+    # select needs more than one (a replay stuck at 1 or past 8 would price the scans wrongly)
     assert 1 < tile_lv <= 8 and 1 < merge_lv <= 8
     steps = -(-(kr.K + PAGED_TILE) // tpg.BLOCK)
     tile_call, merge_call = sorted({r["call"] for r in trips["sites"]}, key=lambda c: int(c.split(":")[1]))
