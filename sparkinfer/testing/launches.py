@@ -270,7 +270,7 @@ class _Probe:
     def __init__(self, runner, spec_rows: int):
         self.spec_rows = spec_rows
         self.step: dict | None = None
-        self.last: dict = {}  # (batch shape, paths of its forwards) -> the last decode step of that kind
+        self.last: dict = {}  # (batch shape, paths and scorings of its forwards) -> the last decode step of that kind
         self.seen: dict = {}  # the same key -> decode steps of that kind so far
         self.results: list[dict] = []
         execute = runner.execute_model
@@ -279,7 +279,7 @@ class _Probe:
             self._close()
             n = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
             if n and is_decode_step(scheduler_output, spec_rows):
-                self.step = {"shape": (len(n), sum(n.values())), "forwards": [], "paths": []}
+                self.step = {"shape": (len(n), sum(n.values())), "forwards": [], "paths": [], "scorings": []}
             return execute(scheduler_output, *a, **k)
 
         runner.execute_model = execute_model
@@ -294,7 +294,9 @@ class _Probe:
         def forward(*a, **k):
             if self.step is None or _active:
                 return orig(*a, **k)
-            self.step["paths"].append(_step_path())
+            path, scoring = _step_choice()
+            self.step["paths"].append(path)
+            self.step["scorings"].append(scoring)
             with record(layers_only=True) as rec:
                 out = orig(*a, **k)
             self.step["forwards"].append(rec)
@@ -306,11 +308,12 @@ class _Probe:
         step, self.step = self.step, None
         if step is None or not step["forwards"]:
             return
-        key = (step["shape"], tuple(step["paths"]))
+        key = (step["shape"], tuple(step["paths"]), tuple(step["scorings"]))
         before = self.last.get(key)
         self.seen[key] = self.seen.get(key, 0) + 1
         if before is not None and self.seen[key] > WARMUP + 1:
-            self.results.append({"shape": step["shape"], "paths": step["paths"], "forwards": len(step["forwards"]),
+            self.results.append({"shape": step["shape"], "paths": step["paths"], "scorings": step["scorings"],
+                                 "forwards": len(step["forwards"]),
                                  "launches": sum(len(r.events) for r in step["forwards"]),
                                  "kernels": [r.kernels for r in step["forwards"]],
                                  "breakdown": [dict(r.breakdown()) for r in step["forwards"]],
@@ -326,20 +329,27 @@ class _Probe:
         self.last, self.seen, self.results = {}, {}, []
 
 
-def _step_path() -> str | None:
-    """The path of the forward vLLM is about to run (``step_path.PATHS``; a step whose records are all
-    local runs no exchange, so "local" is a key of its own), from the sparkinfer attention metadata in
-    its forward context; None without one. Steps of one shape replay one graph
-    only on one path (docs/design/cuda-graphs.md), so the probe compares steps of equal shape and path."""
+def _step_choice() -> tuple[str | None, str | None]:
+    """(path, scoring) of the forward vLLM is about to run: the attention's path (``step_path.PATHS``;
+    a step whose records are all local runs no exchange, so "local" is a key of its own) and the
+    indexer's scoring (``graph_paths.SCORINGS``: sharded adds an all-gather and a merge), from the
+    sparkinfer metadata in its forward context; None for what it lacks. A FULL graph replays only on
+    its path and scoring (``graph_paths.GraphChoice``, docs/design/cuda-graphs.md), so the probe
+    compares steps of equal shape, paths and scorings."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
+    from sparkinfer.vllm.indexer_scoring import scoring_of
+
     if not is_forward_context_available():
-        return None
+        return None, None
     mds = get_forward_context().attn_metadata
+    path = scoring = None
     for md in (mds.values() if isinstance(mds, dict) else ()):
         if hasattr(md, "sparkinfer_selected"):  # the sparkinfer backend's metadata
-            return md.path
-    return None
+            path = md.path
+        elif hasattr(md, "key_plans"):  # the replicated indexer's
+            scoring = scoring_of(md.sharded)
+    return path, scoring
 
 
 _probe: list = [None]
@@ -353,7 +363,7 @@ def install(worker=None) -> bool:
 
 
 def report(worker=None) -> list[dict]:
-    """``LLM.collective_rpc(report)``: [{"shape": (requests, rows), "paths": [path of each forward], "forwards": n, "launches": n, "kernels":
+    """``LLM.collective_rpc(report)``: [{"shape": (requests, rows), "paths": [path of each forward], "scorings": [the indexer's scoring of each forward, None without one], "forwards": n, "launches": n, "kernels":
     [kernel launches of each forward], "breakdown": [{(entry, site, kernel): launches} per forward], "differences": [{site: where} per forward]}] for each decode step compared with the previous decode step of its shape (``differences``)."""
     return [] if _probe[0] is None else _probe[0].report()
 

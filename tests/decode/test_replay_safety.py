@@ -83,14 +83,16 @@ def test_two_steps_of_one_shape_make_the_same_launches_and_changes_are_seen(monk
     assert "1 forwards against 2" in launches.first_difference([a], [a, b])
 
 
-def test_the_probe_compares_steps_of_one_path_only(monkeypatch):
-    """Decode steps are keyed by their shape and path (``_step_path``): a step whose records are all
-    local ("local": no exchange) is compared only with local steps, never with a selected one of the
-    same shape, and each path's first step is warm-up (``launches.WARMUP``)."""
+def test_the_probe_compares_steps_of_one_path_and_scoring_only(monkeypatch):
+    """Decode steps are keyed by their shape, path and indexer scoring (``_step_choice``: what a FULL
+    graph holds fixed, ``graph_paths.GraphChoice``): a step whose records are all local ("local": no
+    exchange) is compared only with local steps, a sharded-scoring step only with sharded ones, never
+    across, and each kind's first step is warm-up (``launches.WARMUP``)."""
     from types import SimpleNamespace
 
-    paths = iter(["selected", "local", "selected", "local", "selected", "local", "local"])
-    monkeypatch.setattr(launches, "_step_path", lambda: next(paths))
+    sel, loc, shd = ("selected", "replicated"), ("local", "replicated"), ("selected", "sharded")
+    choices = iter([sel, loc, shd, sel, loc, shd, sel, loc, loc, shd, shd])
+    monkeypatch.setattr(launches, "_step_choice", lambda: next(choices))
     x = torch.zeros(4)
 
     class Runner:
@@ -103,10 +105,12 @@ def test_the_probe_compares_steps_of_one_path_only(monkeypatch):
     runner = Runner()
     probe = launches._Probe(runner, spec_rows=4)
     decode = SimpleNamespace(num_scheduled_tokens={"a": 4}, scheduled_new_reqs=[])
-    for _ in range(7):
+    for _ in range(11):
         runner.execute_model(decode)
     results = probe.report()
-    assert [r["paths"] for r in results] == [["selected"], ["local"], ["local"]]
+    assert [(r["paths"], r["scorings"]) for r in results] == [
+        (["selected"], ["replicated"]), (["local"], ["replicated"]), (["local"], ["replicated"]),
+        (["selected"], ["sharded"]), (["selected"], ["sharded"])]
     assert all(r["differences"] == [{}] for r in results), results
 
 
