@@ -258,14 +258,14 @@ __global__ void write_paged_kernel(int32_t fmt, const void* __restrict__ latent,
 // flag store per warp. L = 8 (four tokens per warp, as encode_kernel) for a decode step's few rows, where
 // a warp's latency counts; L = 4 (kWideWriteLanes) for a prefill chunk, where the warps' issue does:
 // eight tokens per warp issue the per-token work (slot, flags, the scales' quotients, shuffles) once for
-// eight, 8% fewer instructions per token (kernel report, sm_90: 371 against 404).
+// eight, 7% fewer instructions per token (kernel report, sm_90: 367 against 396).
 template <int L>
 __global__ void write_paged_nvfp4_kernel(int32_t fmt, const void* __restrict__ latent, int64_t lat_stride,
                                          int32_t lat_bf16, const void* __restrict__ rope, int64_t rope_stride,
                                          int32_t rope_bf16, int64_t n, const int64_t* __restrict__ slots,
                                          uint8_t* __restrict__ cache, int64_t num_blocks, int64_t block_size,
-                                         int64_t s0, int64_t s1, int64_t null_block, float outer_scale,
-                                         int32_t* value_flag, int32_t* slot_flag) {
+                                         int64_t s0, int64_t s1, int64_t null_block, si::SlotDivisor blocks_of,
+                                         float outer_scale, int32_t* value_flag, int32_t* slot_flag) {
   constexpr int G = kWarp / L, R = si::kRopeDim / L;
   const int64_t first = ((int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp) * (kWarp / L);
   if (first >= n) return;  // whole warps leave together: the shuffles and votes stay converged
@@ -278,11 +278,11 @@ __global__ void write_paged_nvfp4_kernel(int32_t fmt, const void* __restrict__ l
   for (int k = 0; k < G; ++k)
     load_vec<si::kGroup>(latent, i * lat_stride + (j + L * k) * si::kGroup, lat_bf16, x[k], &nonfinite);
   load_vec<R>(rope, i * rope_stride + R * j, rope_bf16, r, &nonfinite);
-  // si::bad_slot with one division: a cache of under 2**31 slots (si_records_write_paged_cuda routes others
-  // to write_paged_kernel) puts an in-range slot's block and offset in one unsigned 32-bit division
+  // si::bad_slot without a division: a cache of under 2**31 slots (si_records_write_paged_cuda routes others
+  // to write_paged_kernel) puts an in-range slot's block in a product and a shift (blocks_of, records.h)
   const int64_t slot = slots[i];
   const bool in_range = slot >= 0 && slot < num_blocks * block_size;
-  const uint32_t blk = in_range ? (uint32_t)slot / (uint32_t)block_size : 0u;
+  const uint32_t blk = in_range ? si::slot_block((uint32_t)slot, blocks_of) : 0u;
   const bool bad = t < n && (slot < -1 || slot >= num_blocks * block_size || (in_range && blk == null_block));
   const bool flag_values = __any_sync(0xffffffffu, nonfinite.any()), flag_slots = __any_sync(0xffffffffu, bad);
   if (threadIdx.x % kWarp == 0) {
@@ -360,14 +360,15 @@ extern "C" int32_t si_records_write_paged_cuda(int32_t fmt, const void* latent, 
   if (n == 0) return SI_OK;
   const bool aligned = aligned16(latent) && aligned16(rope) && aligned16(cache) &&
                        lat_stride * (lat_bf16 ? 2 : 4) % 16 == 0 && rope_stride * (rope_bf16 ? 2 : 4) % 16 == 0 &&
-                       s0 % 16 == 0 && s1 % 16 == 0 && num_blocks * block_size <= INT32_MAX;
+                       s0 % 16 == 0 && s1 % 16 == 0 && num_blocks * block_size <= INT32_MAX &&
+                       block_size <= INT32_MAX;  // si::slot_divisor's range (an empty cache of huge blocks)
   if ((fmt == si::FMT_NVFP4_368 || fmt == si::FMT_NVFP4_432) && aligned) {
     const bool wide = n >= kWideWriteRows;
     const int64_t per_block = kWarpsPerBlock * (kWarp / (wide ? kWideWriteLanes : kEncodeLanes));
     (wide ? write_paged_nvfp4_kernel<kWideWriteLanes> : write_paged_nvfp4_kernel<kEncodeLanes>)<<<
         (unsigned)((n + per_block - 1) / per_block), kWarp * kWarpsPerBlock, 0, stream>>>(
         fmt, latent, lat_stride, lat_bf16, rope, rope_stride, rope_bf16, n, slots, cache, num_blocks, block_size, s0,
-        s1, null_block, outer_scale, value_flag, slot_flag);
+        s1, null_block, si::slot_divisor(block_size), outer_scale, value_flag, slot_flag);
     return launch_status();
   }
   const int64_t blocks = (n + kWarpsPerBlock - 1) / kWarpsPerBlock;

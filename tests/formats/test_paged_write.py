@@ -63,6 +63,21 @@ def test_bad_slots_and_values_are_flagged_and_bad_slots_not_written():
     assert bool(checks.word("record_values")) and not checks.word("cache_slots")  # a skipped row's value too
 
 
+def test_slot_blocks_without_a_division():
+    """records.h's slot_block (the aligned CUDA write's block of a slot: one 64-bit product and a shift)
+    against integer division: block sizes 1..1100 and every power of two up to 2**30 with its neighbours
+    (and 2**31 - 1), at the slots where the quotient steps (k d - 1, k d), the ends of the range and
+    random ones."""
+    top = 2**31 - 1
+    g = torch.Generator().manual_seed(5)
+    sizes = set(range(1, 1101)) | {2**k + e for k in range(11, 31) for e in (-1, 0, 1)} | {top}
+    for d in sorted(sizes):
+        k = torch.tensor([1, 2, 3, top // d // 2, top // d - 1, top // d])
+        slots = torch.cat([k * d - 1, k * d, torch.tensor([0, 1, top - 1, top]),
+                           torch.randint(0, top + 1, (64,), generator=g)]).clamp(0, top)
+        assert torch.equal(native.host_slot_blocks(slots, d), (slots // d).to(torch.int32)), d
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["nvfp4_368", "nvfp4_432", "fp8_ds_mla", "indexer_fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -61,6 +61,21 @@ SI_HD bool bad_slot(int64_t slot, int64_t num_blocks, int64_t block_size, int64_
   return slot < -1 || slot >= num_blocks * block_size || (slot >= 0 && slot / block_size == null_block);
 }
 
+// A slot's block, slot / d for a block size d in [1, 2**31) and 0 <= slot < 2**31, as one 64-bit product
+// and a shift (Granlund and Montgomery's theorem 4.2 with N = 31): l = ceil(log2 d) and
+// m = ceil(2**(31 + l) / d) give 2**(31 + l) <= m d < 2**(31 + l) + d <= 2**(31 + l) + 2**l, so
+// floor(slot m / 2**(31 + l)) = floor(slot / d); m < 2**32, so slot m < 2**63.
+struct SlotDivisor {
+  uint32_t m;
+  int32_t shift;
+};
+SI_HD SlotDivisor slot_divisor(int64_t d) {
+  int l = 0;
+  while ((int64_t(1) << l) < d) ++l;
+  return {(uint32_t)(((uint64_t(1) << (31 + l)) + (uint64_t)d - 1) / (uint64_t)d), 31 + l};
+}
+SI_HD uint32_t slot_block(uint32_t slot, SlotDivisor sd) { return (uint32_t)((uint64_t)slot * sd.m >> sd.shift); }
+
 // E4M3 (float8_e4m3fn): clamp to +-448, round to nearest even; -0 keeps its sign
 // as torch's conversion does.
 SI_HD uint8_t e4m3_encode(float x) {
