@@ -518,6 +518,15 @@ def _csrc_int(path: str, name: str) -> int:
         return int(re.search(rf"constexpr\s+int\s+{name}\s*=\s*(\d+)\s*;", f.read()).group(1))
 
 
+def _write_paged_launch(rows: int, per_block: int) -> tuple[str, dict]:
+    """records.cu's write_paged_nvfp4_kernel<L> as si_records_write_paged_cuda launches it for ``rows``
+    rows: L = kWideWriteLanes lanes a token from kWideWriteRows rows on, else kEncodeLanes."""
+    wide = rows >= _csrc_int("records.cu", "kWideWriteRows")
+    lanes = _csrc_int("records.cu", "kWideWriteLanes" if wide else "kEncodeLanes")
+    kernel = f"records.cu:write_paged_nvfp4_kernel<{lanes}>"
+    return kernel, _launch(kernel, _cdiv(rows, per_block * (32 // lanes)), per_block)
+
+
 def roofline() -> list[dict]:
     """The roofline rows (module docstring)."""
     from sparkinfer.attention import triton_paging as tp
@@ -560,12 +569,12 @@ def roofline() -> list[dict]:
                      launch=_launch("records.cu:encode_kernel", _cdiv(chunk, per_block * per_warp), per_block)))
     # the layer forward's write (native.write_paged) of a prefill chunk: bf16 rows in, records out, a slot
     # each; its own name (the device benchmarks key rows by name: records_write_paged is the decode step's)
+    write_kernel, write_launch = _write_paged_launch(chunk, per_block)
     rows.append(_row("records_write_paged[nvfp4_368,prefill]", f"prefill chunk: {chunk} bf16 rows encoded into "
                      "the strided cache", {"tokens": chunk}, chunk * ((LATENT + ROPE) * 2 + 8 + 368), 0, "none",
                      "at the floor (12.5 MB: the H200's launch, the PRO 6000's memory) where its instructions "
-                     "issue within it (no loop: the SASS count is a warp's issue)", covers=["records.cu:write_paged_nvfp4_kernel"],
-                     launch=_launch("records.cu:write_paged_nvfp4_kernel", _cdiv(chunk, per_block * per_warp),
-                                    per_block)))
+                     "issue within it (no loop: the SASS count is a warp's issue)", covers=[write_kernel],
+                     launch=write_launch))
     n_gather = B * R * K
     rows.append(_row("records_decode[nvfp4_368]", "gather-decode 16 req x 4 rows x 2048 records to fp32",
                      {"records": n_gather}, n_gather * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
@@ -580,9 +589,8 @@ def roofline() -> list[dict]:
                      "into the strided cache", {"tokens": B * R}, B * R * ((LATENT + ROPE) * 2 + 8 + 368), 0, "none",
                      "latency-bound (115 KB): the layer's whole cache write in one launch (values and slots "
                      "checked, encoded in place)",
-                     covers=["records.cu:write_paged_nvfp4_kernel", "records.cu:write_paged_kernel"],
-                     launch=_launch("records.cu:write_paged_nvfp4_kernel", _cdiv(B * R, per_block * per_warp),
-                                    per_block)))
+                     covers=[_write_paged_launch(B * R, per_block)[0], "records.cu:write_paged_kernel"],
+                     launch=_write_paged_launch(B * R, per_block)[1]))
     rows.append(_row("paging_flag_nonfinite", "the indexer's weights of a decode step: 16 x 4 rows x 32 heads fp32",
                      {"rows": B * R, "heads": 32}, B * R * 32 * 4, 0, "none",
                      "latency-bound (8 KB): a launch per F layer, where the torch form took four"))
@@ -1075,7 +1083,7 @@ def _demangle(names: list[str]) -> dict:
     res = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
     short = {}
     for n, d in zip(names, res):
-        d = d.replace("(anonymous namespace)::", "")
+        d = d.replace("(anonymous namespace)::", "").removeprefix("void ")  # a template kernel: its return type
         short[n] = d.split("(")[0].split("::")[-1] if d else n
     return short
 

@@ -102,6 +102,18 @@ extern "C" int32_t si_records_layout(int32_t what) {
   }
 }
 
+// si::slot_block over slots in [0, 2**31) for a block size in [1, 2**31) (the CUDA paged write's block of a
+// slot, a product and a shift), so a test can hold it against integer division.
+extern "C" int32_t si_records_slot_blocks(const int64_t* slots, int64_t n, int64_t block_size, int32_t* out) {
+  if (block_size < 1 || block_size > INT32_MAX) return SI_ERR_ARG;
+  const si::SlotDivisor sd = si::slot_divisor(block_size);
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] < 0 || slots[i] > INT32_MAX) return SI_ERR_ARG;
+    out[i] = (int32_t)si::slot_block((uint32_t)slots[i], sd);
+  }
+  return SI_OK;
+}
+
 // Element codecs over arrays, so tests can hold each one against the torch
 // codecs and an independent nearest-value search. what: 0 E4M3, 1 E2M1,
 // 2 bf16 (low byte, high byte), 3 pow2_ceil (fp32 bytes).

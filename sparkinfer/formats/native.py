@@ -36,6 +36,7 @@ def _host():
         "si_records_decode": [_i32, _p, _i64, _i64, _p, _i64, _p, _p, _f32],
         "si_records_layout": [_i32],
         "si_records_codec": [_i32, _p, _i64, _p],
+        "si_records_slot_blocks": [_p, _i64, _i64, _p],
         "si_records_write_paged": _WRITE_PAGED,
     })
 
@@ -126,6 +127,15 @@ def layout_offset(what: int) -> int:
 
 
 _CODEC_IDS = {"e4m3": (0, 1), "e2m1": (1, 1), "bf16": (2, 2), "pow2_ceil": (3, 4)}
+
+
+def host_slot_blocks(slots: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The CUDA paged write's block of each slot (int64 in [0, 2**31)), records.h's division-free
+    slot_block on the host -> int32."""
+    slots = slots.to(torch.int64).contiguous()
+    out = torch.empty(slots.numel(), dtype=torch.int32)
+    _raise(_host().si_records_slot_blocks(ptr(slots), slots.numel(), block_size, ptr(out)), "slot blocks")
+    return out
 
 
 def host_codec(what: str, x: torch.Tensor) -> torch.Tensor:

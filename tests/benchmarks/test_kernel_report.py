@@ -32,11 +32,15 @@ FIELDS = {"kernel": str, "source": str, "arch": int, "registers": int, "spill_by
 
 
 def csrc_kernels() -> set[str]:
-    """Report names of the __global__ functions, read from the sources (not from the compiler)."""
+    """Report names of the __global__ functions, read from the sources (not from the compiler); a template
+    kernel's are its instances the source names (``name<constant>``, the constant's value)."""
     names = set()
     for path in sorted((ROOT / "csrc/cuda").glob("*.cu")):
-        for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(", path.read_text()):
-            names.add(f"{path.name}:{m.group(1)}")
+        text = path.read_text()
+        consts = dict(re.findall(r"constexpr\s+int\s+(\w+)\s*=\s*(\d+)\s*;", text))
+        for m in re.finditer(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(", text):
+            args = set(re.findall(rf"\b{m.group(1)}<(\w+)>", text))
+            names |= {f"{path.name}:{m.group(1)}<{consts.get(a, a)}>" for a in args} or {f"{path.name}:{m.group(1)}"}
     return names
 
 
@@ -571,10 +575,10 @@ def test_triton_loop_body_counts_grow_with_the_body(tmp_path):
 
 # The issue-bound test's kernels: sparse-MLA decode in the three formats, indexer scoring, the top-k
 # (the tiled top-k's key pass and the top-k -> cache rows), the cache write (encode and scatter, and
-# the layer forward's write: its first row is the prefill chunk's, ahead of the launch-bound decode step).
+# the layer forward's write: <4> at a prefill chunk, <8> at the launch-bound decode step).
 HOT = ("sparse_mla_decode[nvfp4_368]", "sparse_mla_decode[nvfp4_432]", "sparse_mla_decode[fp8_ds_mla]",
        "indexer_scores[q_bf16]", "indexer_keys[q_fp8]", "paging_topk_rows", "paging_scatter_rows[u8]",
-       "records.cu:encode_kernel", "records.cu:write_paged_nvfp4_kernel")
+       "records.cu:encode_kernel", "records.cu:write_paged_nvfp4_kernel<4>", "records.cu:write_paged_nvfp4_kernel<8>")
 
 
 # The hot kernels' issue figures on sm_90, where the H200's 3.6x the node's bandwidth on 30% fewer,

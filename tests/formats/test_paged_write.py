@@ -63,21 +63,38 @@ def test_bad_slots_and_values_are_flagged_and_bad_slots_not_written():
     assert bool(checks.word("record_values")) and not checks.word("cache_slots")  # a skipped row's value too
 
 
+def test_slot_blocks_without_a_division():
+    """records.h's slot_block (the aligned CUDA write's block of a slot: one 64-bit product and a shift)
+    against integer division: block sizes 1..1100 and every power of two up to 2**30 with its neighbours
+    (and 2**31 - 1), at the slots where the quotient steps (k d - 1, k d), the ends of the range and
+    random ones."""
+    top = 2**31 - 1
+    g = torch.Generator().manual_seed(5)
+    sizes = set(range(1, 1101)) | {2**k + e for k in range(11, 31) for e in (-1, 0, 1)} | {top}
+    for d in sorted(sizes):
+        k = torch.tensor([1, 2, 3, top // d // 2, top // d - 1, top // d])
+        slots = torch.cat([k * d - 1, k * d, torch.tensor([0, 1, top - 1, top]),
+                           torch.randint(0, top + 1, (64,), generator=g)]).clamp(0, top)
+        assert torch.equal(native.host_slot_blocks(slots, d), (slots // d).to(torch.int32)), d
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["nvfp4_368", "nvfp4_432", "fp8_ds_mla", "indexer_fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("aligned", [False, True])
-def test_gpu_paged_write_equals_the_host_twin(name, dtype, aligned):
+@pytest.mark.parametrize("n", [301, 1093])
+def test_gpu_paged_write_equals_the_host_twin(name, dtype, aligned, n):
     """The CUDA kernel against its host twin (above: the direct write's bytes) on the same inputs, many
     rows at once so several CTAs run: every byte of a strided cache (the records written, the bytes
     around them untouched), and the same flags for the same bad slots (below -1, the null block, past
     the cache) and non-finite values (a skipped row's too). ``aligned``: rows, cache and strides on
-    16 bytes, as vLLM's (the NVFP4 records then take write_paged_nvfp4_kernel, four tokens per warp);
-    else rows and records off that alignment (write_paged_kernel)."""
+    16 bytes, as vLLM's (the NVFP4 records then take write_paged_nvfp4_kernel: four tokens per warp at
+    n = 301, eight at n = 1093, past records.cu's kWideWriteRows); else rows and records off that
+    alignment (write_paged_kernel)."""
     fmt = get_format(name)
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(7)
-    nb, bs, n = 40, 16, 301  # not a multiple of the four tokens per warp
+    nb, bs = max(40, n // 8), 16  # n: not a multiple of the four or eight tokens per warp
     pad, at = (32, 16) if aligned else (20, 4)
     backing = torch.randint(0, 256, (nb, bs, 2, fmt.record_bytes + pad), generator=g, dtype=torch.uint8)
     slots = torch.randperm((nb - 1) * bs, generator=g)[:n] + bs  # distinct: each record written once

@@ -61,6 +61,21 @@ SI_HD bool bad_slot(int64_t slot, int64_t num_blocks, int64_t block_size, int64_
   return slot < -1 || slot >= num_blocks * block_size || (slot >= 0 && slot / block_size == null_block);
 }
 
+// A slot's block, slot / d for a block size d in [1, 2**31) and 0 <= slot < 2**31, as one 64-bit product
+// and a shift (Granlund and Montgomery's theorem 4.2 with N = 31): l = ceil(log2 d) and
+// m = ceil(2**(31 + l) / d) give 2**(31 + l) <= m d < 2**(31 + l) + d <= 2**(31 + l) + 2**l, so
+// floor(slot m / 2**(31 + l)) = floor(slot / d); m < 2**32, so slot m < 2**63.
+struct SlotDivisor {
+  uint32_t m;
+  int32_t shift;
+};
+SI_HD SlotDivisor slot_divisor(int64_t d) {
+  int l = 0;
+  while ((int64_t(1) << l) < d) ++l;
+  return {(uint32_t)(((uint64_t(1) << (31 + l)) + (uint64_t)d - 1) / (uint64_t)d), 31 + l};
+}
+SI_HD uint32_t slot_block(uint32_t slot, SlotDivisor sd) { return (uint32_t)((uint64_t)slot * sd.m >> sd.shift); }
+
 // E4M3 (float8_e4m3fn): clamp to +-448, round to nearest even; -0 keeps its sign
 // as torch's conversion does.
 SI_HD uint8_t e4m3_encode(float x) {
@@ -76,6 +91,18 @@ SI_HD uint8_t e4m3_encode(float x) {
   return sign | (uint8_t)((rounded >> 20) - (120u << 3));      // rebias exponent 127 -> 7
 }
 
+// Codes of a (byte 0) and b (byte 1): e4m3_encode's, on sm_89+ in one conversion (round to nearest even,
+// saturating to +-448 as the clamp does; the clamp below -448 is kept, it also takes NaN to -448).
+SI_HD uint32_t e4m3_encode2(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(fmaxf(b, -448.0f)), "f"(fmaxf(a, -448.0f)));
+  return r;
+#else
+  return e4m3_encode(a) | (uint32_t)e4m3_encode(b) << 8;
+#endif
+}
+
 SI_HD float e4m3_decode(uint8_t c) {
   const uint32_t mag = c & 0x7fu;
   // a normal code is fp32 with its exponent rebiased (7 -> 127) and its 3 mantissa bits on top;
@@ -83,6 +110,19 @@ SI_HD float e4m3_decode(uint8_t c) {
   float a = mag >= 8u ? bits_f32((mag << 20) + (120u << 23)) : (float)mag * 0.001953125f;
   if (mag == 0x7fu) a = NAN;
   return bits_f32(f32_bits(a) | ((uint32_t)(c & 0x80u) << 24));
+}
+
+// The values of codes c2 & 0xff and c2 >> 8 (e4m3_decode), on sm_89+ in one conversion (E4M3 -> fp16x2 is
+// exact: every E4M3 value is an fp16 value) and two exact fp16 -> fp32 ones.
+SI_HD void e4m3_decode2(uint32_t c2, float& a, float& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned int h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)c2));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"((unsigned short)(h & 0xffffu)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"((unsigned short)(h >> 16)));
+#else
+  a = e4m3_decode((uint8_t)c2), b = e4m3_decode((uint8_t)(c2 >> 8));
+#endif
 }
 
 // E2M1: magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6; ties to the even code, so the
@@ -173,6 +213,14 @@ SI_HD float quotient(float x, Divisor d) {
   return fmaf(-d.r1, fmaf(d.m1, fminf(q0, 3.40282347e38f), -xs), q0);  // -0 stays -0: x - m1 q0 is +0
 }
 
+// quotient for an x no larger in magnitude than the amax its divisor came from (a 368 rope value over
+// max(amax / 448, 2**-126), the record's rope scale): x * p * r1 is then at most about 448, never past
+// FLT_MAX, so the clamp is idle and left out (the same bits: a NaN quotient stays NaN either way).
+SI_HD float quotient_bounded(float x, Divisor d) {
+  const float xs = x * d.p, q0 = xs * d.r1;
+  return fmaf(-d.r1, fmaf(d.m1, q0, -xs), q0);
+}
+
 // 368: dynamic per-token outer scale s_t = max(amax / 2688, 2**-126); 432: a per-cache constant S.
 // The group scale's code: E4M3 of amax_g / (6 s), 6 s one per token (d6s = divisor(6 s)).
 // The constants divide unscaled (p = 1, their reciprocals folded at compile time): a scaled dividend would
@@ -223,9 +271,10 @@ SI_HD uint32_t e2m1_codes8(const float* x, Divisor d) {
   return mag | (sign & (mag + 0x77777777u));
 }
 
-// A group's 16 codes (8 bytes, element 2i in the low nibble of byte i) for scale code c, outer scale s.
-SI_HD void nvfp4_encode_group(const float* x, uint8_t scale_code, float s, uint32_t out[2]) {
-  const Divisor d = divisor(s * e4m3_decode(scale_code));
+// A group's 16 codes (8 bytes, element 2i in the low nibble of byte i) for its scale's value (the E4M3
+// value of its scale code), outer scale s.
+SI_HD void nvfp4_encode_group(const float* x, float scale, float s, uint32_t out[2]) {
+  const Divisor d = divisor(s * scale);
   out[0] = e2m1_codes8(x, d);
   out[1] = e2m1_codes8(x + 8, d);
 }
@@ -276,7 +325,7 @@ SI_HD void encode_record(int32_t fmt, const float* latent, const float* rope, ui
       const uint8_t c = nvfp4_group_scale(amax(latent + g * kGroup, kGroup), d6s);
       rec[kNvfp4ScalesOff + g] = c;
       uint32_t w[2];
-      nvfp4_encode_group(latent + g * kGroup, c, s, w);
+      nvfp4_encode_group(latent + g * kGroup, e4m3_decode(c), s, w);
       memcpy(rec + g * kGroup / 2, w, 8);  // little-endian host
     }
     for (int i = 288; i < kNvfp4RopeOff; ++i) rec[i] = 0;
@@ -285,7 +334,7 @@ SI_HD void encode_record(int32_t fmt, const float* latent, const float* rope, ui
       store_f32(rec + kNvfp4RopeScaleOff, r);
       store_f32(rec + kNvfp4OuterScaleOff, s);
       const Divisor dr = divisor(r);
-      for (int i = 0; i < kRopeDim; ++i) rec[kNvfp4RopeOff + i] = e4m3_encode(quotient(rope[i], dr));
+      for (int i = 0; i < kRopeDim; ++i) rec[kNvfp4RopeOff + i] = e4m3_encode(quotient_bounded(rope[i], dr));
     } else {
       bf16_encode_values(rope, kRopeDim, rec + kNvfp4RopeOff);
     }
