@@ -107,12 +107,13 @@ def test_paged_equals_tiled_ties_short_rows_and_block_boundaries(monkeypatch, pr
     assert ((scores[:, 1:] == scores[:, :-1]) & (want[:, 1:] != torch.iinfo(torch.int64).min)).any()
 
 
-@pytest.mark.parametrize("bs", [64, 80])
+@pytest.mark.parametrize("bs", [64, 80, 128])
 def test_paged_pages_of_a_chunk_or_more(bs):
-    """Pages of at least a chunk's 64 tokens (the engine's are 64 x DCP): the kernel finds a chunk's two
-    pages at most with one division (``WIDE_PAGES``). 64: chunks on page boundaries; 80: chunks
-    across them; rows at a page's last and the next page's first token, passes of 128 positions,
-    fp8 q. Keys equal today's."""
+    """Pages of a multiple of a chunk's 64 tokens (the engine's are 64 x DCP): the kernel finds a
+    chunk's one page with one division and one block-table entry (``PAGE_CHUNKS``). 64: a chunk a
+    page; 128: two chunks a page; 80: chunks across pages (a page and a place per token); rows at a
+    page's last and the next page's first token, passes of 128 positions, fp8 q. Keys equal
+    today's."""
     globals_ = globals()
     old, globals_["BS"] = globals_["BS"], bs  # the helpers' page size
     try:
