@@ -72,11 +72,12 @@ NUM_WARPS = 8
 
 
 @triton.jit
-def _row_keys(wv, acc, rec, t, tmask, pos, act, dst):
+def _row_keys(wv, acc, rec, t, tmask, j, n, act, dst):
     """A group row's selection keys of a chunk (its heads' weights ``wv`` and dots with the codes
-    ``acc``), stored at ``dst`` when the row is ``act``ive in this pass."""
+    ``acc``) at list positions ``j`` (tokens ``t``), stored at ``dst`` when the row is ``act``ive in
+    this pass; the row's list has ``n`` positions (its tokens up to its own position: j < n is t <= pos)."""
     score = head_sum(wv, scaled(acc, rec, tmask))
-    keys = selection_keys(score, t.to(tl.int64), tmask & (t <= pos))
+    keys = selection_keys(score, t.to(tl.int64), j < n)
     tl.store(dst, keys, mask=(tl.zeros_like(t) + act.to(tl.int32)) != 0)
 
 
@@ -103,10 +104,10 @@ def _paged_topk_kernel(
     cols = tl.arange(0, BLOCK_T)
     # the group rows' scalars (rows past M stand in for the last: computed, never stored)
     row0 = tl.minimum(r0, M - 1)
-    pos0 = lane(posv, gl, 0)
-    row1, pos1 = row0, pos0
+    len0 = lane(lens, gl, 0)
+    row1, len1 = row0, len0
     if ROWS > 1:
-        row1, pos1 = tl.minimum(r0 + 1, M - 1), lane(posv, gl, 1)
+        row1, len1 = tl.minimum(r0 + 1, M - 1), lane(lens, gl, 1)
     wv0 = head_weights(w_ptr + row0 * s_w_m, s_w_h, HI, BLOCK_H)  # the rows' weights, read once
     wv1 = wv0
     if ROWS > 1:
@@ -161,10 +162,10 @@ def _paged_topk_kernel(
                     kb = key_tile(rec, tmask, PRECISION)
                     zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
                     col = K + c + cols
-                    _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, pos0, act0,
+                    _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len0, act0,
                               work_ptr + (r0 * S + s) * s_work + col)
                     if ROWS > 1:
-                        _row_keys(wv1, head_dots(qa1, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, pos1, act1,
+                        _row_keys(wv1, head_dots(qa1, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len1, act1,
                                   work_ptr + ((r0 + 1) * S + s) * s_work + col)
                 tl.debug_barrier()  # the tile's keys are visible to the whole CTA
                 for i in range(ROWS):  # each row keeps its k best
