@@ -23,7 +23,8 @@ kernel's dot per row is an mma.sync: the same products in the same dim order, th
 checked on a GPU, ``test_gpu_paged_equals_tiled_at_decode_shapes``). An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
 without DcpLayout.token_of's divisions per position, and with pages of a multiple of a chunk's 64
 tokens (``PAGE_CHUNKS``: the engine's are 64 x DCP) finds a chunk's one page with one division and
-one block-table entry, not one of each per token. Each row keeps a running top-k of its share (tiles s, s + splits, ... of ``tile`` positions)
+one block-table entry, not one of each per token, and reads the chunk's records unmasked (those past
+the list are still the page's; their keys are not valid). Each row keeps a running top-k of its share (tiles s, s + splits, ... of ``tile`` positions)
 in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's keys go after the k
 kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in place. The keys are
 distinct (the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
@@ -102,6 +103,7 @@ def _paged_topk_kernel(
     lens = (nv // PERIOD) * INTERLEAVE + tl.minimum(tl.maximum(nv % PERIOD - RANK * INTERLEAVE, 0), INTERLEAVE)
     lanes = tl.arange(0, BLOCK)
     cols = tl.arange(0, BLOCK_T)
+    at_col = cols * s_token  # a chunk's records' offsets from its first (PAGE_CHUNKS)
     # the group rows' scalars (rows past M stand in for the last: computed, never stored)
     row0 = tl.minimum(r0, M - 1)
     len0 = lane(lens, gl, 0)
@@ -152,7 +154,10 @@ def _paged_topk_kernel(
                         t = j
                         page = (j0 + c) // block_size
                         block = tl.load(table + page).to(tl.int64)
-                        rec = cache_ptr + block * s_block + (j0 + c - page * block_size + cols) * s_token
+                        rec = cache_ptr + (block * s_block + (j0 + c - page * block_size) * s_token) + at_col
+                        # a chunk's records past the list are still its page's: read unmasked (their keys are not
+                        # valid, j < n below), without a predicate per load
+                        tmask = tl.full([BLOCK_T], True, tl.int1)
                     else:
                         t = j
                         block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0)
