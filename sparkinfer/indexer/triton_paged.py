@@ -21,9 +21,10 @@ MMA for the engine's fp8 q) takes as its B operand: the instruction sequence of
 whatever the grouping (the tiled scorer stacks its rows into one dot, a wgmma on sm_90 where this
 kernel's dot per row is an mma.sync: the same products in the same dim order, the same bits not yet
 checked on a GPU, ``test_gpu_paged_equals_tiled_at_decode_shapes``). An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
-without DcpLayout.token_of's divisions per position, and with pages of at least a chunk's 64 tokens
-(``WIDE_PAGES``: the engine's are 64 x DCP) finds a chunk's pages with one division, not one per
-token. Each row keeps a running top-k of its share (tiles s, s + splits, ... of ``tile`` positions)
+without DcpLayout.token_of's divisions per position, and with pages of a multiple of a chunk's 64
+tokens (``PAGE_CHUNKS``: the engine's are 64 x DCP) finds a chunk's one page with one division and
+one block-table entry, not one of each per token, and reads the chunk's records unmasked (those past
+the list are still the page's; their keys are not valid). Each row keeps a running top-k of its share (tiles s, s + splits, ... of ``tile`` positions)
 in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's keys go after the k
 kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in place. The keys are
 distinct (the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
@@ -72,11 +73,12 @@ NUM_WARPS = 8
 
 
 @triton.jit
-def _row_keys(wv, acc, rec, t, tmask, pos, act, dst):
+def _row_keys(wv, acc, rec, t, tmask, j, n, act, dst):
     """A group row's selection keys of a chunk (its heads' weights ``wv`` and dots with the codes
-    ``acc``), stored at ``dst`` when the row is ``act``ive in this pass."""
+    ``acc``) at list positions ``j`` (tokens ``t``), stored at ``dst`` when the row is ``act``ive in
+    this pass; the row's list has ``n`` positions (its tokens up to its own position: j < n is t <= pos)."""
     score = head_sum(wv, scaled(acc, rec, tmask))
-    keys = selection_keys(score, t.to(tl.int64), tmask & (t <= pos))
+    keys = selection_keys(score, t.to(tl.int64), j < n)
     tl.store(dst, keys, mask=(tl.zeros_like(t) + act.to(tl.int32)) != 0)
 
 
@@ -87,7 +89,7 @@ def _paged_topk_kernel(
     s_q_m, s_q_h, s_w_m, s_w_h, s_block, s_token, s_table, s_work, s_heads, s_top, s_out,
     TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
-    IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr, SHARDED: tl.constexpr, WIDE_PAGES: tl.constexpr,
+    IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr, SHARDED: tl.constexpr, PAGE_CHUNKS: tl.constexpr,
 ):
     g = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
@@ -101,12 +103,13 @@ def _paged_topk_kernel(
     lens = (nv // PERIOD) * INTERLEAVE + tl.minimum(tl.maximum(nv % PERIOD - RANK * INTERLEAVE, 0), INTERLEAVE)
     lanes = tl.arange(0, BLOCK)
     cols = tl.arange(0, BLOCK_T)
+    at_col = cols * s_token  # a chunk's records' offsets from its first (PAGE_CHUNKS)
     # the group rows' scalars (rows past M stand in for the last: computed, never stored)
     row0 = tl.minimum(r0, M - 1)
-    pos0 = lane(posv, gl, 0)
-    row1, pos1 = row0, pos0
+    len0 = lane(lens, gl, 0)
+    row1, len1 = row0, len0
     if ROWS > 1:
-        row1, pos1 = tl.minimum(r0 + 1, M - 1), lane(posv, gl, 1)
+        row1, len1 = tl.minimum(r0 + 1, M - 1), lane(lens, gl, 1)
     wv0 = head_weights(w_ptr + row0 * s_w_m, s_w_h, HI, BLOCK_H)  # the rows' weights, read once
     wv1 = wv0
     if ROWS > 1:
@@ -145,29 +148,29 @@ def _paged_topk_kernel(
                     tmask = j < length
                     if SHARDED:  # DcpLayout.token_of, then the token's page and place in it
                         t = (j // INTERLEAVE) * PERIOD + RANK * INTERLEAVE + j % INTERLEAVE
-                        page = t // block_size
-                        at = t % block_size
-                    elif WIDE_PAGES:  # the chunk's 64 tokens span at most two pages: one division a chunk
+                        block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0)
+                        rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
+                    elif PAGE_CHUNKS:  # the chunk (64 tokens from a multiple of 64) lies in one page: one entry
                         t = j
-                        page0 = (j0 + c) // block_size
-                        at = j0 + c - page0 * block_size + cols
-                        page = page0 + (at >= block_size).to(tl.int32)
-                        at = tl.where(at >= block_size, at - block_size, at)
+                        page = (j0 + c) // block_size
+                        block = tl.load(table + page).to(tl.int64)
+                        rec = cache_ptr + (block * s_block + (j0 + c - page * block_size) * s_token) + at_col
+                        # a chunk's records past the list are still its page's: read unmasked (their keys are not
+                        # valid, j < n below), without a predicate per load
+                        tmask = tl.full([BLOCK_T], True, tl.int1)
                     else:
                         t = j
-                        page = t // block_size
-                        at = t % block_size
-                    block = tl.load(table + tl.minimum(page, table_width - 1), mask=tmask, other=0)
-                    rec = cache_ptr + block.to(tl.int64) * s_block + at.to(tl.int64) * s_token
+                        block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0)
+                        rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
                     # row_scores' instruction sequence per row, the chunk's keys loaded and converted once
                     # for the group's rows (their dots share them as the MMA's B operand)
                     kb = key_tile(rec, tmask, PRECISION)
                     zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
                     col = K + c + cols
-                    _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, pos0, act0,
+                    _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len0, act0,
                               work_ptr + (r0 * S + s) * s_work + col)
                     if ROWS > 1:
-                        _row_keys(wv1, head_dots(qa1, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, pos1, act1,
+                        _row_keys(wv1, head_dots(qa1, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len1, act1,
                                   work_ptr + ((r0 + 1) * S + s) * s_work + col)
                 tl.debug_barrier()  # the tile's keys are visible to the whole CTA
                 for i in range(ROWS):  # each row keeps its k best
@@ -261,7 +264,7 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
         TILE=tile, SORTED=one, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
         BLOCK_T=BLOCK_T, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
         CHECK=flag is not None, ROWS=rows, SHARDED=layout.period > 1,
-        WIDE_PAGES=kv_cache.shape[1] >= BLOCK_T, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        PAGE_CHUNKS=kv_cache.shape[1] % BLOCK_T == 0, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return out
 
@@ -288,7 +291,7 @@ def compile_specs(k: int = 2048) -> list[dict]:
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
                       "BLOCK_H": 32, "BLOCK_T": block_t, "PRECISION": "f16", "Q_CODES": True,
                       "IDS": True, "CHECK": True, "ROWS": MAX_GROUP, "SHARDED": False,
-                      "WIDE_PAGES": True}
+                      "PAGE_CHUNKS": True}
         ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
                 "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "top_ptr": "*i64",
                 "out_ptr": "*i32", "flag_ptr": "*i32"}

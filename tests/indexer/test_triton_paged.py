@@ -107,16 +107,21 @@ def test_paged_equals_tiled_ties_short_rows_and_block_boundaries(monkeypatch, pr
     assert ((scores[:, 1:] == scores[:, :-1]) & (want[:, 1:] != torch.iinfo(torch.int64).min)).any()
 
 
-@pytest.mark.parametrize("bs", [64, 80])
+@pytest.mark.parametrize("bs", [64, 80, 128])
 def test_paged_pages_of_a_chunk_or_more(bs):
-    """Pages of at least a chunk's 64 tokens (the engine's are 64 x DCP): the kernel finds a chunk's two
-    pages at most with one division (``WIDE_PAGES``). 64: chunks on page boundaries; 80: chunks
-    across them; rows at a page's last and the next page's first token, passes of 128 positions,
-    fp8 q. Keys equal today's."""
+    """Pages of a multiple of a chunk's 64 tokens (the engine's are 64 x DCP): the kernel finds a
+    chunk's one page with one division and one block-table entry (``PAGE_CHUNKS``). 64: a chunk a
+    page; 128: two chunks a page; 80: chunks across pages (a page and a place per token); rows at a
+    page's last and the next page's first token, passes of 128 positions, fp8 q; the records of a
+    request's last page past its tokens hold NaN codes and scales (a one-page chunk reads them
+    unmasked: they must not count). Keys equal today's."""
     globals_ = globals()
     old, globals_["BS"] = globals_["BS"], bs  # the helpers' page size
     try:
         cache, table, row_req, pos, slots = _pages((300, 170), (2, 2), strided=False, seed=13)
+        for r, n in enumerate((300, 170)):
+            for t in range(n, -(-n // bs) * bs):
+                cache[table[r, t // bs], t % bs] = 255  # E4M3 0xFF and an fp32 scale of all ones: NaN
         pos[2], pos[3] = bs - 1, bs
         q, w = _qw(pos.numel(), seed=14)
         q = q.to(torch.float8_e4m3fn)
