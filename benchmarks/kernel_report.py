@@ -329,7 +329,7 @@ def _indexer(m: int, t: int, shape: str) -> dict:
     passes), relu, weight, sum over heads on CUDA cores."""
     nbytes = t * (INDEX_RECORD + 8) + m * t * 4 + _qw_bytes(m)  # key record + its int64 slot; fp32 scores
     flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
-    expect = ("bf16 tensor cores (mma.sync; wgmma on sm_90, 2 rows stacked): within 2x of the bf16 floor; on fp8 "
+    expect = ("bf16 tensor cores (mma.sync; wgmma on sm_90, a chunk's 64 keys as M): within 2x of the bf16 floor; on fp8 "
               "MMA (the keys are E4M3 codes) the floor would drop to the target's")
     return _row("indexer_scores", shape, {"M": m, "T": t, "heads": INDEX_HEADS, "dim": INDEX_DIM},
                 nbytes, flops, "bf16", expect, target="fp8",

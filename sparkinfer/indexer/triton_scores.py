@@ -1,20 +1,22 @@
 """Triton indexer scoring over 132-byte indexer_fp8 records, on tensor cores.
 
-One program scores GROUP consecutive query rows m (``GROUPS``: 4 for fp8 q, 2 for bf16, 1 for fp32)
+One program scores GROUP consecutive query rows m (``GROUPS``: 4 for fp8 and bf16 q, 1 for fp32)
 against SPAN consecutive positions of their list, BLOCK_T a chunk:
 
-    S[m, h, t] = q[m, h, :] . key_t       tl.dot [GROUP x BLOCK_H, 128] x [128, BLOCK_T] (MMA)
-    score_mt = sum_h w[m, h] * relu(S[m, h, t])   a fixed-shape tl.sum over each row's BLOCK_H heads
+    S[t, m, h] = key_t . q[m, h, :]       tl.dot [BLOCK_T, 128] x [128, GROUP x BLOCK_H] (MMA)
+    score_tm = sum_h w[m, h] * relu(S[t, m, h])   a fixed-shape tl.sum over each row's BLOCK_H heads
 
-The rows' index heads, stacked, are the MMA's M dimension (GLM-5.2: 32 heads x 128 dims; fewer heads
-are zero-padded to BLOCK_H >= 16, and a zero head adds an exact 0), so any number of query rows, one
-included, runs on tensor cores, and 64 or more stacked (2 or 4 rows) make it a wgmma on sm_90. Rows
+The chunk's keys are the MMA's M dimension and the rows' index heads, stacked, its N (GLM-5.2: 32
+heads x 128 dims; fewer heads are zero-padded to BLOCK_H >= 16, and a zero head adds an exact 0), so
+any number of query rows, one included, runs on tensor cores, and M = BLOCK_T = 64 makes it a wgmma
+on sm_90 at every GROUP (``chunk_scores``: why the keys and not the heads are M). Rows
 of one list (a request's) share every key chunk: loaded and converted once for the group. Rows of
 different lists in a group (a batch's request boundary) take a pass each over the chunks, the
 group's dot each time, each pass storing the rows of its list. The program loads and converts its
-rows' q (the A operand) and weights once, then per chunk the keys' E4M3 codes, read as 32 words a record (4 codes a load),
-converted by the target's cvt (``e4m3_operand``) into the B operand of one dot over the 128 dims;
-each record's fp32 power-of-two scale multiplies the finished dots (``scaled``): scaling every
+rows' q (the B operand) and weights once, then per chunk the keys' E4M3 codes, read as 32 words a record (4 codes a load),
+converted by the target's cvt (``e4m3_operand``) into the A operand of one dot over the 128 dims;
+each record's fp32 power-of-two scale multiplies the finished dots (``scaled``; compiled, the finished
+head sums, ``chunk_scores``): scaling every
 product and partial sum of a column by one power of two is exact, so this is the dot with the
 dequantized keys bit for bit, without a multiply per key element or a bit-by-bit decode. The
 operands' type follows q's dtype: a float8_e4m3fn q (vLLM's quantized q, read as its bytes:
@@ -25,7 +27,8 @@ sm_89 and newer, where bf16 takes one more per code); bf16 q is exact in bf16, a
 Accumulation is fp32 in the MMA, 16 dims an instruction in dim order. (Until 2026-12-07 the keys were
 decoded bit by bit, scaled and fed to tf32 MMAs; then, until the chunk loop, a program scored 64
 positions in a K loop of 32-dim slices, loading q and the codes a byte at a time per slice, with
-fp8 q in bf16: the same exact products, the same MMA sequence per key but for the f16 operands.)
+fp8 q in bf16: the same exact products, the same MMA sequence per key but for the f16 operands;
+until ``chunk_scores``, the rows' heads were M and the keys N.)
 
 An output element depends only on its own row of q and its own key, by the same instruction
 sequence in every program, so a position's score does not depend on which tile, shard or batch
@@ -61,17 +64,21 @@ NUM_STAGES = 1
 MAX_GRID_Y = 65535
 HEAD_BLOCKS = (16, 32, 64)  # BLOCK_H: the heads padded to an MMA M tile (GLM-5.2: 32)
 _INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")  # read once, at import (as Triton does)
+# ``chunk_scores``' form: the keys as the dot's M where compiled; interpreted, ``row_scores``' (its bits on
+# inexact inputs, the paged top-k's), and the compiled form where a test sets this (on exact inputs)
+_KEYS_AS_M = tl.constexpr(not _INTERPRETED)
 # positions a program scores, in chunks of BLOCK_T (its loop): a program loads and converts its rows'
 # queries once for them, and a decode call of 4 fp8 rows at 128K context is 128 programs of 4 rows
 # (512 of one row before GROUPS), not 8,192 of one row and one chunk each
 SPAN = 1024
 # query rows a program scores, by the dot's precision (grid axis 0: ceil(M / GROUP)), their heads stacked
-# as the dot's M = GROUP x BLOCK_H: rows that share their list (a request's rows: all of the score
+# as the dot's N = GROUP x BLOCK_H: rows that share their list (a request's rows: all of the score
 # matrix's, a decode request's 1 + drafts, a prefill chunk's) load and convert each key chunk once for
 # all of them, where a row a program did it once per row; rows of different lists take a pass each.
-# M >= 64 makes the sm_90 dot a wgmma. bf16 at 4 rows spilled on sm_120 (255 registers, 864 B) and 2
-# do not; fp32 q's 3-pass split stages its operands in 96 KB of shared memory at one row already
-GROUPS = {"f16": 4, "bf16": 2, "tf32x3": 1}
+# bf16 at 4 rows spilled on sm_120 with the heads as M (255 registers, 864 B) and takes 166-168 with
+# the keys as M (``chunk_scores``); fp32 q's 3-pass split stages its operands in 96 KB of shared memory
+# at one row already
+GROUPS = {"f16": 4, "bf16": 4, "tf32x3": 1}
 _PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "bf16"}
 
 
@@ -96,11 +103,13 @@ def _indexer_scores_kernel(
         lens = tl.zeros([GROUP], tl.int32) + T
     if HAS_POS:
         p = tl.load(pos_ptr + rows).to(tl.int64)
-    # the rows' queries stacked (the dot's A operand [GROUP x BLOCK_H, 128]) and weights, loaded and
+    # the rows' queries (the dot's B operand [128, GROUP x BLOCK_H], ``octets``) and weights, loaded and
     # converted once for the program's chunks
     qa = q_tile(q_ptr, r0, M, s_q_m, s_q_h, HI, GROUP, BLOCK_H, PRECISION, Q_CODES)
+    qt = octets(tl.trans(qa), GROUP, BLOCK_H)
     wv = head_weights(w_ptr + rows[:, None] * s_w_m, s_w_h, HI, BLOCK_H)
-    dst = out_ptr + rows[:, None] * s_out_m
+    wt = tl.permute(tl.reshape(wv, [GROUP, BLOCK_H // 8, 8]), (1, 0, 2))  # ``octets``' order
+    dst = out_ptr + rows[None, :] * s_out_m
     for i in range(GROUP):  # a pass per list among the rows: one when they share it (a request's rows)
         start = lane(starts, gl, i)
         n = lane(lens, gl, i)
@@ -115,19 +124,20 @@ def _indexer_scores_kernel(
                     slot = tl.load(slot_ptr + at, mask=tmask, other=0).to(tl.int64)
                 else:
                     slot = at
-                score = row_scores(qa, wv, rec_ptr + slot * rec_stride, tmask, GROUP, BLOCK_H, BLOCK_T, PRECISION)
+                score = chunk_scores(qa, qt, wv, wt, rec_ptr + slot * rec_stride, tmask, GROUP, BLOCK_H, BLOCK_T,
+                                     PRECISION)
                 if HAS_IDS:
                     tid = tl.load(id_ptr + at, mask=tmask, other=0).to(tl.int64)
                 else:
                     tid = j.to(tl.int64)
-                valid = act[:, None] & tmask[None, :]
+                valid = act[None, :] & tmask[:, None]
                 if HAS_POS:
-                    valid = valid & (tid[None, :] <= p[:, None])
+                    valid = valid & (tid[:, None] <= p[None, :])
                 if KEYS:
-                    tl.store(dst + col0 + local[None, :], selection_keys(score, tid[None, :], valid),
-                             mask=act[:, None])
+                    tl.store(dst + col0 + local[:, None], selection_keys(score, tid[:, None], valid),
+                             mask=act[None, :])
                 else:
-                    tl.store(dst + j[None, :], tl.where(valid, score, float("-inf")), mask=act[:, None] & tmask[None, :])
+                    tl.store(dst + j[:, None], tl.where(valid, score, float("-inf")), mask=act[None, :] & tmask[:, None])
 
 
 @triton.jit
@@ -148,6 +158,50 @@ def row_scores(qa, wv, row_ptr, tmask, GROUP: tl.constexpr, BLOCK_H: tl.constexp
     s = head_dots(qa, key_tile(row_ptr, tmask, PRECISION), tl.zeros([GROUP * BLOCK_H, BLOCK_T], tl.float32),
                   BLOCK_H, PRECISION)
     return head_sum(wv, tl.reshape(scaled(s, row_ptr, tmask), [GROUP, BLOCK_H, BLOCK_T]))
+
+
+@triton.jit
+def octets(qt, GROUP: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The stacked heads' columns of ``qt`` [128, GROUP x BLOCK_H] (row g's head h at g x BLOCK_H + h,
+    ``q_tile`` transposed) reordered octet-major: head h of row g at (h // 8) x 8 GROUP + 8 g + h % 8.
+    An MMA accumulator's column bits 0-2 lie in a thread and its quad's lanes; Triton spreads the
+    warps over bits 3-4 where it splits N (mma.sync at N 128 on sm_120): with the rows there, each
+    row's heads stay in one warp and its head sum needs no trip through shared memory."""
+    q4 = tl.permute(tl.reshape(qt, [128, GROUP, BLOCK_H // 8, 8]), (0, 2, 1, 3))
+    return tl.reshape(q4, [128, GROUP * BLOCK_H])
+
+
+@triton.jit
+def chunk_scores(qa, qt, wv, wt, row_ptr, tmask, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    """fp32 scores [BLOCK_T, GROUP] of the records at ``row_ptr`` [BLOCK_T] against GROUP query rows
+    (``qa`` [GROUP x BLOCK_H, 128]: ``q_tile``; ``qt`` [128, GROUP x BLOCK_H]: qa transposed, its columns
+    in ``octets``' order; weights ``wv`` [GROUP, BLOCK_H] and ``wt`` [BLOCK_H // 8, GROUP, 8], the same in
+    that order; the compiled kernel reads qt and wt, the interpreted one and fp32 q's qa and wv):
+    ``row_scores`` transposed, the keys the dot's A operand (M = BLOCK_T) and the rows' heads its N.
+    Each dot is the same: its products, and its sum over the dims in MMA steps of 16 in dim order,
+    do not depend on which operand is A. The layout is what changes: a thread holds 8 heads of a row
+    per position, so the head sum is 7 adds in a thread and 2 shuffles in a quad where the heads down
+    the M dimension took a shuffle tree over the lanes and a trip through shared memory between the
+    warps, and the q operand stays in shared memory (wgmma's B) where the A operand was reloaded
+    every chunk. The head sum's fp32 order follows the layout (as ``head_sum``'s does), so on a GPU
+    the scores may differ from ``row_scores``' (the paged top-k's) in the last bits on inexact inputs;
+    on exact inputs they are the same numbers. Interpreted, it is ``row_scores`` transposed, bit for bit
+    (``_KEYS_AS_M``), and so it is for fp32 q (not the engine's): its 3-pass split with the keys as M
+    took 255 registers and an 8 B stack frame on sm_120 at 4 and at 8 warps."""
+    if not _KEYS_AS_M or PRECISION == "tf32x3":
+        return tl.trans(row_scores(qa, wv, row_ptr, tmask, GROUP, BLOCK_H, BLOCK_T, PRECISION))
+    keys = key_rows(row_ptr, tmask, PRECISION)
+    if _INTERPRETED:  # fp32 operands, exact products (``head_dots``: the interpreter's bf16 and f16 dots)
+        s = tl.dot(keys.to(tl.float32), qt.to(tl.float32))
+    else:
+        s = tl.dot(keys, qt, tl.zeros([BLOCK_T, GROUP * BLOCK_H], tl.float32))
+    s = tl.maximum(tl.reshape(s, [BLOCK_T, BLOCK_H // 8, GROUP, 8]), 0.0) * wt[None, :, :, :]
+    s = tl.sum(tl.sum(s, axis=1), axis=2)  # the heads in a thread first, then across its quad
+    # the record's scale, a positive power of two, after the head sum: relu, each weight's product and
+    # every partial sum scale by it exactly (``scaled``), so this is the sum of the scaled dots, one
+    # multiply a score where ``scaled`` took one a head
+    return s * load_f32(row_ptr + 128, tmask)[:, None]
 
 
 @triton.jit
@@ -174,6 +228,13 @@ def _operand(v, PRECISION: tl.constexpr):
 @triton.jit
 def key_tile(row_ptr, tmask, PRECISION: tl.constexpr):
     """The keys' 128 E4M3 codes at ``row_ptr`` [BLOCK_T] as the dot's B operand [128, BLOCK_T]
+    (``key_rows`` transposed)."""
+    return tl.trans(key_rows(row_ptr, tmask, PRECISION))
+
+
+@triton.jit
+def key_rows(row_ptr, tmask, PRECISION: tl.constexpr):
+    """The keys' 128 E4M3 codes at ``row_ptr`` [BLOCK_T] as a dot operand [BLOCK_T, 128]
     (``e4m3_operand``; the records' scales multiply the dots after, ``scaled``). A record's codes are
     read as 32 words from its 4-byte aligned start (the wrappers check the strides): 4 codes a load,
     not one; byte i of word w is dim 4 w + i."""
@@ -183,8 +244,7 @@ def key_tile(row_ptr, tmask, PRECISION: tl.constexpr):
     b1 = e4m3_operand(((words >> 8) & 255).to(tl.uint8), PRECISION)
     b2 = e4m3_operand(((words >> 16) & 255).to(tl.uint8), PRECISION)
     b3 = e4m3_operand(((words >> 24) & 255).to(tl.uint8), PRECISION)
-    codes = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [words.shape[0], 128])  # column 4 w + i: b_i
-    return tl.trans(codes)
+    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [words.shape[0], 128])  # column 4 w + i: b_i
 
 
 @triton.jit

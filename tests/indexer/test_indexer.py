@@ -375,7 +375,7 @@ def test_batched_rows_equal_per_request_calls(backend):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_grouped_rows_of_several_lists_equal_the_reference(dtype):
-    """A Triton program scores ``GROUPS[precision]`` consecutive rows (2 for bf16 q, 4 for fp8 q), each
+    """A Triton program scores ``GROUPS[precision]`` consecutive rows (4 for bf16 and fp8 q), each
     key chunk loaded once for them: groups that mix requests (rows 4, 3 and 1 of three requests, a row
     in none, so rows 4-7 span two lists and the last group runs past M) select each row's own list
     with the torch twin's keys bit for bit on exact inputs; the score matrix of 5 rows (a group past
@@ -388,7 +388,7 @@ def test_grouped_rows_of_several_lists_equal_the_reference(dtype):
     w = torch.randint(0, 9, q.shape[:2], generator=g).float() / 4
     pos = torch.cat([pos, pos[:1]])
     plan = plan_rows([(rows, slots, None) for rows, slots in reqs], q.shape[0])  # the last row in none
-    assert triton_scores.GROUPS[triton_scores.q_operand(q)[1]] in (2, 4)
+    assert triton_scores.GROUPS[triton_scores.q_operand(q)[1]] == 4
     got, want = (indexer_topk_rows(q, w, pool, pos, 24, **plan.kwargs(), backend=b, tile_bytes=1, as_keys=True)
                  for b in ("triton", "torch"))
     assert torch.equal(got, want) and (got[-1] == torch.iinfo(torch.int64).min).all()
@@ -484,3 +484,26 @@ def test_prefill_memory_bench_peak_is_flat_in_the_context():
     assert [r["passes"] for r in rows] == [10, 40] and all(r["tile"] == 64 for r in rows)
     assert rows[0]["peak_bytes"] == rows[1]["peak_bytes"] >= 8 * (16 + 64) * 8
     assert all(r["selected_rows_full"] == 8 for r in rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("hi", [4, 32])
+def test_compiled_chunk_form_on_exact_inputs(monkeypatch, dtype, hi):
+    """The compiled kernel's form of a chunk's scores (``triton_scores.chunk_scores``: the keys as the
+    dot's M, the rows' heads as N in ``octets``' order, the head sum per row, the records' scales after
+    it), which the interpreter otherwise leaves for ``row_scores``', run interpreted: on exact inputs
+    (every order gives the same fp32 numbers) the score matrix of 6 rows (groups of 4: one past M)
+    equals the float64 reference bit for bit and the tiled top-k the torch twin's keys, at 4 heads
+    (BLOCK_H 16) and at GLM-5.2's 32, over rows of two requests in one group."""
+    import triton.language as tl
+
+    monkeypatch.setattr(triton_scores, "_KEYS_AS_M", tl.constexpr(True))
+    q, w, records, pos, _ = exact_case(m=6, hi=hi, t=150, seed=5)
+    q = q.to(dtype)
+    assert torch.equal(indexer_scores(q, w, records, pos, backend="triton").double(),
+                       indexer_scores_torch(q.float(), w, records, pos))
+    rows = torch.arange(6)
+    plan = plan_rows([(rows[:3], torch.arange(150), None), (rows[3:], torch.arange(40, 150), None)], 6)
+    got, want = (indexer_topk_rows(q, w, records, pos, 20, **plan.kwargs(), backend=b, tile_bytes=1, as_keys=True)
+                 for b in ("triton", "torch"))
+    assert torch.equal(got, want)

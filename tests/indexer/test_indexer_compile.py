@@ -7,8 +7,8 @@ heads; ``triton_paged.compile_specs()``: the paged top-k, one split and several)
 The cubin Triton produced, the code a GPU would run, is read back with the toolkit's
 ``cuobjdump --dump-resource-usage``: a spill needs a local-memory stack frame, so STACK and LOCAL
 must be 0 and registers at most 255. The PTX must hold tensor-core ``mma`` instructions, and on sm_90
-the scorer's kernels that stack 2 or 4 rows' heads (M 64 or 128: ``triton_scores.GROUPS``) ``wgmma``
-ones. Compilation
+the scorer's kernels whose dot takes a chunk's 64 keys as M (bf16 and fp8 q: ``triton_scores.chunk_scores``)
+``wgmma`` ones. Compilation
 runs in a subprocess because conftest sets TRITON_INTERPRET=1, which replaces @triton.jit functions
 by interpreted ones.
 """
