@@ -141,6 +141,14 @@ def _key_f32(row_ptr, BYTE0: tl.constexpr):
 
 
 @triton.jit
+def _key_f32x2(row_ptr, BYTE0: tl.constexpr):
+    """The two fp32 at bytes BYTE0, BYTE0 + 4 of each record -> two [BK]: one 8-byte load a key in the
+    layout of the tile's other record loads (``_words``)."""
+    lo, hi = tl.split(_words(row_ptr, BYTE0, 2))
+    return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _join4(a, b, c, d):
     """[BK, n] x 4 -> [BK, 4n] with column 4w + j = the j-th argument's column w."""
     return tl.reshape(tl.join(tl.join(a, c), tl.join(b, d)), [a.shape[0], 4 * a.shape[1]])
@@ -421,8 +429,8 @@ def _sparse_mla_decode_kernel(
                 t2, t3 = t0, t1  # unused
                 s_lat = _qk(q1h, q1l, t1, _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT), Q_SPLIT, F32_DOT)
             if FMT == 0:
-                a0 = _key_f32(row_ptr, 292) * NVFP4_SHIFT  # per-token outer scale s_t (tiles: / NVFP4_SHIFT)
-                b = _key_f32(row_ptr, 288)  # rope scale r
+                b, a0 = _key_f32x2(row_ptr, 288)  # rope scale r, per-token outer scale s_t
+                a0 = a0 * NVFP4_SHIFT  # (tiles: / NVFP4_SHIFT)
                 s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, 304, 16, ASM), zero_s,
                                                            Q_SPLIT, F32_DOT)
             else:
