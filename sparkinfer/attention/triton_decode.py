@@ -383,7 +383,6 @@ def _sparse_mla_decode_kernel(
     hb = tl.program_id(1)
     split = tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    hmask = heads < H
     r = tl.arange(0, 64)
     NVFP4: tl.constexpr = FMT != 2
     # Latent chunks: 656 4 x 128 columns (one tile scale each); NVFP4 (one E4M3 group scale per 16
@@ -459,32 +458,35 @@ def _sparse_mla_decode_kernel(
                                                        a0, a1, a2, a3, FOUR, P_SPLIT, F32_DOT)
 
     inv_l, lse = _finish(m_i, l_i)
-    vmask = hmask[:, None]
+    # The partials and the one split's output are stored unmasked: a head past H computed head H - 1's
+    # values (its queries, bit for bit) and stores them into head H - 1's row (the same bits twice; the
+    # per-row masks took ~90 sm_90 instructions a warp). The merge's output stays masked (unmasked, ptxas
+    # scheduled the 368 tile loop 6 instructions longer).
+    last = tl.minimum(heads, H - 1)
     if not MERGE:  # one split (a constexpr: each variant compiles only its epilogue)
-        o_row = out_ptr + m * s_out_m + heads[:, None] * s_out_h
-        _store_out(o_row + col[None, :], acc0 * inv_l[:, None], vmask, OUT_BF16, ASM)
-        _store_out(o_row + CW + col[None, :], acc1 * inv_l[:, None], vmask, OUT_BF16, ASM)
+        o_row = out_ptr + m * s_out_m + last[:, None] * s_out_h
+        _store_out(o_row + col[None, :], acc0 * inv_l[:, None], None, OUT_BF16, ASM)
+        _store_out(o_row + CW + col[None, :], acc1 * inv_l[:, None], None, OUT_BF16, ASM)
         if FOUR:
-            _store_out(o_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], vmask, OUT_BF16, ASM)
-            _store_out(o_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], vmask, OUT_BF16, ASM)
-        tl.store(lse_ptr + m * s_lse_m + heads, lse, mask=hmask)
+            _store_out(o_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], None, OUT_BF16, ASM)
+            _store_out(o_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], None, OUT_BF16, ASM)
+        tl.store(lse_ptr + m * s_lse_m + last, lse)
     else:
-        p_row = po_ptr + split * s_po_s + m * s_po_m + heads[:, None] * s_po_h
-        tl.store(p_row + col[None, :], acc0 * inv_l[:, None], mask=vmask)
-        tl.store(p_row + CW + col[None, :], acc1 * inv_l[:, None], mask=vmask)
+        p_row = po_ptr + split * s_po_s + m * s_po_m + last[:, None] * s_po_h
+        tl.store(p_row + col[None, :], acc0 * inv_l[:, None])
+        tl.store(p_row + CW + col[None, :], acc1 * inv_l[:, None])
         if FOUR:
-            tl.store(p_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], mask=vmask)
-            tl.store(p_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], mask=vmask)
-        tl.store(pl_ptr + split * s_pl_s + m * s_pl_m + heads, lse, mask=hmask)
+            tl.store(p_row + 2 * CW + col[None, :], acc2 * inv_l[:, None])
+            tl.store(p_row + 3 * CW + col[None, :], acc3 * inv_l[:, None])
+        tl.store(pl_ptr + split * s_pl_s + m * s_pl_m + last, lse)
         # Every thread's partial is written (barrier) before the ticket is taken (acq_rel, gpu scope);
         # the S programs of a (row, head block) share its ticket and the last one merges.
         tl.debug_barrier()
         tk = tk_ptr + m * tl.num_programs(1) + hb
         if tl.atomic_add(tk, 1, sem="acq_rel") == num_splits - 1:
             tl.store(tk, 0)  # the next launch (a CUDA-graph replay) starts from 0 again
-            last = tl.minimum(heads, H - 1)  # heads past H read head H - 1's partial (not stored)
             _merge_partials(po_ptr + m * s_po_m + last * s_po_h, pl_ptr + m * s_pl_m + last,
-                            out_ptr + m * s_out_m + heads * s_out_h, lse_ptr + m * s_lse_m + heads, hmask,
+                            out_ptr + m * s_out_m + heads * s_out_h, lse_ptr + m * s_lse_m + heads, heads < H,
                             num_splits, s_po_s, s_pl_s, BLOCK_H, OUT_BF16, ASM)
 
 
