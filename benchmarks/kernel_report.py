@@ -212,8 +212,8 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     within the same wave that wrote them, from L2. Larger ones: written and read back from DRAM.
 
     Issue (``decode_path_issue``): the critical path, the program that merges: the compaction's loops
-    at their trips (``compact_trips``: the count of the listed indices, the count before the split's
-    first block, the scan from there), its split's tiles (the first split's, the most),
+    at their trips (``compact_trips``: the count of the listed indices, the copy of the split's slice
+    when all are valid, else the count before the split's first block and the scan from there), its split's tiles (the first split's, the most),
     and the merge: its loops over the S splits S times (with one pass over the output's columns, 16
     heads a program: ``triton_decode.merge_chunks``; with more, the chunk loop that many times and the
     loop over the splits inside it that many times S); the busiest SM runs that program
