@@ -175,17 +175,19 @@ def _splits(m: int, h: int, listed: int) -> int:
 def compact_trips(listed: int, k: int, per: int, n: int, block: int) -> list[int]:
     """Trips of the decode's compaction loops (``triton_decode._compact_split``) in a program of n splits
     of ``per`` keys over k valid of ``listed`` indices, each the most of any split (the merging program
-    may be any): the count of all the listed ones, the count before the split's first block and the
-    scan from there to the last listed index its slice may come from (hi + listed - k); with all
-    listed valid the count before the block is known (its start) and does not run."""
-    prefix = scan = 0
+    may be any): the count of all the listed ones; with all listed valid the copy of the split's slice
+    (4 blocks a trip) and nothing else; else the count before the split's first block and the scan
+    from there to the last listed index its slice may come from (hi + listed - k)."""
+    copy = prefix = scan = 0
     for i in range(n):
         lo, hi = min(i * per, k), min((i + 1) * per, k)
+        if k == listed:
+            copy = max(copy, _cdiv(hi - lo, 4 * block))
+            continue
         start = lo // block * block
         end = min(listed, hi + listed - k) if lo < hi else start  # an empty split scans nothing
-        # the count before the slice's block: none when every listed index is valid (the kernel knows it)
-        prefix, scan = max(prefix, 0 if k == listed else start // block), max(scan, _cdiv(end - start, block))
-    return [_cdiv(listed, block), prefix, scan]
+        prefix, scan = max(prefix, start // block), max(scan, _cdiv(end - start, block))
+    return [_cdiv(listed, block), copy, prefix, scan]
 
 
 def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None, listed: int = K,
@@ -210,8 +212,8 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     within the same wave that wrote them, from L2. Larger ones: written and read back from DRAM.
 
     Issue (``decode_path_issue``): the critical path, the program that merges: the compaction's loops
-    at their trips (``compact_trips``: the count of the listed indices, the count before the split's
-    first block, the scan from there), its split's tiles (the first split's, the most),
+    at their trips (``compact_trips``: the count of the listed indices, the copy of the split's slice
+    when all are valid, else the count before the split's first block and the scan from there), its split's tiles (the first split's, the most),
     and the merge: its loops over the S splits S times (with one pass over the output's columns, 16
     heads a program: ``triton_decode.merge_chunks``; with more, the chunk loop that many times and the
     loop over the splits inside it that many times S); the busiest SM runs that program

@@ -116,21 +116,21 @@ _E4M3X4_PTX = tl.constexpr(f"""{{
     mov.b32 {{$0, $2}}, a;
     mov.b32 {{$1, $3}}, b;
     }}""")
-# The E4M3 scale code $9 (0..255) -> fp16 bits (x 2^-8: (b + (b & 0x80)) << 7 carries the sign from bit 14
-# to 15) -> fp32 x 2^127 -> a bf16 pair s; E2M1 codes
-# (j, j + 4) of $8 into pair pj (j = 2, 3: of $8 >> 8, in t), x s, unpacked into $j, $(j + 4).
+# The E4M3 scale code $9 (0..255) -> a bf16 pair s of scale x 2^119: the code's sign moved from bit 7 to
+# 11 ((b & 0x80) x 15 + b), then one multiply by 0x00100010 places its fields in both halves' bf16 fields
+# (scale x 2^-120, as the E4M3 bytes above, subnormal codes included), and two exact multiplies (x 2^120,
+# x 2^119: one constant would overflow bf16) bring it to range; E2M1 codes (j, j + 4) of $8 into pair pj
+# (j = 2, 3: of $8 >> 8, in t), x s, unpacked into $j, $(j + 4).
 _E2M1X8_PTX = tl.constexpr(f"""{{
-    .reg .b32 s, t, z, p0, p1, p2, p3;
-    .reg .b16 h;
-    .reg .f32 f;
-    and.b32 t, $9, 0x80;
-    add.u32 s, $9, t;
-    shl.b32 s, s, 7;
-    cvt.u16.u32 h, s;
-    cvt.f32.f16 f, h;
-    mul.f32 f, f, 0f7F000000;
-    cvt.rn.bf16x2.f32 s, f, f;
+    .reg .b32 s, t, z, k, p0, p1, p2, p3;
     mov.b32 z, 0x80008000;
+    and.b32 t, $9, 0x80;
+    mad.lo.u32 s, t, 15, $9;
+    mul.lo.u32 s, s, 0x00100010;
+    mov.b32 k, 0x7B807B80;
+    fma.rn.bf16x2 s, s, k, z;
+    mov.b32 k, 0x7B007B00;
+    fma.rn.bf16x2 s, s, k, z;
     shr.u32 t, $8, 8;
     {"".join(_nibble_pair_ptx(f"p{j}", "t" if j >= 2 else "$8", j % 2) for j in range(4))}
     {"".join(_scale_unpack_ptx(j) for j in range(4))}

@@ -141,6 +141,14 @@ def _key_f32(row_ptr, BYTE0: tl.constexpr):
 
 
 @triton.jit
+def _key_f32x2(row_ptr, BYTE0: tl.constexpr):
+    """The two fp32 at bytes BYTE0, BYTE0 + 4 of each record -> two [BK]: one 8-byte load a key in the
+    layout of the tile's other record loads (``_words``)."""
+    lo, hi = tl.split(_words(row_ptr, BYTE0, 2))
+    return lo.to(tl.float32, bitcast=True), hi.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _join4(a, b, c, d):
     """[BK, n] x 4 -> [BK, 4n] with column 4w + j = the j-th argument's column w."""
     return tl.reshape(tl.join(tl.join(a, c), tl.join(b, d)), [a.shape[0], 4 * a.shape[1]])
@@ -278,8 +286,9 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     that position of the workspace row ``crow_ptr``. A valid index's compacted position is at most its
     listed one and at least that less the K - count invalid ones, so the slice comes from the listed
     [lo, hi + K - count): the scan that places them (a cumulative sum a block) starts at lo's block,
-    after a count of the valid ones before it (none to count when all K are valid), and stops there
-    (all valid: the slice's own blocks).
+    after a count of the valid ones before it, and stops there. When all K are valid (the selected
+    path's rows) the slice is the listed [lo, hi) itself: a copy instead (the scan's cumulative sum took
+    113 sm_90 instructions a warp and block of 256, the copy ~20), and neither the scan nor that count runs.
     Every program of the row reads the list (from L2 after the first program) and writes only its
     slice (the head blocks of a split write the same values), then a barrier makes the slice visible
     to all of its threads.
@@ -287,11 +296,16 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     Positions are bounded by K: int32; the stored indices keep their width up to int64."""
     count = _count_valid(row_ptr, s_k, 0, K, BLOCK_C)
     lo, hi = _split_range(count, num_splits, split, BLOCK_K)
+    all_valid = count == K
+    # every listed index valid (the selected path's rows): the slice is the listed [lo, hi), copied
+    for c0 in range(lo, tl.where(all_valid, hi, lo), 4 * BLOCK_C):
+        ks = c0 + tl.arange(0, 4 * BLOCK_C)
+        tl.store(crow_ptr + ks, tl.load(row_ptr + ks * s_k, mask=ks < hi).to(tl.int64), mask=ks < hi)
+    # else placed by a scan (a cumulative sum a block) from c_lo, after a count of the valid ones before it
     c_lo = tl.minimum(lo, count) // BLOCK_C * BLOCK_C  # an empty split (lo >= count) scans nothing
-    # the valid indices before c_lo: all of them when the whole list is (the selected path's rows), counted
-    pre = tl.where(count == K, 0, c_lo)
+    pre = tl.where(all_valid, 0, c_lo)
     base = _count_valid(row_ptr, s_k, 0, pre, BLOCK_C) + (c_lo - pre)
-    for c0 in range(c_lo, tl.where(lo < hi, tl.minimum(K, hi + K - count), c_lo), BLOCK_C):
+    for c0 in range(c_lo, tl.where((lo < hi) & ~all_valid, tl.minimum(K, hi + K - count), c_lo), BLOCK_C):
         ks = c0 + tl.arange(0, BLOCK_C)
         idx = tl.load(row_ptr + ks * s_k, mask=ks < K, other=-1)
         flag = (idx >= 0).to(tl.int32)
@@ -369,7 +383,6 @@ def _sparse_mla_decode_kernel(
     hb = tl.program_id(1)
     split = tl.program_id(2)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    hmask = heads < H
     r = tl.arange(0, 64)
     NVFP4: tl.constexpr = FMT != 2
     # Latent chunks: 656 4 x 128 columns (one tile scale each); NVFP4 (one E4M3 group scale per 16
@@ -421,8 +434,8 @@ def _sparse_mla_decode_kernel(
                 t2, t3 = t0, t1  # unused
                 s_lat = _qk(q1h, q1l, t1, _qk(q0h, q0l, t0, zero_s, Q_SPLIT, F32_DOT), Q_SPLIT, F32_DOT)
             if FMT == 0:
-                a0 = _key_f32(row_ptr, 292) * NVFP4_SHIFT  # per-token outer scale s_t (tiles: / NVFP4_SHIFT)
-                b = _key_f32(row_ptr, 288)  # rope scale r
+                b, a0 = _key_f32x2(row_ptr, 288)  # rope scale r, per-token outer scale s_t
+                a0 = a0 * NVFP4_SHIFT  # (tiles: / NVFP4_SHIFT)
                 s = a0[None, :] * s_lat + b[None, :] * _qk(qrh, qrl, _e4m3_tile(row_ptr, 304, 16, ASM), zero_s,
                                                            Q_SPLIT, F32_DOT)
             else:
@@ -445,32 +458,35 @@ def _sparse_mla_decode_kernel(
                                                        a0, a1, a2, a3, FOUR, P_SPLIT, F32_DOT)
 
     inv_l, lse = _finish(m_i, l_i)
-    vmask = hmask[:, None]
+    # The partials and the one split's output are stored unmasked: a head past H computed head H - 1's
+    # values (its queries, bit for bit) and stores them into head H - 1's row (the same bits twice; the
+    # per-row masks took ~90 sm_90 instructions a warp). The merge's output stays masked (unmasked, ptxas
+    # scheduled the 368 tile loop 6 instructions longer).
+    last = tl.minimum(heads, H - 1)
     if not MERGE:  # one split (a constexpr: each variant compiles only its epilogue)
-        o_row = out_ptr + m * s_out_m + heads[:, None] * s_out_h
-        _store_out(o_row + col[None, :], acc0 * inv_l[:, None], vmask, OUT_BF16, ASM)
-        _store_out(o_row + CW + col[None, :], acc1 * inv_l[:, None], vmask, OUT_BF16, ASM)
+        o_row = out_ptr + m * s_out_m + last[:, None] * s_out_h
+        _store_out(o_row + col[None, :], acc0 * inv_l[:, None], None, OUT_BF16, ASM)
+        _store_out(o_row + CW + col[None, :], acc1 * inv_l[:, None], None, OUT_BF16, ASM)
         if FOUR:
-            _store_out(o_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], vmask, OUT_BF16, ASM)
-            _store_out(o_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], vmask, OUT_BF16, ASM)
-        tl.store(lse_ptr + m * s_lse_m + heads, lse, mask=hmask)
+            _store_out(o_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], None, OUT_BF16, ASM)
+            _store_out(o_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], None, OUT_BF16, ASM)
+        tl.store(lse_ptr + m * s_lse_m + last, lse)
     else:
-        p_row = po_ptr + split * s_po_s + m * s_po_m + heads[:, None] * s_po_h
-        tl.store(p_row + col[None, :], acc0 * inv_l[:, None], mask=vmask)
-        tl.store(p_row + CW + col[None, :], acc1 * inv_l[:, None], mask=vmask)
+        p_row = po_ptr + split * s_po_s + m * s_po_m + last[:, None] * s_po_h
+        tl.store(p_row + col[None, :], acc0 * inv_l[:, None])
+        tl.store(p_row + CW + col[None, :], acc1 * inv_l[:, None])
         if FOUR:
-            tl.store(p_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], mask=vmask)
-            tl.store(p_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], mask=vmask)
-        tl.store(pl_ptr + split * s_pl_s + m * s_pl_m + heads, lse, mask=hmask)
+            tl.store(p_row + 2 * CW + col[None, :], acc2 * inv_l[:, None])
+            tl.store(p_row + 3 * CW + col[None, :], acc3 * inv_l[:, None])
+        tl.store(pl_ptr + split * s_pl_s + m * s_pl_m + last, lse)
         # Every thread's partial is written (barrier) before the ticket is taken (acq_rel, gpu scope);
         # the S programs of a (row, head block) share its ticket and the last one merges.
         tl.debug_barrier()
         tk = tk_ptr + m * tl.num_programs(1) + hb
         if tl.atomic_add(tk, 1, sem="acq_rel") == num_splits - 1:
             tl.store(tk, 0)  # the next launch (a CUDA-graph replay) starts from 0 again
-            last = tl.minimum(heads, H - 1)  # heads past H read head H - 1's partial (not stored)
             _merge_partials(po_ptr + m * s_po_m + last * s_po_h, pl_ptr + m * s_pl_m + last,
-                            out_ptr + m * s_out_m + heads * s_out_h, lse_ptr + m * s_lse_m + heads, hmask,
+                            out_ptr + m * s_out_m + heads * s_out_h, lse_ptr + m * s_lse_m + heads, heads < H,
                             num_splits, s_po_s, s_pl_s, BLOCK_H, OUT_BF16, ASM)
 
 

@@ -146,17 +146,18 @@ def test_roofline_arithmetic():
     assert one["params"]["splits"] == 16 and one["bytes"] == 4 * 2048 * (368 + 4 + 16) + 4 * 16 * 576 * 2 \
         + 17 * 4 * 16 * 513 * 4
     # its critical path (the merging program): the compaction's count of the 2048 listed (8 trips of 256),
-    # no count before its slice's block (all valid: its start) and the scan of that block (a slice of 128
-    # of 2048 all valid: 1), the first split's 2 tiles of 64 keys, the merge over 16 splits in one pass
-    assert one["launch"]["path"] == {"compact": [8, 0, 1], "tiles": 2, "splits": 16, "merge_chunks": 1}
+    # all valid: the copy of its slice (128 of 2048: 1 trip of 4 blocks), no count before its block and
+    # no scan; the first split's 2 tiles of 64 keys, the merge over 16 splits in one pass
+    assert one["launch"]["path"] == {"compact": [8, 1, 0, 0], "tiles": 2, "splits": 16, "merge_chunks": 1}
     # stock DCP4, one split: 512 of the 2048 valid may come from any listed block, the scan runs over all
-    assert stock["launch"]["path"]["compact"] == [8, 0, 8]
-    # the trips by hand: 2 splits of 1024 all valid (4 blocks each); 3 of 128 valid of 2048 listed: the
-    # last split's slice [128, 128) is empty and scans nothing, the others may reach the list's end; 2 of
-    # 1024 valid of 2048: the second split counts the 2 blocks before its slice's start (512)
-    assert kr.compact_trips(2048, 2048, 1024, 2, 256) == [8, 0, 4]
-    assert kr.compact_trips(2048, 128, 64, 3, 256) == [8, 0, 8]
-    assert kr.compact_trips(2048, 1024, 512, 2, 256) == [8, 2, 6]
+    assert stock["launch"]["path"]["compact"] == [8, 0, 0, 8]
+    # the trips by hand: 2 splits of 1024 all valid (a copy of 4 blocks, one trip); 3 of 128 valid of 2048
+    # listed: the last split's slice [128, 128) is empty and scans nothing, the others may reach the list's
+    # end; 2 of 1024 valid of 2048: the second split counts the 2 blocks before its slice's start (512)
+    assert kr.compact_trips(2048, 2048, 1024, 2, 256) == [8, 1, 0, 0]
+    assert kr.compact_trips(2048, 2048, 1500, 2, 256) == [8, 2, 0, 0]
+    assert kr.compact_trips(2048, 128, 64, 3, 256) == [8, 0, 0, 8]
+    assert kr.compact_trips(2048, 1024, 512, 2, 256) == [8, 0, 2, 6]
     idx = next(r for r in rows if r["kernel"] == "indexer_scores" and r["params"]["M"] == 4
                and r["params"]["T"] == 131072)
     # 4 rows x 32 heads x 131072 tokens x 128 dims x 2, + relu, weight, sum per head and token
