@@ -24,7 +24,7 @@ checked on a GPU, ``test_gpu_paged_equals_tiled_at_decode_shapes``). An unsharde
 without DcpLayout.token_of's divisions per position, and with pages of a multiple of a chunk's 64
 tokens (``PAGE_CHUNKS``: the engine's are 64 x DCP) finds a chunk's one page with one division and
 one block-table entry, not one of each per token, and reads the chunk's records unmasked (those past
-the list are still the page's; their keys are not valid). Each row keeps a running top-k of its share (tiles s, s + splits, ... of ``tile`` positions)
+the list are still the page's; their keys are not valid). Each row keeps a running top-k of its share (chunks s, s + splits, ... of 64 positions, ``tile`` positions a tile)
 in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's keys go after the k
 kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in place. The keys are
 distinct (the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
@@ -135,16 +135,21 @@ def _paged_topk_kernel(
             act1 = act0
             if ROWS > 1:
                 act1 = lane(act.to(tl.int32), gl, 1) != 0
-            for j0 in range(s * TILE, length, S * TILE):  # this split's tiles of the pass, to its longest row
-                span = tl.minimum(length - j0, TILE)
+            # this split's chunks of the pass (to its longest row): chunks s, s + S, s + 2 S, ... of BLOCK_T
+            # positions, TILE // BLOCK_T of them a tile, so every split has work from S chunks of context on
+            # whatever the tile (contiguous tiles left splits idle below S tiles of context)
+            mine = tl.cdiv(tl.maximum(tl.cdiv(length, BLOCK_T) - s, 0), S)
+            for i0 in range(0, mine, TILE // BLOCK_T):
+                span = tl.minimum(mine - i0, TILE // BLOCK_T)  # chunks in this tile
                 # the rows' queries (the dots' A operands), loaded and converted once for the tile's chunks; not
                 # held across the selection below (held from the program's start they spilled, 2026-12-07)
                 qa0 = q_tile(q_ptr, row0, M, s_q_m, s_q_h, HI, 1, BLOCK_H, PRECISION, Q_CODES)
                 qa1 = qa0
                 if ROWS > 1:
                     qa1 = q_tile(q_ptr, row1, M, s_q_m, s_q_h, HI, 1, BLOCK_H, PRECISION, Q_CODES)
-                for c in range(0, span, BLOCK_T):
-                    j = j0 + c + cols
+                for c in range(0, span):
+                    j0 = (s + (i0 + c) * S) * BLOCK_T  # the chunk's first list position
+                    j = j0 + cols
                     tmask = j < length
                     if SHARDED:  # DcpLayout.token_of, then the token's page and place in it
                         t = (j // INTERLEAVE) * PERIOD + RANK * INTERLEAVE + j % INTERLEAVE
@@ -152,9 +157,9 @@ def _paged_topk_kernel(
                         rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
                     elif PAGE_CHUNKS:  # the chunk (64 tokens from a multiple of 64) lies in one page: one entry
                         t = j
-                        page = (j0 + c) // block_size
+                        page = j0 // block_size
                         block = tl.load(table + page).to(tl.int64)
-                        rec = cache_ptr + (block * s_block + (j0 + c - page * block_size) * s_token) + at_col
+                        rec = cache_ptr + (block * s_block + (j0 - page * block_size) * s_token) + at_col
                         # a chunk's records past the list are still its page's: read unmasked (their keys are not
                         # valid, j < n below), without a predicate per load
                         tmask = tl.full([BLOCK_T], True, tl.int1)
@@ -166,7 +171,7 @@ def _paged_topk_kernel(
                     # for the group's rows (their dots share them as the MMA's B operand)
                     kb = key_tile(rec, tmask, PRECISION)
                     zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
-                    col = K + c + cols
+                    col = K + c * BLOCK_T + cols
                     _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len0, act0,
                               work_ptr + (r0 * S + s) * s_work + col)
                     if ROWS > 1:
@@ -176,7 +181,7 @@ def _paged_topk_kernel(
                 for i in range(ROWS):  # each row keeps its k best
                     if lane(act.to(tl.int32), gl, i) != 0:
                         work = work_ptr + ((r0 + i) * S + s) * s_work
-                        select_row(work, K + tl.cdiv(span, BLOCK_T) * BLOCK_T, K, K, work, work, BLOCK, 1, False,
+                        select_row(work, K + span * BLOCK_T, K, K, work, work, BLOCK, 1, False,
                                    False)
                 tl.debug_barrier()  # the heads are kept before the next tile is written
             for i in range(ROWS):
