@@ -15,16 +15,19 @@ rows, so a request's keys are read from memory and converted once for them, issu
 per request among them (one for a decode step's groups; a group that spans requests runs one pass
 for each). In a pass the rows' queries are loaded and converted once a tile, and each chunk of 64
 positions' keys once, which every row's dot ([32 heads, 128 dims] x [128 dims, 64 positions], f16
-MMA for the engine's fp8 q) takes as its B operand: the instruction sequence of
-``triton_scores.row_scores`` per row (``q_tile``, ``key_tile``, ``head_dots``, ``scaled``,
-``head_sum``, ``selection_keys``), so the same fp32 scores and int64 keys as the tiled top-k
-whatever the grouping (the tiled scorer stacks its rows into one dot, a wgmma on sm_90 where this
+MMA for the engine's fp8 q) takes as its B operand: ``triton_scores.row_scores``' steps per row
+(``q_tile``, ``key_tile``, ``head_dots``, ``head_sum``, ``selection_keys``) but for the records'
+scales, which multiply a position's head sum, not its 32 dots (``scaled``): a power-of-two scale
+(the cache's) scales every product and partial sum of the sum exactly, as it does the dot's, so
+the same fp32 scores and int64 keys as the tiled top-k whatever the grouping (the tiled scorer
+stacks its rows into one dot, a wgmma on sm_90 where this
 kernel's dot per row is an mma.sync: the same products in the same dim order, the same bits not yet
 checked on a GPU, ``test_gpu_paged_equals_tiled_at_decode_shapes``). An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
 without DcpLayout.token_of's divisions per position, and with pages of a multiple of a chunk's 64
 tokens (``PAGE_CHUNKS``: the engine's are 64 x DCP) finds a chunk's one page with one division and
 one block-table entry, not one of each per token, and reads the chunk's records unmasked (those past
-the list are still the page's; their keys are not valid). Each row keeps a running top-k of its share (chunks s, s + splits, ... of 64 positions, ``tile`` positions a tile)
+the list are still the page's; their keys are not valid). Each row keeps a running top-k of its share
+(chunks s, s + splits, ... of 64 positions, ``tile`` positions a tile)
 in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's keys go after the k
 kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in place. The keys are
 distinct (the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
@@ -52,11 +55,12 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkinfer.attention.triton_codes import load_f32
 from sparkinfer.core.indexer_tiles import paged_splits, paged_workspace_bytes
 from sparkinfer.core.topology import DcpLayout
 
 from .triton_scores import (BLOCK_T, NUM_STAGES, block_h, head_dots, head_sum, head_weights, key_tile, lane,
-                            q_operand, q_tile, scaled, selection_keys)
+                            q_operand, q_tile, selection_keys)
 from .triton_topk import key_ids, select_row
 
 _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
@@ -77,7 +81,7 @@ def _row_keys(wv, acc, rec, t, tmask, j, n, act, dst):
     """A group row's selection keys of a chunk (its heads' weights ``wv`` and dots with the codes
     ``acc``) at list positions ``j`` (tokens ``t``), stored at ``dst`` when the row is ``act``ive in
     this pass; the row's list has ``n`` positions (its tokens up to its own position: j < n is t <= pos)."""
-    score = head_sum(wv, scaled(acc, rec, tmask))
+    score = head_sum(wv, acc) * load_f32(rec + 128, tmask)  # the record's scale on the head sum, not each dot
     keys = selection_keys(score, t.to(tl.int64), j < n)
     tl.store(dst, keys, mask=(tl.zeros_like(t) + act.to(tl.int32)) != 0)
 
@@ -167,7 +171,7 @@ def _paged_topk_kernel(
                         t = j
                         block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0)
                         rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
-                    # row_scores' instruction sequence per row, the chunk's keys loaded and converted once
+                    # row_scores' steps per row, the chunk's keys loaded and converted once
                     # for the group's rows (their dots share them as the MMA's B operand)
                     kb = key_tile(rec, tmask, PRECISION)
                     zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
