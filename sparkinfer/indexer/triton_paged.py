@@ -94,6 +94,7 @@ def _paged_topk_kernel(
     TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
     IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr, SHARDED: tl.constexpr, PAGE_CHUNKS: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
 ):
     g = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
@@ -161,9 +162,14 @@ def _paged_topk_kernel(
                         rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
                     elif PAGE_CHUNKS:  # the chunk (64 tokens from a multiple of 64) lies in one page: one entry
                         t = j
-                        page = j0 // block_size
+                        if PAGE_SHIFT >= 0:  # pages of 2^PAGE_SHIFT tokens: a shift, not a division (~20 SASS)
+                            page = j0 >> PAGE_SHIFT
+                            place = j0 & ((1 << PAGE_SHIFT) - 1)
+                        else:
+                            page = j0 // block_size
+                            place = j0 - page * block_size
                         block = tl.load(table + page).to(tl.int64)
-                        rec = cache_ptr + (block * s_block + (j0 - page * block_size) * s_token) + at_col
+                        rec = cache_ptr + (block * s_block + place * s_token) + at_col
                         # a chunk's records past the list are still its page's: read unmasked (their keys are not
                         # valid, j < n below), without a predicate per load
                         tmask = tl.full([BLOCK_T], True, tl.int1)
@@ -273,9 +279,14 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
         TILE=tile, SORTED=one, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
         BLOCK_T=BLOCK_T, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
         CHECK=flag is not None, ROWS=rows, SHARDED=layout.period > 1,
-        PAGE_CHUNKS=kv_cache.shape[1] % BLOCK_T == 0, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        PAGE_CHUNKS=kv_cache.shape[1] % BLOCK_T == 0, PAGE_SHIFT=_log2(kv_cache.shape[1]), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return out
+
+
+def _log2(n: int) -> int:
+    """log2(n) for a power of two n, else -1 (``PAGE_SHIFT``: the page of a list position by a shift)."""
+    return n.bit_length() - 1 if n > 0 and n & (n - 1) == 0 else -1
 
 
 def group_rows(rows_per_req: int) -> int:
@@ -300,7 +311,7 @@ def compile_specs(k: int = 2048) -> list[dict]:
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
                       "BLOCK_H": 32, "BLOCK_T": block_t, "PRECISION": "f16", "Q_CODES": True,
                       "IDS": True, "CHECK": True, "ROWS": MAX_GROUP, "SHARDED": False,
-                      "PAGE_CHUNKS": True}
+                      "PAGE_CHUNKS": True, "PAGE_SHIFT": _log2(64)}
         ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
                 "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "top_ptr": "*i64",
                 "out_ptr": "*i32", "flag_ptr": "*i32"}
