@@ -404,10 +404,12 @@ def _paged_levels(t: int, splits: int, tile: int, seed: int = 0) -> tuple[float,
     scores = (torch.relu(torch.randn(t, INDEX_HEADS, generator=g)) @ torch.rand(INDEX_HEADS, generator=g))[None]
     keys = pack_keys(scores.float(), torch.arange(t))[0].numpy()
     run, heads = [], []
+    chunk = 64  # triton_scores.BLOCK_T: a split takes every splits-th chunk, tile // chunk of them a tile
     for s in range(splits):
         head = np.empty(0, np.int64)
-        for j0 in range(s * tile, t, splits * tile):
-            cand = np.concatenate([head, keys[j0:j0 + tile]])
+        mine = np.concatenate([keys[c:c + chunk] for c in range(s * chunk, t, splits * chunk)] or [keys[:0]])
+        for j0 in range(0, len(mine), tile):
+            cand = np.concatenate([head, mine[j0:j0 + tile]])
             run.append(_radix_levels(cand, K, K))
             head = np.sort(cand)[-K:]
         heads.append(head)
@@ -482,7 +484,7 @@ def _indexer_paged(b: int, r: int, t: int, shape: str) -> dict:
     rows = spec["constexprs"].get("ROWS", 1)
     splits = paged_splits(m)
     groups = _cdiv(m, rows)
-    tiles = _cdiv(_cdiv(t, PAGED_TILE), splits)  # per program
+    tiles = _cdiv(_cdiv(_cdiv(t, ts.BLOCK_T), splits) * ts.BLOCK_T, PAGED_TILE)  # per program (every splits-th chunk)
     chunks = tiles * PAGED_TILE // ts.BLOCK_T
     reads = _cdiv(r, rows) if rows <= r else 1  # key reads per request: once per group of its rows
     nbytes = b * reads * t * (INDEX_RECORD + 4 / 64) + m * INDEX_HEADS * (INDEX_DIM + 4) + 2 * m * t * 8 \

@@ -79,9 +79,13 @@ def engine_workspace_bytes(step_rows: int, k: int, max_model_len: int) -> int:
 # program per split, looping to the row's length read on the device): ``paged_splits(M)`` programs
 # per row, so a step of few rows still spreads over the GPU (about 2 waves of 132 SMs at any M up to
 # 256), each keeping a running top-k of k + PAGED_TILE keys. Both follow the rows only, never the
-# contexts, so a captured graph's launch fits every step of its batch size. At k 2,048 the work
-# buffers are 8 x 256 x (2 k + 4,096) = 16 MiB at most, within the tiled path's 19.
-PAGED_TILE = 4096
+# contexts, so a captured graph's launch fits every step of its batch size. A larger tile selects
+# less often per position (a select scans k + tile keys a radix level: (k + tile) / tile of a scan
+# per position): 8,192 took the decode step's issue from 162.4 to 155.9 us on the H200 (2026-12-07,
+# kernel_report.py); 16,384 (152.8) would hold 41 MiB and a 38 MB working set of work rows against
+# the H200's 50 MB L2. At k 2,048 the buffers are 8 x 256 x (2 k + 8,192) + 8 x 64 x k = 25 MiB at
+# most (64 rows), above the tiled path's 19: engine_workspace_bytes takes the larger.
+PAGED_TILE = 8192
 PAGED_PROGRAMS = 256
 MAX_SPLITS = 16
 

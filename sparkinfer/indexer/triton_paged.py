@@ -15,16 +15,19 @@ rows, so a request's keys are read from memory and converted once for them, issu
 per request among them (one for a decode step's groups; a group that spans requests runs one pass
 for each). In a pass the rows' queries are loaded and converted once a tile, and each chunk of 64
 positions' keys once, which every row's dot ([32 heads, 128 dims] x [128 dims, 64 positions], f16
-MMA for the engine's fp8 q) takes as its B operand: the instruction sequence of
-``triton_scores.row_scores`` per row (``q_tile``, ``key_tile``, ``head_dots``, ``scaled``,
-``head_sum``, ``selection_keys``), so the same fp32 scores and int64 keys as the tiled top-k
-whatever the grouping (the tiled scorer stacks its rows into one dot, a wgmma on sm_90 where this
+MMA for the engine's fp8 q) takes as its B operand: ``triton_scores.row_scores``' steps per row
+(``q_tile``, ``key_tile``, ``head_dots``, ``head_sum``, ``selection_keys``) but for the records'
+scales, which multiply a position's head sum, not its 32 dots (``scaled``): a power-of-two scale
+(the cache's) scales every product and partial sum of the sum exactly, as it does the dot's, so
+the same fp32 scores and int64 keys as the tiled top-k whatever the grouping (the tiled scorer
+stacks its rows into one dot, a wgmma on sm_90 where this
 kernel's dot per row is an mma.sync: the same products in the same dim order, the same bits not yet
 checked on a GPU, ``test_gpu_paged_equals_tiled_at_decode_shapes``). An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
 without DcpLayout.token_of's divisions per position, and with pages of a multiple of a chunk's 64
 tokens (``PAGE_CHUNKS``: the engine's are 64 x DCP) finds a chunk's one page with one division and
 one block-table entry, not one of each per token, and reads the chunk's records unmasked (those past
-the list are still the page's; their keys are not valid). Each row keeps a running top-k of its share (tiles s, s + splits, ... of ``tile`` positions)
+the list are still the page's; their keys are not valid). Each row keeps a running top-k of its share
+(chunks s, s + splits, ... of 64 positions, ``tile`` positions a tile)
 in its own work row int64 [k + tile] (``TopkWorkspace.take_paged``): a tile's keys go after the k
 kept ones, then ``triton_topk.select_row`` keeps the k largest in the head, in place. The keys are
 distinct (the token id is in them; only INT64_MIN, "nothing", repeats), so after the last tile the head is
@@ -52,11 +55,12 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkinfer.attention.triton_codes import load_f32
 from sparkinfer.core.indexer_tiles import paged_splits, paged_workspace_bytes
 from sparkinfer.core.topology import DcpLayout
 
 from .triton_scores import (BLOCK_T, NUM_STAGES, block_h, head_dots, head_sum, head_weights, key_tile, lane,
-                            q_operand, q_tile, scaled, selection_keys)
+                            q_operand, q_tile, selection_keys)
 from .triton_topk import key_ids, select_row
 
 _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
@@ -77,7 +81,7 @@ def _row_keys(wv, acc, rec, t, tmask, j, n, act, dst):
     """A group row's selection keys of a chunk (its heads' weights ``wv`` and dots with the codes
     ``acc``) at list positions ``j`` (tokens ``t``), stored at ``dst`` when the row is ``act``ive in
     this pass; the row's list has ``n`` positions (its tokens up to its own position: j < n is t <= pos)."""
-    score = head_sum(wv, scaled(acc, rec, tmask))
+    score = head_sum(wv, acc) * load_f32(rec + 128, tmask)  # the record's scale on the head sum, not each dot
     keys = selection_keys(score, t.to(tl.int64), j < n)
     tl.store(dst, keys, mask=(tl.zeros_like(t) + act.to(tl.int32)) != 0)
 
@@ -90,6 +94,7 @@ def _paged_topk_kernel(
     TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
     IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr, SHARDED: tl.constexpr, PAGE_CHUNKS: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr,
 ):
     g = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
@@ -135,16 +140,21 @@ def _paged_topk_kernel(
             act1 = act0
             if ROWS > 1:
                 act1 = lane(act.to(tl.int32), gl, 1) != 0
-            for j0 in range(s * TILE, length, S * TILE):  # this split's tiles of the pass, to its longest row
-                span = tl.minimum(length - j0, TILE)
+            # this split's chunks of the pass (to its longest row): chunks s, s + S, s + 2 S, ... of BLOCK_T
+            # positions, TILE // BLOCK_T of them a tile, so every split has work from S chunks of context on
+            # whatever the tile (contiguous tiles left splits idle below S tiles of context)
+            mine = tl.cdiv(tl.maximum(tl.cdiv(length, BLOCK_T) - s, 0), S)
+            for i0 in range(0, mine, TILE // BLOCK_T):
+                span = tl.minimum(mine - i0, TILE // BLOCK_T)  # chunks in this tile
                 # the rows' queries (the dots' A operands), loaded and converted once for the tile's chunks; not
                 # held across the selection below (held from the program's start they spilled, 2026-12-07)
                 qa0 = q_tile(q_ptr, row0, M, s_q_m, s_q_h, HI, 1, BLOCK_H, PRECISION, Q_CODES)
                 qa1 = qa0
                 if ROWS > 1:
                     qa1 = q_tile(q_ptr, row1, M, s_q_m, s_q_h, HI, 1, BLOCK_H, PRECISION, Q_CODES)
-                for c in range(0, span, BLOCK_T):
-                    j = j0 + c + cols
+                for c in range(0, span):
+                    j0 = (s + (i0 + c) * S) * BLOCK_T  # the chunk's first list position
+                    j = j0 + cols
                     tmask = j < length
                     if SHARDED:  # DcpLayout.token_of, then the token's page and place in it
                         t = (j // INTERLEAVE) * PERIOD + RANK * INTERLEAVE + j % INTERLEAVE
@@ -152,9 +162,14 @@ def _paged_topk_kernel(
                         rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
                     elif PAGE_CHUNKS:  # the chunk (64 tokens from a multiple of 64) lies in one page: one entry
                         t = j
-                        page = (j0 + c) // block_size
+                        if PAGE_SHIFT >= 0:  # pages of 2^PAGE_SHIFT tokens: a shift, not a division (~20 SASS)
+                            page = j0 >> PAGE_SHIFT
+                            place = j0 & ((1 << PAGE_SHIFT) - 1)
+                        else:
+                            page = j0 // block_size
+                            place = j0 - page * block_size
                         block = tl.load(table + page).to(tl.int64)
-                        rec = cache_ptr + (block * s_block + (j0 + c - page * block_size) * s_token) + at_col
+                        rec = cache_ptr + (block * s_block + place * s_token) + at_col
                         # a chunk's records past the list are still its page's: read unmasked (their keys are not
                         # valid, j < n below), without a predicate per load
                         tmask = tl.full([BLOCK_T], True, tl.int1)
@@ -162,11 +177,11 @@ def _paged_topk_kernel(
                         t = j
                         block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0)
                         rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
-                    # row_scores' instruction sequence per row, the chunk's keys loaded and converted once
+                    # row_scores' steps per row, the chunk's keys loaded and converted once
                     # for the group's rows (their dots share them as the MMA's B operand)
                     kb = key_tile(rec, tmask, PRECISION)
                     zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
-                    col = K + c + cols
+                    col = K + c * BLOCK_T + cols
                     _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len0, act0,
                               work_ptr + (r0 * S + s) * s_work + col)
                     if ROWS > 1:
@@ -176,7 +191,7 @@ def _paged_topk_kernel(
                 for i in range(ROWS):  # each row keeps its k best
                     if lane(act.to(tl.int32), gl, i) != 0:
                         work = work_ptr + ((r0 + i) * S + s) * s_work
-                        select_row(work, K + tl.cdiv(span, BLOCK_T) * BLOCK_T, K, K, work, work, BLOCK, 1, False,
+                        select_row(work, K + span * BLOCK_T, K, K, work, work, BLOCK, 1, False,
                                    False)
                 tl.debug_barrier()  # the heads are kept before the next tile is written
             for i in range(ROWS):
@@ -264,9 +279,14 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
         TILE=tile, SORTED=one, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
         BLOCK_T=BLOCK_T, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
         CHECK=flag is not None, ROWS=rows, SHARDED=layout.period > 1,
-        PAGE_CHUNKS=kv_cache.shape[1] % BLOCK_T == 0, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        PAGE_CHUNKS=kv_cache.shape[1] % BLOCK_T == 0, PAGE_SHIFT=_log2(kv_cache.shape[1]), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return out
+
+
+def _log2(n: int) -> int:
+    """log2(n) for a power of two n, else -1 (``PAGE_SHIFT``: the page of a list position by a shift)."""
+    return n.bit_length() - 1 if n > 0 and n & (n - 1) == 0 else -1
 
 
 def group_rows(rows_per_req: int) -> int:
@@ -291,7 +311,7 @@ def compile_specs(k: int = 2048) -> list[dict]:
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
                       "BLOCK_H": 32, "BLOCK_T": block_t, "PRECISION": "f16", "Q_CODES": True,
                       "IDS": True, "CHECK": True, "ROWS": MAX_GROUP, "SHARDED": False,
-                      "PAGE_CHUNKS": True}
+                      "PAGE_CHUNKS": True, "PAGE_SHIFT": _log2(64)}
         ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
                 "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "top_ptr": "*i64",
                 "out_ptr": "*i32", "flag_ptr": "*i32"}

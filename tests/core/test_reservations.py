@@ -38,7 +38,7 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     the exchange buffers too (issue 16)."""
     from sparkinfer.cli.serve import load_profile
     from sparkinfer.core.attention_workspace import BLOCK_PROGRAMS, BLOCK_ROWS
-    from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS
+    from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS, PAGED_PROGRAMS, PAGED_TILE
 
     prof = load_profile("glm52-tp4-dcp4-mtp3-368")
     pool, tokens = prof["sparkinfer"]["pool_mb"] * MIB, prof["vllm"]["max_num_batched_tokens"]
@@ -63,9 +63,12 @@ def test_main_profile_buffers_by_hand_and_the_exchange_bound():
     assert res["stashed_records"] == tokens * 368
     # the top-k workspace of the engine's INDEXER_ROWS-row blocks, k 2048, a pass of ENGINE_TILE_BYTES /
     # (8 B x rows) positions: the work buffer, top + topk's indices (fewer rows take wider passes in no
-    # more bytes)
+    # more bytes), or the paged top-k's if larger: at INDEXER_ROWS rows PAGED_PROGRAMS / rows splits, each a
+    # work row of k + PAGED_TILE keys and a head of k, and the rows' sorted k (the most of any row count)
     tile = ENGINE_TILE_BYTES // (8 * INDEXER_ROWS)
-    assert res["indexer_workspace"] == 8 * INDEXER_ROWS * (2048 + tile) + 2 * 8 * INDEXER_ROWS * 2048
+    tiled = 8 * INDEXER_ROWS * (2048 + tile) + 2 * 8 * INDEXER_ROWS * 2048
+    paged = 8 * PAGED_PROGRAMS * (2048 + PAGED_TILE + 2048) + 8 * INDEXER_ROWS * 2048
+    assert res["indexer_workspace"] == max(tiled, paged)
     # the sharded merge of a decode step's 16 x 4 rows or a block of a prefill chunk, k 2048 int64 keys:
     # this rank's, the 4 ranks' gathered and side by side, topk's values and indices
     assert res["indexer_merge"] == 8 * max(64, INDEXER_ROWS) * 2048 * (1 + 4 + 4 + 2)

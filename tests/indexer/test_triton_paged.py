@@ -107,11 +107,12 @@ def test_paged_equals_tiled_ties_short_rows_and_block_boundaries(monkeypatch, pr
     assert ((scores[:, 1:] == scores[:, :-1]) & (want[:, 1:] != torch.iinfo(torch.int64).min)).any()
 
 
-@pytest.mark.parametrize("bs", [64, 80, 128])
+@pytest.mark.parametrize("bs", [64, 80, 128, 192])
 def test_paged_pages_of_a_chunk_or_more(bs):
     """Pages of a multiple of a chunk's 64 tokens (the engine's are 64 x DCP): the kernel finds a
-    chunk's one page with one division and one block-table entry (``PAGE_CHUNKS``). 64: a chunk a
-    page; 128: two chunks a page; 80: chunks across pages (a page and a place per token); rows at a
+    chunk's one page with one shift (a power of two, ``PAGE_SHIFT``) or division and one block-table
+    entry (``PAGE_CHUNKS``). 64: a chunk a page; 128: two chunks a page; 192 (DCP 3): three, found by
+    the division; 80: chunks across pages (a page and a place per token); rows at a
     page's last and the next page's first token, passes of 128 positions, fp8 q; the records of a
     request's last page past its tokens hold NaN codes and scales (a one-page chunk reads them
     unmasked: they must not count). Keys equal today's."""
