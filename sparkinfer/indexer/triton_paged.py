@@ -19,10 +19,13 @@ MMA for the engine's fp8 q) takes as its B operand: ``triton_scores.row_scores``
 (``q_tile``, ``key_tile``, ``head_dots``, ``head_sum``, ``selection_keys``) but for the records'
 scales, which multiply a position's head sum, not its 32 dots (``scaled``): a power-of-two scale
 (the cache's) scales every product and partial sum of the sum exactly, as it does the dot's, so
-the same fp32 scores and int64 keys as the tiled top-k whatever the grouping (the tiled scorer
-stacks its rows into one dot, a wgmma on sm_90 where this
-kernel's dot per row is an mma.sync: the same products in the same dim order, the same bits not yet
-checked on a GPU, ``test_gpu_paged_equals_tiled_at_decode_shapes``). An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
+the same fp32 scores and int64 keys as the tiled top-k whatever the grouping under the interpreter
+(which runs the tiled scorer's ``row_scores`` too). Compiled, the tiled scorer takes a chunk's keys
+as its dot's M and the rows' heads in octet order (``triton_scores.chunk_scores``, a wgmma on
+sm_90), so its head sums add in another fp32 order than this kernel's dot per row (an mma.sync):
+the same bits on exact inputs, a top-k of the exact scores within fp32's error on any
+(``test_gpu_paged_equals_tiled_at_decode_shapes``, not yet run on a GPU); the engine scores a step
+with one of them on every rank. An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
 without DcpLayout.token_of's divisions per position, and with pages of a multiple of a chunk's 64
 tokens (``PAGE_CHUNKS``: the engine's are 64 x DCP) finds a chunk's one page with one division and
 one block-table entry, not one of each per token, and reads the chunk's records unmasked (those past
@@ -40,8 +43,8 @@ int64 keys, or the int32 token ids with their -1 padding (``triton_topk.key_ids`
 ``topk.unpack_keys``), straight into the output, so the engine's top-k buffer needs no fill and no
 conversion. The weights are read as they come (fp32 or bf16), and with a check word each row's
 first split ORs in whether its weights hold a NaN or an infinity (the check a separate kernel made,
-``device_checks``' "indexer_inputs", read a step later). The result is the tiled top-k's
-(``tiled.indexer_topk_rows``) bit for bit: keys, order, INT64_MIN padding of a row with fewer than
+``device_checks``' "indexer_inputs", read a step later). The selection is the tiled top-k's
+(``tiled.indexer_topk_rows``) bit for bit given the same scores: keys, order, INT64_MIN padding of a row with fewer than
 k tokens, hence the ids and the tie rule (score descending, token id ascending).
 
 Memory: ``core.indexer_tiles.paged_workspace_bytes``, fixed by M, k and the tile, whatever the
