@@ -608,7 +608,10 @@ def test_hot_kernels_have_an_issue_figure(report):
     assert {(k, g) for k, _, g, _ in rows} == {(k, HOT_GPU) for k in HOT}
     for kernel, _, gpu, x in rows:
         assert "error" not in x, (kernel, gpu, x)
-        assert x["count_from"] == "sass" and x["issue_us"] > 0 and x["floor_us"] > 0
+        # the paged top-k's loops are told apart by their call sites, which only the PTX's .loc lines
+        # give (``nested_issue``): its figure counts PTX, which its chunk loop's SASS exceeds by ~1.17x
+        assert x["count_from"] == ("ptx" if kernel.startswith("paged_topk") else "sass"), (kernel, x["count_from"])
+        assert x["issue_us"] > 0 and x["floor_us"] > 0
         assert x["ratio"] == pytest.approx(x["issue_us"] / x["floor_us"], abs=2e-3)
         assert x["reaches_floor"] == (x["issue_us"] <= x["floor_us"])
         if kernel.startswith("sparse_mla_decode"):  # the loops the launch counts
@@ -630,8 +633,9 @@ def test_hot_kernels_have_an_issue_figure(report):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "issue 33: hot kernels whose issue-bound time exceeds their floor on the H200 (sm_90 SASS; issue/floor, "
-    "the busiest SM's, 2026-12-07, Triton 3.9, nvcc 13.0): paged_topk_split[k2048] 2.05 (the engine's "
+    "issue 33: hot kernels whose issue-bound time exceeds their floor on the H200 (sm_90 SASS but where "
+    "marked; issue/floor, "
+    "the busiest SM's, 2026-12-07, Triton 3.9, nvcc 13.0): paged_topk_split[k2048] 2.05 (PTX; the engine's "
     "indexer at a decode step: q's A operand reloaded every chunk, the selection), indexer_scores[q_bf16] "
     "1.61 and indexer_keys[q_fp8] 1.49 (the tiled scorer: the key words' loads and conversion, the relu x "
     "weight pass); sparse_mla_decode[nvfp4_368] reaches its floor by a few instructions a warp (1.00; "
