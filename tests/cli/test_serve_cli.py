@@ -158,7 +158,7 @@ def _buffers(name: str, record: int, dcp: int, mtp: bool) -> int:
     over all sources, a send slab of 1/16 of that per pair (gathered steps only), the unpack's two
     int32 index columns, the sharded indexer's merge, a Full layer's group plan; at DCP1 the arena
     alone."""
-    from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS
+    from sparkinfer.core.indexer_tiles import ENGINE_TILE_BYTES, INDEXER_ROWS, PAGED_PROGRAMS, PAGED_TILE
 
     if dcp == 1:
         return _arena(name, dcp)
@@ -174,10 +174,13 @@ def _buffers(name: str, record: int, dcp: int, mtp: bool) -> int:
     recv = align((3 + 4) * dcp * 64) + 2 * align(4 * cap * record)  # arrive, ack, abort, landed x 4 layers
     send = 2 * dcp * align(4 * (cap // 16) * record)
     # a step's own records (vLLM's batched tokens) and the indexer's top-k workspace for an
-    # INDEXER_ROWS-row block (k 2048, a pass of ENGINE_TILE_BYTES / (8 B x rows)): work, top + indices
+    # INDEXER_ROWS-row block (k 2048, a pass of ENGINE_TILE_BYTES / (8 B x rows)): work, top + indices;
+    # or the paged top-k's if larger (PAGED_PROGRAMS work rows of k + PAGED_TILE keys and heads of k,
+    # the block's sorted k)
     stash = tokens * record
     tile = ENGINE_TILE_BYTES // (8 * INDEXER_ROWS)
-    indexer = 8 * INDEXER_ROWS * (2048 + tile) + 2 * 8 * INDEXER_ROWS * 2048
+    indexer = max(8 * INDEXER_ROWS * (2048 + tile) + 2 * 8 * INDEXER_ROWS * 2048,
+                  8 * PAGED_PROGRAMS * (2048 + PAGED_TILE + 2048) + 8 * INDEXER_ROWS * 2048)
     # the group plan (cap entries): 5 int32 and 2 bool columns, the union kernel's scratch per request (a
     # table of the power of two >= 2 x R x 2048 slots, two columns), counts, sends, 3 planes per source
     n = rows * 2048
