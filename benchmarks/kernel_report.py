@@ -1144,8 +1144,11 @@ def _ptxas_triton(ptx: str, arch: int, tmp: str, name: str) -> dict:
     with open(path, "w") as f:
         f.write(ptx)
     cubin = path[:-4] + ".cubin"
-    run = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={sm_arch_from_capability(arch)}", path,
-                          "-o", cubin], capture_output=True, text=True)
+    # Triton's own options (its make_cubin, Triton 3.9: -lineinfo, and --regAllocOptLevel=2 against a
+    # ptxas 13 bug), so registers and spills are those of the cubin Triton launches
+    run = subprocess.run([get_ptxas(arch).path, "-lineinfo", "-v", "--regAllocOptLevel=2",
+                          f"--gpu-name={sm_arch_from_capability(arch)}", path, "-o", cubin],
+                         capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"ptxas failed for {name} sm_{arch}:\n{run.stderr[-2000:]}")
     info = _parse_ptxas(run.stderr + run.stdout)

@@ -90,6 +90,25 @@ PAGED_PROGRAMS = 256
 MAX_SPLITS = 16
 
 
+# Which scorer a step of the Triton backend takes (``vllm.replicated_indexer``). A uniform decode
+# step (every request at most 1 + drafts rows) scores pages: its launches follow the rows alone, as the
+# FULL graph that replays it needs. A step holding prefill rows is never captured (vLLM runs mixed
+# batches piecewise), and there the tiled scorer over host-planned lists costs less: at a prefill
+# chunk of 2,048 rows at 128K the report's issue-bound figures (2026-12-07) are 3.35 ms tiled (fp8 q,
+# its running top-k included) against about 7.45 ms for the paged chunk loop alone on the H200, and
+# 3.95 against 3.94 plus the selection's ~30% on the RTX PRO 6000 (docs/design/indexer.md). The lists
+# hold every listed position of the step's requests (``_step_rows``: up to 8 int64 temporaries a
+# position while planned, 8 B kept for the step), so past LIST_POSITIONS (32 MiB at the plan's peak;
+# one 2,048-row chunk at up to 522K context) the step scores pages, in the reserved workspace.
+LIST_POSITIONS = 1 << 19
+
+
+def scores_lists(longest_query: int, listed: int, rows_per_req: int) -> bool:
+    """Whether a step whose longest request has ``longest_query`` rows and whose requests list
+    ``listed`` positions in all scores host-planned lists (tiled) rather than pages (see above)."""
+    return longest_query > rows_per_req and listed <= LIST_POSITIONS
+
+
 def paged_tile(max_len: int) -> int:
     """The paged top-k's positions per running selection for lists up to ``max_len`` (an engine's
     context bound): PAGED_TILE, or fewer when no list is that long (a multiple of 64)."""

@@ -23,7 +23,9 @@ On the Triton backend each row scores its request's pages straight from the bloc
 (``indexer.triton_paged``: the row's request and position are device data the builder wrote into
 persistent buffers, the row's length is read in the kernel), so a decode step launches the same
 kernels with the same arguments whatever its contexts, as a captured CUDA graph replays them. The
-torch backend (the CPU reference) scores lists planned on the host per step (``_step_rows``).
+torch backend (the CPU reference) scores lists planned on the host per step (``_step_rows``), and so
+does the Triton backend on a step holding prefill rows, which no graph captures: there the tiled
+scorer costs less than the pages (``core.indexer_tiles.scores_lists``).
 """
 
 from __future__ import annotations
@@ -151,8 +153,9 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
     selection ``select_topk``'s (score descending, then token ascending: one answer on every rank).
     On CUDA only sm_90 and sm_120 are accepted (``impls.check_capability``: here for a direct call,
     at the builder's construction for the forward's, ``md.step``). The rows score their pages
-    (``_paged``, one launch per block of rows and the model's k whatever the contexts) or the
-    host-planned lists (``_step_rows``, k and passes bounded by the step's longest list).
+    (``_paged``, one launch per block of rows and the model's k whatever the contexts: a decode step)
+    or the host-planned lists (``_step_rows``, k and passes bounded by the step's longest list: the
+    torch backend, and a step holding prefill rows, ``core.indexer_tiles.scores_lists``).
     """
     from sparkinfer.decode.paged_sparse_mla import forward_write_records, write_cache_records
     from sparkinfer.indexer import MergeBuffers, all_gather_merge, indexer_topk_rows
@@ -258,7 +261,8 @@ def _paged(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata) -> bool:
     """Whether the step's rows score their requests' pages (``indexer.triton_paged``: one launch per
     block of rows, shaped by the rows alone, as a captured CUDA graph needs) rather than lists planned
     on the host (``_step_rows``, whose length and passes follow the contexts): where the builder
-    planned for it (the Triton backend) and the layer's cache keeps the records' scales 4-byte aligned
+    planned for it (the Triton backend, a step without prefill rows or whose lists would pass
+    ``LIST_POSITIONS``: ``_tile``) and the layer's cache keeps the records' scales 4-byte aligned
     (every layout vLLM makes here; ``paged_sparse_mla.row_strides``)."""
     from sparkinfer.decode.paged_sparse_mla import row_strides
 
@@ -448,16 +452,28 @@ def indexer_backend():
             # 0, position -1) scores no key and writes none
             slots.masked_fill_(pos < 0, -1)
             share = self._capture_share(cm.num_reqs) if capture else self.scoring.for_step(positions)
+            rows = 1 + _drafts(self.vllm_config)
             md = ReplicatedIndexerMetadata(n, cm.num_reqs, torch.from_numpy(token_req), pos,
                                            torch.from_numpy(seq_lens), table, slots, share,
                                            host_qsl=qsl, host_seq_lens=seq_lens,
                                            step=self.step, workspace=self.workspace,
-                                           merge=self.merge, row_req=tr, paged_tile=self.paged_tile,
-                                           rows_per_req=1 + _drafts(self.vllm_config))
+                                           merge=self.merge, row_req=tr, paged_tile=self._tile(qsl, seq_lens, rows),
+                                           rows_per_req=rows)
             cache = self._layer_cache()
             if cache is not None and not _paged(cache, md):  # the step's lists planned here, not in a layer
                 _step_rows(cache, md, md.sharded)
             return md
+
+        def _tile(self, qsl, seq_lens, rows: int) -> int | None:
+            """The paged top-k's tile for a step the Triton backend scores by pages; None where it
+            scores host-planned lists (``core.indexer_tiles.scores_lists``: a step holding prefill
+            rows, whose lists fit LIST_POSITIONS) or on the torch backend."""
+            from sparkinfer.core.indexer_tiles import scores_lists
+
+            qlen = qsl[1:] - qsl[:-1]
+            if self.paged_tile is None or scores_lists(int(qlen.max(initial=0)), int(seq_lens[qlen > 0].sum()), rows):
+                return None
+            return self.paged_tile
 
         def _capture_share(self, num_reqs: int):
             """The scoring a FULL graph of ``num_reqs`` uniform decode requests is captured with: the host's

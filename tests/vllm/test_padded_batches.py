@@ -23,16 +23,19 @@ BLOCK = 16
 K = 8  # the indexer's top-k
 
 
-def _padded_cm(seq_lens, tables, padded: int):
-    """vLLM's metadata of a uniform decode batch of ``len(seq_lens)`` requests (``ROWS`` rows each, on
-    block-table rows ``tables``) padded with ``padded`` requests, as its runner pads it."""
+def _padded_cm(seq_lens, tables, padded: int, qlens=None):
+    """vLLM's metadata of a batch of ``len(seq_lens)`` requests of ``qlens`` rows (a uniform decode
+    batch's ``ROWS`` each by default; on block-table rows ``tables``) padded with ``padded`` requests
+    of ``ROWS`` rows, as its runner pads it."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
 
     real, reqs = len(seq_lens), len(seq_lens) + padded
-    tokens, total = reqs * ROWS, real * ROWS
+    qlens = [ROWS] * real if qlens is None else qlens
+    total = sum(qlens)
+    tokens = total + padded * ROWS
     qsl = torch.full((reqs + 1,), total, dtype=torch.int32)
-    qsl[: real + 1] = torch.arange(real + 1, dtype=torch.int32) * ROWS
+    qsl[: real + 1] = torch.tensor([0, *np.cumsum(qlens)], dtype=torch.int32)
     seq = torch.zeros(reqs, dtype=torch.int32)
     seq[:real] = torch.tensor(seq_lens, dtype=torch.int32)
     table = torch.full((reqs, 4), NULL_BLOCK_ID, dtype=torch.int32)
@@ -40,11 +43,11 @@ def _padded_cm(seq_lens, tables, padded: int):
     positions = torch.zeros(tokens, dtype=torch.int64)
     slots = torch.full((tokens,), -1, dtype=torch.int64)
     for r in range(real):
-        p = torch.arange(seq_lens[r] - ROWS, seq_lens[r])
-        positions[r * ROWS:(r + 1) * ROWS] = p
-        slots[r * ROWS:(r + 1) * ROWS] = table[r].long()[p // BLOCK] * BLOCK + p % BLOCK
+        p, rows = torch.arange(seq_lens[r] - qlens[r], seq_lens[r]), slice(int(qsl[r]), int(qsl[r + 1]))
+        positions[rows] = p
+        slots[rows] = table[r].long()[p // BLOCK] * BLOCK + p % BLOCK
     return CommonAttentionMetadata(query_start_loc=qsl.clone(), query_start_loc_cpu=qsl, seq_lens=seq.clone(),
-                                   num_reqs=reqs, num_actual_tokens=tokens, max_query_len=ROWS,
+                                   num_reqs=reqs, num_actual_tokens=tokens, max_query_len=max(qlens),
                                    max_seq_len=max(seq_lens), block_table_tensor=table, slot_mapping=slots,
                                    positions=positions, seq_lens_cpu_upper_bound=seq.clone())
 
@@ -144,6 +147,30 @@ def test_builders_plan_vllms_padding_as_inert_rows(monkeypatch, forced):
     assert bool((out[real:] == 0).all()) and bool((lse[real:] == float("-inf")).all())
     for got, want in zip(caches, ucaches):  # the real rows' writes only; vLLM's null block untouched
         assert torch.equal(got, want) and bool((got[0] == 0).all())
+
+
+def test_a_step_holding_prefill_rows_scores_lists_as_its_pages_would(monkeypatch):
+    """The Triton backend (forced, interpreted) scores a step whose longest request holds more rows than
+    a decode request's with the tiled scorer over host-planned lists (``core.indexer_tiles.scores_lists``),
+    and the same step past LIST_POSITIONS, and a uniform decode step, by pages: the top-k of the lists
+    is the pages' bit for bit, and the plan's torch twin's (ties broken alike)."""
+    from sparkinfer.core import indexer_tiles
+
+    monkeypatch.setenv(impls.FORCE_ENV, "1")
+    cm = _padded_cm([37, 21], [[3, 4, 5, 0], [6, 7, 0, 0]], padded=0, qlens=[10, ROWS])  # a prefill chunk of 10
+    _, lists, topk, out, lse, caches = _forward(cm, seed=3)
+    assert lists.paged_tile is None and [key[0] for key in lists.key_plans] == ["rows"]
+    assert bool((topk >= 0).sum(1).eq(K).all())  # every row has more than K keys before it
+    monkeypatch.setattr(indexer_tiles, "LIST_POSITIONS", 37 + 21 - 1)  # one position too many: pages
+    _, pages, ptopk, pout, plse, pcaches = _forward(cm, seed=3)
+    assert pages.paged_tile == 64 and not pages.key_plans
+    assert torch.equal(topk, ptopk) and torch.equal(out, pout) and torch.equal(lse, plse)
+    assert all(torch.equal(a, b) for a, b in zip(caches, pcaches))
+    monkeypatch.setenv(impls.FORCE_ENV, "0")
+    assert torch.equal(_forward(cm, seed=3)[2], topk)
+    monkeypatch.setenv(impls.FORCE_ENV, "1")
+    monkeypatch.setattr(indexer_tiles, "LIST_POSITIONS", 1 << 30)
+    assert _forward(_padded_cm([37, 21], [[3, 4, 5, 0], [6, 7, 0, 0]], padded=0), seed=3)[1].paged_tile == 64
 
 
 def _selected(max_batch=4, window=64):
