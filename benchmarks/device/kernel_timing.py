@@ -242,7 +242,8 @@ def engine_rows(kr) -> list[dict]:
     merge in one launch) at the selected main shape, stock DCP4 and batch 1 (kernel_report's rows:
     its floors); the paged top-k (``triton_paged.paged_topk_rows``, fp8 q, the engine's tile and
     workspace) for 4 / 16 / 64 rows (1 / 4 / 16 requests x 4 rows) at 8K and 64K tokens per request
-    (floor: the scorer's, ``kernel_report._indexer`` over the same keys); the cache write
+    and for a prefill block of 64 rows at 128K (floor: the scorer's, ``kernel_report._indexer`` over
+    the same keys); the cache write
     (``native.write_paged``, bf16 rows) and the indexer's q quantization (``group_quant_fp8`` into
     preallocated buffers) for 4 / 16 / 64 rows (the report's main-profile rows, bytes scaled by rows)."""
     roof = kr.roofline()
@@ -261,6 +262,15 @@ def engine_rows(kr) -> list[dict]:
             rows.append(dict(r, kernel="paged_topk[k2048]", engine="paged_topk",
                              shape=f"{m // kr.R} req x {kr.R} rows at {t // 1024}K (one launch)",
                              params={"M": m, "T": t, "K": kr.K, "heads": kr.INDEX_HEADS, "dim": kr.INDEX_DIM}))
+    # a prefill chunk's 64-row block at 128K through the pages, which the engine no longer takes there
+    # (``core.indexer_tiles.scores_lists``): 32 of these against the roofline's tiled 2,048-row chunk
+    from sparkinfer.core.indexer_tiles import INDEXER_ROWS
+
+    r, t = INDEXER_ROWS, 131072
+    rows.append(dict(kr._indexer(r, t, ""), kernel="paged_topk[k2048]", engine="paged_topk",
+                     shape=f"a prefill block: {r} rows of one request at {t // 1024}K (one launch)",
+                     params={"M": r, "T": t, "K": kr.K, "heads": kr.INDEX_HEADS, "dim": kr.INDEX_DIM,
+                             "rows_per_req": r}))
     for m in ENGINE_PAGED_ROWS:
         for name, kernel, engine in (("records_write_paged[nvfp4_368]", "write_paged[nvfp4_368]", "write"),
                                      ("indexer_q_quant", "q_quant[fp8]", "q_quant")):
@@ -287,7 +297,7 @@ def _engine_decode_case(row, dev, smoke):
 
 def _engine_paged_case(row, dev, smoke):
     """The paged top-k as ``run_indexer`` launches it: fp8 q and folded weights, each request's pages
-    through a permuted block table, rows at the request's last 4 positions, the engine's tile and a
+    through a permuted block table, rows at the request's last positions (4 MTP rows, or a prefill block's), the engine's tile and a
     workspace made beforehand (``engine_workspace_bytes``), int32 ids out."""
     import torch
 
@@ -299,7 +309,8 @@ def _engine_paged_case(row, dev, smoke):
 
     p = row["params"]
     m, t, k, hi = (4, 64, 16, 2) if smoke else (p["M"], p["T"], p["K"], p["heads"])
-    b, bs = m // 4, 64
+    r = min(p.get("rows_per_req", 4), m)  # a decode request's 4 MTP rows, or a prefill block's
+    b, bs = m // r, 64
     g = torch.Generator(device="cpu").manual_seed(3)
     per = -(-(t + 1) // bs)
     table = (torch.randperm(b * per, generator=g) + 1).view(b, per).to(torch.int32).to(dev)
@@ -309,8 +320,8 @@ def _engine_paged_case(row, dev, smoke):
     q8, scales = group_quant_fp8(torch.randn(m * hi, 128, generator=g).to(dev, torch.bfloat16), 128, True)
     w = (torch.rand(m, hi, generator=g).to(dev) * scales.view(m, hi)).contiguous()
     q8 = q8.view(m, hi, 128)
-    req = torch.arange(b, device=dev).repeat_interleave(4)
-    pos = (t - 4 + torch.arange(4, device=dev)).repeat(b)
+    req = torch.arange(b, device=dev).repeat_interleave(r)
+    pos = (t - r + torch.arange(r, device=dev)).repeat(b)
     tile = paged_tile(t + 4)
     ws = TopkWorkspace(engine_workspace_bytes(m, k, t + 4), dev)
     out = torch.empty(m, k, dtype=torch.int32, device=dev)

@@ -660,7 +660,7 @@ def test_device_script_dry_run_runs_the_cpu_parts(tmp_path):
     roof = kr.roofline()
     assert [(r["kernel"], r["shape"]) for r in rows[:len(roof)]] == [(r["kernel"], r["shape"]) for r in roof]
     engine = [r["engine"] for r in rows[len(roof):]]  # the engine's hot kernels as its forward launches them
-    assert sorted(set(engine)) == ["decode", "paged_topk", "q_quant", "write"] and len(engine) == 3 + 6 + 3 + 3
+    assert sorted(set(engine)) == ["decode", "paged_topk", "q_quant", "write"] and len(engine) == 3 + 7 + 3 + 3
     assert not [r for r in rows if "error" in r]
     timed = [r for r in rows if "measured_us" in r]
     assert {r["kernel"] for r in timed} >= {"pack", "unpack", "direct", "union", "indexer_scores",
