@@ -97,9 +97,10 @@ MAX_SPLITS = 16
 # chunk of 2,048 rows at 128K the report's issue-bound figures (2026-12-07) are 3.35 ms tiled (fp8 q,
 # its running top-k included) against about 7.45 ms for the paged chunk loop alone on the H200, and
 # 3.95 against 3.94 plus the selection's ~30% on the RTX PRO 6000 (docs/design/indexer.md). The lists
-# hold every listed position of the step's requests (``_step_rows``: up to 8 int64 temporaries a
-# position while planned, 8 B kept for the step), so past LIST_POSITIONS (32 MiB at the plan's peak;
-# one 2,048-row chunk at up to 522K context) the step scores pages, in the reserved workspace.
+# hold every listed position of the step's requests (``_step_rows``: 40 B a position at the plan's
+# peak, 20.0 MiB measured at 2^19 positions by torch's profiler on a strided cache, 8 B kept for the
+# step), so past LIST_POSITIONS (one 2,048-row chunk at up to 522K context) the step scores pages, in
+# the reserved workspace.
 LIST_POSITIONS = 1 << 19
 
 
