@@ -174,6 +174,16 @@ def _tile_cols(c, PER_WORD: tl.constexpr):
 
 
 @triton.jit
+def _in_order(x, PER_WORD: tl.constexpr):
+    """A tile-ordered [BH, n] (``_tile_cols``) in record-element order: column PER_WORD w + 2j + h is
+    element PER_WORD w + j + h PER_WORD / 2, so per group of PER_WORD columns (j, h) becomes (h, j).
+    Moved in registers and shared memory, so that the store is contiguous (16-byte stores where a
+    permuted pointer took one store a value: the partials 64 4-byte stores a thread at 16 heads)."""
+    g = tl.reshape(x, [x.shape[0], x.shape[1] // PER_WORD, PER_WORD // 2, 2])
+    return tl.reshape(tl.permute(g, (0, 1, 3, 2)), [x.shape[0], x.shape[1]])
+
+
+@triton.jit
 def _nvfp4_chunk(row_ptr, B: tl.constexpr, CW: tl.constexpr, ASM: tl.constexpr):
     """Latent columns [CW B, CW (B+1)) of NVFP4 records -> bf16 [BK, CW]: E2M1 value x E4M3 group scale
     / NVFP4_SHIFT (``e2m1x8_to_bf16``; the caller multiplies its per-key scale by NVFP4_SHIFT).
@@ -463,21 +473,22 @@ def _sparse_mla_decode_kernel(
     # per-row masks took ~90 sm_90 instructions a warp). The merge's output stays masked (unmasked, ptxas
     # scheduled the 368 tile loop 6 instructions longer).
     last = tl.minimum(heads, H - 1)
+    PW: tl.constexpr = 8 if NVFP4 else 4
     if not MERGE:  # one split (a constexpr: each variant compiles only its epilogue)
         o_row = out_ptr + m * s_out_m + last[:, None] * s_out_h
-        _store_out(o_row + col[None, :], acc0 * inv_l[:, None], None, OUT_BF16, ASM)
-        _store_out(o_row + CW + col[None, :], acc1 * inv_l[:, None], None, OUT_BF16, ASM)
+        _store_out(o_row + cw[None, :], _in_order(acc0 * inv_l[:, None], PW), None, OUT_BF16, ASM)
+        _store_out(o_row + CW + cw[None, :], _in_order(acc1 * inv_l[:, None], PW), None, OUT_BF16, ASM)
         if FOUR:
-            _store_out(o_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], None, OUT_BF16, ASM)
-            _store_out(o_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], None, OUT_BF16, ASM)
+            _store_out(o_row + 2 * CW + cw[None, :], _in_order(acc2 * inv_l[:, None], PW), None, OUT_BF16, ASM)
+            _store_out(o_row + 3 * CW + cw[None, :], _in_order(acc3 * inv_l[:, None], PW), None, OUT_BF16, ASM)
         tl.store(lse_ptr + m * s_lse_m + last, lse)
     else:
         p_row = po_ptr + split * s_po_s + m * s_po_m + last[:, None] * s_po_h
-        tl.store(p_row + col[None, :], acc0 * inv_l[:, None])
-        tl.store(p_row + CW + col[None, :], acc1 * inv_l[:, None])
+        tl.store(p_row + cw[None, :], _in_order(acc0 * inv_l[:, None], PW))
+        tl.store(p_row + CW + cw[None, :], _in_order(acc1 * inv_l[:, None], PW))
         if FOUR:
-            tl.store(p_row + 2 * CW + col[None, :], acc2 * inv_l[:, None])
-            tl.store(p_row + 3 * CW + col[None, :], acc3 * inv_l[:, None])
+            tl.store(p_row + 2 * CW + cw[None, :], _in_order(acc2 * inv_l[:, None], PW))
+            tl.store(p_row + 3 * CW + cw[None, :], _in_order(acc3 * inv_l[:, None], PW))
         tl.store(pl_ptr + split * s_pl_s + m * s_pl_m + last, lse)
         # Every thread's partial is written (barrier) before the ticket is taken (acq_rel, gpu scope);
         # the S programs of a (row, head block) share its ticket and the last one merges.
