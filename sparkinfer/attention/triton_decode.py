@@ -97,8 +97,9 @@ NUM_STAGES = 1
 LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 255, 64),
           (FP8_DS_MLA.name, False): (4, 255, 32), (NVFP4_368.name, True): (8, None, 32),
           (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 224, 32)}
-# Listed indices a program scans at a time when it compacts its split (``_compact_split``): 256 int64
-# are one register pair a thread at 8 warps; a wider block only widens the scan.
+# Listed indices a program scans at a time when it compacts its split (``_compact_split``), per 4 warps:
+# 256 are 2 a thread at 4 warps, and a program of more warps scans as many a thread (``compact_block``):
+# the scan's cumulative sum and the count's sum cost per trip about as much at 1 index a thread as at 2.
 COMPACT_BLOCK = 256
 MAX_SPLITS = 64  # splits of a row's keys (a ticket's count)
 # fp32 accumulators of the fused merge's pass over the output columns (``_merge_partials``): 16 heads x 512
@@ -304,7 +305,7 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     to all of its threads.
 
     Positions are bounded by K: int32; the stored indices keep their width up to int64."""
-    count = _count_valid(row_ptr, s_k, 0, K, BLOCK_C)
+    count = _count_valid(row_ptr, s_k, 0, K, 4 * BLOCK_C)  # a count costs per trip more than per index
     lo, hi = _split_range(count, num_splits, split, BLOCK_K)
     all_valid = count == K
     # every listed index valid (the selected path's rows): the slice is the listed [lo, hi), copied
@@ -314,7 +315,7 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     # else placed by a scan (a cumulative sum a block) from c_lo, after a count of the valid ones before it
     c_lo = tl.minimum(lo, count) // BLOCK_C * BLOCK_C  # an empty split (lo >= count) scans nothing
     pre = tl.where(all_valid, 0, c_lo)
-    base = _count_valid(row_ptr, s_k, 0, pre, BLOCK_C) + (c_lo - pre)
+    base = _count_valid(row_ptr, s_k, 0, pre, 4 * BLOCK_C) + (c_lo - pre)
     for c0 in range(c_lo, tl.where((lo < hi) & ~all_valid, tl.minimum(K, hi + K - count), c_lo), BLOCK_C):
         ks = c0 + tl.arange(0, BLOCK_C)
         idx = tl.load(row_ptr + ks * s_k, mask=ks < K, other=-1)
@@ -755,6 +756,12 @@ def block_k(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int = 16) -> int
     return 32
 
 
+def compact_block(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_H) -> int:
+    """Listed indices a trip of the compaction's scan (``COMPACT_BLOCK`` per 4 warps of the launch; its
+    counts and copy take 4 blocks a trip)."""
+    return COMPACT_BLOCK * launch_options(lay, q_dtype, block_h)["num_warps"] // 4
+
+
 def record_alignment(records: torch.Tensor) -> int:
     """16 when every record of ``records`` starts 16-byte aligned (its storage and its row stride in
     bytes: a contiguous array of 368 / 432 / 656-byte records, the selected path's workspace), so its
@@ -773,7 +780,7 @@ def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: st
         raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     split = dot_precision == "bf16x2"
     return dict(FMT=_FMT_ID[lay.name], BLOCK_H=block_h, BLOCK_K=block_k(lay, q_dtype, rec_align),
-                BLOCK_C=COMPACT_BLOCK,
+                BLOCK_C=compact_block(lay, q_dtype, block_h),
                 Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted, OUT_BF16=bf16_out,
                 MERGE=merge, ASM=not interpreted, REC_ALIGN=rec_align)
 
