@@ -542,25 +542,32 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     passes took 216 of the merging program's ~300 sm_90 instructions a split (``benchmarks/
     kernel_report.py``'s critical path). Each output value sums its splits in order either way.""" 
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    pl_s = pl_rows
     for s in range(0, S):
-        mx = tl.maximum(mx, tl.load(pl_rows + s * s_pl_s, cache_modifier=".cg"))
+        mx = tl.maximum(mx, tl.load(pl_s, cache_modifier=".cg"))
+        pl_s += s_pl_s
     anchor = tl.where(mx == float("-inf"), 0.0, mx)
     total = tl.zeros([BLOCK], tl.float32)
+    pl_s = pl_rows
     for s in range(0, S):
-        total += tl.exp(tl.load(pl_rows + s * s_pl_s, cache_modifier=".cg") - anchor)
+        total += tl.exp(tl.load(pl_s, cache_modifier=".cg") - anchor)
+        pl_s += s_pl_s
     seen = total > 0
     inv = 1.0 / tl.where(seen, total, 1.0)
     d = tl.arange(0, 128)
     if BLOCK * _LATENT <= _MERGE_ELEMS:  # every column in one pass over the splits: four accumulators
         a0 = tl.zeros([BLOCK, 128], tl.float32)
         a1, a2, a3 = a0, a0, a0
+        po_s, pl_s = po_rows, pl_rows
         for s in range(0, S):
-            w = _split_weight(pl_rows + s * s_pl_s, anchor, inv)
-            rows = tl.multiple_of(po_rows + s * s_po_s, 16)
+            w = _split_weight(pl_s, anchor, inv)
+            rows = tl.multiple_of(po_s, 16)
             a0 = _merge_cols(a0, w, rows, d)
             a1 = _merge_cols(a1, w, rows + 128, d)
             a2 = _merge_cols(a2, w, rows + 256, d)
             a3 = _merge_cols(a3, w, rows + 384, d)
+            po_s += s_po_s
+            pl_s += s_pl_s
         _store_out(out_rows[:, None] + d[None, :], a0, mask[:, None], OUT_BF16, ASM)
         _store_out(out_rows[:, None] + 128 + d[None, :], a1, mask[:, None], OUT_BF16, ASM)
         _store_out(out_rows[:, None] + 256 + d[None, :], a2, mask[:, None], OUT_BF16, ASM)
