@@ -558,16 +558,16 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     if BLOCK * _LATENT <= _MERGE_ELEMS:  # every column in one pass over the splits: four accumulators
         a0 = tl.zeros([BLOCK, 128], tl.float32)
         a1, a2, a3 = a0, a0, a0
-        po_s, pl_s = po_rows, pl_rows
+        o_po, o_pl = s_po_s * 0, s_pl_s * 0  # split s's offsets, stepped (pointers stepped spilled 8 B on sm_90)
         for s in range(0, S):
-            w = _split_weight(pl_s, anchor, inv)
-            rows = tl.multiple_of(po_s, 16)
+            w = _split_weight(pl_rows + o_pl, anchor, inv)
+            rows = tl.multiple_of(po_rows + o_po, 16)
             a0 = _merge_cols(a0, w, rows, d)
             a1 = _merge_cols(a1, w, rows + 128, d)
             a2 = _merge_cols(a2, w, rows + 256, d)
             a3 = _merge_cols(a3, w, rows + 384, d)
-            po_s += s_po_s
-            pl_s += s_pl_s
+            o_po += s_po_s
+            o_pl += s_pl_s
         _store_out(out_rows[:, None] + d[None, :], a0, mask[:, None], OUT_BF16, ASM)
         _store_out(out_rows[:, None] + 128 + d[None, :], a1, mask[:, None], OUT_BF16, ASM)
         _store_out(out_rows[:, None] + 256 + d[None, :], a2, mask[:, None], OUT_BF16, ASM)
