@@ -305,7 +305,8 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     to all of its threads.
 
     Positions are bounded by K: int32; the stored indices keep their width up to int64."""
-    count = _count_valid(row_ptr, s_k, 0, K, 4 * BLOCK_C)  # a count costs per trip more than per index
+    # the counts take 4 blocks a trip: a trip's sum over the block (a reduction, a barrier) is a fixed cost
+    count = _count_valid(row_ptr, s_k, 0, K, 4 * BLOCK_C)
     lo, hi = _split_range(count, num_splits, split, BLOCK_K)
     all_valid = count == K
     # every listed index valid (the selected path's rows): the slice is the listed [lo, hi), copied
