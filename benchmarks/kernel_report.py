@@ -175,9 +175,10 @@ def _splits(m: int, h: int, listed: int) -> int:
 def compact_trips(listed: int, k: int, per: int, n: int, block: int) -> list[int]:
     """Trips of the decode's compaction loops (``triton_decode._compact_split``) in a program of n splits
     of ``per`` keys over k valid of ``listed`` indices, each the most of any split (the merging program
-    may be any): the count of all the listed ones; with all listed valid the copy of the split's slice
-    (4 blocks a trip) and nothing else; else the count before the split's first block and the scan
-    from there to the last listed index its slice may come from (hi + listed - k)."""
+    may be any): the count of all the listed ones (4 blocks a trip); with all listed valid the copy of the
+    split's slice (4 blocks a trip) and nothing else; else the count before the split's first block (4
+    blocks a trip) and the scan (a block a trip) from there to the last listed index its slice may come
+    from (hi + listed - k)."""
     copy = prefix = scan = 0
     for i in range(n):
         lo, hi = min(i * per, k), min((i + 1) * per, k)
@@ -186,8 +187,8 @@ def compact_trips(listed: int, k: int, per: int, n: int, block: int) -> list[int
             continue
         start = lo // block * block
         end = min(listed, hi + listed - k) if lo < hi else start  # an empty split scans nothing
-        prefix, scan = max(prefix, start // block), max(scan, _cdiv(end - start, block))
-    return [_cdiv(listed, block), copy, prefix, scan]
+        prefix, scan = max(prefix, _cdiv(start, 4 * block)), max(scan, _cdiv(end - start, block))
+    return [_cdiv(listed, 4 * block), copy, prefix, scan]
 
 
 def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None, listed: int = K,
@@ -245,7 +246,7 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
         name = f"{fmt}{',a4' if paged else ''}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"
         def path(n: int) -> dict:  # the critical path's trips with n splits (``decode_path_issue``)
             per = _cdiv(_cdiv(k, n), bk) * bk
-            return {"compact": compact_trips(listed, k, per, n, td.COMPACT_BLOCK), "tiles": _cdiv(min(per, k), bk),
+            return {"compact": compact_trips(listed, k, per, n, td.compact_block(lay, torch.bfloat16, bh)), "tiles": _cdiv(min(per, k), bk),
                     "splits": n, "merge_chunks": td.merge_chunks(bh)}  # ``_merge_partials``' passes over the columns
 
         out = _launch(f"sparse_mla_decode[{name}]", m * hb * s, warps, m * hb * tiles, f"{bk}-key tiles", path=path(s))

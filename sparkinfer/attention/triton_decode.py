@@ -97,8 +97,9 @@ NUM_STAGES = 1
 LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 255, 64),
           (FP8_DS_MLA.name, False): (4, 255, 32), (NVFP4_368.name, True): (8, None, 32),
           (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 224, 32)}
-# Listed indices a program scans at a time when it compacts its split (``_compact_split``): 256 int64
-# are one register pair a thread at 8 warps; a wider block only widens the scan.
+# Listed indices a program scans at a time when it compacts its split (``_compact_split``), per 4 warps:
+# 256 are 2 a thread at 4 warps, and a program of more warps scans as many a thread (``compact_block``):
+# the scan's cumulative sum and the count's sum cost per trip about as much at 1 index a thread as at 2.
 COMPACT_BLOCK = 256
 MAX_SPLITS = 64  # splits of a row's keys (a ticket's count)
 # fp32 accumulators of the fused merge's pass over the output columns (``_merge_partials``): 16 heads x 512
@@ -171,6 +172,16 @@ def _tile_cols(c, PER_WORD: tl.constexpr):
     stored through this map, which leaves every product and sum as it was."""
     k = c % PER_WORD
     return c - k + k // 2 + (k % 2) * (PER_WORD // 2)
+
+
+@triton.jit
+def _in_order(x, PER_WORD: tl.constexpr):
+    """A tile-ordered [BH, n] (``_tile_cols``) in record-element order: column PER_WORD w + 2j + h is
+    element PER_WORD w + j + h PER_WORD / 2, so per group of PER_WORD columns (j, h) becomes (h, j).
+    Moved in registers and shared memory, so that the store is contiguous (16-byte stores where a
+    permuted pointer took one store a value: the partials 64 4-byte stores a thread at 16 heads)."""
+    g = tl.reshape(x, [x.shape[0], x.shape[1] // PER_WORD, PER_WORD // 2, 2])
+    return tl.reshape(tl.permute(g, (0, 1, 3, 2)), [x.shape[0], x.shape[1]])
 
 
 @triton.jit
@@ -294,7 +305,8 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     to all of its threads.
 
     Positions are bounded by K: int32; the stored indices keep their width up to int64."""
-    count = _count_valid(row_ptr, s_k, 0, K, BLOCK_C)
+    # the counts take 4 blocks a trip: a trip's sum over the block (a reduction, a barrier) is a fixed cost
+    count = _count_valid(row_ptr, s_k, 0, K, 4 * BLOCK_C)
     lo, hi = _split_range(count, num_splits, split, BLOCK_K)
     all_valid = count == K
     # every listed index valid (the selected path's rows): the slice is the listed [lo, hi), copied
@@ -304,7 +316,7 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     # else placed by a scan (a cumulative sum a block) from c_lo, after a count of the valid ones before it
     c_lo = tl.minimum(lo, count) // BLOCK_C * BLOCK_C  # an empty split (lo >= count) scans nothing
     pre = tl.where(all_valid, 0, c_lo)
-    base = _count_valid(row_ptr, s_k, 0, pre, BLOCK_C) + (c_lo - pre)
+    base = _count_valid(row_ptr, s_k, 0, pre, 4 * BLOCK_C) + (c_lo - pre)
     for c0 in range(c_lo, tl.where((lo < hi) & ~all_valid, tl.minimum(K, hi + K - count), c_lo), BLOCK_C):
         ks = c0 + tl.arange(0, BLOCK_C)
         idx = tl.load(row_ptr + ks * s_k, mask=ks < K, other=-1)
@@ -463,21 +475,22 @@ def _sparse_mla_decode_kernel(
     # per-row masks took ~90 sm_90 instructions a warp). The merge's output stays masked (unmasked, ptxas
     # scheduled the 368 tile loop 6 instructions longer).
     last = tl.minimum(heads, H - 1)
+    PW: tl.constexpr = 8 if NVFP4 else 4
     if not MERGE:  # one split (a constexpr: each variant compiles only its epilogue)
         o_row = out_ptr + m * s_out_m + last[:, None] * s_out_h
-        _store_out(o_row + col[None, :], acc0 * inv_l[:, None], None, OUT_BF16, ASM)
-        _store_out(o_row + CW + col[None, :], acc1 * inv_l[:, None], None, OUT_BF16, ASM)
+        _store_out(o_row + cw[None, :], _in_order(acc0 * inv_l[:, None], PW), None, OUT_BF16, ASM)
+        _store_out(o_row + CW + cw[None, :], _in_order(acc1 * inv_l[:, None], PW), None, OUT_BF16, ASM)
         if FOUR:
-            _store_out(o_row + 2 * CW + col[None, :], acc2 * inv_l[:, None], None, OUT_BF16, ASM)
-            _store_out(o_row + 3 * CW + col[None, :], acc3 * inv_l[:, None], None, OUT_BF16, ASM)
+            _store_out(o_row + 2 * CW + cw[None, :], _in_order(acc2 * inv_l[:, None], PW), None, OUT_BF16, ASM)
+            _store_out(o_row + 3 * CW + cw[None, :], _in_order(acc3 * inv_l[:, None], PW), None, OUT_BF16, ASM)
         tl.store(lse_ptr + m * s_lse_m + last, lse)
     else:
         p_row = po_ptr + split * s_po_s + m * s_po_m + last[:, None] * s_po_h
-        tl.store(p_row + col[None, :], acc0 * inv_l[:, None])
-        tl.store(p_row + CW + col[None, :], acc1 * inv_l[:, None])
+        tl.store(p_row + cw[None, :], _in_order(acc0 * inv_l[:, None], PW))
+        tl.store(p_row + CW + cw[None, :], _in_order(acc1 * inv_l[:, None], PW))
         if FOUR:
-            tl.store(p_row + 2 * CW + col[None, :], acc2 * inv_l[:, None])
-            tl.store(p_row + 3 * CW + col[None, :], acc3 * inv_l[:, None])
+            tl.store(p_row + 2 * CW + cw[None, :], _in_order(acc2 * inv_l[:, None], PW))
+            tl.store(p_row + 3 * CW + cw[None, :], _in_order(acc3 * inv_l[:, None], PW))
         tl.store(pl_ptr + split * s_pl_s + m * s_pl_m + last, lse)
         # Every thread's partial is written (barrier) before the ticket is taken (acq_rel, gpu scope);
         # the S programs of a (row, head block) share its ticket and the last one merges.
@@ -530,25 +543,32 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     passes took 216 of the merging program's ~300 sm_90 instructions a split (``benchmarks/
     kernel_report.py``'s critical path). Each output value sums its splits in order either way.""" 
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
+    pl_s = pl_rows
     for s in range(0, S):
-        mx = tl.maximum(mx, tl.load(pl_rows + s * s_pl_s, cache_modifier=".cg"))
+        mx = tl.maximum(mx, tl.load(pl_s, cache_modifier=".cg"))
+        pl_s += s_pl_s
     anchor = tl.where(mx == float("-inf"), 0.0, mx)
     total = tl.zeros([BLOCK], tl.float32)
+    pl_s = pl_rows
     for s in range(0, S):
-        total += tl.exp(tl.load(pl_rows + s * s_pl_s, cache_modifier=".cg") - anchor)
+        total += tl.exp(tl.load(pl_s, cache_modifier=".cg") - anchor)
+        pl_s += s_pl_s
     seen = total > 0
     inv = 1.0 / tl.where(seen, total, 1.0)
     d = tl.arange(0, 128)
     if BLOCK * _LATENT <= _MERGE_ELEMS:  # every column in one pass over the splits: four accumulators
         a0 = tl.zeros([BLOCK, 128], tl.float32)
         a1, a2, a3 = a0, a0, a0
+        o_po, o_pl = s_po_s * 0, s_pl_s * 0  # split s's offsets, stepped (pointers stepped spilled 8 B on sm_90)
         for s in range(0, S):
-            w = _split_weight(pl_rows + s * s_pl_s, anchor, inv)
-            rows = tl.multiple_of(po_rows + s * s_po_s, 16)
+            w = _split_weight(pl_rows + o_pl, anchor, inv)
+            rows = tl.multiple_of(po_rows + o_po, 16)
             a0 = _merge_cols(a0, w, rows, d)
             a1 = _merge_cols(a1, w, rows + 128, d)
             a2 = _merge_cols(a2, w, rows + 256, d)
             a3 = _merge_cols(a3, w, rows + 384, d)
+            o_po += s_po_s
+            o_pl += s_pl_s
         _store_out(out_rows[:, None] + d[None, :], a0, mask[:, None], OUT_BF16, ASM)
         _store_out(out_rows[:, None] + 128 + d[None, :], a1, mask[:, None], OUT_BF16, ASM)
         _store_out(out_rows[:, None] + 256 + d[None, :], a2, mask[:, None], OUT_BF16, ASM)
@@ -744,6 +764,12 @@ def block_k(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int = 16) -> int
     return 32
 
 
+def compact_block(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_H) -> int:
+    """Listed indices a trip of the compaction's scan (``COMPACT_BLOCK`` per 4 warps of the launch; its
+    counts and copy take 4 blocks a trip)."""
+    return COMPACT_BLOCK * launch_options(lay, q_dtype, block_h)["num_warps"] // 4
+
+
 def record_alignment(records: torch.Tensor) -> int:
     """16 when every record of ``records`` starts 16-byte aligned (its storage and its row stride in
     bytes: a contiguous array of 368 / 432 / 656-byte records, the selected path's workspace), so its
@@ -762,7 +788,7 @@ def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: st
         raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     split = dot_precision == "bf16x2"
     return dict(FMT=_FMT_ID[lay.name], BLOCK_H=block_h, BLOCK_K=block_k(lay, q_dtype, rec_align),
-                BLOCK_C=COMPACT_BLOCK,
+                BLOCK_C=compact_block(lay, q_dtype, block_h),
                 Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted, OUT_BF16=bf16_out,
                 MERGE=merge, ASM=not interpreted, REC_ALIGN=rec_align)
 

@@ -138,20 +138,22 @@ def test_bf16_precision_is_coarser_but_sane():
 
 def test_compaction_in_the_kernel_keeps_valid_indices_in_order():
     """The decode compacts each row's list itself (one launch): int32 and int64 indices, strided, K
-    across several of its scan blocks, rows mostly -1 (the stock DCP path), one row all -1, one row
-    all valid. Each of the 3 splits writes its slice of the compacted row into the workspace, so after
+    across several of its scan blocks and past one trip of its counts (4 blocks), rows mostly -1 (the
+    stock DCP path), one row all -1, one row all valid, one ~60% valid. Each of the 3 splits writes its slice of the compacted row into the workspace, so after
     the call the row's valid indices are at its front, in order; the output matches the float64
     oracle. (Indices past 2^31: ``test_decode_reads_records_at_indices_past_2_31``.)"""
-    from sparkinfer.attention.triton_decode import COMPACT_BLOCK, DecodeWorkspace
+    from sparkinfer.attention.triton_decode import DecodeWorkspace, compact_block
 
     fmt = get_format("nvfp4_432")
-    k = COMPACT_BLOCK + 100
+    k = 4 * compact_block(fmt.layout, torch.float32) + 100  # the fp32 queries' block (8 warps: 512)
     q_nope, q_rope, records, _ = make_case(fmt, m=4, h=2, k=1, t=300, seed=2)
     g = torch.Generator().manual_seed(2)
     base = torch.randint(0, 300, (4, 2 * k), generator=g)
     base[torch.rand(4, 2 * k, generator=g) < 0.75] = -1
     base[1] = -1
     base[2, ::2] = torch.arange(k) % 300  # the strided view sees all of row 2
+    base[3] = torch.randint(0, 300, (2 * k,), generator=g)
+    base[3, torch.rand(2 * k, generator=g) < 0.4] = -1  # ~60% valid: the last split counts a block before it
     ref = oracle(q_nope, q_rope, records, fmt, base[:, ::2], 0.1)
     for idx in (base[:, ::2], base[:, ::2].int()):
         ws = DecodeWorkspace.allocate(4, 2, k, 3, "cpu")

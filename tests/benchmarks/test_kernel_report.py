@@ -145,19 +145,23 @@ def test_roofline_arithmetic():
     # L2: 2.1 MB), one output
     assert one["params"]["splits"] == 16 and one["bytes"] == 4 * 2048 * (368 + 4 + 16) + 4 * 16 * 576 * 2 \
         + 17 * 4 * 16 * 513 * 4
-    # its critical path (the merging program): the compaction's count of the 2048 listed (8 trips of 256),
+    # its critical path (the merging program): the compaction's count of the 2048 listed (2 trips of 4 x 256),
     # all valid: the copy of its slice (128 of 2048: 1 trip of 4 blocks), no count before its block and
     # no scan; the first split's 2 tiles of 64 keys, the merge over 16 splits in one pass
-    assert one["launch"]["path"] == {"compact": [8, 1, 0, 0], "tiles": 2, "splits": 16, "merge_chunks": 1}
-    # stock DCP4, one split: 512 of the 2048 valid may come from any listed block, the scan runs over all
-    assert stock["launch"]["path"]["compact"] == [8, 0, 0, 8]
+    assert one["launch"]["path"] == {"compact": [2, 1, 0, 0], "tiles": 2, "splits": 16, "merge_chunks": 1}
+    # stock DCP4, one split: 512 of the 2048 valid may come from any listed block, the scan runs over all;
+    # on the H200 a program of 32 heads on 8 warps scans 512 a trip (``triton_decode.compact_block``)
+    assert stock["launch"]["path"]["compact"] == [2, 0, 0, 8]
+    assert stock["launch_by_gpu"]["h200"]["path"]["compact"] == [1, 0, 0, 4]
     # the trips by hand: 2 splits of 1024 all valid (a copy of 4 blocks, one trip); 3 of 128 valid of 2048
     # listed: the last split's slice [128, 128) is empty and scans nothing, the others may reach the list's
-    # end; 2 of 1024 valid of 2048: the second split counts the 2 blocks before its slice's start (512)
-    assert kr.compact_trips(2048, 2048, 1024, 2, 256) == [8, 1, 0, 0]
-    assert kr.compact_trips(2048, 2048, 1500, 2, 256) == [8, 2, 0, 0]
-    assert kr.compact_trips(2048, 128, 64, 3, 256) == [8, 0, 0, 8]
-    assert kr.compact_trips(2048, 1024, 512, 2, 256) == [8, 0, 2, 6]
+    # end; 2 of 1024 valid of 2048: the second split counts the 2 blocks before its slice's start (512) in
+    # one trip (the counts take 4 blocks a trip)
+    assert kr.compact_trips(2048, 2048, 1024, 2, 256) == [2, 1, 0, 0]
+    assert kr.compact_trips(2048, 2048, 1500, 2, 256) == [2, 2, 0, 0]
+    assert kr.compact_trips(2048, 128, 64, 3, 256) == [2, 0, 0, 8]
+    assert kr.compact_trips(2048, 1024, 512, 2, 256) == [2, 0, 1, 6]
+    assert kr.compact_trips(2048, 1024, 512, 2, 128) == [4, 0, 1, 12]
     idx = next(r for r in rows if r["kernel"] == "indexer_scores" and r["params"]["M"] == 4
                and r["params"]["T"] == 131072)
     # 4 rows x 32 heads x 131072 tokens x 128 dims x 2, + relu, weight, sum per head and token
