@@ -481,7 +481,9 @@ def _indexer_paged(b: int, r: int, t: int, shape: str) -> dict:
     from sparkinfer.indexer import triton_scores as ts
 
     m = b * r
-    spec = next(x for x in tpg.compile_specs(K) if x["name"] == f"paged_topk_split[k{K}]")
+    # a spec per arch (``compile_specs``' "archs": each arch's form of the chunk's dot, its own warps)
+    by_arch = {a: x for x in tpg.compile_specs(K) if x["name"] == f"paged_topk_split[k{K}]" for a in x["archs"]}
+    spec = by_arch[120]
     rows = spec["constexprs"].get("ROWS", 1)
     splits = paged_splits(m)
     groups = _cdiv(m, rows)
@@ -491,18 +493,25 @@ def _indexer_paged(b: int, r: int, t: int, shape: str) -> dict:
     nbytes = b * reads * t * (INDEX_RECORD + 4 / 64) + m * INDEX_HEADS * (INDEX_DIM + 4) + 2 * m * t * 8 \
         + m * splits * K * 8 * 2 + m * K * 4
     flops = 2 * m * INDEX_HEADS * t * INDEX_DIM + 3 * m * INDEX_HEADS * t
-    expect = ("bf16 tensor cores (mma.sync), each request's keys read once per program of its rows: within "
+    expect = ("f16 tensor cores (wgmma on sm_90, mma.sync on sm_120), each request's keys read once per program "
+              "of its rows: within "
               "2x of the floor needs the issue figure at or below it (the selection's scans counted at their "
               "trips)")
     # the chunk loop (one dot over the 128 dims a chunk of BLOCK_T positions) inside the tile loop
     levels = _paged_levels(t, splits, PAGED_TILE)
-    launch = _launch(f"paged_topk_split[k{K}]", groups * splits, spec["num_warps"], loop="nested",
-                     trips={"mma": chunks, "mma_parent": tiles, "other": rows * _cdiv(K, tpg.BLOCK),
-                            "sites": _select_rules(tiles, rows, splits, levels)})
-    return _row("indexer_paged_topk", shape, {"B": b, "R": r, "T": t, "K": K, "rows_per_program": rows,
+    trips = {"mma": chunks, "mma_parent": tiles, "other": rows * _cdiv(K, tpg.BLOCK),
+             "sites": _select_rules(tiles, rows, splits, levels)}
+    launch_on = {gpu: _launch(f"paged_topk_split[k{K}]", groups * splits, by_arch[arch]["num_warps"], loop="nested",
+                              trips=trips) for arch, gpu in GPU_OF_ARCH.items()}
+    launch = launch_on["rtx_pro_6000"]
+    row = _row("indexer_paged_topk", shape, {"B": b, "R": r, "T": t, "K": K, "rows_per_program": rows,
                                               "splits": splits, "tile": PAGED_TILE, "key_reads_per_request": reads},
                 nbytes, flops, "tf32" if spec["constexprs"]["PRECISION"] == "tf32x3" else "bf16", expect, target="fp8",
                 covers=[f"paged_topk[k{K}]", f"paged_topk_split[k{K}]"], launch=launch)
+    by_gpu = {gpu: x for gpu, x in launch_on.items() if x != launch}
+    if by_gpu:  # a GPU that launches another variant (``issue_bound``)
+        row["launch_by_gpu"] = by_gpu
+    return row
 
 
 def _move(kernel: str, n: int, shape: str, peer: bool = False) -> dict:

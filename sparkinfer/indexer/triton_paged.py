@@ -14,16 +14,20 @@ Program (g, s) takes ROWS consecutive rows (``group_rows``: up to ``MAX_GROUP`` 
 rows, so a request's keys are read from memory and converted once for them, issue 33) in a pass
 per request among them (one for a decode step's groups; a group that spans requests runs one pass
 for each). In a pass the rows' queries are loaded and converted once a tile, and each chunk of 64
-positions' keys once, which every row's dot ([32 heads, 128 dims] x [128 dims, 64 positions], f16
-MMA for the engine's fp8 q) takes as its B operand: ``triton_scores.row_scores``' steps per row
-(``q_tile``, ``key_tile``, ``head_dots``, ``head_sum``, ``selection_keys``) but for the records'
-scales, which multiply a position's head sum, not its 32 dots (``scaled``): a power-of-two scale
-(the cache's) scales every product and partial sum of the sum exactly, as it does the dot's, so
-the same fp32 scores and int64 keys as the tiled top-k whatever the grouping under the interpreter
-(which runs the tiled scorer's ``row_scores`` too). Compiled, the tiled scorer takes a chunk's keys
-as its dot's M and the rows' heads in octet order (``triton_scores.chunk_scores``, a wgmma on
-sm_90), so its head sums add in another fp32 order than this kernel's dot per row (an mma.sync):
-the same bits on exact inputs, a top-k of the exact scores within fp32's error on any
+positions' keys once for all the rows, in one of two forms of the chunk's dot (``KEYS_AS_M``, by
+the GPU: ``keys_as_m_on``). On sm_90 the tiled scorer's (``triton_scores.chunk_scores``): the
+chunk's keys as the dot's M and the rows' heads stacked as its N ([64 positions, 128 dims] x [128
+dims, ROWS x 32 heads], a wgmma whose q operand stays in shared memory), the record's scale on the
+head sum. Elsewhere (sm_120) a dot per row ([32 heads, 128 dims] x [128 dims, 64 positions], an f16
+mma.sync for the engine's fp8 q) on the keys as its B operand: ``triton_scores.row_scores``' steps
+per row (``q_tile``, ``key_tile``, ``head_dots``, ``head_sum``, ``selection_keys``) but for the
+records' scales, which multiply a position's head sum, not its 32 dots (``scaled``): a power-of-two
+scale (the cache's) scales every product and partial sum of the sum exactly, as it does the dot's,
+so either form gives the same fp32 scores and int64 keys as the tiled top-k whatever the grouping
+under the interpreter (which runs ``row_scores`` for both). Compiled, the tiled scorer
+(``chunk_scores`` over GROUPS rows, the heads in octet order) may add a score's head sums in another
+fp32 order than either form (surely than the dot per row; not checked on a GPU for the stacked 2 rows
+against its 4): the same bits on exact inputs, a top-k of the exact scores within fp32's error on any
 (``test_gpu_paged_equals_tiled_at_decode_shapes``, not yet run on a GPU); the engine scores a step
 with one of them on every rank. An unsharded call (``SHARDED`` false) takes a row's list ordinal as its token,
 without DcpLayout.token_of's divisions per position, and with pages of a multiple of a chunk's 64
@@ -54,6 +58,8 @@ allocation given a workspace, no host read.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -62,8 +68,8 @@ from sparkinfer.attention.triton_codes import load_f32
 from sparkinfer.core.indexer_tiles import paged_splits, paged_workspace_bytes
 from sparkinfer.core.topology import DcpLayout
 
-from .triton_scores import (BLOCK_T, NUM_STAGES, block_h, head_dots, head_sum, head_weights, key_tile, lane,
-                            q_operand, q_tile, selection_keys)
+from .triton_scores import (BLOCK_T, NUM_STAGES, block_h, chunk_scores, head_dots, head_sum, head_weights, key_tile,
+                            lane, octets, q_operand, q_tile, selection_keys)
 from .triton_topk import key_ids, select_row
 
 _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
@@ -74,9 +80,16 @@ MAX_GROUP = 2
 # keys a selection scan step loads (``select_row``'s BLOCK; any size selects the same keys): a quarter
 # of the top-k kernel's, which leaves registers to the group's dots
 BLOCK = 1024
-# warps per program: with 4 (the scorer's), the tile's key words, addresses and the two rows' A operands
-# held around the selection spilled 56-152 bytes (2026-12-07); 8 hold fewer of a tile's elements each
-NUM_WARPS = 8
+# warps per program, by the chunk's dot (``KEYS_AS_M``): a dot per row (heads as M, mma.sync) at 4 warps
+# spilled the tile's key words, addresses and the two rows' A operands held around the selection (56-152
+# bytes, 2026-12-07), 8 hold fewer of a tile's elements each; the keys as M (sm_90's wgmma, q's operand in
+# shared memory) take one warpgroup, every warp 16 of the chunk's positions (8 warps: two warpgroups, each
+# converting all 64 keys)
+WARPS = {False: 8, True: 4}
+# registers a thread may take (ptxas' .maxnreg): at 8 warps sm_120's ptxas otherwise capped the kernel at 128
+# when q's pointer and strides are specialized divisible by 16 (the engine's launch, ``compile_specs``'
+# attrs) and spilled 48 bytes (2026-12-07: 184 registers with it, no spill)
+MAXNREG = 255
 
 
 @triton.jit
@@ -97,7 +110,7 @@ def _paged_topk_kernel(
     TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
     IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr, SHARDED: tl.constexpr, PAGE_CHUNKS: tl.constexpr,
-    PAGE_SHIFT: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr, KEYS_AS_M: tl.constexpr,
 ):
     g = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
@@ -122,6 +135,11 @@ def _paged_topk_kernel(
     wv1 = wv0
     if ROWS > 1:
         wv1 = head_weights(w_ptr + row1 * s_w_m, s_w_h, HI, BLOCK_H)
+    # KEYS_AS_M: the rows' weights [ROWS, BLOCK_H] and the same in the dot's column order (``chunk_scores``),
+    # and the rows' work rows past their heads (rows past M stand in for the last: scored, never stored)
+    wv = head_weights(w_ptr + tl.minimum(r0 + gl, M - 1)[:, None] * s_w_m, s_w_h, HI, BLOCK_H)
+    wt = tl.permute(tl.reshape(wv, [ROWS, BLOCK_H // 8, 8]), (1, 0, 2))
+    dst = work_ptr + ((r0 + gl) * S + s)[None, :] * s_work + K
     for p in range(ROWS):  # a pass per request of the group (its first row's): its rows read its keys once
         req = lane(reqs, gl, p)
         act = there & (reqs == req)
@@ -137,8 +155,8 @@ def _paged_topk_kernel(
                     if CHECK:  # the row's weights finite (they carry q's scales): its first split ORs the verdict
                         if s == 0:
                             h = tl.arange(0, BLOCK_H)
-                            wv = tl.load(w_ptr + m * s_w_m + h * s_w_h, mask=h < HI, other=0.0).to(tl.float32)
-                            tl.atomic_or(flag_ptr, tl.max(((wv != wv) | (tl.abs(wv) == float("inf"))).to(tl.int32), 0))
+                            wc = tl.load(w_ptr + m * s_w_m + h * s_w_h, mask=h < HI, other=0.0).to(tl.float32)
+                            tl.atomic_or(flag_ptr, tl.max(((wc != wc) | (tl.abs(wc) == float("inf"))).to(tl.int32), 0))
             act0 = lane(act.to(tl.int32), gl, 0) != 0
             act1 = act0
             if ROWS > 1:
@@ -149,12 +167,16 @@ def _paged_topk_kernel(
             mine = tl.cdiv(tl.maximum(tl.cdiv(length, BLOCK_T) - s, 0), S)
             for i0 in range(0, mine, TILE // BLOCK_T):
                 span = tl.minimum(mine - i0, TILE // BLOCK_T)  # chunks in this tile
-                # the rows' queries (the dots' A operands), loaded and converted once for the tile's chunks; not
+                # the rows' queries (the dots' operands), loaded and converted once for the tile's chunks; not
                 # held across the selection below (held from the program's start they spilled, 2026-12-07)
-                qa0 = q_tile(q_ptr, row0, M, s_q_m, s_q_h, HI, 1, BLOCK_H, PRECISION, Q_CODES)
-                qa1 = qa0
-                if ROWS > 1:
-                    qa1 = q_tile(q_ptr, row1, M, s_q_m, s_q_h, HI, 1, BLOCK_H, PRECISION, Q_CODES)
+                if KEYS_AS_M:  # the rows stacked, and their heads in the dot's column order (``octets``)
+                    qa = q_tile(q_ptr, r0, M, s_q_m, s_q_h, HI, ROWS, BLOCK_H, PRECISION, Q_CODES)
+                    qt = octets(tl.trans(qa), ROWS, BLOCK_H)
+                else:
+                    qa0 = q_tile(q_ptr, row0, M, s_q_m, s_q_h, HI, 1, BLOCK_H, PRECISION, Q_CODES)
+                    qa1 = qa0
+                    if ROWS > 1:
+                        qa1 = q_tile(q_ptr, row1, M, s_q_m, s_q_h, HI, 1, BLOCK_H, PRECISION, Q_CODES)
                 for c in range(0, span):
                     j0 = (s + (i0 + c) * S) * BLOCK_T  # the chunk's first list position
                     j = j0 + cols
@@ -180,16 +202,20 @@ def _paged_topk_kernel(
                         t = j
                         block = tl.load(table + tl.minimum(t // block_size, table_width - 1), mask=tmask, other=0)
                         rec = cache_ptr + block.to(tl.int64) * s_block + (t % block_size).to(tl.int64) * s_token
-                    # row_scores' steps per row, the chunk's keys loaded and converted once
-                    # for the group's rows (their dots share them as the MMA's B operand)
-                    kb = key_tile(rec, tmask, PRECISION)
-                    zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
-                    col = K + c * BLOCK_T + cols
-                    _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len0, act0,
-                              work_ptr + (r0 * S + s) * s_work + col)
-                    if ROWS > 1:
-                        _row_keys(wv1, head_dots(qa1, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len1, act1,
-                                  work_ptr + ((r0 + 1) * S + s) * s_work + col)
+                    if KEYS_AS_M:  # the tiled scorer's dot: the chunk's keys as M, the rows' heads as N
+                        score = chunk_scores(qa, qt, wv, wt, rec, tmask, ROWS, BLOCK_H, BLOCK_T, PRECISION)
+                        keys = selection_keys(score, t.to(tl.int64)[:, None], j[:, None] < lens[None, :])
+                        tl.store(dst + (c * BLOCK_T + cols)[:, None], keys, mask=act[None, :])
+                    else:  # row_scores' steps per row, the chunk's keys loaded and converted once
+                        # for the group's rows (their dots share them as the MMA's B operand)
+                        kb = key_tile(rec, tmask, PRECISION)
+                        zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
+                        col = K + c * BLOCK_T + cols
+                        _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len0, act0,
+                                  work_ptr + (r0 * S + s) * s_work + col)
+                        if ROWS > 1:
+                            _row_keys(wv1, head_dots(qa1, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len1,
+                                      act1, work_ptr + ((r0 + 1) * S + s) * s_work + col)
                 tl.debug_barrier()  # the tile's keys are visible to the whole CTA
                 for i in range(ROWS):  # each row keeps its k best
                     if lane(act.to(tl.int32), gl, i) != 0:
@@ -273,6 +299,7 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
     q, precision, codes = q_operand(q)
     one = heads is None  # one split: heads and counts are never read (work stands in)
     rows = group_rows(rows_per_req)
+    keys_as_m = keys_as_m_on(q.device)
     _paged_topk_kernel[(triton.cdiv(m, rows), splits)](
         q, w, kv_cache, block_table, row_req, pos, work, work if one else heads, work if one else counts, top, out,
         work if flag is None else flag, m, q.shape[1], k, splits, rank, layout.interleave, layout.period,
@@ -282,9 +309,18 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
         TILE=tile, SORTED=one, SORT=triton.next_power_of_2(k), BLOCK=BLOCK, BLOCK_H=block_h(q.shape[1]),
         BLOCK_T=BLOCK_T, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
         CHECK=flag is not None, ROWS=rows, SHARDED=layout.period > 1,
-        PAGE_CHUNKS=kv_cache.shape[1] % BLOCK_T == 0, PAGE_SHIFT=_log2(kv_cache.shape[1]), num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        PAGE_CHUNKS=kv_cache.shape[1] % BLOCK_T == 0, PAGE_SHIFT=_log2(kv_cache.shape[1]), KEYS_AS_M=keys_as_m,
+        num_warps=WARPS[keys_as_m], num_stages=NUM_STAGES, maxnreg=MAXNREG,
     )
     return out
+
+
+def keys_as_m_on(device: torch.device) -> bool:
+    """The chunk's dot on ``device`` (``KEYS_AS_M``): the keys as its M on sm_90, where that is a wgmma
+    whose q operand stays in shared memory (a dot per row reloads q's A operand from shared memory
+    every chunk); a dot per row elsewhere (sm_120's mma.sync with the keys as M converts each key
+    once per warp that shares it). Interpreted (a CPU tensor) either form gives the same keys."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def _log2(n: int) -> int:
@@ -303,23 +339,29 @@ def compile_specs(k: int = 2048) -> list[dict]:
     """The paged top-k's launches in the engine at GLM-5.2's shapes (32 index heads, fp8 q, k 2,048,
     the tile of a long context, a request's 4 MTP rows per program, ids into vLLM's buffer and the
     weights checked, unsharded, pages of 64 tokens or more), as the compile test reads them: name,
-    fn, signature, constexprs, num_warps,
-    num_stages. One split (it sorts its head into the output) and several (the heads side by side,
-    merged by the row's last split)."""
+    fn, signature, constexprs, attrs, num_warps, num_stages and archs: each arch's form of the chunk's
+    dot (``keys_as_m_on``). One split (it sorts its head into the output) and several (the heads side
+    by side, merged by the row's last split). ``attrs``: what the engine's launch specializes of q
+    (Triton: a pointer or int divisible by 16), vLLM's fp8 q [M, 32, 128] rows of a contiguous buffer:
+    its pointer and strides, so its loads take 16 bytes each (unspecialized, a byte a load: sm_90's 4
+    warps held the 64 addresses of a thread's bytes through the selection and spilled 256 bytes)."""
     from .triton_scores import BLOCK_T as block_t
     from sparkinfer.core.indexer_tiles import PAGED_TILE
 
     specs = []
-    for name, is_sorted in (("paged_topk", True), ("paged_topk_split", False)):
+    attrs = {(_paged_topk_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("q_ptr", "s_q_m", "s_q_h")}
+    for (name, is_sorted), (arch, keys_as_m) in itertools.product((("paged_topk", True), ("paged_topk_split", False)),
+                                                                 ((90, True), (120, False))):
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
                       "BLOCK_H": 32, "BLOCK_T": block_t, "PRECISION": "f16", "Q_CODES": True,
                       "IDS": True, "CHECK": True, "ROWS": MAX_GROUP, "SHARDED": False,
-                      "PAGE_CHUNKS": True, "PAGE_SHIFT": _log2(64)}
+                      "PAGE_CHUNKS": True, "PAGE_SHIFT": _log2(64), "KEYS_AS_M": keys_as_m}
         ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
                 "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "top_ptr": "*i64",
                 "out_ptr": "*i32", "flag_ptr": "*i32"}
         sig = {n: ptrs.get(n, "i32") for n in _paged_topk_kernel.arg_names if n not in constexprs}
         sig.update({n: "constexpr" for n in constexprs})
         specs.append({"name": f"{name}[k{k}]", "fn": _paged_topk_kernel, "signature": sig, "constexprs": constexprs,
-                      "num_warps": NUM_WARPS, "num_stages": NUM_STAGES})
+                      "attrs": attrs, "options": {"maxnreg": MAXNREG}, "num_warps": WARPS[keys_as_m],
+                      "num_stages": NUM_STAGES, "archs": [arch]})
     return specs

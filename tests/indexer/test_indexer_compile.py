@@ -2,13 +2,14 @@
 
 Every launch configuration the wrappers use (``triton_scores.compile_specs()``: the score matrix and
 the tiled top-k's key pass without and with token ids, for fp32 and bf16 q, at GLM-5.2's 32 index
-heads; ``triton_paged.compile_specs()``: the paged top-k, one split and several) is compiled with
-``triton.compile`` for sm_120 (RTX PRO 6000: at most 99 KB of shared memory per block) and sm_90.
+heads; ``triton_paged.compile_specs()``: the paged top-k, one split and several, a spec per arch with
+the launch's attrs and options) is compiled with ``triton.compile`` for sm_120 (RTX PRO 6000: at most
+99 KB of shared memory per block) and sm_90 (a spec with "archs" for those only).
 The cubin Triton produced, the code a GPU would run, is read back with the toolkit's
 ``cuobjdump --dump-resource-usage``: a spill needs a local-memory stack frame, so STACK and LOCAL
 must be 0 and registers at most 255. The PTX must hold tensor-core ``mma`` instructions, and on sm_90
-the scorer's kernels whose dot takes a chunk's 64 keys as M (bf16 and fp8 q: ``triton_scores.chunk_scores``)
-``wgmma`` ones. Compilation
+the scorer's kernels whose dot takes a chunk's 64 keys as M (bf16 and fp8 q: ``triton_scores.chunk_scores``,
+and the paged top-k's sm_90 form) ``wgmma`` ones. Compilation
 runs in a subprocess because conftest sets TRITON_INTERPRET=1, which replaces @triton.jit functions
 by interpreted ones.
 """
@@ -33,10 +34,12 @@ from sparkinfer.indexer import triton_paged as tp, triton_scores as ts
 cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 out = {}
 for spec in ts.compile_specs() + tp.compile_specs():
-    for arch in (120, 90):
-        k = triton.compile(ASTSource(spec["fn"], spec["signature"], constexprs=spec["constexprs"]),
+    for arch in spec.get("archs", (120, 90)):  # a spec with "archs" is its launch on those only
+        k = triton.compile(ASTSource(spec["fn"], spec["signature"], constexprs=spec["constexprs"],
+                                     attrs=spec.get("attrs")),
                            target=GPUTarget("cuda", arch, 32),
-                           options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"]})
+                           options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"],
+                                    **spec.get("options", {})})
         with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
             f.write(k.asm["cubin"])
         usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True,
@@ -68,11 +71,13 @@ def compiled():
 def test_every_spec_compiled_for_both_targets(compiled):
     from sparkinfer.indexer import triton_paged, triton_scores
 
-    names = {s["name"] for s in triton_scores.compile_specs() + triton_paged.compile_specs()}
+    specs = triton_scores.compile_specs() + triton_paged.compile_specs()
+    names = {s["name"] for s in specs}
     assert names == {f"{k}[q_{d}]" for k in ("indexer_scores", "indexer_keys", "indexer_keys_ids")
                      for d in ("fp32", "bf16")} | {"indexer_keys[q_fp8]",  # the engine's key pass reads fp8 q
                                                    "paged_topk[k2048]", "paged_topk_split[k2048]"}
-    assert set(compiled) == {f"{n}-{a}" for n in names for a in (120, 90)}
+    assert set(compiled) == {f"{s['name']}-{a}" for s in specs for a in s.get("archs", (120, 90))}
+    assert {n.rsplit("-", 1)[1] for n in compiled if n.startswith("paged_topk")} == {"120", "90"}
 
 
 @pytest.mark.parametrize("arch", [120, 90])
@@ -97,6 +102,9 @@ def test_no_spills_shared_memory_fits_and_mma(compiled, arch):
                 assert per_row(name, "f16") == bf16, name
         elif name.startswith("indexer_") and "q_fp32" not in name:  # M = 64 or 128: wgmma on sm_90
             assert info["wgmma"] > 0, f"{name}: no wgmma"
+        # the paged top-k's chunk dot: the keys as M on sm_90 (``triton_paged.keys_as_m_on``), a dot per row elsewhere
+        if name.startswith("paged_topk"):
+            assert (info["wgmma"] > 0) == (arch == 90), f"{name}: {info['wgmma']} wgmma"
 
 
 def test_spec_signatures_match_the_kernel():

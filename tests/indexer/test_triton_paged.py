@@ -133,6 +133,35 @@ def test_paged_pages_of_a_chunk_or_more(bs):
         globals_["BS"] = old
 
 
+@pytest.mark.parametrize("bs, shard", [(16, None), (64, None), (16, (1, DcpLayout(2, 8)))])
+def test_paged_keys_as_m_equals_tiled(monkeypatch, bs, shard):
+    """The form sm_90 compiles (``KEYS_AS_M``: the chunk's keys as the dot's M, the group's rows stacked
+    as its N, ``triton_scores.chunk_scores``; the rows' keys stored from one [64, ROWS] block), forced
+    here: the keys equal today's for requests of 200, 64 and 5 tokens (4, 3 and 1 rows: groups of 2
+    rows, one across two requests), rows at a page's last and the next page's first token, several
+    splits, fp8 q, exact ties; pages of 16 (a page and a place per token), of 64 (a chunk a page, by a
+    shift) and a DCP rank's share."""
+    from sparkinfer.indexer import triton_paged
+
+    monkeypatch.setattr(triton_paged, "keys_as_m_on", lambda device: True)
+    monkeypatch.setattr(indexer_tiles, "PAGED_PROGRAMS", 256)
+    globals_ = globals()
+    old, globals_["BS"] = globals_["BS"], bs  # the helpers' page size
+    try:
+        cache, table, row_req, pos, slots = _pages((200, 64, 5), (4, 3, 1), strided=False, seed=15)
+        pos[4], pos[5] = bs - 1, bs
+        q, w = _qw(pos.numel(), seed=16)
+        q = q.to(torch.float8_e4m3fn)
+        k = 40
+        want = _tiled(q, w, cache, row_req, pos, slots, k, "triton", shard=shard)
+        got = _paged(q, w, cache, table, row_req, pos, k, tile=64, shard=shard, rows_per_req=4)
+        assert torch.equal(got, want)
+        if shard is None:  # the tie rule decides: a selected pair of equal scores in id order
+            assert (((want >> 32)[:, 1:] == (want >> 32)[:, :-1]) & (want[:, 1:] != torch.iinfo(torch.int64).min)).any()
+    finally:
+        globals_["BS"] = old
+
+
 def test_paged_strided_cache_fp8_q_and_random_scores():
     """A block-outermost cache view (pages 172 bytes apart per record), fp8 q (the engine's), random
     floats; tile 128, more rows than the splits' budget spreads (one split each)."""
