@@ -133,17 +133,22 @@ def test_paged_pages_of_a_chunk_or_more(bs):
         globals_["BS"] = old
 
 
-@pytest.mark.parametrize("bs, shard", [(16, None), (64, None), (16, (1, DcpLayout(2, 8)))])
-def test_paged_keys_as_m_equals_tiled(monkeypatch, bs, shard):
+@pytest.mark.parametrize("bs, shard, compiled", [(16, None, False), (64, None, False), (16, (1, DcpLayout(2, 8)), False),
+                                                 (64, None, True)])
+def test_paged_keys_as_m_equals_tiled(monkeypatch, bs, shard, compiled):
     """The form sm_90 compiles (``KEYS_AS_M``: the chunk's keys as the dot's M, the group's rows stacked
     as its N, ``triton_scores.chunk_scores``; the rows' keys stored from one [64, ROWS] block), forced
     here: the keys equal today's for requests of 200, 64 and 5 tokens (4, 3 and 1 rows: groups of 2
     rows, one across two requests), rows at a page's last and the next page's first token, several
     splits, fp8 q, exact ties; pages of 16 (a page and a place per token), of 64 (a chunk a page, by a
-    shift) and a DCP rank's share."""
-    from sparkinfer.indexer import triton_paged
+    shift) and a DCP rank's share. ``compiled``: ``chunk_scores``' compiled form too (the octet-ordered
+    dot and weights, ``triton_scores._KEYS_AS_M``), interpreted: the same numbers on these exact inputs."""
+    import triton.language as tl
+
+    from sparkinfer.indexer import triton_paged, triton_scores
 
     monkeypatch.setattr(triton_paged, "keys_as_m_on", lambda device: True)
+    monkeypatch.setattr(triton_scores, "_KEYS_AS_M", tl.constexpr(compiled))
     monkeypatch.setattr(indexer_tiles, "PAGED_PROGRAMS", 256)
     globals_ = globals()
     old, globals_["BS"] = globals_["BS"], bs  # the helpers' page size
