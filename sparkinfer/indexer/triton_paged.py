@@ -341,15 +341,20 @@ def compile_specs(k: int = 2048) -> list[dict]:
     weights checked, unsharded, pages of 64 tokens or more), as the compile test reads them: name,
     fn, signature, constexprs, attrs, num_warps, num_stages and archs: each arch's form of the chunk's
     dot (``keys_as_m_on``). One split (it sorts its head into the output) and several (the heads side
-    by side, merged by the row's last split). ``attrs``: what the engine's launch specializes of q
-    (Triton: a pointer or int divisible by 16), vLLM's fp8 q [M, 32, 128] rows of a contiguous buffer:
-    its pointer and strides, so its loads take 16 bytes each (unspecialized, a byte a load: sm_90's 4
-    warps held the 64 addresses of a thread's bytes through the selection and spilled 256 bytes)."""
+    by side, merged by the row's last split). ``attrs``: what the engine's launch specializes (Triton:
+    a pointer or int divisible by 16): vLLM's fp8 q [M, 32, 128], rows of a contiguous buffer, so its
+    loads take 16 bytes each (unspecialized, a byte a load: sm_90's 4 warps held the 64 addresses of a
+    thread's bytes through the selection and spilled 256 bytes); k 2,048; the workspace's work rows,
+    heads and candidates (``TopkWorkspace.take_paged``: one allocation, rows of k + tile, S k and k
+    keys) and vLLM's top-k buffer (int32 rows of k), so the selection's scans load and store 16 bytes
+    at a time."""
     from .triton_scores import BLOCK_T as block_t
     from sparkinfer.core.indexer_tiles import PAGED_TILE
 
     specs = []
-    attrs = {(_paged_topk_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in ("q_ptr", "s_q_m", "s_q_h")}
+    div16 = ("q_ptr", "s_q_m", "s_q_h", "K", "work_ptr", "s_work", "heads_ptr", "s_heads", "top_ptr", "s_top", "out_ptr",
+             "s_out")
+    attrs = {(_paged_topk_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
     for (name, is_sorted), (arch, keys_as_m) in itertools.product((("paged_topk", True), ("paged_topk_split", False)),
                                                                  ((90, True), (120, False))):
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
