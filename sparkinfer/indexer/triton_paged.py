@@ -70,7 +70,7 @@ from sparkinfer.core.topology import DcpLayout
 
 from .triton_scores import (BLOCK_T, NUM_STAGES, block_h, chunk_scores, head_dots, head_sum, head_weights, key_tile,
                             lane, octets, q_operand, q_tile, selection_keys)
-from .triton_topk import key_ids, select_row
+from .triton_topk import key_ids, select_row, sort_desc
 
 _MIN = tl.constexpr(-9223372036854775808)  # INT64_MIN: "nothing" (topk._NONE)
 # rows per program at most: a request's MTP3 rows in two programs. The kernel unrolls a dot per row
@@ -110,7 +110,7 @@ def _paged_topk_kernel(
     TILE: tl.constexpr, SORTED: tl.constexpr, SORT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr, PRECISION: tl.constexpr, Q_CODES: tl.constexpr,
     IDS: tl.constexpr, CHECK: tl.constexpr, ROWS: tl.constexpr, SHARDED: tl.constexpr, PAGE_CHUNKS: tl.constexpr,
-    PAGE_SHIFT: tl.constexpr, KEYS_AS_M: tl.constexpr,
+    PAGE_SHIFT: tl.constexpr, KEYS_AS_M: tl.constexpr, THREADS: tl.constexpr,
 ):
     g = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
@@ -221,7 +221,7 @@ def _paged_topk_kernel(
                     if lane(act.to(tl.int32), gl, i) != 0:
                         work = work_ptr + ((r0 + i) * S + s) * s_work
                         select_row(work, K + span * BLOCK_T, K, K, work, work, BLOCK, 1, False,
-                                   False)
+                                   False, THREADS)
                 tl.debug_barrier()  # the heads are kept before the next tile is written
             for i in range(ROWS):
                 if lane(act.to(tl.int32), gl, i) != 0:
@@ -230,7 +230,7 @@ def _paged_topk_kernel(
                     out = out_ptr + m * s_out
                     if SORTED:  # the only split: its head, sorted, is the row's top-k
                         o = tl.arange(0, SORT)
-                        best = tl.sort(tl.load(work + o, mask=o < K, other=_MIN), 0, descending=True)
+                        best = sort_desc(tl.load(work + o, mask=o < K, other=_MIN), THREADS)
                         if IDS:
                             tl.store(out + o, key_ids(best), mask=o < K)
                         else:
@@ -242,7 +242,7 @@ def _paged_topk_kernel(
                             tl.store(heads + s * K + o, tl.load(work + o, mask=o < K), mask=o < K)
                         tl.debug_barrier()  # the whole head is stored before the count releases it
                         if tl.atomic_add(count_ptr + m, 1, sem="acq_rel") == S - 1:
-                            select_row(heads, S * K, K, K, top_ptr + m * s_top, out, BLOCK, SORT, True, IDS)
+                            select_row(heads, S * K, K, K, top_ptr + m * s_top, out, BLOCK, SORT, True, IDS, THREADS)
                             tl.store(count_ptr + m, 0)  # the next call's count starts at 0
 
 
@@ -310,7 +310,7 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
         BLOCK_T=BLOCK_T, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
         CHECK=flag is not None, ROWS=rows, SHARDED=layout.period > 1,
         PAGE_CHUNKS=kv_cache.shape[1] % BLOCK_T == 0, PAGE_SHIFT=_log2(kv_cache.shape[1]), KEYS_AS_M=keys_as_m,
-        num_warps=WARPS[keys_as_m], num_stages=NUM_STAGES, maxnreg=MAXNREG,
+        THREADS=32 * WARPS[keys_as_m], num_warps=WARPS[keys_as_m], num_stages=NUM_STAGES, maxnreg=MAXNREG,
     )
     return out
 
@@ -360,7 +360,8 @@ def compile_specs(k: int = 2048) -> list[dict]:
         constexprs = {"TILE": PAGED_TILE, "SORTED": is_sorted, "SORT": triton.next_power_of_2(k), "BLOCK": BLOCK,
                       "BLOCK_H": 32, "BLOCK_T": block_t, "PRECISION": "f16", "Q_CODES": True,
                       "IDS": True, "CHECK": True, "ROWS": MAX_GROUP, "SHARDED": False,
-                      "PAGE_CHUNKS": True, "PAGE_SHIFT": _log2(64), "KEYS_AS_M": keys_as_m}
+                      "PAGE_CHUNKS": True, "PAGE_SHIFT": _log2(64), "KEYS_AS_M": keys_as_m,
+                      "THREADS": 32 * WARPS[keys_as_m]}
         ptrs = {"q_ptr": "*u8", "w_ptr": "*fp32", "cache_ptr": "*u8", "table_ptr": "*i32", "req_ptr": "*i64",
                 "pos_ptr": "*i64", "work_ptr": "*i64", "heads_ptr": "*i64", "count_ptr": "*i32", "top_ptr": "*i64",
                 "out_ptr": "*i32", "flag_ptr": "*i32"}

@@ -6,9 +6,11 @@ call's running top-k): the same keys."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from sparkinfer.indexer.topk import _NONE, pack_keys
-from sparkinfer.indexer.triton_topk import BLOCK, topk_keys
+from sparkinfer.indexer.triton_topk import BLOCK, SORT_VEC, sort_desc, topk_keys
 
 
 def _check(keys: torch.Tensor, k: int) -> None:
@@ -87,6 +89,35 @@ def test_packed_scores_with_ties_and_signed_zeros():
     assert (scores == 0).sum() > 100
     for k in (64, 200):
         _check(keys, k)
+
+
+@triton.jit
+def _sort_kernel(x_ptr, y_ptr, N: tl.constexpr, THREADS: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(y_ptr + i, sort_desc(tl.load(x_ptr + i), THREADS))
+
+
+@pytest.mark.parametrize("threads", [1, 4, 8, 16])
+def test_sort_desc_equals_a_descending_sort(threads):
+    """``sort_desc`` (its keys read in another order first where the block holds at least two repeats
+    of SORT_VEC x THREADS keys: 64 keys at 1 to 8 threads, not at 16) against torch.sort: full-range
+    distinct keys and INT64_MIN padding."""
+    g = torch.Generator().manual_seed(threads)
+    x = _distinct(g, 1, 64)[0]
+    x[torch.randperm(64, generator=g)[:9]] = _NONE
+    y = torch.empty_like(x)
+    _sort_kernel[(1,)](x, y, N=64, THREADS=threads)
+    assert (64 >= 2 * SORT_VEC * threads) == (threads < 16)
+    assert torch.equal(y, torch.sort(x, descending=True).values)
+
+
+def test_a_sort_of_2048_candidates():
+    """k 1,024 with a candidate buffer of 2k: the sort of 2,048 keys takes ``sort_desc``'s reordered
+    form at the kernel's 8 warps (2,048 = 2 x SORT_VEC x 256 threads)."""
+    g = torch.Generator().manual_seed(5)
+    keys = _distinct(g, 2, 3000)
+    keys[1, torch.randperm(3000, generator=g)[:1500]] = _NONE
+    _check(keys, 1024)
 
 
 def test_bad_shapes_raise():
