@@ -116,18 +116,21 @@ def _indexer_scores_kernel(
         act = there & (starts == start) & (lens == n)
         if (r0 + i < M) & (tl.sum((act & (gl < i)).to(tl.int32), 0) == 0):
             for c in range(first, tl.minimum(first + SPAN, L), BLOCK_T):
-                local = c + tl.arange(0, BLOCK_T)
+                t = tl.arange(0, BLOCK_T)
+                local = c + t
                 j = j0 + local  # position in the rows' list
-                tmask = j < n
-                at = start + j.to(tl.int64)
+                # the chunk's list entries from one scalar offset (start + j0 + c) and t: a position's
+                # address is the chunk's plus a constant in each thread (folded into its loads)
+                tmask = t < n - (j0 + c)  # j < n
+                at = start + (j0 + c)
                 if HAS_SLOTS:
-                    slot = tl.load(slot_ptr + at, mask=tmask, other=0).to(tl.int64)
+                    slot = tl.load((slot_ptr + at) + t, mask=tmask, other=0).to(tl.int32)
                 else:
-                    slot = at
-                score = chunk_scores(qa, qt, wv, wt, rec_ptr + slot * rec_stride, tmask, GROUP, BLOCK_H, BLOCK_T,
-                                     PRECISION)
+                    slot = (at + t).to(tl.int32)
+                rows_at = record_rows(rec_ptr, slot, rec_stride)
+                score = chunk_scores(qa, qt, wv, wt, rows_at, tmask, GROUP, BLOCK_H, BLOCK_T, PRECISION)
                 if HAS_IDS:
-                    tid = tl.load(id_ptr + at, mask=tmask, other=0).to(tl.int64)
+                    tid = tl.load((id_ptr + at) + t, mask=tmask, other=0).to(tl.int64)
                 else:
                     tid = j.to(tl.int64)
                 valid = act[None, :] & tmask[:, None]
@@ -138,6 +141,20 @@ def _indexer_scores_kernel(
                              mask=act[None, :])
                 else:
                     tl.store(dst + j[:, None], tl.where(valid, score, float("-inf")), mask=act[None, :] & tmask[:, None])
+
+
+@triton.jit
+def record_rows(rec_ptr, slot, rec_stride):
+    """Byte pointers of the records ``slot`` (int32: under 2**31 records, ``_launch``) at stride ``rec_stride``.
+    Compiled, a slot's byte offset is one 32 x 32 -> 64-bit multiply (``mul.wide.s32``, folded into the
+    address add: one IMAD.WIDE), where Triton's int64 product of the two took 5 SASS instructions a
+    record (LLVM does not see the stride's sign extension, hoisted out of the loop)."""
+    if _INTERPRETED:
+        off = slot.to(tl.int64) * rec_stride
+    else:
+        off = tl.inline_asm_elementwise("mul.wide.s32 $0, $1, $2;", "=l,r,r", [slot, slot * 0 + rec_stride],
+                                        dtype=tl.int64, is_pure=True, pack=1)
+    return rec_ptr + off
 
 
 @triton.jit
@@ -237,14 +254,24 @@ def key_rows(row_ptr, tmask, PRECISION: tl.constexpr):
     """The keys' 128 E4M3 codes at ``row_ptr`` [BLOCK_T] as a dot operand [BLOCK_T, 128]
     (``e4m3_operand``; the records' scales multiply the dots after, ``scaled``). A record's codes are
     read as 32 words from its 4-byte aligned start (the wrappers check the strides): 4 codes a load,
-    not one; byte i of word w is dim 4 w + i."""
+    not one; byte i of word w is dim 4 w + i. Compiled for the "f16" dot, a word's two 16-bit halves
+    go to ``cvt.rn.f16x2.e4m3x2`` as they are (inline PTX: 2 cvt a word, the same values as
+    ``e4m3_operand``'s), where Triton's byte split and re-pairing of the codes took some 5 more SASS
+    instructions a word; otherwise (and interpreted) the bytes are joined into the [BLOCK_T, 128]
+    codes first and converted once, so a word's low pair needs no re-pairing."""
     w = tl.arange(0, 32)
     words = tl.load(row_ptr.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=tmask[:, None], other=0)
-    b0 = e4m3_operand((words & 255).to(tl.uint8), PRECISION)
-    b1 = e4m3_operand(((words >> 8) & 255).to(tl.uint8), PRECISION)
-    b2 = e4m3_operand(((words >> 16) & 255).to(tl.uint8), PRECISION)
-    b3 = e4m3_operand(((words >> 24) & 255).to(tl.uint8), PRECISION)
-    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [words.shape[0], 128])  # column 4 w + i: b_i
+    if PRECISION == "f16" and not _INTERPRETED:
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; .reg .b32 a, b; mov.b32 {l, h}, $4; cvt.rn.f16x2.e4m3x2 a, l; "
+            "cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
+            "=h,=h,=h,=h,r", [words], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
+        return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), [words.shape[0], 128])
+    b0 = words.to(tl.uint8)
+    b1 = (words >> 8).to(tl.uint8)
+    b2 = (words >> 16).to(tl.uint8)
+    b3 = (words >> 24).to(tl.uint8)
+    return e4m3_operand(tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [words.shape[0], 128]), PRECISION)
 
 
 @triton.jit
@@ -340,6 +367,8 @@ def _launch(q, w, records, out, programs: int, *, slots, ids, pos, start, length
     if records.stride(0) % 4 or records.data_ptr() % 4:  # key_tile loads a record's codes 4 at a time
         raise ValueError(f"records must start 4-byte aligned with a row stride of a multiple of 4, got stride "
                          f"{records.stride(0)} at address {records.data_ptr()}")
+    if records.shape[0] >= 2**31:  # record_rows: a slot is an int32
+        raise ValueError(f"at most 2**31 - 1 records are supported, got {records.shape[0]}")
     dummy = out  # never read where its HAS_* / ROWS flag is False
     _indexer_scores_kernel[(triton.cdiv(q.shape[0], GROUPS[precision]), programs)](
         q, w, records, dummy if slots is None else slots, dummy if ids is None else ids,
