@@ -213,12 +213,25 @@ def chunk_scores(qa, qt, wv, wt, row_ptr, tmask, GROUP: tl.constexpr, BLOCK_H: t
         s = tl.dot(keys.to(tl.float32), qt.to(tl.float32))
     else:
         s = tl.dot(keys, qt, tl.zeros([BLOCK_T, GROUP * BLOCK_H], tl.float32))
-    s = tl.maximum(tl.reshape(s, [BLOCK_T, BLOCK_H // 8, GROUP, 8]), 0.0) * wt[None, :, :, :]
-    s = tl.sum(tl.sum(s, axis=1), axis=2)  # the heads in a thread first, then across its quad
+    s = tl.maximum(tl.reshape(s, [BLOCK_T, BLOCK_H // 8, GROUP, 4, 2]), 0.0)
+    s = tl.permute(s * tl.reshape(wt, [BLOCK_H // 8, GROUP, 4, 2])[None, :, :, :, :], (0, 2, 3, 1, 4))
+    # the heads in a thread first, one after another, then across its quad
+    s = tl.sum(_chain_add(tl.zeros([BLOCK_T, GROUP, 4], tl.float32), tl.reshape(s, [BLOCK_T, GROUP, 4, BLOCK_H // 4]),
+                          BLOCK_H // 4), axis=2)
     # the record's scale, a positive power of two, after the head sum: relu, each weight's product and
     # every partial sum scale by it exactly (``scaled``), so this is the sum of the scaled dots, one
     # multiply a score where ``scaled`` took one a head
     return s * load_f32(row_ptr + 128, tmask)[:, None]
+
+
+@triton.jit
+def _chain_add(acc, x, N: tl.constexpr):
+    """acc + the N elements of x [T, G, 4, N]'s last dimension, one add at a time."""
+    if N == 1:
+        return acc + tl.reshape(x, [x.shape[0], x.shape[1], x.shape[2]])
+    else:
+        lo, hi = tl.split(tl.reshape(x, [x.shape[0], x.shape[1], x.shape[2], N // 2, 2]))
+        return _chain_add(_chain_add(acc, lo, N // 2), hi, N // 2)
 
 
 @triton.jit
