@@ -144,6 +144,15 @@ def test_strided_q_and_w_equal_contiguous():
     for backend in ("triton", "torch"):
         assert torch.equal(indexer_scores(q_wide[:, ::2], w_t, records, pos, backend=backend),
                            indexer_scores(q, w, records, pos, backend=backend))
+    # fp8 q whose heads are off 4-byte alignment (129 bytes apart): the Triton kernel reads a head's codes
+    # as words, so ``q_operand`` copies it
+    q8 = q.to(torch.float8_e4m3fn)
+    odd = torch.zeros(4, 3, 129, dtype=torch.uint8)
+    odd[:, :, 1:] = q8.view(torch.uint8)
+    q_odd = odd[:, :, 1:].view(torch.float8_e4m3fn)
+    assert triton_scores.q_operand(q_odd)[0].stride(1) % 4 == 0
+    assert torch.equal(indexer_scores(q_odd, w_t, records, pos, backend="triton"),
+                       indexer_scores(q8, w, records, pos, backend="triton"))
 
 
 def test_paged_token_slots_equal_contiguous():
