@@ -126,9 +126,11 @@ def _indexer_scores_kernel(
                 if HAS_SLOTS:
                     slot = tl.load((slot_ptr + at) + t, mask=tmask, other=0).to(tl.int32)
                 else:
-                    slot = (at + t).to(tl.int32)
+                    slot = tl.where(tmask, at + t, 0).to(tl.int32)
+                # positions past the list read record 0 (a masked slot load's 0; ``_launch`` refuses an
+                # empty cache), so a chunk's key words load without a mask
                 rows_at = record_rows(rec_ptr, slot, rec_stride)
-                score = chunk_scores(qa, qt, wv, wt, rows_at, tmask, GROUP, BLOCK_H, BLOCK_T, PRECISION)
+                score = chunk_scores(qa, qt, wv, wt, rows_at, tmask, GROUP, BLOCK_H, BLOCK_T, PRECISION, False)
                 if HAS_IDS:
                     tid = tl.load((id_ptr + at) + t, mask=tmask, other=0).to(tl.int32)
                 else:
@@ -190,7 +192,7 @@ def octets(qt, GROUP: tl.constexpr, BLOCK_H: tl.constexpr):
 
 @triton.jit
 def chunk_scores(qa, qt, wv, wt, row_ptr, tmask, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 PRECISION: tl.constexpr, MASKED: tl.constexpr = True):
     """fp32 scores [BLOCK_T, GROUP] of the records at ``row_ptr`` [BLOCK_T] against GROUP query rows
     (``qa`` [GROUP x BLOCK_H, 128]: ``q_tile``; ``qt`` [128, GROUP x BLOCK_H]: qa transposed, its columns
     in ``octets``' order; weights ``wv`` [GROUP, BLOCK_H] and ``wt`` [BLOCK_H // 8, GROUP, 8], the same in
@@ -208,7 +210,7 @@ def chunk_scores(qa, qt, wv, wt, row_ptr, tmask, GROUP: tl.constexpr, BLOCK_H: t
     took 255 registers and an 8 B stack frame on sm_120 at 4 and at 8 warps."""
     if not _KEYS_AS_M or PRECISION == "tf32x3":
         return tl.trans(row_scores(qa, wv, row_ptr, tmask, GROUP, BLOCK_H, BLOCK_T, PRECISION))
-    keys = key_rows(row_ptr, tmask, PRECISION)
+    keys = key_rows(row_ptr, tmask, PRECISION, MASKED)
     if _INTERPRETED:  # fp32 operands, exact products (``head_dots``: the interpreter's bf16 and f16 dots)
         s = tl.dot(keys.to(tl.float32), qt.to(tl.float32))
     else:
@@ -263,7 +265,7 @@ def key_tile(row_ptr, tmask, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def key_rows(row_ptr, tmask, PRECISION: tl.constexpr):
+def key_rows(row_ptr, tmask, PRECISION: tl.constexpr, MASKED: tl.constexpr = True):
     """The keys' 128 E4M3 codes at ``row_ptr`` [BLOCK_T] as a dot operand [BLOCK_T, 128]
     (``e4m3_operand``; the records' scales multiply the dots after, ``scaled``). A record's codes are
     read as 32 words from its 4-byte aligned start (the wrappers check the strides): 4 codes a load,
@@ -273,7 +275,10 @@ def key_rows(row_ptr, tmask, PRECISION: tl.constexpr):
     instructions a word; otherwise (and interpreted) the bytes are joined into the [BLOCK_T, 128]
     codes first and converted once, so a word's low pair needs no re-pairing."""
     w = tl.arange(0, 32)
-    words = tl.load(row_ptr.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=tmask[:, None], other=0)
+    if MASKED:
+        words = tl.load(row_ptr.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=tmask[:, None], other=0)
+    else:  # every row_ptr a record's, those past tmask too (their keys are not used)
+        words = tl.load(row_ptr.to(tl.pointer_type(tl.int32))[:, None] + w[None, :])
     if PRECISION == "f16" and not _INTERPRETED:
         c0, c1, c2, c3 = tl.inline_asm_elementwise(
             "{ .reg .b16 l, h; .reg .b32 a, b; mov.b32 {l, h}, $4; cvt.rn.f16x2.e4m3x2 a, l; "
@@ -388,8 +393,8 @@ def _launch(q, w, records, out, programs: int, *, slots, ids, pos, start, length
     if records.stride(0) % 4 or records.data_ptr() % 4:  # key_tile loads a record's codes 4 at a time
         raise ValueError(f"records must start 4-byte aligned with a row stride of a multiple of 4, got stride "
                          f"{records.stride(0)} at address {records.data_ptr()}")
-    if records.shape[0] >= 2**31:  # record_rows: a slot is an int32
-        raise ValueError(f"at most 2**31 - 1 records are supported, got {records.shape[0]}")
+    if not 0 < records.shape[0] < 2**31:  # record_rows: a slot is an int32; a masked position reads record 0
+        raise ValueError(f"1 to 2**31 - 1 records are supported, got {records.shape[0]}")
     dummy = out  # never read where its HAS_* / ROWS flag is False
     _indexer_scores_kernel[(triton.cdiv(q.shape[0], GROUPS[precision]), programs)](
         q, w, records, dummy if slots is None else slots, dummy if ids is None else ids,

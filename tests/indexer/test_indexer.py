@@ -155,6 +155,14 @@ def test_strided_q_and_w_equal_contiguous():
                        indexer_scores(q8, w, records, pos, backend="triton"))
 
 
+def test_triton_kernel_refuses_an_empty_cache():
+    """A position past its row's list reads record 0 (the key pass loads a chunk's key words without a
+    mask, ``triton_scores.chunk_scores``), so a launch over a cache without records is refused."""
+    q, w, records, pos = random_case(t=10)
+    with pytest.raises(ValueError, match="records are supported"):
+        triton_scores.indexer_scores_triton(q, w, records[:0], pos, torch.zeros(3, dtype=torch.int64))
+
+
 def test_paged_token_slots_equal_contiguous():
     q, w, records, pos = random_case(t=120)
     perm = torch.randperm(120, generator=torch.Generator().manual_seed(3))
