@@ -269,11 +269,13 @@ def key_rows(row_ptr, tmask, PRECISION: tl.constexpr, MASKED: tl.constexpr = Tru
     """The keys' 128 E4M3 codes at ``row_ptr`` [BLOCK_T] as a dot operand [BLOCK_T, 128]
     (``e4m3_operand``; the records' scales multiply the dots after, ``scaled``). A record's codes are
     read as 32 words from its 4-byte aligned start (the wrappers check the strides): 4 codes a load,
-    not one; byte i of word w is dim 4 w + i. Compiled for the "f16" dot, a word's two 16-bit halves
-    go to ``cvt.rn.f16x2.e4m3x2`` as they are (inline PTX: 2 cvt a word, the same values as
-    ``e4m3_operand``'s), where Triton's byte split and re-pairing of the codes took some 5 more SASS
-    instructions a word; otherwise (and interpreted) the bytes are joined into the [BLOCK_T, 128]
-    codes first and converted once, so a word's low pair needs no re-pairing."""
+    not one; byte i of word w is dim 4 w + i. Compiled for the "f16" and "bf16" dots, a word's two
+    16-bit halves go to ``cvt.rn.f16x2.e4m3x2`` as they are (inline PTX: 2 cvt a word, for bf16 then
+    4 cvt to f32 and 2 to bf16x2; the same values as ``e4m3_operand``'s), where Triton's byte split
+    and re-pairing of the codes took some 5 more SASS instructions a word (bf16: 604 -> 540 SASS a
+    chunk on sm_90, but 762 -> 797 on sm_120, whose own f16 -> bf16 path is cheaper); otherwise (and
+    interpreted) the bytes are joined into the [BLOCK_T, 128] codes first and converted once, so a
+    word's low pair needs no re-pairing."""
     w = tl.arange(0, 32)
     if MASKED:
         words = tl.load(row_ptr.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=tmask[:, None], other=0)
@@ -284,6 +286,15 @@ def key_rows(row_ptr, tmask, PRECISION: tl.constexpr, MASKED: tl.constexpr = Tru
             "{ .reg .b16 l, h; .reg .b32 a, b; mov.b32 {l, h}, $4; cvt.rn.f16x2.e4m3x2 a, l; "
             "cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
             "=h,=h,=h,=h,r", [words], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
+        return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), [words.shape[0], 128])
+    if PRECISION == "bf16" and not _INTERPRETED:  # f16x2, each f16 to f32, a pair to bf16x2: all exact
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(
+            "{ .reg .b16 l, h, x0, x1, x2, x3; .reg .b32 a, b; .reg .f32 f0, f1, f2, f3; mov.b32 {l, h}, $4; "
+            "cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {x0, x1}, a; mov.b32 {x2, x3}, b; "
+            "cvt.f32.f16 f0, x0; cvt.f32.f16 f1, x1; cvt.f32.f16 f2, x2; cvt.f32.f16 f3, x3; "
+            "cvt.rn.bf16x2.f32 a, f1, f0; cvt.rn.bf16x2.f32 b, f3, f2; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
+            "=h,=h,=h,=h,r", [words], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True,
+            pack=1)
         return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), [words.shape[0], 128])
     b0 = words.to(tl.uint8)
     b1 = (words >> 8).to(tl.uint8)

@@ -488,11 +488,13 @@ def test_gpu_tiled_topk_equals_untiled_and_offsets_past_int32():
 
 
 @pytest.mark.gpu
-def test_gpu_fp8_q_every_code_and_record_offsets_past_int32():
-    """Compiled, the engine's fp8-q form (a key word's 4 codes converted by two ``cvt.rn.f16x2.e4m3x2``
-    in inline PTX, ``key_rows``; a record's byte offset by ``mul.wide.s32``, ``record_rows``): keys
-    holding every finite E4M3 code, in records whose byte offsets pass 2**31, score within fp32's
-    error of the float64 reference, and the key pass's top-k is the torch twin's on exact inputs."""
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_gpu_fp8_q_every_code_and_record_offsets_past_int32(dtype):
+    """Compiled, the f16 (fp8 q) and bf16 forms (a key word's 4 codes converted by two
+    ``cvt.rn.f16x2.e4m3x2`` in inline PTX, and for bf16 on through f32, ``key_rows``; a record's byte
+    offset by ``mul.wide.s32``, ``record_rows``): keys holding every finite E4M3 code, in records whose
+    byte offsets pass 2**31, score within fp32's error of the float64 reference, and the key pass's
+    top-k is the torch twin's on exact inputs."""
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(21)
     n, hi, m = 4096, 32, 8
@@ -500,7 +502,7 @@ def test_gpu_fp8_q_every_code_and_record_offsets_past_int32():
     small = torch.empty(n, 132, dtype=torch.uint8)
     small[:, :128] = finite[torch.arange(n * 128) % len(finite)].view(n, 128)  # every code, in every dim over rows
     small[:, 128:] = torch.full((n,), 2.0**-6).view(torch.uint8).view(n, 4)
-    q = torch.randn(m, hi, 128, generator=g).to(torch.float8_e4m3fn)
+    q = torch.randn(m, hi, 128, generator=g).to(dtype)
     w = torch.randn(m, hi, generator=g)
     pos = torch.full((m,), n - 1)
     rows = (1 << 31) // 132 + 1000  # the small records sit past byte 2**31
@@ -513,7 +515,7 @@ def test_gpu_fp8_q_every_code_and_record_offsets_past_int32():
     terms = (w.double().abs()[:, :, None] * torch.einsum("mhd,td->mht", q.double().abs(), keys.abs())).sum(1)
     assert ((got - ref).abs() <= 2.0**-18 * terms).all()
     qe, we, re, pe, _ = exact_case(m=8, hi=32, t=3000)
-    qe = qe.to(torch.float8_e4m3fn)
+    qe = qe.to(dtype)
     big = torch.zeros(rows + 3000, 132, dtype=torch.uint8, device=dev)
     big[rows:] = re.to(dev)
     plan = plan_rows([(torch.arange(8), torch.arange(rows, rows + 3000), None)], 8)
