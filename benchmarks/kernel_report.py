@@ -562,6 +562,10 @@ def roofline() -> list[dict]:
     rows.append(_indexer_tiled(2048, 131072, "prefill chunk 2048 at 128K, tiled with running top-k-2048"))
     rows.append(_indexer_paged(B, R, 65536, "decode step: 16 req x 4 rows at 64K, paged scoring and top-k-2048 "
                                "in one launch"))
+    # the paged top-k over a prefill chunk's 64-row block, which the engine scores tiled instead
+    # (``core.indexer_tiles.scores_lists``): 32 of these a chunk, against the row above's tiled chunk
+    rows.append(_indexer_paged(1, 64, 131072, "prefill block: 64 rows of one request at 128K (32 a 2048-row "
+                               "chunk), paged scoring and top-k-2048 in one launch"))
     per_pair = B * U // D
     rows.append(_move("pack", per_pair, f"one destination: {per_pair} records (B*U/D), F+3S, into the peer", peer=True))
     rows.append(_move("pack", 10, "10 records, capacity B*U"))
