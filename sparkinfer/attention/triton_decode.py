@@ -48,8 +48,8 @@ int32 [M, ceil(H / 16)] (zero at allocation, left zero by every launch). A calle
 (and the outputs) runs the whole decode without allocating.
 
 Index widths: a record index is int64 from the caller's list to the address. The engine's indices
-are rows of a strided cache's ``row_view`` (``decode.paged_sparse_mla``), 4 bytes apart, so a layer
-view spanning more than 8 GiB has rows past 2^31; the address ``records + index * row stride`` is
+are rows of a strided cache's ``row_view`` (``decode.paged_sparse_mla``), 16 (or 4) bytes apart, so a
+layer view spanning more than 32 (8) GiB has rows past 2^31; the address ``records + index * row stride`` is
 int64 as well. Row offsets into the index buffers (``m * stride``) are int64 too. Positions within
 a row's top-k (the ``ks`` below, a compacted position, the count) stay int32: bounded by K.
 """
@@ -105,12 +105,13 @@ MAX_SPLITS = 64  # splits of a row's keys (a ticket's count)
 # fp32 accumulators of the fused merge's pass over the output columns (``_merge_partials``): 16 heads x 512
 MERGE_ELEMS = 16 * LATENT_DIM
 _MERGE_ELEMS, _LATENT = tl.constexpr(MERGE_ELEMS), tl.constexpr(LATENT_DIM)  # the same in @triton.jit code
-# Heads a program over a paged cache's row view (",a4": the stock path, 64 heads a rank under DCP4)
-# on 8 warps, where a block may hold WIDE_SHARED bytes of shared memory (sm_90: 227 KB; sm_120's 99 KB
-# may not): each of a row's head blocks gathers and decodes the same records, so 32 heads a program
-# halve that work, on twice the warps (the MMAs and the accumulator per warp as at 16 heads). sm_90
-# SASS a 64-key tile: 8 x 1,183 for 32 heads against 2 programs x 4 x 1,663 (the 368 kernel, the only
-# one measured; its queries of 32 heads and four decoded chunks take 108 KB of shared memory).
+# Heads a program over a paged cache's row view (the stock path, 64 heads a rank under DCP4) on 8
+# warps, where a block may hold WIDE_SHARED bytes of shared memory (sm_90: 227 KB; sm_120's 99 KB may
+# not): each of a row's head blocks gathers and decodes the same records, so 32 heads a program halve
+# that work, on twice the warps (the MMAs and the accumulator per warp as at 16 heads). sm_90 SASS a
+# 64-key tile over the 4-byte view: 8 x 1,183 for 32 heads against 2 programs x 4 x 1,663; over the
+# 16-byte view (vLLM's) 8 x 1,063 against 2 x 4 x 1,381 (the 368 kernel, the only one measured; its
+# queries of 32 heads and four decoded chunks take 108 KB of shared memory).
 WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 110_592
 # A split covers at least this many listed keys (two 64-key tiles), so that a grid far below a wave
 # (batch 1: 4 rows, 16 heads) takes more, shorter splits. The merging program's path is then the
@@ -606,16 +607,16 @@ def _sm_count(device: torch.device) -> int:
     return _device_limits(device)[0]
 
 
-def heads_per_program(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int, h: int, programs: int, sms: int,
+def heads_per_program(lay: RecordLayout, q_dtype: torch.dtype, h: int, programs: int, sms: int,
                       shared_optin: int) -> int:
-    """WIDE_H for the 368 kernel with bf16 queries over a paged row view (``record_alignment`` 4) of more
-    than BLOCK_H heads, when its ``programs`` of BLOCK_H heads (rows x head blocks x splits) are more than
-    the ``sms`` hold in one wave, on a device whose blocks may hold WIDE_SHARED bytes of shared memory;
+    """WIDE_H for the 368 kernel with bf16 queries of more than BLOCK_H heads (the stock path: its paged
+    row view, 16- or 4-byte aligned, ``record_alignment``), when its ``programs`` of BLOCK_H heads (rows x
+    head blocks x splits) are more than the ``sms`` hold in one wave, on a device whose blocks may hold WIDE_SHARED bytes of shared memory;
     else BLOCK_H. Within one wave a 16-head program has an SM to itself and 4 warps issue a tile in
     1,663 instructions a scheduler against 2 x 1,183 for the 8 warps of a 32-head one (sm_90), which only
     wins where it takes the place of two 16-head programs on one SM. The split count stays that of 16-head
     programs (``num_splits_for``: the attention arena's partials are counted so)."""
-    wide = lay.name == NVFP4_368.name and q_dtype == torch.bfloat16 and rec_align == 4 and h > BLOCK_H
+    wide = lay.name == NVFP4_368.name and q_dtype == torch.bfloat16 and h > BLOCK_H
     return WIDE_H if wide and programs > sms and shared_optin >= WIDE_SHARED else BLOCK_H
 
 
@@ -729,7 +730,7 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     align = record_alignment(records)
     if block_h is None:
         block_h = BLOCK_H if dev.type != "cuda" else heads_per_program(
-            lay, q_nope.dtype, align, h, m * triton.cdiv(h, BLOCK_H) * splits, *_device_limits(dev))
+            lay, q_nope.dtype, h, m * triton.cdiv(h, BLOCK_H) * splits, *_device_limits(dev))
     if block_h not in (BLOCK_H, WIDE_H):
         raise ValueError(f"block_h must be {BLOCK_H} or {WIDE_H}, got {block_h}")
     # tickets: [M, ceil(H / BLOCK_H)] hold the ceil(H / block_h) a row uses (program (m, hb)'s at m x blocks + hb)
@@ -772,9 +773,9 @@ def compact_block(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_
 
 def record_alignment(records: torch.Tensor) -> int:
     """16 when every record of ``records`` starts 16-byte aligned (its storage and its row stride in
-    bytes: a contiguous array of 368 / 432 / 656-byte records, the selected path's workspace), so its
-    words load 16 bytes at a time; else 4, what the ABI guarantees (a paged cache's 4-byte row view:
-    ``decode.paged_sparse_mla.row_view``)."""
+    bytes: a contiguous array of 368 / 432 / 656-byte records, the selected path's workspace, or a
+    paged cache's 16-byte row view, vLLM's: ``decode.paged_sparse_mla.row_align``), so its words load 16
+    bytes at a time; else 4, what the ABI guarantees (a 4-byte row view: ``row_view``'s default)."""
     aligned = records.data_ptr() % 16 == 0 and records.stride(0) * records.element_size() % 16 == 0
     return 16 if aligned else 4
 
@@ -814,14 +815,14 @@ def compile_specs() -> list[dict]:
     (the CPU twin's and the tests'; the selected path's workspace slots), at the default precision,
     each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly),
     over 16-byte aligned records, and the engine's also over a paged cache's 4-byte row view (",a4":
-    ``record_alignment``), there for 368 with one split also with WIDE_H heads a program (",h32"; ``archs``:
+    ``record_alignment``), for 368 with one split also with WIDE_H heads a program (",h32"; ``archs``:
     compiled for sm_90 only, whose blocks may hold its shared memory: ``heads_per_program``).
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
         for q_dtype, q_type, align in ((torch.bfloat16, "*bf16", 16), (torch.bfloat16, "*bf16", 4),
                                        (torch.float32, "*fp32", 16)):
-            wide = heads_per_program(lay, q_dtype, align, WIDE_H, 2, 1, WIDE_SHARED) == WIDE_H
+            wide = heads_per_program(lay, q_dtype, WIDE_H, 2, 1, WIDE_SHARED) == WIDE_H
             for merge in (True, False):
                 # WIDE_H: one split only (S > 1 leaves the 16-head programs within a wave: ``heads_per_program``)
                 for block_h in (BLOCK_H, WIDE_H) if wide and not merge else (BLOCK_H,):
