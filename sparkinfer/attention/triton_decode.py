@@ -49,8 +49,8 @@ int32 [M, ceil(H / 16)] (zero at allocation, left zero by every launch). A calle
 
 Index widths: a record index is int64 from the caller's list to the address. The engine's indices
 are rows of a strided cache's ``row_view`` (``decode.paged_sparse_mla``), 16 (or 4) bytes apart, so a
-layer view spanning more than 32 (8) GiB has rows past 2^31; the address ``records + index * row stride`` is
-int64 as well. Row offsets into the index buffers (``m * stride``) are int64 too. Positions within
+layer view spanning more than 32 (8) GiB has rows past 2^31; the address ``records + index * row
+stride`` is int64 as well. Row offsets into the index buffers (``m * stride``) are int64 too. Positions within
 a row's top-k (the ``ks`` below, a compacted position, the count) stay int32: bounded by K.
 """
 
@@ -611,10 +611,11 @@ def heads_per_program(lay: RecordLayout, q_dtype: torch.dtype, h: int, programs:
                       shared_optin: int) -> int:
     """WIDE_H for the 368 kernel with bf16 queries of more than BLOCK_H heads (the stock path: its paged
     row view, 16- or 4-byte aligned, ``record_alignment``), when its ``programs`` of BLOCK_H heads (rows x
-    head blocks x splits) are more than the ``sms`` hold in one wave, on a device whose blocks may hold WIDE_SHARED bytes of shared memory;
-    else BLOCK_H. Within one wave a 16-head program has an SM to itself and 4 warps issue a tile in
-    1,663 instructions a scheduler against 2 x 1,183 for the 8 warps of a 32-head one (sm_90), which only
-    wins where it takes the place of two 16-head programs on one SM. The split count stays that of 16-head
+    head blocks x splits) are more than the ``sms`` hold in one wave, on a device whose blocks may hold
+    WIDE_SHARED bytes of shared memory; else BLOCK_H. Within one wave a 16-head program has an SM to
+    itself and 4 warps issue a tile in 1,381 instructions a scheduler against 2 x 1,063 for the 8 warps
+    of a 32-head one (sm_90, 16-byte rows; 1,663 against 2 x 1,183 over 4-byte rows), which only wins
+    where it takes the place of two 16-head programs on one SM. The split count stays that of 16-head
     programs (``num_splits_for``: the attention arena's partials are counted so)."""
     wide = lay.name == NVFP4_368.name and q_dtype == torch.bfloat16 and h > BLOCK_H
     return WIDE_H if wide and programs > sms and shared_optin >= WIDE_SHARED else BLOCK_H
