@@ -186,6 +186,16 @@ def _in_order(x, PER_WORD: tl.constexpr):
 
 
 @triton.jit
+def _tile_order(x, PER_WORD: tl.constexpr):
+    """A [BH, n] in record-element order in the tiles' order (``_tile_cols``; ``_in_order``'s inverse): per
+    group of PER_WORD columns (h, j) becomes (j, h). PER_WORD 1: as it is."""
+    if PER_WORD > 1:
+        g = tl.reshape(x, [x.shape[0], x.shape[1] // PER_WORD, 2, PER_WORD // 2])
+        x = tl.reshape(tl.permute(g, (0, 1, 3, 2)), [x.shape[0], x.shape[1]])
+    return x
+
+
+@triton.jit
 def _nvfp4_chunk(row_ptr, B: tl.constexpr, CW: tl.constexpr, ASM: tl.constexpr):
     """Latent columns [CW B, CW (B+1)) of NVFP4 records -> bf16 [BK, CW]: E2M1 value x E4M3 group scale
     / NVFP4_SHIFT (``e2m1x8_to_bf16``; the caller multiplies its per-key scale by NVFP4_SHIFT).
@@ -220,9 +230,24 @@ def _load_q(ptr, cols, hmask, SPLIT: tl.constexpr):
     SPLIT (bf16 queries, exact in hi) lo is hi and unused. Rows outside ``hmask`` are 0; hmask None: every
     row is loaded (no zeroing before a masked load)."""
     if hmask is None:
-        q = tl.load(ptr + cols[None, :]).to(tl.float32)
+        q = tl.load(ptr + cols[None, :])
     else:
-        q = tl.load(ptr + cols[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+        q = tl.load(ptr + cols[None, :], mask=hmask[:, None], other=0.0)
+    return _split_q(q, SPLIT)
+
+
+@triton.jit
+def _load_q_tiled(ptr, cols, PER_WORD: tl.constexpr, SPLIT: tl.constexpr):
+    """``_load_q`` of the contiguous columns ``cols`` of every row, in the tiles' order (``_tile_order``):
+    the loads contiguous (16 bytes where the queries' pointer and strides are), the move in registers
+    and shared memory, where a permuted pointer took one 2-byte load a value."""
+    return _split_q(_tile_order(tl.load(ptr + cols[None, :]), PER_WORD), SPLIT)
+
+
+@triton.jit
+def _split_q(q, SPLIT: tl.constexpr):
+    """(hi, lo) bf16 of queries q (``_load_q``)."""
+    q = q.to(tl.float32)
     hi = q.to(tl.bfloat16)
     if SPLIT:
         lo = (q - hi.to(tl.float32)).to(tl.bfloat16)
@@ -404,22 +429,21 @@ def _sparse_mla_decode_kernel(
     CW: tl.constexpr = 128 if FMT == 2 or BLOCK_K == 64 else 256
     FOUR: tl.constexpr = CW == 128
     cw = tl.arange(0, CW)
-    # the latent and rope elements behind the tiles' columns (``_tile_cols``): NVFP4 8 codes a word,
-    # E4M3 4; the bf16 rope is in order
-    col = _tile_cols(cw, 8 if NVFP4 else 4)
-    rcol = _tile_cols(r, 4) if FMT == 0 else r
+    # the tiles' column order (``_tile_cols``): NVFP4 8 codes a word, E4M3 4; the bf16 rope is in order
+    PW: tl.constexpr = 8 if NVFP4 else 4
+    RPW: tl.constexpr = 4 if FMT == 0 else 1
     # the split's keys first: the compaction's scans run before the queries take their registers
     k_lo, k_hi = _compact_split(idx_ptr + m * s_idx_m, s_idx_k, K, cidx_ptr + m * s_cidx_m, num_splits, split,
                                 BLOCK_K, BLOCK_C)
     # heads past H compute with head H - 1's queries (every load unmasked); their rows are not stored
     q_heads = tl.minimum(heads, H - 1)[:, None]
     qn_row = qn_ptr + m * s_qn_m + q_heads * s_qn_h
-    q0h, q0l = _load_q(qn_row, col, None, Q_SPLIT)
-    q1h, q1l = _load_q(qn_row, CW + col, None, Q_SPLIT)
+    q0h, q0l = _load_q_tiled(qn_row, cw, PW, Q_SPLIT)
+    q1h, q1l = _load_q_tiled(qn_row + CW, cw, PW, Q_SPLIT)
     if FOUR:
-        q2h, q2l = _load_q(qn_row, 2 * CW + col, None, Q_SPLIT)
-        q3h, q3l = _load_q(qn_row, 3 * CW + col, None, Q_SPLIT)
-    qrh, qrl = _load_q(qr_ptr + m * s_qr_m + q_heads * s_qr_h, rcol, None, Q_SPLIT)
+        q2h, q2l = _load_q_tiled(qn_row + 2 * CW, cw, PW, Q_SPLIT)
+        q3h, q3l = _load_q_tiled(qn_row + 3 * CW, cw, PW, Q_SPLIT)
+    qrh, qrl = _load_q_tiled(qr_ptr + m * s_qr_m + q_heads * s_qr_h, r, RPW, Q_SPLIT)
 
     m_i, l_i, acc0, acc1, acc2, acc3 = _start(BLOCK_H, CW)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -476,7 +500,6 @@ def _sparse_mla_decode_kernel(
     # per-row masks took ~90 sm_90 instructions a warp). The merge's output stays masked (unmasked, ptxas
     # scheduled the 368 tile loop 6 instructions longer).
     last = tl.minimum(heads, H - 1)
-    PW: tl.constexpr = 8 if NVFP4 else 4
     if not MERGE:  # one split (a constexpr: each variant compiles only its epilogue)
         o_row = out_ptr + m * s_out_m + last[:, None] * s_out_h
         _store_out(o_row + cw[None, :], _in_order(acc0 * inv_l[:, None], PW), None, OUT_BF16, ASM)
@@ -841,7 +864,8 @@ def compile_specs() -> list[dict]:
                     # K = 2,048; the caller's queries, records and indices are left unspecialized
                     div16 = [n for n in ("cidx_ptr", "out_ptr", "lse_ptr", "po_ptr", "pl_ptr", "tk_ptr", "s_cidx_m",
                                          "s_out_m", "s_out_h", "s_lse_m", "s_po_s", "s_po_m", "s_po_h", "s_pl_s",
-                                         "s_pl_m") if n in sig]
+                                         "s_pl_m", "qn_ptr", "qr_ptr", "s_qn_m", "s_qn_h", "s_qr_m", "s_qr_h")
+                             if n in sig]
                     attrs = {(_sparse_mla_decode_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
                     spec = dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
                                 constexprs=c, attrs=attrs, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype, block_h))
