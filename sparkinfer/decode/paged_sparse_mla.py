@@ -202,8 +202,9 @@ def row_align(kv_cache: torch.Tensor) -> int:
     the widest pitch its ``row_view`` may take. vLLM's layer views of 368 / 432 / 656-byte records are the
     first: a block-outermost block packs the layers' pages (block_size x record bytes; block_size x 132
     for the indexer, block_size a multiple of 4) from its byte 0, so each page's offset and the block
-    stride (their sum, rounded up to the specs' power-of-two stride alignments) are multiples of 16, and
-    the pool is one CUDA allocation (256-byte aligned). Shapes, strides and the pointer only: no host read."""
+    stride (their sum, which vLLM rounds up to its specs' block-stride alignments) are multiples of 16,
+    and the pool is one CUDA allocation (256-byte aligned). Shapes, strides and the pointer only: no
+    host read."""
     wide = row_strides(kv_cache, 16) is not None and kv_cache.data_ptr() % 16 == 0
     return 16 if wide else 4
 
