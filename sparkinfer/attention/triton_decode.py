@@ -16,7 +16,7 @@ hold the shared memory, sm_90: ``heads_per_program``). Program (m, hb, s):
    tile, else two of [32, 256]) and the rope [BLOCK_K, 64], with the packed decoders
    of ``triton_codes`` (on a GPU inline PTX, two codes per instruction; NVFP4 tiles hold value x group
    scale / NVFP4_SHIFT, a power of two that the per-key scale a_j below takes back) and their
-   columns in the decoders' pair order (``_tile_cols``: queries and outputs follow it). The decoded values
+   columns in the decoders' pair order (``_tile_order``: queries and outputs follow it). The decoded values
    are exact in bf16: an E2M1 value times its E4M3 group scale has at most 6 significant bits,
    an E4M3 value 4, a bf16 rope value is bf16. The remaining scales are per key
    (368: the fp32 outer scale s_t, the fp32 rope scale r; 656: one fp32 scale per 128-wide
@@ -164,20 +164,16 @@ def _join8(a0, a1, a2, a3, a4, a5, a6, a7):
     return tl.reshape(tl.join(even, odd), [a0.shape[0], 8 * a0.shape[1]])
 
 
-@triton.jit
-def _tile_cols(c, PER_WORD: tl.constexpr):
-    """The record element behind column c of a decoded tile. A packed decoder turns a word of PER_WORD
-    codes into bf16 pairs (element j, element j + PER_WORD / 2), and a pair is one 32-bit register: the
-    tiles keep each pair side by side (column PER_WORD w + 2j + h holds element PER_WORD w + j +
-    h PER_WORD / 2), so no pair is split to store a tile; the queries are loaded and the outputs
-    stored through this map, which leaves every product and sum as it was."""
-    k = c % PER_WORD
-    return c - k + k // 2 + (k % 2) * (PER_WORD // 2)
+# The tiles' column order. A packed decoder turns a word of PER_WORD codes into bf16 pairs (element j,
+# element j + PER_WORD / 2), and a pair is one 32-bit register: the tiles keep each pair side by side
+# (column PER_WORD w + 2j + h holds element PER_WORD w + j + h PER_WORD / 2), so no pair is split to
+# store a tile. The queries are moved into this order (``_tile_order``) and the outputs out of it
+# (``_in_order``), which leaves every product and sum as it was.
 
 
 @triton.jit
 def _in_order(x, PER_WORD: tl.constexpr):
-    """A tile-ordered [BH, n] (``_tile_cols``) in record-element order: column PER_WORD w + 2j + h is
+    """A [BH, n] in the tiles' column order (above) in record-element order: column PER_WORD w + 2j + h is
     element PER_WORD w + j + h PER_WORD / 2, so per group of PER_WORD columns (j, h) becomes (h, j).
     Moved in registers and shared memory, so that the store is contiguous (16-byte stores where a
     permuted pointer took one store a value: the partials 64 4-byte stores a thread at 16 heads)."""
@@ -187,7 +183,7 @@ def _in_order(x, PER_WORD: tl.constexpr):
 
 @triton.jit
 def _tile_order(x, PER_WORD: tl.constexpr):
-    """A [BH, n] in record-element order in the tiles' order (``_tile_cols``; ``_in_order``'s inverse): per
+    """A [BH, n] in record-element order in the tiles' column order (above; ``_in_order``'s inverse): per
     group of PER_WORD columns (h, j) becomes (j, h). PER_WORD 1: as it is."""
     if PER_WORD > 1:
         g = tl.reshape(x, [x.shape[0], x.shape[1] // PER_WORD, 2, PER_WORD // 2])
@@ -206,14 +202,14 @@ def _nvfp4_chunk(row_ptr, B: tl.constexpr, CW: tl.constexpr, ASM: tl.constexpr):
     w = tl.arange(0, CW // 8)
     sc = tl.load(row_ptr[:, None] + 256 + CW // 16 * B + w[None, :] // 2)
     e0, e1, e2, e3, e4, e5, e6, e7 = e2m1x8_to_bf16(words, sc.to(tl.uint32), ASM)
-    return _join8(e0, e4, e1, e5, e2, e6, e3, e7)  # the decoder's pairs side by side: ``_tile_cols``
+    return _join8(e0, e4, e1, e5, e2, e6, e3, e7)  # the decoder's pairs side by side: ``_tile_order``
 
 
 @triton.jit
 def _e4m3_tile(row_ptr, BYTE0: tl.constexpr, N: tl.constexpr, ASM: tl.constexpr):
     """4N E4M3 bytes of each record from BYTE0 -> bf16 [BK, 4N] (exact)."""
     b0, b1, b2, b3 = e4m3x4_to_bf16(_words(row_ptr, BYTE0, N), ASM)
-    return _join4(b0, b2, b1, b3)  # the decoder's pairs side by side: ``_tile_cols``
+    return _join4(b0, b2, b1, b3)  # the decoder's pairs side by side: ``_tile_order``
 
 
 @triton.jit
@@ -429,7 +425,7 @@ def _sparse_mla_decode_kernel(
     CW: tl.constexpr = 128 if FMT == 2 or BLOCK_K == 64 else 256
     FOUR: tl.constexpr = CW == 128
     cw = tl.arange(0, CW)
-    # the tiles' column order (``_tile_cols``): NVFP4 8 codes a word, E4M3 4; the bf16 rope is in order
+    # the tiles' column order (``_tile_order``): NVFP4 8 codes a word, E4M3 4; the bf16 rope is in order
     PW: tl.constexpr = 8 if NVFP4 else 4
     RPW: tl.constexpr = 4 if FMT == 0 else 1
     # the split's keys first: the compaction's scans run before the queries take their registers
@@ -861,7 +857,9 @@ def compile_specs() -> list[dict]:
                     # what a launch specializes (Triton: a pointer or int divisible by 16): the workspace's
                     # and the outputs' pointers and strides, arena views (256-byte aligned, ``attention_workspace``)
                     # of contiguous [M, K] / [M, H, 512] / [M, H] / [S, M, H, 512] buffers at H = 16 or 64 and
-                    # K = 2,048; the caller's queries, records and indices are left unspecialized
+                    # K = 2,048; the queries' as vLLM's q views are (q_nope and q_rope at elements 0 and 512 of
+                    # [N, H, 576] bf16: 16-byte aligned, 1,152-byte head stride); the caller's records and
+                    # indices are left unspecialized
                     div16 = [n for n in ("cidx_ptr", "out_ptr", "lse_ptr", "po_ptr", "pl_ptr", "tk_ptr", "s_cidx_m",
                                          "s_out_m", "s_out_h", "s_lse_m", "s_po_s", "s_po_m", "s_po_h", "s_pl_s",
                                          "s_pl_m", "qn_ptr", "qr_ptr", "s_qn_m", "s_qn_h", "s_qr_m", "s_qr_h")

@@ -28,7 +28,7 @@ import triton.language as tl
 from sparkinfer.attention import merge_lse, sparse_mla_decode, sparse_mla_decode_torch
 from sparkinfer.attention.triton_codes import (NVFP4_SHIFT, bf16_to_f32, e2m1_to_f32, e2m1x8_to_bf16, e4m3_to_f32,
                                                e4m3x4_to_bf16)
-from sparkinfer.attention.triton_decode import _bf16_bits, _in_order, _merge_partials, _tile_cols, _tile_order
+from sparkinfer.attention.triton_decode import _bf16_bits, _in_order, _merge_partials, _tile_order
 from sparkinfer.formats import MAIN_FORMATS, get_format
 
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -299,29 +299,29 @@ def test_preallocated_outputs_and_workspace():
 
 
 @triton.jit
-def _column_maps_kernel(x_ptr, tiled_ptr, back_ptr, cols_ptr, N: tl.constexpr, PW: tl.constexpr):
-    """x [16, N] through ``_tile_order`` (the queries' loads) and back through ``_in_order`` (the stores),
-    and ``_tile_cols`` (the element behind each tile column)."""
+def _column_maps_kernel(x_ptr, tiled_ptr, back_ptr, N: tl.constexpr, PW: tl.constexpr):
+    """x [16, N] through ``_tile_order`` (the queries' loads) and back through ``_in_order`` (the stores)."""
     h, c = tl.arange(0, 16)[:, None], tl.arange(0, N)[None, :]
     tiled = _tile_order(tl.load(x_ptr + h * N + c), PW)
     tl.store(tiled_ptr + h * N + c, tiled)
-    tl.store(back_ptr + h * N + c, _in_order(tiled, PW))
-    tl.store(cols_ptr + tl.arange(0, N), _tile_cols(tl.arange(0, N), PW))
+    if PW > 1:  # _in_order serves the paired columns only
+        tl.store(back_ptr + h * N + c, _in_order(tiled, PW))
 
 
-@pytest.mark.parametrize("pw", [4, 8])
+@pytest.mark.parametrize("pw", [1, 4, 8])
 def test_queries_in_the_tiles_column_order(pw):
-    """The contiguous query loads moved into the tiles' order (``_tile_order``) put element ``_tile_cols(c)``
-    in column c, which is also where a pair decoder leaves it: column PW w + 2j + h holds element PW w + j
-    + h PW / 2 (written out here); ``_in_order`` takes it back."""
+    """The contiguous query loads moved into the tiles' column order (``_tile_order``) put each element
+    where a pair decoder leaves it: column PW w + 2j + h holds element PW w + j + h PW / 2 (written out
+    here; PW 1, the bf16 rope: in order); ``_in_order`` takes it back."""
     n = 64
     x = torch.arange(16 * n, dtype=torch.float32).view(16, n)
-    tiled, back, cols = torch.empty_like(x), torch.empty_like(x), torch.empty(n, dtype=torch.int32)
-    _column_maps_kernel[(1,)](x, tiled, back, cols, N=n, PW=pw)
+    tiled, back = torch.empty_like(x), torch.empty_like(x)
+    _column_maps_kernel[(1,)](x, tiled, back, N=n, PW=pw)
     c = torch.arange(n)
-    w, j, h = c // pw, (c % pw) // 2, c % 2
-    want = w * pw + j + h * (pw // 2)
-    assert torch.equal(cols.long(), want) and torch.equal(tiled, x[:, want]) and torch.equal(back, x)
+    want = c if pw == 1 else (c // pw) * pw + (c % pw) // 2 + (c % 2) * (pw // 2)
+    assert torch.equal(tiled, x[:, want])
+    if pw > 1:
+        assert torch.equal(back, x)
 
 
 @triton.jit
