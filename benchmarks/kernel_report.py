@@ -192,7 +192,7 @@ def compact_trips(listed: int, k: int, per: int, n: int, block: int) -> list[int
 
 
 def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None, listed: int = K,
-         listed_bytes: int = 4, paged: bool = False) -> dict:
+         listed_bytes: int = 4) -> dict:
     """Sparse-MLA decode, one launch per call: each row's ``listed`` indices (the selected path's int32
     workspace slots, the stock path's int64 cache rows: ``listed_bytes``; k < listed when other
     ranks' entries are -1) are read from DRAM once (every program of the row reads them again to
@@ -202,9 +202,10 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     engine's default "bf16x2" keeps bf16 queries whole (one QK dot) and splits the fp32
     probabilities into hi + lo (two PV dots). With S > 1 splits it writes S fp32 partials (out +
     LSE), which the last split of each row and head block reads back and merges into the output (the
-    fused merge); with one split the output only (counted fp32). ``paged``: the records are a paged
-    cache's 4-byte row view (the stock path), read 4 bytes at a time (the ",a4" variant); else the
-    selected path's contiguous workspace, 16 bytes at a time (``triton_decode.record_alignment``).
+    fused merge); with one split the output only (counted fp32). The records are read 16 bytes at a
+    time (``triton_decode.record_alignment``): the selected path's contiguous workspace, and the stock
+    path's paged cache as 16-byte rows (``paged_sparse_mla.row_align``: every layer view vLLM makes; a
+    4-byte view takes the ",a4" variants, compiled and tested, not reported).
 
     The partials' bytes: where they fit in half the smaller L2 (``HW``'s l2; 2.1 MB at batch 1 with 16
     splits, 4.2 MB at the main shape with 2, against 50 MB on the H200), they are counted once, as
@@ -231,19 +232,18 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     # grid (M, H / BLOCK_H, S); split i walks keys [i kps, min((i + 1) kps, k)) in BLOCK_K tiles
     # (kps = ceil(ceil(k / S) / BLOCK_K) BLOCK_K, the kernel's k_per_split); rows and head blocks alike
     lay = {x.short: x for x in (NVFP4_368, NVFP4_432, FP8_DS_MLA)}[fmt]
-    align = 4 if paged else 16
-    bk = td.block_k(lay, torch.bfloat16, align)  # the engine's bf16 queries
+    bk = td.block_k(lay, torch.bfloat16)  # the engine's bf16 queries, 16-byte aligned records
     kps = _cdiv(_cdiv(k, s), bk) * bk
     tiles = sum(_cdiv(max(0, min(kps, k - i * kps)), bk) for i in range(s))
 
     def launch_on(gpu: str) -> dict:
         """The compiled variant the wrapper launches on ``gpu``: heads a program by its shared memory
         (``heads_per_program``: ",h32"), with the fused merge for S > 1, ",s1" for one split."""
-        bh = td.heads_per_program(lay, torch.bfloat16, align, h, m * _cdiv(h, td.BLOCK_H) * s, HW[gpu]["sms"],
+        bh = td.heads_per_program(lay, torch.bfloat16, h, m * _cdiv(h, td.BLOCK_H) * s, HW[gpu]["sms"],
                                   HW[gpu]["smem_optin"])
         hb = _cdiv(h, bh)
         warps = td.launch_options(lay, torch.bfloat16, bh)["num_warps"]  # the engine's bf16 queries
-        name = f"{fmt}{',a4' if paged else ''}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"
+        name = f"{fmt}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"
         def path(n: int) -> dict:  # the critical path's trips with n splits (``decode_path_issue``)
             per = _cdiv(_cdiv(k, n), bk) * bk
             return {"compact": compact_trips(listed, k, per, n, td.compact_block(lay, torch.bfloat16, bh)), "tiles": _cdiv(min(per, k), bk),
@@ -554,7 +554,7 @@ def roofline() -> list[dict]:
         rows.append(_mla_union(fmt, B, R, HEADS_PER_RANK, U, K, "selected, union kernel: 16 req x (4 rows x 16 "
                                "heads), 3,584-record unions, top-2048 per row"))
     rows.append(_mla("nvfp4_368", B * R, HEADS, K // D, "stock DCP4: 16 req x 4 rows, 64 heads, 2048 listed, "
-                     "512 valid (compacted)", listed=K, listed_bytes=8, paged=True))
+                     "512 valid (compacted)", listed=K, listed_bytes=8))
     rows.append(_mla("nvfp4_368", R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
     rows.append(_indexer(R, 131072, "decode: one request, 4 rows, 128K context"))
     rows.append(_indexer(R, B * 65536, "decode step: 16 req x 4 rows at 64K each (one batched launch)"))
@@ -562,6 +562,10 @@ def roofline() -> list[dict]:
     rows.append(_indexer_tiled(2048, 131072, "prefill chunk 2048 at 128K, tiled with running top-k-2048"))
     rows.append(_indexer_paged(B, R, 65536, "decode step: 16 req x 4 rows at 64K, paged scoring and top-k-2048 "
                                "in one launch"))
+    # the paged top-k over a prefill chunk's 64-row block, which the engine scores tiled instead
+    # (``core.indexer_tiles.scores_lists``): 32 of these a chunk, against the row above's tiled chunk
+    rows.append(_indexer_paged(1, 64, 131072, "prefill block: 64 rows of one request at 128K (32 a 2048-row "
+                               "chunk), paged scoring and top-k-2048 in one launch"))
     per_pair = B * U // D
     rows.append(_move("pack", per_pair, f"one destination: {per_pair} records (B*U/D), F+3S, into the peer", peer=True))
     rows.append(_move("pack", 10, "10 records, capacity B*U"))

@@ -16,7 +16,7 @@ hold the shared memory, sm_90: ``heads_per_program``). Program (m, hb, s):
    tile, else two of [32, 256]) and the rope [BLOCK_K, 64], with the packed decoders
    of ``triton_codes`` (on a GPU inline PTX, two codes per instruction; NVFP4 tiles hold value x group
    scale / NVFP4_SHIFT, a power of two that the per-key scale a_j below takes back) and their
-   columns in the decoders' pair order (``_tile_cols``: queries and outputs follow it). The decoded values
+   columns in the decoders' pair order (``_tile_order``: queries and outputs follow it). The decoded values
    are exact in bf16: an E2M1 value times its E4M3 group scale has at most 6 significant bits,
    an E4M3 value 4, a bf16 rope value is bf16. The remaining scales are per key
    (368: the fp32 outer scale s_t, the fp32 rope scale r; 656: one fp32 scale per 128-wide
@@ -48,9 +48,9 @@ int32 [M, ceil(H / 16)] (zero at allocation, left zero by every launch). A calle
 (and the outputs) runs the whole decode without allocating.
 
 Index widths: a record index is int64 from the caller's list to the address. The engine's indices
-are rows of a strided cache's ``row_view`` (``decode.paged_sparse_mla``), 4 bytes apart, so a layer
-view spanning more than 8 GiB has rows past 2^31; the address ``records + index * row stride`` is
-int64 as well. Row offsets into the index buffers (``m * stride``) are int64 too. Positions within
+are rows of a strided cache's ``row_view`` (``decode.paged_sparse_mla``), 16 (or 4) bytes apart, so a
+layer view spanning more than 32 (8) GiB has rows past 2^31; the address ``records + index * row
+stride`` is int64 as well. Row offsets into the index buffers (``m * stride``) are int64 too. Positions within
 a row's top-k (the ``ks`` below, a compacted position, the count) stay int32: bounded by K.
 """
 
@@ -105,12 +105,13 @@ MAX_SPLITS = 64  # splits of a row's keys (a ticket's count)
 # fp32 accumulators of the fused merge's pass over the output columns (``_merge_partials``): 16 heads x 512
 MERGE_ELEMS = 16 * LATENT_DIM
 _MERGE_ELEMS, _LATENT = tl.constexpr(MERGE_ELEMS), tl.constexpr(LATENT_DIM)  # the same in @triton.jit code
-# Heads a program over a paged cache's row view (",a4": the stock path, 64 heads a rank under DCP4)
-# on 8 warps, where a block may hold WIDE_SHARED bytes of shared memory (sm_90: 227 KB; sm_120's 99 KB
-# may not): each of a row's head blocks gathers and decodes the same records, so 32 heads a program
-# halve that work, on twice the warps (the MMAs and the accumulator per warp as at 16 heads). sm_90
-# SASS a 64-key tile: 8 x 1,183 for 32 heads against 2 programs x 4 x 1,663 (the 368 kernel, the only
-# one measured; its queries of 32 heads and four decoded chunks take 108 KB of shared memory).
+# Heads a program over a paged cache's row view (the stock path, 64 heads a rank under DCP4) on 8
+# warps, where a block may hold WIDE_SHARED bytes of shared memory (sm_90: 227 KB; sm_120's 99 KB may
+# not): each of a row's head blocks gathers and decodes the same records, so 32 heads a program halve
+# that work, on twice the warps (the MMAs and the accumulator per warp as at 16 heads). sm_90 SASS a
+# 64-key tile over the 4-byte view: 8 x 1,183 for 32 heads against 2 programs x 4 x 1,663; over the
+# 16-byte view (vLLM's) 8 x 1,063 against 2 x 4 x 1,381 (the 368 kernel, the only one measured; its
+# queries of 32 heads and four decoded chunks take 108 KB of shared memory).
 WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 110_592
 # A split covers at least this many listed keys (two 64-key tiles), so that a grid far below a wave
 # (batch 1: 4 rows, 16 heads) takes more, shorter splits. The merging program's path is then the
@@ -163,25 +164,31 @@ def _join8(a0, a1, a2, a3, a4, a5, a6, a7):
     return tl.reshape(tl.join(even, odd), [a0.shape[0], 8 * a0.shape[1]])
 
 
-@triton.jit
-def _tile_cols(c, PER_WORD: tl.constexpr):
-    """The record element behind column c of a decoded tile. A packed decoder turns a word of PER_WORD
-    codes into bf16 pairs (element j, element j + PER_WORD / 2), and a pair is one 32-bit register: the
-    tiles keep each pair side by side (column PER_WORD w + 2j + h holds element PER_WORD w + j +
-    h PER_WORD / 2), so no pair is split to store a tile; the queries are loaded and the outputs
-    stored through this map, which leaves every product and sum as it was."""
-    k = c % PER_WORD
-    return c - k + k // 2 + (k % 2) * (PER_WORD // 2)
+# The tiles' column order. A packed decoder turns a word of PER_WORD codes into bf16 pairs (element j,
+# element j + PER_WORD / 2), and a pair is one 32-bit register: the tiles keep each pair side by side
+# (column PER_WORD w + 2j + h holds element PER_WORD w + j + h PER_WORD / 2), so no pair is split to
+# store a tile. The queries are moved into this order (``_tile_order``) and the outputs out of it
+# (``_in_order``), which leaves every product and sum as it was.
 
 
 @triton.jit
 def _in_order(x, PER_WORD: tl.constexpr):
-    """A tile-ordered [BH, n] (``_tile_cols``) in record-element order: column PER_WORD w + 2j + h is
+    """A [BH, n] in the tiles' column order (above) in record-element order: column PER_WORD w + 2j + h is
     element PER_WORD w + j + h PER_WORD / 2, so per group of PER_WORD columns (j, h) becomes (h, j).
     Moved in registers and shared memory, so that the store is contiguous (16-byte stores where a
     permuted pointer took one store a value: the partials 64 4-byte stores a thread at 16 heads)."""
     g = tl.reshape(x, [x.shape[0], x.shape[1] // PER_WORD, PER_WORD // 2, 2])
     return tl.reshape(tl.permute(g, (0, 1, 3, 2)), [x.shape[0], x.shape[1]])
+
+
+@triton.jit
+def _tile_order(x, PER_WORD: tl.constexpr):
+    """A [BH, n] in record-element order in the tiles' column order (above; ``_in_order``'s inverse): per
+    group of PER_WORD columns (h, j) becomes (j, h). PER_WORD 1: as it is."""
+    if PER_WORD > 1:
+        g = tl.reshape(x, [x.shape[0], x.shape[1] // PER_WORD, 2, PER_WORD // 2])
+        x = tl.reshape(tl.permute(g, (0, 1, 3, 2)), [x.shape[0], x.shape[1]])
+    return x
 
 
 @triton.jit
@@ -195,14 +202,14 @@ def _nvfp4_chunk(row_ptr, B: tl.constexpr, CW: tl.constexpr, ASM: tl.constexpr):
     w = tl.arange(0, CW // 8)
     sc = tl.load(row_ptr[:, None] + 256 + CW // 16 * B + w[None, :] // 2)
     e0, e1, e2, e3, e4, e5, e6, e7 = e2m1x8_to_bf16(words, sc.to(tl.uint32), ASM)
-    return _join8(e0, e4, e1, e5, e2, e6, e3, e7)  # the decoder's pairs side by side: ``_tile_cols``
+    return _join8(e0, e4, e1, e5, e2, e6, e3, e7)  # the decoder's pairs side by side: ``_tile_order``
 
 
 @triton.jit
 def _e4m3_tile(row_ptr, BYTE0: tl.constexpr, N: tl.constexpr, ASM: tl.constexpr):
     """4N E4M3 bytes of each record from BYTE0 -> bf16 [BK, 4N] (exact)."""
     b0, b1, b2, b3 = e4m3x4_to_bf16(_words(row_ptr, BYTE0, N), ASM)
-    return _join4(b0, b2, b1, b3)  # the decoder's pairs side by side: ``_tile_cols``
+    return _join4(b0, b2, b1, b3)  # the decoder's pairs side by side: ``_tile_order``
 
 
 @triton.jit
@@ -219,9 +226,24 @@ def _load_q(ptr, cols, hmask, SPLIT: tl.constexpr):
     SPLIT (bf16 queries, exact in hi) lo is hi and unused. Rows outside ``hmask`` are 0; hmask None: every
     row is loaded (no zeroing before a masked load)."""
     if hmask is None:
-        q = tl.load(ptr + cols[None, :]).to(tl.float32)
+        q = tl.load(ptr + cols[None, :])
     else:
-        q = tl.load(ptr + cols[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+        q = tl.load(ptr + cols[None, :], mask=hmask[:, None], other=0.0)
+    return _split_q(q, SPLIT)
+
+
+@triton.jit
+def _load_q_tiled(ptr, cols, PER_WORD: tl.constexpr, SPLIT: tl.constexpr):
+    """``_load_q`` of the contiguous columns ``cols`` of every row, in the tiles' order (``_tile_order``):
+    the loads contiguous (16 bytes where the queries' pointer and strides are), the move in registers
+    and shared memory, where a permuted pointer took one 2-byte load a value."""
+    return _split_q(_tile_order(tl.load(ptr + cols[None, :]), PER_WORD), SPLIT)
+
+
+@triton.jit
+def _split_q(q, SPLIT: tl.constexpr):
+    """(hi, lo) bf16 of queries q (``_load_q``)."""
+    q = q.to(tl.float32)
     hi = q.to(tl.bfloat16)
     if SPLIT:
         lo = (q - hi.to(tl.float32)).to(tl.bfloat16)
@@ -403,22 +425,21 @@ def _sparse_mla_decode_kernel(
     CW: tl.constexpr = 128 if FMT == 2 or BLOCK_K == 64 else 256
     FOUR: tl.constexpr = CW == 128
     cw = tl.arange(0, CW)
-    # the latent and rope elements behind the tiles' columns (``_tile_cols``): NVFP4 8 codes a word,
-    # E4M3 4; the bf16 rope is in order
-    col = _tile_cols(cw, 8 if NVFP4 else 4)
-    rcol = _tile_cols(r, 4) if FMT == 0 else r
+    # the tiles' column order (``_tile_order``): NVFP4 8 codes a word, E4M3 4; the bf16 rope is in order
+    PW: tl.constexpr = 8 if NVFP4 else 4
+    RPW: tl.constexpr = 4 if FMT == 0 else 1
     # the split's keys first: the compaction's scans run before the queries take their registers
     k_lo, k_hi = _compact_split(idx_ptr + m * s_idx_m, s_idx_k, K, cidx_ptr + m * s_cidx_m, num_splits, split,
                                 BLOCK_K, BLOCK_C)
     # heads past H compute with head H - 1's queries (every load unmasked); their rows are not stored
     q_heads = tl.minimum(heads, H - 1)[:, None]
     qn_row = qn_ptr + m * s_qn_m + q_heads * s_qn_h
-    q0h, q0l = _load_q(qn_row, col, None, Q_SPLIT)
-    q1h, q1l = _load_q(qn_row, CW + col, None, Q_SPLIT)
+    q0h, q0l = _load_q_tiled(qn_row, cw, PW, Q_SPLIT)
+    q1h, q1l = _load_q_tiled(qn_row + CW, cw, PW, Q_SPLIT)
     if FOUR:
-        q2h, q2l = _load_q(qn_row, 2 * CW + col, None, Q_SPLIT)
-        q3h, q3l = _load_q(qn_row, 3 * CW + col, None, Q_SPLIT)
-    qrh, qrl = _load_q(qr_ptr + m * s_qr_m + q_heads * s_qr_h, rcol, None, Q_SPLIT)
+        q2h, q2l = _load_q_tiled(qn_row + 2 * CW, cw, PW, Q_SPLIT)
+        q3h, q3l = _load_q_tiled(qn_row + 3 * CW, cw, PW, Q_SPLIT)
+    qrh, qrl = _load_q_tiled(qr_ptr + m * s_qr_m + q_heads * s_qr_h, r, RPW, Q_SPLIT)
 
     m_i, l_i, acc0, acc1, acc2, acc3 = _start(BLOCK_H, CW)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -475,7 +496,6 @@ def _sparse_mla_decode_kernel(
     # per-row masks took ~90 sm_90 instructions a warp). The merge's output stays masked (unmasked, ptxas
     # scheduled the 368 tile loop 6 instructions longer).
     last = tl.minimum(heads, H - 1)
-    PW: tl.constexpr = 8 if NVFP4 else 4
     if not MERGE:  # one split (a constexpr: each variant compiles only its epilogue)
         o_row = out_ptr + m * s_out_m + last[:, None] * s_out_h
         _store_out(o_row + cw[None, :], _in_order(acc0 * inv_l[:, None], PW), None, OUT_BF16, ASM)
@@ -606,16 +626,17 @@ def _sm_count(device: torch.device) -> int:
     return _device_limits(device)[0]
 
 
-def heads_per_program(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int, h: int, programs: int, sms: int,
+def heads_per_program(lay: RecordLayout, q_dtype: torch.dtype, h: int, programs: int, sms: int,
                       shared_optin: int) -> int:
-    """WIDE_H for the 368 kernel with bf16 queries over a paged row view (``record_alignment`` 4) of more
-    than BLOCK_H heads, when its ``programs`` of BLOCK_H heads (rows x head blocks x splits) are more than
-    the ``sms`` hold in one wave, on a device whose blocks may hold WIDE_SHARED bytes of shared memory;
-    else BLOCK_H. Within one wave a 16-head program has an SM to itself and 4 warps issue a tile in
-    1,663 instructions a scheduler against 2 x 1,183 for the 8 warps of a 32-head one (sm_90), which only
-    wins where it takes the place of two 16-head programs on one SM. The split count stays that of 16-head
+    """WIDE_H for the 368 kernel with bf16 queries of more than BLOCK_H heads (the stock path: its paged
+    row view, 16- or 4-byte aligned, ``record_alignment``), when its ``programs`` of BLOCK_H heads (rows x
+    head blocks x splits) are more than the ``sms`` hold in one wave, on a device whose blocks may hold
+    WIDE_SHARED bytes of shared memory; else BLOCK_H. Within one wave a 16-head program has an SM to
+    itself and 4 warps issue a tile in 1,381 instructions a scheduler against 2 x 1,063 for the 8 warps
+    of a 32-head one (sm_90, 16-byte rows; 1,663 against 2 x 1,183 over 4-byte rows), which only wins
+    where it takes the place of two 16-head programs on one SM. The split count stays that of 16-head
     programs (``num_splits_for``: the attention arena's partials are counted so)."""
-    wide = lay.name == NVFP4_368.name and q_dtype == torch.bfloat16 and rec_align == 4 and h > BLOCK_H
+    wide = lay.name == NVFP4_368.name and q_dtype == torch.bfloat16 and h > BLOCK_H
     return WIDE_H if wide and programs > sms and shared_optin >= WIDE_SHARED else BLOCK_H
 
 
@@ -729,7 +750,7 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     align = record_alignment(records)
     if block_h is None:
         block_h = BLOCK_H if dev.type != "cuda" else heads_per_program(
-            lay, q_nope.dtype, align, h, m * triton.cdiv(h, BLOCK_H) * splits, *_device_limits(dev))
+            lay, q_nope.dtype, h, m * triton.cdiv(h, BLOCK_H) * splits, *_device_limits(dev))
     if block_h not in (BLOCK_H, WIDE_H):
         raise ValueError(f"block_h must be {BLOCK_H} or {WIDE_H}, got {block_h}")
     # tickets: [M, ceil(H / BLOCK_H)] hold the ceil(H / block_h) a row uses (program (m, hb)'s at m x blocks + hb)
@@ -772,9 +793,9 @@ def compact_block(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_
 
 def record_alignment(records: torch.Tensor) -> int:
     """16 when every record of ``records`` starts 16-byte aligned (its storage and its row stride in
-    bytes: a contiguous array of 368 / 432 / 656-byte records, the selected path's workspace), so its
-    words load 16 bytes at a time; else 4, what the ABI guarantees (a paged cache's 4-byte row view:
-    ``decode.paged_sparse_mla.row_view``)."""
+    bytes: a contiguous array of 368 / 432 / 656-byte records, the selected path's workspace, or a
+    paged cache's 16-byte row view, vLLM's: ``decode.paged_sparse_mla.row_align``), so its words load 16
+    bytes at a time; else 4, what the ABI guarantees (a 4-byte row view: ``row_view``'s default)."""
     aligned = records.data_ptr() % 16 == 0 and records.stride(0) * records.element_size() % 16 == 0
     return 16 if aligned else 4
 
@@ -814,14 +835,14 @@ def compile_specs() -> list[dict]:
     (the CPU twin's and the tests'; the selected path's workspace slots), at the default precision,
     each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly),
     over 16-byte aligned records, and the engine's also over a paged cache's 4-byte row view (",a4":
-    ``record_alignment``), there for 368 with one split also with WIDE_H heads a program (",h32"; ``archs``:
+    ``record_alignment``), for 368 with one split also with WIDE_H heads a program (",h32"; ``archs``:
     compiled for sm_90 only, whose blocks may hold its shared memory: ``heads_per_program``).
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
         for q_dtype, q_type, align in ((torch.bfloat16, "*bf16", 16), (torch.bfloat16, "*bf16", 4),
                                        (torch.float32, "*fp32", 16)):
-            wide = heads_per_program(lay, q_dtype, align, WIDE_H, 2, 1, WIDE_SHARED) == WIDE_H
+            wide = heads_per_program(lay, q_dtype, WIDE_H, 2, 1, WIDE_SHARED) == WIDE_H
             for merge in (True, False):
                 # WIDE_H: one split only (S > 1 leaves the 16-head programs within a wave: ``heads_per_program``)
                 for block_h in (BLOCK_H, WIDE_H) if wide and not merge else (BLOCK_H,):
@@ -836,10 +857,13 @@ def compile_specs() -> list[dict]:
                     # what a launch specializes (Triton: a pointer or int divisible by 16): the workspace's
                     # and the outputs' pointers and strides, arena views (256-byte aligned, ``attention_workspace``)
                     # of contiguous [M, K] / [M, H, 512] / [M, H] / [S, M, H, 512] buffers at H = 16 or 64 and
-                    # K = 2,048; the caller's queries, records and indices are left unspecialized
+                    # K = 2,048; the queries' as vLLM's q views are (q_nope and q_rope at elements 0 and 512 of
+                    # [N, H, 576] bf16: 16-byte aligned, 1,152-byte head stride); the caller's records and
+                    # indices are left unspecialized
                     div16 = [n for n in ("cidx_ptr", "out_ptr", "lse_ptr", "po_ptr", "pl_ptr", "tk_ptr", "s_cidx_m",
                                          "s_out_m", "s_out_h", "s_lse_m", "s_po_s", "s_po_m", "s_po_h", "s_pl_s",
-                                         "s_pl_m") if n in sig]
+                                         "s_pl_m", "qn_ptr", "qr_ptr", "s_qn_m", "s_qn_h", "s_qr_m", "s_qr_h")
+                             if n in sig]
                     attrs = {(_sparse_mla_decode_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
                     spec = dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
                                 constexprs=c, attrs=attrs, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype, block_h))

@@ -93,10 +93,11 @@ MAX_SPLITS = 16
 # Which scorer a step of the Triton backend takes (``vllm.replicated_indexer``). A uniform decode
 # step (every request at most 1 + drafts rows) scores pages: its launches follow the rows alone, as the
 # FULL graph that replays it needs. A step holding prefill rows is never captured (vLLM runs mixed
-# batches piecewise), and there the tiled scorer over host-planned lists costs less: at a prefill
-# chunk of 2,048 rows at 128K the report's issue-bound figures (2026-12-07) are 3.35 ms tiled (fp8 q,
-# its running top-k included) against about 7.45 ms for the paged chunk loop alone on the H200, and
-# 3.95 against 3.94 plus the selection's ~30% on the RTX PRO 6000 (docs/design/indexer.md). The lists
+# batches piecewise), and there the tiled scorer over host-planned lists costs less: it reads a
+# pass's keys once for all of a block's rows, where the paged top-k reads them once per 2 rows. At a
+# prefill chunk of 2,048 rows at 128K, kernel_report.py (2026-12-07) puts both at or under their
+# memory floors by issue, and the floors are 2.25 ms tiled against 4.65 ms paged (32 blocks of 64
+# rows) on the H200, 4.45 against 12.5 ms on the RTX PRO 6000 (docs/design/indexer.md). The lists
 # hold every listed position of the step's requests (``_step_rows``: 40 B a position at the plan's
 # peak, 20.0 MiB measured at 2^19 positions by torch's profiler on a strided cache, 8 B kept for the
 # step), so past LIST_POSITIONS (one 2,048-row chunk at up to 522K context) the step scores pages, in

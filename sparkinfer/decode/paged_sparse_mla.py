@@ -189,35 +189,52 @@ def compact_pages(kv_cache: torch.Tensor, slots: torch.Tensor):
     return kv_cache[blocks], local, blocks
 
 
-def _pitch(kv_cache: torch.Tensor) -> int:
-    """Elements per 4 bytes: the start-to-start distance of a strided cache's rows (``row_view``)."""
-    return max(1, 4 // kv_cache.element_size())
+# The byte pitch of a strided cache's row view (``row_view``'s align): 4, what the ABI guarantees and
+# the indexer's aligned loads need, or 16 where the cache allows it (``row_align``), so the attention
+# kernel loads its records 16 bytes at a time (``attention.triton_decode.record_alignment``).
+def _pitch(kv_cache: torch.Tensor, align: int = 4) -> int:
+    """Elements per ``align`` bytes: the start-to-start distance of a strided cache's rows (``row_view``)."""
+    return max(1, align // kv_cache.element_size())
 
 
-def row_strides(kv_cache: torch.Tensor) -> tuple[int, int] | None:
+def row_align(kv_cache: torch.Tensor) -> int:
+    """16 when ``kv_cache``'s data pointer and its block and slot strides are multiples of 16 bytes, else 4:
+    the widest pitch its ``row_view`` may take. vLLM's layer views of 368 / 432 / 656-byte records are the
+    first: a block-outermost block packs the layers' pages (block_size x record bytes; block_size x 132
+    for the indexer, block_size a multiple of 4) from its byte 0, so each page's offset and the block
+    stride (their sum, which vLLM rounds up to its specs' block-stride alignments) are multiples of 16,
+    and the pool is one CUDA allocation (256-byte aligned). Shapes, strides and the pointer only: no
+    host read."""
+    wide = row_strides(kv_cache, 16) is not None and kv_cache.data_ptr() % 16 == 0
+    return 16 if wide else 4
+
+
+def row_strides(kv_cache: torch.Tensor, align: int = 4) -> tuple[int, int] | None:
     """(row_s0, row_s1): slot ``b * block_size + i`` of ``kv_cache`` is row ``b * row_s0 + i * row_s1``
-    of its ``row_view``; None when the cache has no row view (``row_view``)."""
+    of its ``row_view`` at the same ``align``; None when the cache has no such row view (``row_view``)."""
     if kv_cache.is_contiguous():
         return kv_cache.shape[1], 1
-    pitch = _pitch(kv_cache)
+    pitch = _pitch(kv_cache, align)
     s0, s1 = kv_cache.stride(0), kv_cache.stride(1)
     if kv_cache.stride(2) != 1 or s0 % pitch or s1 % pitch or kv_cache.storage_offset() % pitch:
         return None
     return s0 // pitch, s1 // pitch
 
 
-def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
+def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None, align: int = 4):
     """``kv_cache [num_blocks, block_size, record]`` as rows a reader addresses by index, without a
     copy -> (rows [R, record], row int64 of each of ``slots`` in it, -1 kept; None for ``slots`` None:
-    the rows depend only on the shape and strides, so caches alike share them).
+    the rows depend only on the shape, strides and ``align``, so caches alike share them).
 
     A contiguous cache is its own flat view. A strided one (the block-outermost layouts, see
-    ``compact_pages``) becomes an overlapping view of its storage whose rows start every 4 bytes
-    (what the indexer kernel's aligned loads need; every element for wider dtypes): slot ``b * block_size + i`` is the row at byte
-    ``b * stride(0) + i * stride(1)``, divided by 4. Read-only: rows overlap. None when a stride is
-    not a multiple of 4 (then ``compact_pages`` copies).
+    ``compact_pages``) becomes an overlapping view of its storage whose rows start every ``align``
+    bytes (4: what the indexer kernel's aligned loads need; 16 where ``row_align`` allows it: the
+    attention's 16-byte record loads; every element for wider dtypes): slot ``b * block_size + i`` is
+    the row at byte ``b * stride(0) + i * stride(1)``, divided by ``align``. Read-only: rows overlap.
+    None when a stride or the storage offset is not a multiple of ``align`` bytes (at 4: then
+    ``compact_pages`` copies).
     """
-    strides = row_strides(kv_cache)
+    strides = row_strides(kv_cache, align)
     if strides is None:
         return None
     if kv_cache.is_contiguous():
@@ -225,7 +242,7 @@ def row_view(kv_cache: torch.Tensor, slots: torch.Tensor | None):
     else:
         nb, bs, width = kv_cache.shape
         n_rows = (nb - 1) * strides[0] + (bs - 1) * strides[1] + 1  # the last record's row
-        rows = kv_cache.as_strided((n_rows, width), (_pitch(kv_cache), 1))
+        rows = kv_cache.as_strided((n_rows, width), (_pitch(kv_cache, align), 1))
     if slots is None:
         return rows, None
     slots = slots.to(torch.int64)
@@ -243,21 +260,23 @@ def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch
     ``forward_cache_rows``.
 
     The strided pages are read in place: copying the pages a top-k touches moves up to the whole
-    shard per layer, many times the k records attention reads. int64 rows: the view spans the cache,
-    4 bytes a row, so a layer view over 8 GiB has rows past 2^31 (the decode keeps them int64 to the
-    address: ``attention.triton_decode``).
+    shard per layer, many times the k records attention reads. The rows are ``row_align``'s (16 bytes
+    apart where the cache allows, so the decode loads its records 16 bytes at a time). int64 rows: the
+    view spans the cache, 4 or 16 bytes a row, so a layer view over 8 GiB has rows past 2^31 (the
+    decode keeps them int64 to the address: ``attention.triton_decode``).
     """
     slots = topk_to_slots(topk, token_req, block_table, kv_cache.shape[1], dcp_rank, dcp_world, interleave)
-    return _rows_at(kv_cache, slots)
+    return _rows_at(kv_cache, slots, row_align(kv_cache))
 
 
 def forward_cache_rows(step, kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch.Tensor, dcp_rank: int,
-                       dcp_world: int, out=None):
+                       dcp_world: int, out=None, align: int = 4):
     """``topk_cache_rows`` in a layer's forward (``step``: its ``ForwardStep``, whose block table and
-    interleave it reads): a bad position is flagged (``topk_position``) and maps to -1. On the Triton
-    backend, over a cache with a row view, one kernel (``triton_paging.topk_rows``) from the top-k
-    straight to rows, into ``out`` (int64 [M, K]) when given."""
-    strides = row_strides(kv_cache)
+    interleave it reads), rows of the ``row_view`` at ``align`` (the attention's: ``row_align``): a bad
+    position is flagged (``topk_position``) and maps to -1. On the Triton backend, over a cache with a
+    row view, one kernel (``triton_paging.topk_rows``) from the top-k straight to rows, into ``out``
+    (int64 [M, K]) when given."""
+    strides = row_strides(kv_cache, align)
     bs = kv_cache.shape[1]
     dcp = (dcp_rank, dcp_world, step.interleave)
     if strides is not None and step.backend == "triton":
@@ -265,16 +284,16 @@ def forward_cache_rows(step, kv_cache: torch.Tensor, topk: torch.Tensor, token_r
 
         rows = triton_paging.topk_rows(topk, token_req, step.block_table, bs, *strides,
                                        step.checks.word("topk_position"), *dcp, out=out)
-        return row_view(kv_cache, None)[0], rows
+        return row_view(kv_cache, None, align)[0], rows
     slots, bad = topk_slots(topk, token_req, step.block_table, bs, *dcp)
     step.checks.flag("topk_position", bad)
-    return _rows_at(kv_cache, slots)
+    return _rows_at(kv_cache, slots, align)
 
 
-def _rows_at(kv_cache: torch.Tensor, slots: torch.Tensor):
-    """(rows, row of each of ``slots``): the cache's row view, or its touched pages copied out."""
-    if row_strides(kv_cache) is not None:
-        return row_view(kv_cache, slots)
+def _rows_at(kv_cache: torch.Tensor, slots: torch.Tensor, align: int):
+    """(rows, row of each of ``slots``): the cache's row view at ``align``, or its touched pages copied out."""
+    if row_strides(kv_cache, align) is not None:
+        return row_view(kv_cache, slots, align)
     pages, local, _ = compact_pages(kv_cache, slots)
     return pages.view(-1, kv_cache.shape[-1]), local
 
@@ -313,12 +332,13 @@ def attend(step, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Ten
 
     m = q_nope.shape[0]
     token_req = step.token_req if step.token_req.shape[0] == m else step.token_req[:m]
-    if step.backend == "triton" and row_strides(kv_cache) is not None:
+    align = row_align(kv_cache)  # 16 for every view vLLM makes: the decode's 16-byte record loads
+    if step.backend == "triton" and row_strides(kv_cache, align) is not None:
         def cache_rows(a, b, topk_rows):
             if b - a == m:  # a decode step's one block: no views to make
-                return forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, out=topk_rows)
-            return forward_cache_rows(step, kv_cache, topk[a:b], token_req[a:b], dcp_rank, dcp_world, out=topk_rows)
+                return forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, topk_rows, align)
+            return forward_cache_rows(step, kv_cache, topk[a:b], token_req[a:b], dcp_rank, dcp_world, topk_rows, align)
 
         return attend_in_blocks(step.arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows, step.plans)
-    records, rows = forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world)
+    records, rows = forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, align=align)
     return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=step.backend, check_indices=False)

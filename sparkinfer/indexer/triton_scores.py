@@ -102,10 +102,10 @@ def _indexer_scores_kernel(
         starts = tl.zeros([GROUP], tl.int64)
         lens = tl.zeros([GROUP], tl.int32) + T
     if HAS_POS:
-        p = tl.load(pos_ptr + rows).to(tl.int64)
+        p = tl.load(pos_ptr + rows).to(tl.int32)  # positions and token ids under 2**31
     # the rows' queries (the dot's B operand [128, GROUP x BLOCK_H], ``octets``) and weights, loaded and
     # converted once for the program's chunks
-    qa = q_tile(q_ptr, r0, M, s_q_m, s_q_h, HI, GROUP, BLOCK_H, PRECISION, Q_CODES)
+    qa = q_tile(q_ptr, r0, M, s_q_m, s_q_h, HI, GROUP, BLOCK_H, PRECISION, Q_CODES, True)
     qt = octets(tl.trans(qa), GROUP, BLOCK_H)
     wv = head_weights(w_ptr + rows[:, None] * s_w_m, s_w_h, HI, BLOCK_H)
     wt = tl.permute(tl.reshape(wv, [GROUP, BLOCK_H // 8, 8]), (1, 0, 2))  # ``octets``' order
@@ -116,21 +116,26 @@ def _indexer_scores_kernel(
         act = there & (starts == start) & (lens == n)
         if (r0 + i < M) & (tl.sum((act & (gl < i)).to(tl.int32), 0) == 0):
             for c in range(first, tl.minimum(first + SPAN, L), BLOCK_T):
-                local = c + tl.arange(0, BLOCK_T)
+                t = tl.arange(0, BLOCK_T)
+                local = c + t
                 j = j0 + local  # position in the rows' list
-                tmask = j < n
-                at = start + j.to(tl.int64)
+                # the chunk's list entries from one scalar offset (start + j0 + c) and t: a position's
+                # address is the chunk's plus a constant in each thread (folded into its loads)
+                tmask = t < n - (j0 + c)  # j < n
+                at = start + (j0 + c)
                 if HAS_SLOTS:
-                    slot = tl.load(slot_ptr + at, mask=tmask, other=0).to(tl.int64)
+                    slot = tl.load((slot_ptr + at) + t, mask=tmask, other=0).to(tl.int32)
                 else:
-                    slot = at
-                score = chunk_scores(qa, qt, wv, wt, rec_ptr + slot * rec_stride, tmask, GROUP, BLOCK_H, BLOCK_T,
-                                     PRECISION)
+                    slot = tl.where(tmask, at + t, 0).to(tl.int32)
+                # positions past the list read record 0 (a masked slot load's 0; ``_launch`` refuses an
+                # empty cache), so a chunk's key words load without a mask
+                rows_at = record_rows(rec_ptr, slot, rec_stride)
+                score = chunk_scores(qa, qt, wv, wt, rows_at, tmask, GROUP, BLOCK_H, BLOCK_T, PRECISION, False)
                 if HAS_IDS:
-                    tid = tl.load(id_ptr + at, mask=tmask, other=0).to(tl.int64)
+                    tid = tl.load((id_ptr + at) + t, mask=tmask, other=0).to(tl.int32)
                 else:
-                    tid = j.to(tl.int64)
-                valid = act[None, :] & tmask[:, None]
+                    tid = j
+                valid = tmask[:, None]  # and the row's list is this pass's (act): the stores' mask
                 if HAS_POS:
                     valid = valid & (tid[:, None] <= p[None, :])
                 if KEYS:
@@ -138,6 +143,20 @@ def _indexer_scores_kernel(
                              mask=act[None, :])
                 else:
                     tl.store(dst + j[:, None], tl.where(valid, score, float("-inf")), mask=act[None, :] & tmask[:, None])
+
+
+@triton.jit
+def record_rows(rec_ptr, slot, rec_stride):
+    """Byte pointers of the records ``slot`` (int32: under 2**31 records, ``_launch``) at stride ``rec_stride``.
+    Compiled, a slot's byte offset is one 32 x 32 -> 64-bit multiply (``mul.wide.s32``, folded into the
+    address add: one IMAD.WIDE), where Triton's int64 product of the two took 5 SASS instructions a
+    record (LLVM does not see the stride's sign extension, hoisted out of the loop)."""
+    if _INTERPRETED:
+        off = slot.to(tl.int64) * rec_stride
+    else:
+        off = tl.inline_asm_elementwise("mul.wide.s32 $0, $1, $2;", "=l,r,r", [slot, slot * 0 + rec_stride],
+                                        dtype=tl.int64, is_pure=True, pack=1)
+    return rec_ptr + off
 
 
 @triton.jit
@@ -173,7 +192,7 @@ def octets(qt, GROUP: tl.constexpr, BLOCK_H: tl.constexpr):
 
 @triton.jit
 def chunk_scores(qa, qt, wv, wt, row_ptr, tmask, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 PRECISION: tl.constexpr, MASKED: tl.constexpr = True):
     """fp32 scores [BLOCK_T, GROUP] of the records at ``row_ptr`` [BLOCK_T] against GROUP query rows
     (``qa`` [GROUP x BLOCK_H, 128]: ``q_tile``; ``qt`` [128, GROUP x BLOCK_H]: qa transposed, its columns
     in ``octets``' order; weights ``wv`` [GROUP, BLOCK_H] and ``wt`` [BLOCK_H // 8, GROUP, 8], the same in
@@ -191,17 +210,30 @@ def chunk_scores(qa, qt, wv, wt, row_ptr, tmask, GROUP: tl.constexpr, BLOCK_H: t
     took 255 registers and an 8 B stack frame on sm_120 at 4 and at 8 warps."""
     if not _KEYS_AS_M or PRECISION == "tf32x3":
         return tl.trans(row_scores(qa, wv, row_ptr, tmask, GROUP, BLOCK_H, BLOCK_T, PRECISION))
-    keys = key_rows(row_ptr, tmask, PRECISION)
+    keys = key_rows(row_ptr, tmask, PRECISION, MASKED)
     if _INTERPRETED:  # fp32 operands, exact products (``head_dots``: the interpreter's bf16 and f16 dots)
         s = tl.dot(keys.to(tl.float32), qt.to(tl.float32))
     else:
         s = tl.dot(keys, qt, tl.zeros([BLOCK_T, GROUP * BLOCK_H], tl.float32))
-    s = tl.maximum(tl.reshape(s, [BLOCK_T, BLOCK_H // 8, GROUP, 8]), 0.0) * wt[None, :, :, :]
-    s = tl.sum(tl.sum(s, axis=1), axis=2)  # the heads in a thread first, then across its quad
+    s = tl.maximum(tl.reshape(s, [BLOCK_T, BLOCK_H // 8, GROUP, 4, 2]), 0.0)
+    s = tl.permute(s * tl.reshape(wt, [BLOCK_H // 8, GROUP, 4, 2])[None, :, :, :, :], (0, 2, 3, 1, 4))
+    # the heads in a thread first, one after another, then across its quad
+    s = tl.sum(_chain_add(tl.zeros([BLOCK_T, GROUP, 4], tl.float32), tl.reshape(s, [BLOCK_T, GROUP, 4, BLOCK_H // 4]),
+                          BLOCK_H // 4), axis=2)
     # the record's scale, a positive power of two, after the head sum: relu, each weight's product and
     # every partial sum scale by it exactly (``scaled``), so this is the sum of the scaled dots, one
     # multiply a score where ``scaled`` took one a head
     return s * load_f32(row_ptr + 128, tmask)[:, None]
+
+
+@triton.jit
+def _chain_add(acc, x, N: tl.constexpr):
+    """acc + the N elements of x [T, G, 4, N]'s last dimension, one add at a time."""
+    if N == 1:
+        return acc + tl.reshape(x, [x.shape[0], x.shape[1], x.shape[2]])
+    else:
+        lo, hi = tl.split(tl.reshape(x, [x.shape[0], x.shape[1], x.shape[2], N // 2, 2]))
+        return _chain_add(_chain_add(acc, lo, N // 2), hi, N // 2)
 
 
 @triton.jit
@@ -233,18 +265,42 @@ def key_tile(row_ptr, tmask, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def key_rows(row_ptr, tmask, PRECISION: tl.constexpr):
+def key_rows(row_ptr, tmask, PRECISION: tl.constexpr, MASKED: tl.constexpr = True):
     """The keys' 128 E4M3 codes at ``row_ptr`` [BLOCK_T] as a dot operand [BLOCK_T, 128]
     (``e4m3_operand``; the records' scales multiply the dots after, ``scaled``). A record's codes are
     read as 32 words from its 4-byte aligned start (the wrappers check the strides): 4 codes a load,
-    not one; byte i of word w is dim 4 w + i."""
+    not one; byte i of word w is dim 4 w + i. Compiled for the "f16" and "bf16" dots, a word's two
+    16-bit halves go to ``cvt.rn.f16x2.e4m3x2`` as they are (inline PTX: 2 cvt a word, for bf16 then
+    4 cvt to f32 and 2 to bf16x2; the same values as ``e4m3_operand``'s), where Triton's byte split
+    and re-pairing of the codes took some 5 more SASS instructions a word (bf16: 604 -> 540 SASS a
+    chunk on sm_90, but 762 -> 797 on sm_120, whose own f16 -> bf16 path is cheaper); otherwise (and
+    interpreted) the bytes are joined into the [BLOCK_T, 128] codes first and converted once, so a
+    word's low pair needs no re-pairing."""
     w = tl.arange(0, 32)
-    words = tl.load(row_ptr.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=tmask[:, None], other=0)
-    b0 = e4m3_operand((words & 255).to(tl.uint8), PRECISION)
-    b1 = e4m3_operand(((words >> 8) & 255).to(tl.uint8), PRECISION)
-    b2 = e4m3_operand(((words >> 16) & 255).to(tl.uint8), PRECISION)
-    b3 = e4m3_operand(((words >> 24) & 255).to(tl.uint8), PRECISION)
-    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [words.shape[0], 128])  # column 4 w + i: b_i
+    if MASKED:
+        words = tl.load(row_ptr.to(tl.pointer_type(tl.int32))[:, None] + w[None, :], mask=tmask[:, None], other=0)
+    else:  # every row_ptr a record's, those past tmask too (their keys are not used)
+        words = tl.load(row_ptr.to(tl.pointer_type(tl.int32))[:, None] + w[None, :])
+    if PRECISION == "f16" and not _INTERPRETED:
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(
+            "{ .reg .b16 l, h; .reg .b32 a, b; mov.b32 {l, h}, $4; cvt.rn.f16x2.e4m3x2 a, l; "
+            "cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
+            "=h,=h,=h,=h,r", [words], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
+        return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), [words.shape[0], 128])
+    if PRECISION == "bf16" and not _INTERPRETED:  # f16x2, each f16 to f32, a pair to bf16x2: all exact
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(
+            "{ .reg .b16 l, h, x0, x1, x2, x3; .reg .b32 a, b; .reg .f32 f0, f1, f2, f3; mov.b32 {l, h}, $4; "
+            "cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {x0, x1}, a; mov.b32 {x2, x3}, b; "
+            "cvt.f32.f16 f0, x0; cvt.f32.f16 f1, x1; cvt.f32.f16 f2, x2; cvt.f32.f16 f3, x3; "
+            "cvt.rn.bf16x2.f32 a, f1, f0; cvt.rn.bf16x2.f32 b, f3, f2; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
+            "=h,=h,=h,=h,r", [words], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True,
+            pack=1)
+        return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), [words.shape[0], 128])
+    b0 = words.to(tl.uint8)
+    b1 = (words >> 8).to(tl.uint8)
+    b2 = (words >> 16).to(tl.uint8)
+    b3 = (words >> 24).to(tl.uint8)
+    return e4m3_operand(tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [words.shape[0], 128]), PRECISION)
 
 
 @triton.jit
@@ -257,13 +313,18 @@ def scaled(s, row_ptr, tmask):
 
 @triton.jit
 def q_tile(q_ptr, r0, M, s_q_m, s_q_h, HI, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr,
-           Q_CODES: tl.constexpr):
+           Q_CODES: tl.constexpr, WORDS: tl.constexpr = False):
     """The heads (stride ``s_q_h``, 128 unit-stride dims) of GROUP consecutive query rows from r0 (rows
     past M stand in for the last) stacked as the dot's A operand [GROUP x BLOCK_H, 128]: row
-    r0 + g's head h at g x BLOCK_H + h (0 past HI), in the dot's precision (``_operand``)."""
+    r0 + g's head h at g x BLOCK_H + h (0 past HI), in the dot's precision (``_operand``). WORDS (fp8
+    q): a head's codes read 4 a load and converted as a record's (``key_rows``; the tiled kernel,
+    where it cut the f16 kernel's code outside its chunk loop on sm_90 from 1,318 to 515 SASS
+    instructions; the paged top-k, which loads q per tile, spilled with it)."""
     i = tl.arange(0, GROUP * BLOCK_H)
     h = i % BLOCK_H
     row = tl.minimum(r0 + i // BLOCK_H, M - 1).to(tl.int64)
+    if Q_CODES and WORDS:  # 4-byte aligned heads (``q_operand``)
+        return key_rows(q_ptr + row * s_q_m + h * s_q_h, h < HI, PRECISION)
     d = tl.arange(0, 128)
     qv = tl.load(q_ptr + (row * s_q_m + h * s_q_h)[:, None] + d[None, :], mask=(h < HI)[:, None], other=0)
     if Q_CODES:  # float8_e4m3fn bytes (``e4m3_operand``)
@@ -311,11 +372,12 @@ def head_sum(wv, s):
 
 @triton.jit
 def selection_keys(score, tid, valid):
-    """int64 selection keys (``topk.pack_keys``) of fp32 scores and int64 token ids; INT64_MIN where
-    not ``valid``."""
+    """int64 selection keys (``topk.pack_keys``) of fp32 scores and token ids (int32 or int64, in
+    [0, 2**31)); INT64_MIN where not ``valid``."""
     bits = (score + 0.0).to(tl.int32, bitcast=True)  # + 0.0 folds -0.0 into +0.0
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-    key = (ordered << 32) | (4294967295 - tid)
+    # 2**32 - 1 - id, the key's low word: the id's 32 bits inverted (no 64-bit subtraction)
+    key = (ordered << 32) | (tid.to(tl.int32) ^ -1).to(tl.uint32, bitcast=True).to(tl.int64)
     return tl.where(valid, key, -9223372036854775808)
 
 
@@ -332,6 +394,8 @@ def q_operand(q):
     float8 q as its bytes (the module docstring's precision rule)."""
     q = q if q.stride(-1) == 1 else q.contiguous()
     codes = q.dtype == torch.float8_e4m3fn
+    if codes and (q.stride(0) % 4 or q.stride(1) % 4 or q.data_ptr() % 4):  # q_tile reads a head's codes as words
+        q = q.clone(memory_format=torch.contiguous_format)
     return (q.view(torch.uint8) if codes else q), ("f16" if codes else _PRECISION[q.dtype]), codes
 
 
@@ -340,6 +404,8 @@ def _launch(q, w, records, out, programs: int, *, slots, ids, pos, start, length
     if records.stride(0) % 4 or records.data_ptr() % 4:  # key_tile loads a record's codes 4 at a time
         raise ValueError(f"records must start 4-byte aligned with a row stride of a multiple of 4, got stride "
                          f"{records.stride(0)} at address {records.data_ptr()}")
+    if not 0 < records.shape[0] < 2**31:  # record_rows: a slot is an int32; a masked position reads record 0
+        raise ValueError(f"1 to 2**31 - 1 records are supported, got {records.shape[0]}")
     dummy = out  # never read where its HAS_* / ROWS flag is False
     _indexer_scores_kernel[(triton.cdiv(q.shape[0], GROUPS[precision]), programs)](
         q, w, records, dummy if slots is None else slots, dummy if ids is None else ids,

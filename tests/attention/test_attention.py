@@ -28,7 +28,7 @@ import triton.language as tl
 from sparkinfer.attention import merge_lse, sparse_mla_decode, sparse_mla_decode_torch
 from sparkinfer.attention.triton_codes import (NVFP4_SHIFT, bf16_to_f32, e2m1_to_f32, e2m1x8_to_bf16, e4m3_to_f32,
                                                e4m3x4_to_bf16)
-from sparkinfer.attention.triton_decode import _bf16_bits, _merge_partials
+from sparkinfer.attention.triton_decode import _bf16_bits, _in_order, _merge_partials, _tile_order
 from sparkinfer.formats import MAIN_FORMATS, get_format
 
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -205,9 +205,10 @@ def test_decode_reads_records_at_indices_past_2_31():
     assert_matches(*got, *oracle(q_nope, q_rope, records, fmt, indices, scale), tol=TRITON_TOL)
 
 
-def _paged_368_case(m, h, k, seed):
-    """bf16 queries and nvfp4_368 records, also as a paged cache's 4-byte row view: (q_nope, q_rope,
-    records, indices, rows, row indices, layout); the last row lists no valid index."""
+def _paged_368_case(m, h, k, seed, align=4):
+    """bf16 queries and nvfp4_368 records, also as a paged cache's row view of ``align``-byte rows (the
+    cache's strides and offset are multiples of 16, as vLLM's: either pitch): (q_nope, q_rope, records,
+    indices, rows, row indices, layout); the last row lists no valid index."""
     from sparkinfer.attention.validate import resolve_layout
     from sparkinfer.decode.paged_sparse_mla import row_view
 
@@ -217,20 +218,21 @@ def _paged_368_case(m, h, k, seed):
     backing = torch.zeros(6, 2, 8, 384, dtype=torch.uint8)
     cache = backing[:, 1, :, :368]
     cache.copy_(records.view(6, 8, 368))
-    rows, at = row_view(cache, indices.long())
+    rows, at = row_view(cache, indices.long(), align)
     return q_nope, q_rope, records, indices, rows, at, resolve_layout(fmt)
 
 
-@pytest.mark.parametrize("splits", [1, 2])
-def test_a_paged_row_view_decodes_as_contiguous_records(splits):
-    """The engine's bf16 queries over a paged cache's 4-byte row view (the ",a4" variant: 4-byte loads,
-    64-key tiles for 368 as over 16-byte aligned records) give bit for bit the output and LSE of the same
-    records contiguous, and the float64 oracle's: 150 listed keys, about 120 valid (two tiles, the last
-    ending inside a tile), one row of all -1."""
+@pytest.mark.parametrize("splits,align", [(1, 4), (2, 4), (1, 16)])
+def test_a_paged_row_view_decodes_as_contiguous_records(splits, align):
+    """The engine's bf16 queries over a paged cache's row view give bit for bit the output and LSE of the
+    same records contiguous, and the float64 oracle's: 150 listed keys, about 120 valid (two tiles, the
+    last ending inside a tile), one row of all -1. Rows 4 bytes apart (the ",a4" variant: 4-byte loads,
+    64-key tiles for 368 as over 16-byte aligned records) and 16 bytes apart (vLLM's views: 16-byte loads,
+    the rows' indices 4x smaller)."""
     from sparkinfer.attention.triton_decode import block_k, record_alignment, sparse_mla_decode_triton
 
-    q_nope, q_rope, records, indices, rows, at, lay = _paged_368_case(3, 4, 150, 15)
-    assert record_alignment(rows) == 4 and record_alignment(records) == 16
+    q_nope, q_rope, records, indices, rows, at, lay = _paged_368_case(3, 4, 150, 15, align)
+    assert rows.stride(0) == align and record_alignment(rows) == align and record_alignment(records) == 16
     assert block_k(lay, torch.bfloat16, 4) == block_k(lay, torch.bfloat16, 16) == 64
     scale = 1 / math.sqrt(576)
     got = sparse_mla_decode_triton(q_nope, q_rope, rows, lay, at, scale, num_splits=splits)
@@ -239,15 +241,16 @@ def test_a_paged_row_view_decodes_as_contiguous_records(splits):
     assert_matches(*got, *oracle(q_nope, q_rope, records, get_format("nvfp4_368"), indices, scale), tol=TRITON_TOL)
 
 
-@pytest.mark.parametrize("splits", [1, 2])
-def test_32_heads_a_program_equal_16(splits):
-    """WIDE_H heads a program (``heads_per_program``: the paged row view on a GPU whose blocks hold its
-    shared memory, sm_90) against BLOCK_H: 40 heads (a program of 32 and one of 8, masked), bf16 output,
-    the fused merge with 2 splits: each head's products and sums are the same ones, so the outputs and
-    LSEs are equal bit for bit (the interpreter's dots row by row), and match the float64 oracle."""
+@pytest.mark.parametrize("splits,align", [(1, 4), (2, 4), (1, 16)])
+def test_32_heads_a_program_equal_16(splits, align):
+    """WIDE_H heads a program (``heads_per_program``: the paged row view, 4- or 16-byte rows, on a GPU
+    whose blocks hold its shared memory, sm_90) against BLOCK_H: 40 heads (a program of 32 and one of 8,
+    masked), bf16 output, the fused merge with 2 splits: each head's products and sums are the same ones,
+    so the outputs and LSEs are equal bit for bit (the interpreter's dots row by row), and match the
+    float64 oracle."""
     from sparkinfer.attention.triton_decode import BLOCK_H, WIDE_H, sparse_mla_decode_triton
 
-    q_nope, q_rope, records, indices, rows, at, lay = _paged_368_case(3, 40, 150, 16)
+    q_nope, q_rope, records, indices, rows, at, lay = _paged_368_case(3, 40, 150, 16, align)
     scale = 1 / math.sqrt(576)
     out = {bh: torch.empty((3, 40, 512), dtype=torch.bfloat16) for bh in (BLOCK_H, WIDE_H)}
     lse = {bh: sparse_mla_decode_triton(q_nope, q_rope, rows, lay, at, scale, num_splits=splits, out=out[bh],
@@ -260,19 +263,19 @@ def test_32_heads_a_program_equal_16(splits):
 
 
 def test_heads_per_program_goes_wide_past_a_wave_where_the_shared_memory_fits():
-    """32 heads a program only for 368 / bf16 queries / a paged row view / more than 16 heads, when the
-    16-head programs exceed one wave (two of them would share an SM) and a block may hold WIDE_SHARED."""
+    """32 heads a program only for 368 / bf16 queries / more than 16 heads (the stock path's paged row
+    view, of either alignment), when the 16-head programs exceed one wave (two of them would share an
+    SM) and a block may hold WIDE_SHARED."""
     from sparkinfer.attention.triton_decode import BLOCK_H, WIDE_H, WIDE_SHARED, heads_per_program
     from sparkinfer.core.layouts import NVFP4_368, NVFP4_432
 
     h200, pro = (132, 227 * 1024), (188, 99 * 1024)
     assert WIDE_SHARED <= h200[1] and WIDE_SHARED > pro[1]
-    stock = (NVFP4_368, torch.bfloat16, 4, 64)
+    stock = (NVFP4_368, torch.bfloat16, 64)
     assert heads_per_program(*stock, 64 * 4, *h200) == WIDE_H  # stock DCP4: 256 programs on 132 SMs
     assert heads_per_program(*stock, 64 * 4, *pro) == BLOCK_H  # 99 KB a block: no room
     assert heads_per_program(*stock, 4 * 4 * 8, *h200) == BLOCK_H  # batch 1 in 8 splits: within a wave
-    for other in ((NVFP4_432, torch.bfloat16, 4, 64), (NVFP4_368, torch.float32, 4, 64),
-                  (NVFP4_368, torch.bfloat16, 16, 64), (NVFP4_368, torch.bfloat16, 4, 16)):
+    for other in ((NVFP4_432, torch.bfloat16, 64), (NVFP4_368, torch.float32, 64), (NVFP4_368, torch.bfloat16, 16)):
         assert heads_per_program(*other, 1024, *h200) == BLOCK_H, other
 
 
@@ -293,6 +296,32 @@ def test_preallocated_outputs_and_workspace():
                           workspace=DecodeWorkspace.allocate(2, 4, 40, 2, "cpu"))
     with pytest.raises(ValueError, match="out must be float32"):
         sparse_mla_decode(q_nope, q_rope, records, fmt, indices, 0.2, backend="triton", out=torch.empty(2, 3, 256))
+
+
+@triton.jit
+def _column_maps_kernel(x_ptr, tiled_ptr, back_ptr, N: tl.constexpr, PW: tl.constexpr):
+    """x [16, N] through ``_tile_order`` (the queries' loads) and back through ``_in_order`` (the stores)."""
+    h, c = tl.arange(0, 16)[:, None], tl.arange(0, N)[None, :]
+    tiled = _tile_order(tl.load(x_ptr + h * N + c), PW)
+    tl.store(tiled_ptr + h * N + c, tiled)
+    if PW > 1:  # _in_order serves the paired columns only
+        tl.store(back_ptr + h * N + c, _in_order(tiled, PW))
+
+
+@pytest.mark.parametrize("pw", [1, 4, 8])
+def test_queries_in_the_tiles_column_order(pw):
+    """The contiguous query loads moved into the tiles' column order (``_tile_order``) put each element
+    where a pair decoder leaves it: column PW w + 2j + h holds element PW w + j + h PW / 2 (written out
+    here; PW 1, the bf16 rope: in order); ``_in_order`` takes it back."""
+    n = 64
+    x = torch.arange(16 * n, dtype=torch.float32).view(16, n)
+    tiled, back = torch.empty_like(x), torch.empty_like(x)
+    _column_maps_kernel[(1,)](x, tiled, back, N=n, PW=pw)
+    c = torch.arange(n)
+    want = c if pw == 1 else (c // pw) * pw + (c % pw) // 2 + (c % 2) * (pw // 2)
+    assert torch.equal(tiled, x[:, want])
+    if pw > 1:
+        assert torch.equal(back, x)
 
 
 @triton.jit

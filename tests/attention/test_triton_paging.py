@@ -16,8 +16,8 @@ from sparkinfer.testing import host_reads
 from sparkinfer.attention import triton_paging
 from sparkinfer.decode.device_checks import DeviceChecks
 from sparkinfer.decode.forward_step import ForwardStep
-from sparkinfer.decode.paged_sparse_mla import (NULL_BLOCK, forward_scatter_rows, row_strides, row_view, topk_slots,
-                                                topk_to_slots)
+from sparkinfer.decode.paged_sparse_mla import (NULL_BLOCK, forward_scatter_rows, row_align, row_strides, row_view,
+                                                topk_slots, topk_to_slots)
 from sparkinfer.decode.paged_sparse_mla import scatter_rows as torch_scatter_rows
 
 
@@ -73,6 +73,50 @@ def test_topk_rows_equal_the_torch_slots_through_the_row_view(dev, strided, worl
         assert bool(want_checks.flags[0]) == bad  # the -3 is bad on every rank
         assert (got >= 0).any()  # the case is not all -1
         assert (got < rows.shape[0]).all()
+
+
+def _vllm_pool(nb, bs, widths, lead=0, g=None):
+    """A block-outermost pool as vLLM's allocator packs it (``kv_cache_utils``: each block holds one page
+    of every layer, block_size x record bytes, side by side from byte ``lead``) -> each layer's
+    [nb, bs, width] view of it."""
+    pages = [bs * w for w in widths]
+    pool = torch.randint(0, 256, (nb, lead + sum(pages)), generator=g, dtype=torch.uint8)
+    offsets = [lead + sum(pages[:i]) for i in range(len(pages))]
+    return [pool[:, o:o + p].view(nb, bs, w) for o, p, w in zip(offsets, pages, widths)]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_row_align_takes_16_byte_rows_where_vllm_packs_the_pages(dev):
+    """``row_align``: 16 for the record layers of a vLLM-like block-outermost pool (368 / 432 / 656-byte
+    pages beside a 132-byte indexer page, 64 slots a block), 4 for the indexer's 132-byte slots and for
+    every layer of a pool shifted by 4 bytes (no 16-byte rows: ``row_view`` refuses them there, its
+    4-byte rows still serve). A slot's record is the same through either pitch's rows, and
+    ``topk_rows`` with the 16-byte strides gives ``row_view``'s rows."""
+    g = torch.Generator().manual_seed(16)
+    nb, bs = 5, 64
+    for lead, want in ((0, (16, 16, 16, 4)), (4, (4, 4, 4, 4))):
+        for view, align in zip(_vllm_pool(nb, bs, (368, 432, 656, 132), lead, g), want):
+            assert not view.is_contiguous() and row_align(view) == align
+            slots = torch.randperm(nb * bs, generator=g)[:50]
+            slots[::7] = -1
+            ref = view.reshape(-1, view.shape[-1])[slots.clamp(min=0)]  # reshape copies: the reference
+            for a in (4, 16):
+                got = row_view(view, slots, a)
+                if a > align:
+                    assert got is None and row_strides(view, a) is None
+                    continue
+                rows, at = got
+                assert rows.stride(0) == a and rows.data_ptr() == view.data_ptr()
+                assert torch.equal(at < 0, slots < 0) and torch.equal(rows[at.clamp(min=0)], ref)
+    cache = _vllm_pool(nb, 16, (368, 132), 0, g)[0]
+    table = torch.randint(1, nb, (2, 3), generator=g, dtype=torch.int32)
+    token_req = torch.tensor([0, 1, 1])
+    topk = _topk_case(g, 3, 40, 3 * 16, False)
+    slots, _ = topk_slots(topk, token_req, table, 16)
+    want = row_view(cache, slots, 16)[1]
+    got = triton_paging.topk_rows(topk.to(dev), token_req.to(dev), table.to(dev), 16, *row_strides(cache, 16),
+                                  DeviceChecks(dev).word("topk_position")).cpu()
+    assert torch.equal(got, want) and (got >= 0).any()
 
 
 @pytest.mark.parametrize("dev", DEVICES)

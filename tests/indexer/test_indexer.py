@@ -144,6 +144,23 @@ def test_strided_q_and_w_equal_contiguous():
     for backend in ("triton", "torch"):
         assert torch.equal(indexer_scores(q_wide[:, ::2], w_t, records, pos, backend=backend),
                            indexer_scores(q, w, records, pos, backend=backend))
+    # fp8 q whose heads are off 4-byte alignment (129 bytes apart): the Triton kernel reads a head's codes
+    # as words, so ``q_operand`` copies it
+    q8 = q.to(torch.float8_e4m3fn)
+    odd = torch.zeros(4, 3, 129, dtype=torch.uint8)
+    odd[:, :, 1:] = q8.view(torch.uint8)
+    q_odd = odd[:, :, 1:].view(torch.float8_e4m3fn)
+    assert triton_scores.q_operand(q_odd)[0].stride(1) % 4 == 0
+    assert torch.equal(indexer_scores(q_odd, w_t, records, pos, backend="triton"),
+                       indexer_scores(q8, w, records, pos, backend="triton"))
+
+
+def test_triton_kernel_refuses_an_empty_cache():
+    """A position past its row's list reads record 0 (the key pass loads a chunk's key words without a
+    mask, ``triton_scores.chunk_scores``), so a launch over a cache without records is refused."""
+    q, w, records, pos = random_case(t=10)
+    with pytest.raises(ValueError, match="records are supported"):
+        triton_scores.indexer_scores_triton(q, w, records[:0], pos, torch.zeros(3, dtype=torch.int64))
 
 
 def test_paged_token_slots_equal_contiguous():
@@ -468,6 +485,42 @@ def test_gpu_tiled_topk_equals_untiled_and_offsets_past_int32():
     slots = torch.zeros(t, dtype=torch.int64, device=dev)
     big = indexer_scores(q[:m], w[:m], records, None, slots)
     assert torch.equal(big[:, -1], scores[:m, 0]) and torch.equal(big[:, 12345], scores[:m, 0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16])
+def test_gpu_fp8_q_every_code_and_record_offsets_past_int32(dtype):
+    """Compiled, the f16 (fp8 q) and bf16 forms (a key word's 4 codes converted by two
+    ``cvt.rn.f16x2.e4m3x2`` in inline PTX, and for bf16 on through f32, ``key_rows``; a record's byte
+    offset by ``mul.wide.s32``, ``record_rows``): keys holding every finite E4M3 code, in records whose
+    byte offsets pass 2**31, score within fp32's error of the float64 reference, and the key pass's
+    top-k is the torch twin's on exact inputs."""
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(21)
+    n, hi, m = 4096, 32, 8
+    finite = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    small = torch.empty(n, 132, dtype=torch.uint8)
+    small[:, :128] = finite[torch.arange(n * 128) % len(finite)].view(n, 128)  # every code, in every dim over rows
+    small[:, 128:] = torch.full((n,), 2.0**-6).view(torch.uint8).view(n, 4)
+    q = torch.randn(m, hi, 128, generator=g).to(dtype)
+    w = torch.randn(m, hi, generator=g)
+    pos = torch.full((m,), n - 1)
+    rows = (1 << 31) // 132 + 1000  # the small records sit past byte 2**31
+    records = torch.zeros(rows + n, 132, dtype=torch.uint8, device=dev)
+    records[rows:] = small.to(dev)
+    slots = torch.arange(rows, rows + n, device=dev)
+    got = indexer_scores(q.to(dev), w.to(dev), records, pos.to(dev), slots).cpu().double()
+    ref = indexer_scores_torch(q.float(), w, small, pos)
+    keys = IDX.decode(small).double()
+    terms = (w.double().abs()[:, :, None] * torch.einsum("mhd,td->mht", q.double().abs(), keys.abs())).sum(1)
+    assert ((got - ref).abs() <= 2.0**-18 * terms).all()
+    qe, we, re, pe, _ = exact_case(m=8, hi=32, t=3000)
+    qe = qe.to(dtype)
+    big = torch.zeros(rows + 3000, 132, dtype=torch.uint8, device=dev)
+    big[rows:] = re.to(dev)
+    plan = plan_rows([(torch.arange(8), torch.arange(rows, rows + 3000), None)], 8)
+    ids = indexer_topk_rows(qe.to(dev), we.to(dev), big, pe.to(dev), 256, **plan.to(dev).kwargs())
+    assert torch.equal(ids.cpu(), indexer_topk_torch(qe.float(), we, re, pe, 256))
 
 
 def test_prefill_memory_bench_peak_is_flat_in_the_context():
