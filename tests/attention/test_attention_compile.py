@@ -4,7 +4,9 @@ The interpreter cannot tell whether a kernel fits the hardware. These tests comp
 configuration the sparse MLA wrapper uses (``triton_decode.compile_specs()``: the decode kernel
 for the three record formats with bf16 and fp32 queries, the index compaction and the split
 merge) for sm_120 (RTX PRO 6000) and sm_90 (H200), run ``ptxas -v`` on the PTX and assert:
-- no register spills (spill stores and loads are 0 bytes);
+- no register spills (spill stores and loads are 0 bytes) under plain ``ptxas -v`` (Triton's own
+  ``--regAllocOptLevel=2`` spills 8-104 B outside the loops of several variants: sparse-attention.md,
+  "Known limits", and ``kernel_report.json``);
 - the decode kernel multiplies on tensor cores (``mma.sync`` / ``wgmma`` in the PTX);
 - shared memory within a block's limit (sm_120: 99 KB, binding; sm_90: 227 KB).
 The indexer's kernels have their own compile test (``tests/indexer/test_indexer_compile.py``). ptxas is the one Triton
