@@ -135,14 +135,16 @@ def _indexer_scores_kernel(
                     tid = tl.load((id_ptr + at) + t, mask=tmask, other=0).to(tl.int32)
                 else:
                     tid = j
-                valid = tmask[:, None]  # and the row's list is this pass's (act): the stores' mask
-                if HAS_POS:
-                    valid = valid & (tid[:, None] <= p[None, :])
                 if KEYS:
+                    valid = tmask[:, None]  # and the row's list is this pass's (act): the stores' mask
+                    if HAS_POS:
+                        valid = valid & (tid[:, None] <= p[None, :])
                     tl.store(dst + col0 + local[:, None], selection_keys(score, tid[:, None], valid),
                              mask=act[None, :])
-                else:
-                    tl.store(dst + j[:, None], tl.where(valid, score, float("-inf")), mask=act[None, :] & tmask[:, None])
+                else:  # positions past the list are not stored: the causal mask alone picks -inf (8 SEL fewer)
+                    if HAS_POS:
+                        score = tl.where(tid[:, None] <= p[None, :], score, float("-inf"))
+                    tl.store(dst + j[:, None], score, mask=act[None, :] & tmask[:, None])
 
 
 @triton.jit
