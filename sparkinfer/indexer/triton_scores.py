@@ -110,7 +110,9 @@ def _indexer_scores_kernel(
     wv = head_weights(w_ptr + rows[:, None] * s_w_m, s_w_h, HI, BLOCK_H)
     wt = tl.permute(tl.reshape(wv, [GROUP, BLOCK_H // 8, 8]), (1, 0, 2))  # ``octets``' order
     dst = out_ptr + rows[None, :] * s_out_m
-    for i in range(GROUP):  # a pass per list among the rows: one when they share it (a request's rows)
+    # a pass per list among the rows: one when they share it (a request's rows; the score matrix's rows share
+    # one list always, so without ROWS the kernel has no pass loop to run)
+    for i in range(GROUP if ROWS else 1):
         start = lane(starts, gl, i)
         n = lane(lens, gl, i)
         act = there & (starts == start) & (lens == n)
