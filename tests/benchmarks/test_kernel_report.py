@@ -636,14 +636,12 @@ def test_hot_kernels_have_an_issue_figure(report):
     assert decode["ctas"] == 128 and decode["iters_per_cta"] == pytest.approx(2048 / 64 / 2, abs=0.01)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 33: hot kernels whose issue-bound time exceeds their floor on the H200 (sm_90 SASS but where "
-    "marked; issue/floor, the busiest SM's, 2026-12-07, Triton 3.9, nvcc 13.0): indexer_scores[q_bf16] 1.09 "
-    "(the tiled scorer with bf16 q, direct calls only: relu x weight and the head sums' shuffles). At or "
-    "under: sparse_mla_decode[nvfp4_368] 0.99 ([nvfp4_432] 0.83, [fp8_ds_mla] 0.71), paged_topk_split[k2048] "
-    "0.87 (PTX), indexer_keys[q_fp8] 0.99, records.cu:write_paged_nvfp4_kernel<4> 0.99 and "
-    "records.cu:encode_kernel 0.58"))
 def test_hot_kernels_issue_within_their_floor(report):
+    """Every hot kernel at the shape the engine runs it (``_hot_rows``) issues within its floor on the
+    H200 (2026-12-07, Triton 3.9, nvcc 13.0, issue/floor: sparse_mla_decode[nvfp4_368] 0.99,
+    paged_topk_split[k2048] 0.87 (PTX), indexer_keys[q_fp8] 0.99, indexer_scores[q_bf16] 0.99,
+    records.cu:write_paged_nvfp4_kernel<4> 0.99). Other shapes of the same kernels still exceed it there
+    (the decode at batch 1 1.01, stock DCP4 1.50: ``kernel_report.json``)."""
     over = [f"{k} {g}: {x['ratio']}" for k, _, g, x in _hot_rows(report) if not x["reaches_floor"]]
     assert not over, over
 
