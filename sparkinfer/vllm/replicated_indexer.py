@@ -467,7 +467,8 @@ def indexer_backend():
         def _tile(self, qsl, seq_lens, rows: int) -> int | None:
             """The paged top-k's tile for a step the Triton backend scores by pages; None where it
             scores host-planned lists (``core.indexer_tiles.scores_lists``: a step holding prefill
-            rows, whose lists fit LIST_POSITIONS) or on the torch backend."""
+            rows, whose lists fit LIST_POSITIONS) or on the torch backend. ``qsl`` and ``seq_lens`` are the
+            builder's numpy host copies (``step_plan.host_lens``): nothing is read from the device."""
             from sparkinfer.core.indexer_tiles import scores_lists
 
             qlen = qsl[1:] - qsl[:-1]
