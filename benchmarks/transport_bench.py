@@ -126,14 +126,15 @@ def run_device(args) -> list[dict]:
             out = torch.empty(args.layers * cap * width, dtype=torch.uint8, device=dev)
             ws = torch.empty(args.layers, cap, width, dtype=torch.uint8, device=dev)
             nbytes = 2 * args.layers * int(p.count[0, 0]) * width  # read + write
-            for op, fn in (("pack", lambda: P.pack(shard, layers, req, local, cnt, cap, out)),
-                           ("unpack", lambda: P.unpack(out, args.layers, cnt, cap, slot, ws))):
+            err = torch.zeros(1, dtype=torch.int32, device=dev)
+            for op, fn in (("pack", lambda: P.pack(shard, layers, req, local, cnt, cap, out, err=err)),
+                           ("unpack", lambda: P.unpack(out, args.layers, cnt, cap, slot, ws, err=err))):
                 ts = _time_cuda(fn, args.iters)
                 rows.append({"fabric": "device", "op": op, "records": n, "width": width, "bytes": nbytes,
                              "p50_us": statistics.median(ts) * 1e6, "p99_us": _pct(ts, 99) * 1e6,
                              "gbps_p50": nbytes / statistics.median(ts) / 1e9,
                              "roofline_frac": nbytes / statistics.median(ts) / 1e9 / roof_gbps})
-            P.check_cuda_errors(dev)
+            P.check_error_word(err)
     side = torch.cuda.Stream()
     host = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
     for size in (4 << 10, 32 << 10, 256 << 10, 2 << 20, 16 << 20, 64 << 20):

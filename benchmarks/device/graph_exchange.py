@@ -69,7 +69,6 @@ def _rank(rank, world, args):
     cuda = not args["host"]
     if cuda:
         from sparkinfer.comm.cuda_fabric import CudaFabric as Fab
-        from sparkinfer.comm.pack import check_cuda_errors
 
         torch.cuda.set_device(rank % torch.cuda.device_count())
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -94,8 +93,7 @@ def _rank(rank, world, args):
 
         def sync():
             if cuda:
-                torch.cuda.synchronize()
-                check_cuda_errors(dev)
+                fabric.check()  # syncs, then the fabric's wait and move error words
 
         def load(case):
             s, p = _to(case, rank, dev)

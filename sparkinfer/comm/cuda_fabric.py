@@ -17,10 +17,14 @@ instead of blocking, so the exchange overlaps compute:
   stream when a round starts, so flag kernels read the right value in any stream order;
 * device-side sizing (``peer_region`` / ``wait_peer_free`` / ``arrival_flag``): no copy
   engine; the direct-move kernel on the compute stream stores straight into dst's IPC-mapped
-  segment (P2P writes over PCIe) and publishes them itself: its CTAs fence system-wide, the last
-  release-stores the flag ``arrival_flag`` names (``signal_arrival``, a one-thread kernel, only
-  for a flag that follows earlier moves and carries no data). Every size is read on the device,
-  so the sequence is graph-capturable as is;
+  segment (P2P writes over PCIe) and publishes them itself: its CTAs fence system-wide and count
+  themselves on the flag's CTA counter (one per flag, this fabric's), the last release-stores the
+  flag ``arrival_flag`` names (``signal_arrival``, a one-thread kernel, only for a flag that follows
+  earlier moves and carries no data). Every size is read on the device, so the sequence is
+  graph-capturable as is;
+* error words: the wait kernels' (pinned host, read by every fabric call) and the move kernels'
+  ``move_err`` (device int32, passed to every move as ``err``; ``check`` reads it, ``comm.errors``
+  a step later);
 * side stream (``on_side_stream`` / ``join_side_stream``): the Shared layers' sections of a
   device-sized exchange are packed and signalled on one more stream, forked from the compute
   stream after F's sections and joined back (an event per slot) when the exchange finishes, so
@@ -43,8 +47,9 @@ import torch.distributed as dist
 from sparkinfer import native
 from sparkinfer.core.slab import ACK, ARRIVE, FLAG_STRIDE, LANDED, SlabLayout
 
-from .flags import describe_error
 from .fabric import Fabric, FabricError, PeerAccessError, arrival_barrier, check_same_config
+from .flags import describe_error
+from .pack import check_error_word
 
 _vp, _i32, _i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 
@@ -154,6 +159,7 @@ class CudaFabric(Fabric):
         self._side = torch.cuda.Stream(self.device)
         self._side_done = [torch.cuda.Event() for _ in range(layout.depth)]  # per slot: its side work ended
         self._err = torch.zeros(1, dtype=torch.int32).pin_memory()
+        self.move_err, self._arrive_counters = self._move_words(layout, self.device)
         khz = _ok(rt.cudaDeviceGetAttribute(rt.cudaDeviceAttr.cudaDevAttrClockRate, self.device.index),
                   "cudaDeviceGetAttribute(clock rate)")
         self._timeout_cycles = int(self.timeout_s * khz * 1000)
@@ -192,6 +198,23 @@ class CudaFabric(Fabric):
     def _flag_addr(self, base: int, kind: int, peer: int) -> int:
         return base + 8 * self.layout.flag_index(kind, peer)
 
+    @staticmethod
+    def _move_words(layout: SlabLayout, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(move_err, arrival counters): the move kernels' error word and the zeroed CTA counters of
+        the arrival flags they publish (``comm.pack``), one per flag a move can publish (ARRIVE and
+        LANDED + j of every destination: ``_counter_index``). Each fabric makes its own, so two never
+        share a word or a counter, and makes them at construction, before any graph capture. The
+        error word lives on the device, not in pinned memory as the wait word: every move's CTAs
+        read it, which must not cost a PCIe round trip."""
+        return (torch.zeros(1, dtype=torch.int32, device=device),
+                torch.zeros((1 + layout.max_layers) * layout.world, dtype=torch.int32, device=device))
+
+    def _counter_index(self, kind: int, dst: int) -> int:
+        """Index of the CTA counter of the flag ``kind`` (ARRIVE or LANDED + layer) this rank
+        publishes in ``dst``'s segment: the kinds a move can publish, ``world`` destinations each."""
+        row = 0 if kind == ARRIVE else 1 + kind - LANDED
+        return row * self.world + dst
+
     def _check(self):
         if self._closed:
             raise FabricError(f"rank {self.rank}: fabric is closed")
@@ -214,9 +237,7 @@ class CudaFabric(Fabric):
         device wait, a pack kernel's bad index): engine start and the proof, never inside a step."""
         torch.cuda.synchronize(self.device)
         self._check()
-        from .pack import check_cuda_errors
-
-        check_cuda_errors(self.device)
+        check_error_word(self.move_err)
 
     # --- protocol calls ------------------------------------------------------------------------
     def send_region(self, seq, dst):
@@ -301,16 +322,20 @@ class CudaFabric(Fabric):
                                               self._err.data_ptr(), self._stream()), "release wait")
 
     def signal_arrival(self, seq, dst, layer=None):
-        _call(self._lib.si_comm_signal_cuda(*self.arrival_flag(seq, dst, layer), self._stream()), "arrive signal")
+        flag, seq_word, _ = self.arrival_flag(seq, dst, layer)  # one thread: no CTA counter
+        _call(self._lib.si_comm_signal_cuda(flag, seq_word, self._stream()), "arrive signal")
 
     def arrival_flag(self, seq, dst, layer=None):
+        """(flag, seq, counter) addresses: the flag in dst's segment, the slot's sequence word and
+        the flag's zeroed CTA counter, which a move kernel needs to publish it (``pack`` docstring)."""
         self._check()
         # flags are "every exchange up to seq": join the last copy-engine copy to dst first (a join
         # into the issuing stream, no fork of a copy stream)
         if dst in self._last_copy:
             _ok(self._rt.cudaStreamWaitEvent(self._stream_int(), self._last_copy[dst], 0), "cudaStreamWaitEvent")
         kind = ARRIVE if layer is None else LANDED + layer
-        return self._flag_addr(self._peer_ptr[dst], kind, self.rank), self._seq_ptr(seq)
+        counter = self._arrive_counters.data_ptr() + 4 * self._counter_index(kind, dst)
+        return self._flag_addr(self._peer_ptr[dst], kind, self.rank), self._seq_ptr(seq), counter
 
     def on_side_stream(self, seq, fn):
         self._check()

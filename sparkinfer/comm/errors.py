@@ -3,9 +3,10 @@
 Inside a step nothing reads the device back (the forward is fixed-shape device work). The checks
 that do run on the device leave words behind instead (layouts in ``csrc/include/sparkinfer/``):
 
-* the pack / unpack / direct kernels' word (``comm.pack``, device int32): ``SI_ERR_RANGE`` (3,
-  ``common.h``) once a kernel saw a record count outside ``[0, capacity]`` or an out-of-range
-  request, ordinal, layer or slot (the record is skipped, never read or written out of bounds);
+* the pack / unpack / direct kernels' word (the fabric's ``move_err``, device int32, passed to every
+  move of the exchange; ``comm.pack``): ``SI_ERR_RANGE`` (3, ``common.h``) once a kernel saw a
+  record count outside ``[0, capacity]`` or an out-of-range request, ordinal, layer or slot (the
+  record is skipped, never read or written out of bounds);
 * the CUDA fabric's wait word (pinned host int32 the wait kernel stores into, ``comm_flags.cu``):
   ``SI_ERR_RANGE | (1 + peer) << 8`` once a device-side wait spun past ``timeout_s``;
 * the host fabric: its copy thread's failure and the peers' abort words (``core/slab.py``).
@@ -47,10 +48,8 @@ class StepChecks:
         self.steps = 0  # steps whose words were read
         self._pending = False
         self._words: list[tuple[str, torch.Tensor]] = []
-        if fabric.device.type == "cuda":
-            from .pack import _err_word
-
-            self._words = [("pack", _err_word(fabric.device))]
+        if fabric.move_err is not None:  # the CUDA fabric's; the host fabric's moves raise at once
+            self._words = [("pack", fabric.move_err)]
             self._host = torch.zeros(len(self._words), dtype=torch.int32).pin_memory()
             self._event = torch.cuda.Event()
 

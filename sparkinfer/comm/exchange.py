@@ -66,6 +66,10 @@ eager call it issues the same fabric calls and kernels with the same buffers on 
 allocation, no host read: ``tests/comm/test_comm_exchange.py`` checks both), which is what CUDA-graph
 capture and replay need. Its stats carry timings only: the record counts stay on the device.
 
+Errors: every move gets the fabric's ``move_err`` as its error word (``pack``, "Errors"): on the
+CUDA fabric a bad count or index is recorded there and read a step later (``comm.errors``); on the
+host fabric (None) the move raises at once.
+
 Capacity: a destination's region carries ``capacity`` records per layer per round over all its
 sources. A host-sized exchange whose blocks exceed that (or a pair over the send capacity) is moved
 in rounds of ``slab.host_window`` records per pair (one log line the first time; every rank computes
@@ -228,7 +232,8 @@ class SelectedExchange:
             self.chunked += 1
         t = time.perf_counter()
         own = planes.count[r, r] if rounds == 1 else counts[r][r]
-        P.direct(shard, layers, planes.req[r, r], planes.local[r, r], planes.slot[r, r], own, C, workspace)
+        P.direct(shard, layers, planes.req[r, r], planes.local[r, r], planes.slot[r, r], own, C, workspace,
+                 err=self.fabric.move_err)
         stats.direct_s = time.perf_counter() - t
         stats.records_local = counts[r][r] * J
         for k in range(rounds):
@@ -258,7 +263,7 @@ class SelectedExchange:
         p = Pending(planes, shard, layers, workspace, None, 0, 0, C, layered=self.layer_arrival and J > 1)
         t = time.perf_counter()
         P.direct(shard, layers, planes.req[r, r], planes.local[r, r], planes.slot[r, r], planes.count[r, r], C,
-                 workspace)
+                 workspace, err=f.move_err)
         p.stats.direct_s = time.perf_counter() - t
         if not p.layered:
             self._join_side()  # its arrive must not overtake side work still queued
@@ -273,7 +278,7 @@ class SelectedExchange:
             lists = (planes.req[r, dst], planes.local[r, dst], planes.slot[r, dst], planes.count[r, dst])
             region = self._as_workspace(f.peer_region(seq, dst), J)
             # the move publishes what it wrote itself: fence, then release-store the flag
-            P.direct(shard, layers[head], *lists, C, region[head],
+            P.direct(shard, layers[head], *lists, C, region[head], err=f.move_err,
                      arrive=f.arrival_flag(seq, dst, 0 if p.layered else None))
             sections.append((dst, lists, region))
             p.stats.copy_s += t1 - t
@@ -308,7 +313,7 @@ class SelectedExchange:
 
         def run():
             for j, dst, layer, lists, region in work:
-                P.direct(shard, layer, *lists, C, region, arrive=f.arrival_flag(seq, dst, j))
+                P.direct(shard, layer, *lists, C, region, err=f.move_err, arrive=f.arrival_flag(seq, dst, j))
             for dst, _, _ in sections:  # no data of its own: the sections' moves published theirs
                 f.signal_arrival(seq, dst)
         return run
@@ -361,7 +366,7 @@ class SelectedExchange:
             f.wait_send_free(seq, dst)
             if n:
                 P.pack(p.shard, p.layers, p.planes.req[r, dst, p.lo:p.hi], p.planes.local[r, dst, p.lo:p.hi],
-                       self._count(p, r, dst, whole), cap, f.send_region(seq, dst))
+                       self._count(p, r, dst, whole), cap, f.send_region(seq, dst), err=f.move_err)
             t1 = time.perf_counter()
             f.wait_recv_free(seq, dst)
             if p.layered:  # the first layer's section goes at once, as the whole block would
@@ -410,15 +415,16 @@ class SelectedExchange:
                     layers, ws = ((self._ranges[J], p.workspace) if j is None else
                                   (self._ranges[J][j:j + 1], p.workspace[j:j + 1]))
                     P.direct(shard, layers, zeros, p.planes.slot[src, r], p.planes.slot[src, r],
-                             p.planes.count[src, r], p.hi, ws)
+                             p.planes.count[src, r], p.hi, ws, err=f.move_err)
                 elif shares[src]:
                     n, off = shares[src], offsets[src] * J * W
                     slot, count = p.planes.slot[src, r, p.lo:p.hi], self._count(p, src, r, whole)
                     if j is None:
-                        P.unpack(region[off: off + J * n * W], J, count, n, slot, p.workspace)
+                        P.unpack(region[off: off + J * n * W], J, count, n, slot, p.workspace, err=f.move_err)
                     else:  # the block is layer-major: section j is [n, width] at j * n * width
                         sec = off + j * n * W
-                        P.unpack(region[sec: sec + n * W], 1, count, n, slot, p.workspace[j: j + 1])
+                        P.unpack(region[sec: sec + n * W], 1, count, n, slot, p.workspace[j: j + 1],
+                                 err=f.move_err)
                 p.stats.wait_s += t1 - t
                 p.stats.unpack_s += time.perf_counter() - t1
                 p.stats.records_recv += (0 if p.counts is None else shares[src]) * (J if j is None else 1)

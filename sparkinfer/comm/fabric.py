@@ -28,13 +28,18 @@ sender writes straight into the destination's receive region instead of its send
     arrival_flag(seq, dst, layer=None)
                                (flag, seq) int64 addresses for the kernel that writes dst's region
                                to publish it itself (``pack.direct(..., arrive=)``): that flag, and
-                               a word holding seq; what is issued next follows the copies still
-                               queued to dst, as in ``signal_arrival``
+                               a word holding seq; on the CUDA fabric a third, the flag's CTA
+                               counter (``pack`` docstring, "Arrival"); what is issued next follows
+                               the copies still queued to dst, as in ``signal_arrival``
     on_side_stream(seq, fn)    run ``fn`` (more ``peer_region`` writes and ``signal_arrival``s of
                                exchange seq) after everything issued so far, without holding up
                                what the caller issues next: the Shared layers' sections
     join_side_stream(seq)      what the caller issues next follows the side work of exchanges <= seq
 
+    move_err                   the int32 error word the exchange passes to its moves (``err=``,
+                               ``pack`` docstring, "Errors"): the CUDA fabric's device word, read a
+                               step later (``comm.errors``); None on the host fabric, whose moves
+                               raise at once
     copied_bytes, copies       list[int] per dst: bytes this rank's copies moved there and how many
                                non-empty copies (monotonic; the demo checks them against the byte
                                accounting)
@@ -73,6 +78,7 @@ class Fabric(abc.ABC):
     world: int
     layout: SlabLayout
     device: torch.device
+    move_err: torch.Tensor | None
 
     @abc.abstractmethod
     def send_region(self, seq: int, dst: int) -> torch.Tensor:
@@ -109,7 +115,7 @@ class Fabric(abc.ABC):
     def signal_arrival(self, seq: int, dst: int, layer: int | None = None) -> None: ...
 
     @abc.abstractmethod
-    def arrival_flag(self, seq: int, dst: int, layer: int | None = None) -> tuple[int, int]: ...
+    def arrival_flag(self, seq: int, dst: int, layer: int | None = None) -> tuple[int, ...]: ...
 
     @abc.abstractmethod
     def on_side_stream(self, seq: int, fn) -> None: ...

@@ -50,6 +50,9 @@ class HostFabric(Fabric):
             raise ValueError(f"slab layout is for {layout.world} ranks, process group has {self.world}")
         self.layout = layout
         self.device = torch.device("cpu")
+        # No move error word: a host move raises at once, in the thread that ran it (a side-thread
+        # move's error fails the fabric, as a failed copy does).
+        self.move_err = None
         self.timeout_s = float(timeout_s)
         arrival_barrier(group, self.rank, self.world, self.timeout_s)
         check_same_config(group, self.world, {"fabric": self.kind, **layout.config(),

@@ -22,18 +22,21 @@ by the SM count (a few CTAs per SM striding over the records, :func:`grid_ctas`)
 
 Errors. A count above ``cap`` or any index out of range goes to an error word (int32, layout in
 ``csrc/include/sparkinfer/common.h`` and :mod:`sparkinfer.comm.flags`; first error wins). Pass
-``err`` (an int32 tensor: the fabric's word, on the data's device or pinned host memory for CUDA
-data) and errors are only recorded there, on the CPU as on the GPU, for the caller to read a step
-later; every move skips when the word is already set, so an unpack never consumes bytes whose
-arrival wait timed out. Without ``err`` the host path raises at once and the CUDA path uses one
-word per device that :func:`check_cuda_errors` turns into an exception. Records are never
-silently dropped.
+``err`` (an int32 tensor: the fabric's ``move_err``, or any word on the data's device or in pinned
+host memory for CUDA data) and errors are only recorded there, on the CPU as on the GPU, for the
+caller to read a step later (:func:`check_error_word` reads and clears one); every move skips when
+the word is already set, so an unpack never consumes bytes whose arrival wait timed out. Without
+``err`` the host path raises at once; a CUDA move cannot raise from its kernel, so it refuses to
+run without one. Records are never silently dropped.
 
-Arrival. ``pack(..., arrive=(flag, seq))`` or ``direct(..., arrive=(flag, seq))`` (records straight
-into a peer's region) makes the kernel that wrote them publish the region: after every record landed its last CTA fences system-wide and
-release-stores the int64 at address ``seq`` into the int64 at address ``flag`` (the peer's arrival
-flag), unless the error word is set. The CTA counter it needs is one device word per flag, kept
-here (allocated on the first eager call of a flag, before any graph capture).
+Arrival. ``pack(..., arrive=(flag, seq, counter))`` or ``direct(..., arrive=(flag, seq, counter))``
+(records straight into a peer's region) makes the kernel that wrote them publish the region: each
+CTA fences system-wide after its stores and counts itself on ``counter`` (the address of a zeroed
+device int32 kept for that flag alone); the last one fences again, sets the counter back to zero (a
+replayed graph counts from zero again) and release-stores the int64 at address ``seq`` into the
+int64 at address ``flag`` (the peer's arrival flag), unless the error word is set. The caller owns
+the counter: ``CudaFabric.arrival_flag`` returns all three addresses. A host move takes ``(flag,
+seq)`` (its twin runs in one thread and counts nothing).
 """
 
 from __future__ import annotations
@@ -194,33 +197,13 @@ def grid_ctas(cap: int, n_layers: int, sms: int | None = None) -> int:
     return int(_host().si_pack_grid_host(cap, n_layers, sms))
 
 
-_cuda_err: dict = {}
-
-
-def _err_word(device) -> torch.Tensor:
-    device = native.device_key(device)
-    if device not in _cuda_err:
-        _cuda_err[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _cuda_err[device]
-
-
-_counters: dict = {}  # device -> (uint32-as-int32 [256] CTA counters, {flag address: index})
-
-
-def _done_counter(device, flag: int) -> int:
-    """Address of the zeroed CTA counter of arrival flag ``flag`` on ``device`` (CUDA)."""
-    device = native.device_key(device)
-    words, index = _counters.setdefault(device, (torch.zeros(256, dtype=torch.int32, device=device), {}))
-    if flag not in index:
-        if len(index) == words.numel():
-            raise RuntimeError(f"more than {words.numel()} arrival flags signalled by move kernels on {device}")
-        index[flag] = len(index)
-    return words.data_ptr() + 4 * index[flag]
-
-
 def _err_arg(err, device):
-    """Address of the caller's error word (None: none given)."""
+    """Address of the caller's error word (None: none given, a host move raises at once)."""
     if err is None:
+        if device.type == "cuda":
+            raise ValueError("a CUDA move needs err= (its kernel records errors instead of raising): pass the "
+                             "fabric's word (err=fabric.move_err) or an int32 tensor of your own on the data's "
+                             "device, and read it with check_error_word(err)")
         return None
     ok_place = err.device == device or (device.type == "cuda" and err.device.type == "cpu" and err.is_pinned())
     if err.dtype != torch.int32 or err.numel() < 1 or not ok_place:
@@ -230,20 +213,29 @@ def _err_arg(err, device):
 
 
 def _arrive_args(arrive, device) -> list:
-    """[flag, seq(, done counter)] addresses of a move's arrival signal, or Nones."""
+    """[flag, seq(, counter)] addresses of a move's arrival signal (the counter on CUDA only), or Nones."""
+    cuda = device.type == "cuda"
     if arrive is None:
-        return [None, None] + ([None] if device.type == "cuda" else [])
-    flag, seq = (int(a) for a in arrive)
+        return [None, None] + ([None] if cuda else [])
+    if len(arrive) != (3 if cuda else 2):
+        raise ValueError(f"arrive must be (flag, seq, counter) addresses for a CUDA move, (flag, seq) for a host "
+                         f"move, got {len(arrive)} entries for {device}: the counter is the flag's zeroed int32 "
+                         "CTA counter (CudaFabric.arrival_flag returns all three)")
+    flag, seq = int(arrive[0]), int(arrive[1])
     if not flag or not seq or flag % 8 or seq % 8:
         raise ValueError(f"arrive needs 8-byte aligned (flag, seq) int64 addresses, got ({flag:#x}, {seq:#x})")
-    extra = [ctypes.c_void_p(_done_counter(device, flag))] if device.type == "cuda" else []
-    return [ctypes.c_void_p(flag), ctypes.c_void_p(seq)] + extra
+    if not cuda:
+        return [ctypes.c_void_p(flag), ctypes.c_void_p(seq)]
+    counter = int(arrive[2])
+    if not counter or counter % 4:
+        raise ValueError(f"arrive needs a 4-byte aligned int32 counter address, got {counter:#x}")
+    return [ctypes.c_void_p(flag), ctypes.c_void_p(seq), ctypes.c_void_p(counter)]
 
 
-def check_cuda_errors(device) -> None:
-    """Raise if a move on ``device`` without its own ``err`` saw a bad index or count since the last
-    check (syncs; a test and eager-path helper: the engine reads its fabric's word a step later)."""
-    err = _err_word(device)
+def check_error_word(err: torch.Tensor) -> None:
+    """Raise if a move recorded an error in ``err`` since the last check, and clear it (reads the
+    word: a device word syncs its stream). For tests, benchmarks and engine start
+    (``CudaFabric.check``); the engine reads its fabric's word a step later (``comm.errors``)."""
     code = int(err.item())
     if code:
         err.zero_()
@@ -280,7 +272,7 @@ def _stream(device):
 
 
 def pack(shard: Shard, layers: torch.Tensor, req, local, count, cap: int, out: torch.Tensor, *,
-         err: torch.Tensor | None = None, arrive: tuple[int, int] | None = None) -> None:
+         err: torch.Tensor | None = None, arrive: tuple[int, ...] | None = None) -> None:
     """``out[:J*n*width]`` viewed as [J, n, width] <- the shard's records (request, local) of ``layers``;
     ``err`` and ``arrive``: module docstring."""
     dev, width, J = shard.device, shard.width, layers.shape[0]
@@ -288,11 +280,11 @@ def pack(shard: Shard, layers: torch.Tensor, req, local, count, cap: int, out: t
         _check_index(name, t, J if name == "layers" else cap, dev)
     if out.dtype != torch.uint8 or not out.is_contiguous() or out.numel() < J * cap * width:
         raise ValueError(f"packed region must be contiguous uint8 with >= {J * cap * width} bytes")
-    n_ptr, _keep = _count_arg(count, dev)
     word, sig = _err_arg(err, dev), _arrive_args(arrive, dev)
+    n_ptr, _keep = _count_arg(count, dev)
     if dev.type == "cuda":
         st = _cuda().si_pack_pack_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), n_ptr, cap,
-                                       width, _ptr(out), word or native.ptr(_err_word(dev)), *sig, _stream(dev))
+                                       width, _ptr(out), word, *sig, _stream(dev))
     else:
         st = _host().si_pack_pack_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), n_ptr, cap,
                                        width, _ptr(out), word, *sig)
@@ -308,12 +300,11 @@ def unpack(packed: torch.Tensor, n_layers: int, count, cap: int, slot, ws: torch
     _check_index("slot", slot, cap, ws.device)
     if packed.dtype != torch.uint8 or not packed.is_contiguous() or packed.numel() < n_layers * cap * width:
         raise ValueError(f"received region must be contiguous uint8 with >= {n_layers * cap * width} bytes")
-    n_ptr, _keep = _count_arg(count, ws.device)
     word = _err_arg(err, ws.device)
+    n_ptr, _keep = _count_arg(count, ws.device)
     if ws.device.type == "cuda":
         st = _cuda().si_pack_unpack_cuda(_ptr(packed), n_layers, n_ptr, cap, width, _ptr(slot), _ws_ptr(ws),
-                                         ws.stride(0), ws.shape[1], word or native.ptr(_err_word(ws.device)),
-                                         _stream(ws.device))
+                                         ws.stride(0), ws.shape[1], word, _stream(ws.device))
     else:
         st = _host().si_pack_unpack_host(_ptr(packed), n_layers, n_ptr, cap, width, _ptr(slot), _ws_ptr(ws),
                                          ws.stride(0), ws.shape[1], word)
@@ -321,7 +312,7 @@ def unpack(packed: torch.Tensor, n_layers: int, count, cap: int, slot, ws: torch
 
 
 def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int, ws: torch.Tensor, *,
-           err: torch.Tensor | None = None, arrive: tuple[int, int] | None = None) -> None:
+           err: torch.Tensor | None = None, arrive: tuple[int, ...] | None = None) -> None:
     """``ws[j, slot[i]] <- shard record (req[i], local[i]) of layers[j]``: own records, no slab, or
     a device-sized exchange's records straight into a peer's region (``ws`` its view, ``arrive``
     its arrival flag: module docstring)."""
@@ -329,12 +320,12 @@ def direct(shard: Shard, layers: torch.Tensor, req, local, slot, count, cap: int
     _check_ws(ws, J, width)
     for name, t in (("layers", layers), ("req", req), ("local", local), ("slot", slot)):
         _check_index(name, t, J if name == "layers" else cap, dev)
-    n_ptr, _keep = _count_arg(count, dev)
     word, sig = _err_arg(err, dev), _arrive_args(arrive, dev)
+    n_ptr, _keep = _count_arg(count, dev)
     if dev.type == "cuda":
         st = _cuda().si_pack_direct_cuda(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
                                          n_ptr, cap, width, _ws_ptr(ws), ws.stride(0), ws.shape[1],
-                                         word or native.ptr(_err_word(dev)), *sig, _stream(dev))
+                                         word, *sig, _stream(dev))
     else:
         st = _host().si_pack_direct_host(*shard.cache_args(), _ptr(layers), J, _ptr(req), _ptr(local), _ptr(slot),
                                          n_ptr, cap, width, _ws_ptr(ws), ws.stride(0), ws.shape[1], word, *sig)

@@ -23,7 +23,6 @@ def _rank_main(rank, world, width, sizing):
 
     from sparkinfer.comm.cuda_fabric import CudaFabric
     from sparkinfer.comm.exchange import SelectedExchange
-    from sparkinfer.comm.pack import check_cuda_errors
     from sparkinfer.core.slab import SlabLayout
     from sparkinfer.comm.synthetic import make_case
 
@@ -39,8 +38,7 @@ def _rank_main(rank, world, width, sizing):
             shard, planes = _device_case(case, rank, dev)
             ws = torch.zeros(3, case.full.shape[1] * case.union.shape[1], width, dtype=torch.uint8, device=dev)
             ex.exchange(planes, shard, torch.tensor(layers, dtype=torch.int32, device=dev), ws)
-            torch.cuda.synchronize()
-            check_cuda_errors(dev)
+            fabric.check()  # syncs, then the fabric's wait and move error words
             rows = case.delivered(rank)
             results.append(bool(torch.equal(ws.cpu()[:, rows], case.expected_workspace(rank, layers)[:, rows])))
         return results
@@ -63,7 +61,6 @@ def _graph_rank_main(rank, world, width):
 
     from sparkinfer.comm.cuda_fabric import CudaFabric
     from sparkinfer.comm.exchange import SelectedExchange
-    from sparkinfer.comm.pack import check_cuda_errors
     from sparkinfer.core.slab import SlabLayout
     from sparkinfer.comm.synthetic import make_case
 
@@ -85,8 +82,10 @@ def _graph_rank_main(rank, world, width):
             ws.zero_()
             torch.cuda.synchronize()
             run()
-            torch.cuda.synchronize()
-            check_cuda_errors(dev)
+            fabric.check()
+            # every move kernel that published a flag set its CTA counter back to zero, or the next
+            # replay's last CTA would never see the count reach the grid and never publish
+            assert not fabric._arrive_counters.any()
             rows = case.delivered(rank)
             return bool(torch.equal(ws.cpu()[:, rows], case.expected_workspace(rank, [0, 3])[:, rows]))
 

@@ -163,20 +163,22 @@ def test_cuda_kernels_match_host_twin(width):
     count = torch.tensor(n, dtype=torch.int32)
     out_h = torch.zeros(2 * cap * width, dtype=torch.uint8)
     P.pack(host, layers, req, local, count, cap, out_h)
+    err = torch.zeros(1, dtype=torch.int32, device=dev)
     out_d = torch.zeros(2 * cap * width, dtype=torch.uint8, device=dev)
-    P.pack(shard, layers.to(dev), req.to(dev), local.to(dev), count.to(dev), cap, out_d)
+    P.pack(shard, layers.to(dev), req.to(dev), local.to(dev), count.to(dev), cap, out_d, err=err)
     ws_h = torch.zeros(2, 20, width, dtype=torch.uint8)
     P.unpack(out_h, 2, count, cap, slot, ws_h)
     ws_d = torch.zeros(2, 20, width, dtype=torch.uint8, device=dev)
-    P.unpack(out_d, 2, count.to(dev), cap, slot.to(dev), ws_d)
+    P.unpack(out_d, 2, count.to(dev), cap, slot.to(dev), ws_d, err=err)
     ws_dd = torch.zeros_like(ws_d)
-    P.direct(shard, layers.to(dev), req.to(dev), local.to(dev), slot.to(dev), count.to(dev), cap, ws_dd)
-    P.check_cuda_errors(dev)
+    P.direct(shard, layers.to(dev), req.to(dev), local.to(dev), slot.to(dev), count.to(dev), cap, ws_dd, err=err)
+    P.check_error_word(err)
     assert torch.equal(out_d.cpu(), out_h) and torch.equal(ws_d.cpu(), ws_h) and torch.equal(ws_dd.cpu(), ws_h)
     P.pack(shard, layers.to(dev), req.to(dev), local.to(dev), torch.tensor(cap + 1, dtype=torch.int32, device=dev),
-           cap, out_d)
+           cap, out_d, err=err)
     with pytest.raises(ValueError, match="out of range"):
-        P.check_cuda_errors(dev)
+        P.check_error_word(err)
+    assert int(err) == 0  # the check cleared it
 
 
 # --- fixed grids, the error word and the arrival signal (issue #16/#17 semantics) -------------------
@@ -315,24 +317,27 @@ def test_cuda_error_words_and_arrival_match_the_host_twin():
         herr, derr = _word(), torch.zeros(1, dtype=torch.int32, device=dev)
         hflag, hseq = torch.zeros(1, dtype=torch.int64), torch.tensor([3], dtype=torch.int64)
         dflag, dseq = hflag.to(dev), hseq.to(dev)
+        counter = torch.zeros(1, dtype=torch.int32, device=dev)  # the flag's CTA counter (a fabric's)
         hout = torch.zeros(2 * cap * 368, dtype=torch.uint8)
         dout = hout.to(dev)
         P.pack(shard, layers, *args, cap, hout, err=herr, arrive=(hflag.data_ptr(), hseq.data_ptr()))
         P.pack(dshard, layers.to(dev), *(a.to(dev) for a in args), cap, dout, err=derr,
-               arrive=(dflag.data_ptr(), dseq.data_ptr()))
+               arrive=(dflag.data_ptr(), dseq.data_ptr(), counter.data_ptr()))
         torch.cuda.synchronize()
         assert int(derr) == int(herr) != 0, name
         assert int(dflag) == int(hflag) == 0 and torch.equal(dout.cpu(), hout), name
+        assert int(counter) == 0, name  # a failed move resets the counter too
     # clean runs into the same flag: it carries each launch's seq (the last CTA's counter was reset to
     # zero, so the next launch signals again), and the bytes match
     derr, dflag, dseq = (torch.zeros(1, dtype=t, device=dev) for t in (torch.int32, torch.int64, torch.int64))
+    counter = torch.zeros(1, dtype=torch.int32, device=dev)
+    arrive = (dflag.data_ptr(), dseq.data_ptr(), counter.data_ptr())
     dout = torch.zeros(2 * cap * 368, dtype=torch.uint8, device=dev)
     for seq in (9, 10, 11):
         dseq.fill_(seq)
-        P.pack(dshard, layers.to(dev), req.to(dev), local.to(dev), count.to(dev), cap, dout, err=derr,
-               arrive=(dflag.data_ptr(), dseq.data_ptr()))
+        P.pack(dshard, layers.to(dev), req.to(dev), local.to(dev), count.to(dev), cap, dout, err=derr, arrive=arrive)
         torch.cuda.synchronize()
-        assert int(derr) == 0 and int(dflag) == seq
+        assert int(derr) == 0 and int(dflag) == seq and int(counter) == 0
     assert torch.equal(dout.cpu()[: 2 * 6 * 368].view(2, 6, 368), P.pack_reference(shard, layers, req, local, 6))
     # a direct move into a region signals the same way (the device-sized exchange's)
     dws = torch.zeros(2, cap + 3, 368, dtype=torch.uint8, device=dev)
@@ -341,10 +346,16 @@ def test_cuda_error_words_and_arrival_match_the_host_twin():
     for seq in (12, 13):
         dseq.fill_(seq)
         P.direct(dshard, layers.to(dev), req.to(dev), local.to(dev), slot.to(dev), count.to(dev), cap, dws, err=derr,
-                 arrive=(dflag.data_ptr(), dseq.data_ptr()))
+                 arrive=arrive)
         torch.cuda.synchronize()
-        assert int(derr) == 0 and int(dflag) == seq
+        assert int(derr) == 0 and int(dflag) == seq and int(counter) == 0
     assert torch.equal(dws.cpu(), want)
+    # a CUDA move without its counter, or without an error word, is refused before any launch
+    with pytest.raises(ValueError, match="counter"):
+        P.pack(dshard, layers.to(dev), req.to(dev), local.to(dev), count.to(dev), cap, dout, err=derr,
+               arrive=arrive[:2])
+    with pytest.raises(ValueError, match="err="):
+        P.direct(dshard, layers.to(dev), req.to(dev), local.to(dev), slot.to(dev), count.to(dev), cap, dws)
     # a set (pinned host) word: the unpack on the device consumes nothing, like the twin
     perr = torch.tensor([F.error_word(F.ERR_TIMEOUT, F.CHECK_WAIT, F.OP_WAIT, 1)], dtype=torch.int32).pin_memory()
     ws = torch.zeros(2, cap + 3, 368, dtype=torch.uint8, device=dev)
@@ -354,10 +365,11 @@ def test_cuda_error_words_and_arrival_match_the_host_twin():
     assert P.grid_ctas(10**5, 4) == 8 * torch.cuda.get_device_properties(dev).multi_processor_count
 
 
-def test_a_device_and_its_index_share_one_error_word(monkeypatch):
-    """``cuda`` and ``cuda:<current>`` are one device to the per-device caches: the kernels found the
-    error word under the tensors' ``cuda:0`` while ``check_cuda_errors("cuda")`` read another word,
-    so a set flag went unseen and stopped the next test's kernels (the first GPU run)."""
+def test_a_device_and_its_index_are_one_device_key(monkeypatch):
+    """``cuda`` and ``cuda:<current>`` are one device to what is keyed by device (``WorkerRuntime``'s
+    device): on the first GPU run a per-device error word was found under the tensors' ``cuda:0``
+    while a check of ``"cuda"`` read another word, so a set word went unseen and stopped the next
+    test's kernels. (The move kernels' words now belong to the fabric or the caller, not a device.)"""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     assert native.device_key("cuda") == native.device_key(torch.device("cuda", 0)) == torch.device("cuda", 0)
     assert native.device_key("cpu") == torch.device("cpu")
