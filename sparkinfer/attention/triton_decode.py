@@ -85,11 +85,11 @@ NUM_STAGES = 1
 # 8 x 768 against 4 x 1,169 instructions per tile, with the first packed decoders); with them (``triton_codes``) they
 # fit 255 registers without a spill (allowed 255: ptxas's own choice for the 656 kernel on sm_120,
 # 168, spilled 16 B). fp32 queries (hi + lo: twice the query registers): 8 warps,
-# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one 16 warps (at most
-# 128 registers): on 8 warps with 224 (255 spilled 8 B, 200 56 B on sm_120 with one split; 232 4 B once
-# the record loads went unmasked) ptxas with Triton's own options (``benchmarks/kernel_report.py``)
-# spilled 96-104 B with one split, and every ceiling from 224 to 255 spilled on one arch or the other
-# (16 warps: 8-24 B on sm_120, 0-20 B on sm_90; fp32 queries are the tests' and the CPU twin's, no engine's).
+# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 255: plain
+# ``ptxas -v`` spills nothing from 224 up (255 spilled 8 B, 200 56 B on sm_120 with one split before the
+# record loads went unmasked), and with Triton's own options (``benchmarks/kernel_report.py``) 255 spills
+# the least of 224 / 232 / 240 / 248 / 255 (48 / 8 B one split, 68 / 12 B S > 1, sm_120 / sm_90, against
+# 104 / 96 and 116 / 108 at 224; 16 warps: 8-20 B, and plain ptxas spilled on sm_90).
 # Keys per tile: the online softmax's per-tile work (the accumulator rescale: 64 FMUL a thread at 4
 # warps, the row max and sum) and the queries' shared-memory loads (each warp reads all 576 query
 # columns per tile: 36 LDSM) are per tile, the decode, the MMAs and the PV tile's loads per key, so 64
@@ -99,7 +99,7 @@ NUM_STAGES = 1
 # the 432 one with fp32 queries 16 B (ceiling 200): 32 keys.
 LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 255, 64),
           (FP8_DS_MLA.name, False): (4, 255, 32), (NVFP4_368.name, True): (8, None, 32),
-          (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (16, None, 32)}
+          (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 255, 32)}
 # Listed indices a program scans at a time when it compacts its split (``_compact_split``), per 4 warps:
 # 256 are 2 a thread at 4 warps, and a program of more warps scans as many a thread (``compact_block``):
 # the scan's cumulative sum and the count's sum cost per trip about as much at 1 index a thread as at 2.
