@@ -85,8 +85,11 @@ NUM_STAGES = 1
 # 8 x 768 against 4 x 1,169 instructions per tile, with the first packed decoders); with them (``triton_codes``) they
 # fit 255 registers without a spill (allowed 255: ptxas's own choice for the 656 kernel on sm_120,
 # 168, spilled 16 B). fp32 queries (hi + lo: twice the query registers): 8 warps,
-# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 224
-# (255 spilled 8 B, 200 56 B on sm_120 with one split; 232 4 B once the record loads went unmasked).
+# the 432 kernel with a ceiling of 200 (ptxas's own 128 spilled on sm_120), the 656 one with 255: plain
+# ``ptxas -v`` spills nothing from 224 up (255 spilled 8 B, 200 56 B on sm_120 with one split before the
+# record loads went unmasked), and with Triton's own options (``benchmarks/kernel_report.py``) 255 spills
+# the least of 224 / 232 / 240 / 248 / 255 (48 / 8 B one split, 68 / 12 B S > 1, sm_120 / sm_90, against
+# 104 / 96 and 116 / 108 at 224; 16 warps: 8-20 B, and plain ptxas spilled on sm_90).
 # Keys per tile: the online softmax's per-tile work (the accumulator rescale: 64 FMUL a thread at 4
 # warps, the row max and sum) and the queries' shared-memory loads (each warp reads all 576 query
 # columns per tile: 36 LDSM) are per tile, the decode, the MMAs and the PV tile's loads per key, so 64
@@ -96,7 +99,7 @@ NUM_STAGES = 1
 # the 432 one with fp32 queries 16 B (ceiling 200): 32 keys.
 LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 255, 64),
           (FP8_DS_MLA.name, False): (4, 255, 32), (NVFP4_368.name, True): (8, None, 32),
-          (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 224, 32)}
+          (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 255, 32)}
 # Listed indices a program scans at a time when it compacts its split (``_compact_split``), per 4 warps:
 # 256 are 2 a thread at 4 warps, and a program of more warps scans as many a thread (``compact_block``):
 # the scan's cumulative sum and the count's sum cost per trip about as much at 1 index a thread as at 2.
@@ -505,6 +508,9 @@ def _sparse_mla_decode_kernel(
             _store_out(o_row + 3 * CW + cw[None, :], _in_order(acc3 * inv_l[:, None], PW), None, OUT_BF16, ASM)
         tl.store(lse_ptr + m * s_lse_m + last, lse)
     else:
+        # the partials' and the merge's heads from the head block read again, after the loop (``_program_id_1_again``)
+        heads = _program_id_1_again(hb, ASM) * BLOCK_H + tl.arange(0, BLOCK_H)
+        last = tl.minimum(heads, H - 1)
         p_row = po_ptr + split * s_po_s + m * s_po_m + last[:, None] * s_po_h
         tl.store(p_row + cw[None, :], _in_order(acc0 * inv_l[:, None], PW))
         tl.store(p_row + CW + cw[None, :], _in_order(acc1 * inv_l[:, None], PW))
@@ -516,11 +522,26 @@ def _sparse_mla_decode_kernel(
         # the S programs of a (row, head block) share its ticket and the last one merges.
         tl.debug_barrier()
         tk = tk_ptr + m * tl.num_programs(1) + hb
-        if tl.atomic_add(tk, 1, sem="acq_rel") == num_splits - 1:
+        # the last ticket as ticket + 1 == S: num_splits - 1, which the split's range computes before the loop,
+        # was kept across it (spilled)
+        if tl.atomic_add(tk, 1, sem="acq_rel") + 1 == num_splits:
             tl.store(tk, 0)  # the next launch (a CUDA-graph replay) starts from 0 again
             _merge_partials(po_ptr + m * s_po_m + last * s_po_h, pl_ptr + m * s_pl_m + last,
                             out_ptr + m * s_out_m + heads * s_out_h, lse_ptr + m * s_lse_m + heads, heads < H,
                             num_splits, s_po_s, s_pl_s, BLOCK_H, OUT_BF16, ASM)
+
+
+@triton.jit
+def _program_id_1_again(hb, ASM: tl.constexpr):
+    """``tl.program_id(1)`` (``hb``) read again from %ctaid.y, on a GPU (ASM) as a volatile inline PTX read
+    that the compiler cannot equate with the first: values derived from it after the tile loop are
+    computed there, where the same values derived from ``hb`` before the loop were kept across it
+    (255 registers: spilled, ``benchmarks/kernel_report.py``'s ptxas options). ``hb`` only gives the
+    result its shape."""
+    if ASM:
+        return tl.inline_asm_elementwise("mov.u32 $0, %ctaid.y;", "=r,r", [hb], dtype=tl.int32, is_pure=False,
+                                         pack=1)
+    return hb
 
 
 @triton.jit

@@ -101,6 +101,21 @@ def test_triton_topk_does_not_spill(report):
         assert r["spill_bytes"] == 0 and r["stack_bytes"] == 0 and 0 < r["registers"] <= 255, r
 
 
+def test_decode_with_splits_does_not_spill_where_it_reached_zero(report):
+    """The decode's split-and-merge variants (the main and batch-1 shapes) that ptxas with Triton's own
+    options fits without a spill since branch dec8 (docs/design/sparse-attention.md, "Fewer values across
+    the tile loop"): 368 on sm_90 (the H200 rows), 432 on both archs. The others still spill a few of
+    Triton's thread-index terms (Known limits); this holds the ones at zero there."""
+    if "triton" in report["errors"]:
+        pytest.skip(f"Triton kernels not compiled: {report['errors']['triton']}")
+    want = {("sparse_mla_decode[nvfp4_368]", 90), ("sparse_mla_decode[nvfp4_432]", 90),
+            ("sparse_mla_decode[nvfp4_432]", 120)}
+    rows = [r for r in report["kernels"] if (r["kernel"], r["arch"]) in want]
+    assert len(rows) == len(want)
+    for r in rows:
+        assert r["spill_bytes"] == 0 and r["stack_bytes"] == 0, r
+
+
 def test_every_compiled_kernel_has_a_roofline_figure(report):
     covered = {c for row in report["roofline"] for c in row["covers"]}
     bases = {c.split("[")[0] for c in covered}
