@@ -312,6 +312,19 @@ def _count_valid(row_ptr, s_k, c_lo, c_hi, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
+def _count_and_end(row_ptr, s_k, K, BLOCK_C: tl.constexpr):
+    """(valid indices (>= 0) among the K listed ones, 1 + the listed position of the last of them (0: none))."""
+    count = tl.zeros([], tl.int32)
+    end = tl.zeros([], tl.int32)
+    for c0 in range(0, K, BLOCK_C):
+        ks = c0 + tl.arange(0, BLOCK_C)
+        valid = tl.load(row_ptr + ks * s_k, mask=ks < K, other=-1) >= 0
+        count += tl.sum(valid.to(tl.int32), axis=0)
+        end = tl.maximum(end, tl.max(tl.where(valid, ks + 1, 0), axis=0))
+    return count, end
+
+
+@triton.jit
 def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
     """This split's keys [lo, hi) of the row's valid indices, compacted: the row's K listed indices
     (int32/int64 at ``row_ptr``, stride ``s_k``; -1 = skip) are counted, and those whose position in
@@ -328,10 +341,11 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
 
     Positions are bounded by K: int32; the stored indices keep their width up to int64."""
     # the counts take 4 blocks a trip: a trip's sum over the block (a reduction, a barrier) is a fixed cost
-    count = _count_valid(row_ptr, s_k, 0, K, 4 * BLOCK_C)
+    count, end = _count_and_end(row_ptr, s_k, K, 4 * BLOCK_C)
     lo, hi = _split_range(count, num_splits, split, BLOCK_K)
-    all_valid = count == K
-    # every listed index valid (the selected path's rows): the slice is the listed [lo, hi), copied
+    all_valid = end == count
+    # the valid indices are the listed [0, count) (the selected path's rows, all valid, and the paged path's,
+    # which ``triton_paging.topk_rows`` compacts): the slice is the listed [lo, hi), copied
     for c0 in range(lo, tl.where(all_valid, hi, lo), 4 * BLOCK_C):
         ks = c0 + tl.arange(0, 4 * BLOCK_C)
         tl.store(crow_ptr + ks, tl.load(row_ptr + ks * s_k, mask=ks < hi).to(tl.int64), mask=ks < hi)
