@@ -335,13 +335,16 @@ def attend(step, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Ten
     token_req = step.token_req if step.token_req.shape[0] == m else step.token_req[:m]
     align = row_align(kv_cache)  # 16 for every view vLLM makes: the decode's 16-byte record loads
     if step.backend == "triton" and row_strides(kv_cache, align) is not None:
+        # each row's kept rows first (compact), so the decode copies its slice of them (compacted) where it
+        # compacted each row in every program (~3/4 of a DCP4 rank's top-k is other ranks' tokens)
         def cache_rows(a, b, topk_rows):
-            # compacted: the decode copies its slice of each row instead of compacting it (``triton_decode``)
             if b - a == m:  # a decode step's one block: no views to make
-                return forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, topk_rows, align, True)
+                return forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, topk_rows, align,
+                                          compact=True)
             return forward_cache_rows(step, kv_cache, topk[a:b], token_req[a:b], dcp_rank, dcp_world, topk_rows, align,
-                                      True)
+                                      compact=True)
 
-        return attend_in_blocks(step.arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows, step.plans)
+        return attend_in_blocks(step.arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows, step.plans,
+                                compacted=True)
     records, rows = forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, align=align)
     return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=step.backend, check_indices=False)

@@ -244,9 +244,9 @@ def test_a_paged_row_view_decodes_as_contiguous_records(splits, align):
 @pytest.mark.parametrize("splits", [1, 3])
 def test_a_compacted_list_decodes_as_the_listed_one(splits):
     """Each row's valid indices first, in their listed order, then -1 (what ``topk_rows(compact=True)``
-    hands the paged path): the kernel copies its split's slice instead of compacting the row
-    (``_compact_split``), and gives bit for bit the output and LSE of the list as it was: ~1/4 valid of
-    300 (several tiles, 3 splits with an empty one), a row all valid, a row of all -1."""
+    hands the paged path, which says so: ``compacted``): the kernel copies its split's slice instead of
+    compacting the row (``_compact_split``), and gives bit for bit the output and LSE of the list as it
+    was: ~1/4 valid of 300 (several tiles; 3 splits), a row all valid, a row of all -1."""
     from sparkinfer.attention.triton_decode import sparse_mla_decode_triton
     from sparkinfer.attention.validate import resolve_layout
 
@@ -260,7 +260,7 @@ def test_a_compacted_list_decodes_as_the_listed_one(splits):
     assert not torch.equal(packed[0], indices[0])
     scale = 1 / math.sqrt(576)
     lay = resolve_layout(fmt)
-    got = sparse_mla_decode_triton(q_nope, q_rope, records, lay, packed, scale, num_splits=splits)
+    got = sparse_mla_decode_triton(q_nope, q_rope, records, lay, packed, scale, num_splits=splits, compacted=True)
     want = sparse_mla_decode_triton(q_nope, q_rope, records, lay, indices, scale, num_splits=splits)
     assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))
     assert torch.equal(got[1].view(torch.int32), want[1].view(torch.int32))
