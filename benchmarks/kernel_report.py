@@ -268,7 +268,7 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     expect = ("bf16 tensor cores (mma.sync), memory-bound on both GPUs: within 2x of the floor on the H200 "
               "and faster than the upstream sm_12x split-K Triton kernel's 28.7 us per call")
     row = _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "listed": listed,
-                                                    "listed_bytes": listed_bytes, "splits": s,
+                                                    "listed_bytes": listed_bytes, "compacted": compacted, "splits": s,
                                                     "record": RECORD[fmt], "gathered": gathered,
                                                     "partials_in_l2": bool(s > 1 and in_l2)},
                nbytes, flops, "bf16", expect, mma_flops=mma, launch=launch)

@@ -10,7 +10,9 @@ hold the shared memory, sm_90: ``heads_per_program``). Program (m, hb, s):
    straddles two programs) at that position of the workspace row, int64. On the stock DCP path
    about 3/4 of a rank's top-k is -1 (tokens of other ranks), so the attention walks only this
    rank's records, in equal slices. The list is read from DRAM once; the row's other programs
-   find it in L2. (A separate compaction kernel did this before: one more launch.)
+   find it in L2. (A separate compaction kernel did this before: one more launch.) A list whose
+   valid indices come first (all valid; or the paged path's, compacted by ``triton_paging.topk_rows``,
+   which the caller says: ``compacted``) is counted and its slice copied, without the scan.
 2. walks its slice of the compacted indices, gathers those records and decodes them into bf16
    tiles: the latent in chunks (656: four of [BLOCK_K, 128]; NVFP4 four of [64, 128] at 64 keys a
    tile, else two of [32, 256]) and the rope [BLOCK_K, 64], with the packed decoders

@@ -18,7 +18,9 @@ records would be a 283 GB layer).
   int [M], block_table int32 [R, B] -> out int64 [M, K]: the row of each kept position in the cache's
   row view (``row_view``: slot ``b * block_size + i`` is row ``b * row_s0 + i * row_s1``), -1 where
   unused, owned by another DCP rank, or beyond the request's blocks (flagged ``topk_position``, as is
-  a position below -1).
+  a position below -1). ``compact`` (the attention's paged path): each row's kept rows first, in their
+  listed order, then -1, so the decode kernel copies its slice of them where each of its programs
+  (two or four a row on the stock DCP path) compacted the row (``triton_decode._compact_split``).
 * ``scatter_rows``: rows [N, W] -> kv_cache [num_blocks, block_size, W] (any strides, last dim
   contiguous) at slots int [N]; -1 skips; a slot in vLLM's null block or outside the cache is
   skipped and flagged ``cache_slots``.
