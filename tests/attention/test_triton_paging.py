@@ -53,11 +53,12 @@ def _topk_case(g, m, k, max_pos, bad: bool):
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("world,interleave", [(1, 1), (2, 1), (4, 4)])
-@pytest.mark.parametrize("m,k,bad", [(3, 8, False), (9, 300, True), (1, 2048, True)])
+@pytest.mark.parametrize("m,k,bad", [(3, 8, False), (9, 300, True), (1, 2048, True), (2, 2500, False)])
 @pytest.mark.parametrize("compact", [False, True])
 def test_topk_rows_equal_the_torch_slots_through_the_row_view(dev, strided, world, interleave, m, k, bad, compact):
     """``compact`` (the attention's paged path): the same rows, each row's kept ones first in their listed
-    order, then -1."""
+    order, then -1 (K = 2,500: two trips of ``compact_launch``'s 2,048, the second placing after the
+    first's count)."""
     g = torch.Generator().manual_seed(m * 131 + k + world)
     cache = _layer(_backing(g=g), 368, strided)
     nb, bs = cache.shape[:2]
