@@ -172,17 +172,18 @@ def _splits(m: int, h: int, listed: int) -> int:
     return num_splits_for(m, h, listed, HW["rtx_pro_6000"]["sms"])
 
 
-def compact_trips(listed: int, k: int, per: int, n: int, block: int) -> list[int]:
+def compact_trips(listed: int, k: int, per: int, n: int, block: int, compacted: bool = False) -> list[int]:
     """Trips of the decode's compaction loops (``triton_decode._compact_split``) in a program of n splits
     of ``per`` keys over k valid of ``listed`` indices, each the most of any split (the merging program
-    may be any): the count of all the listed ones (4 blocks a trip); with all listed valid the copy of the
-    split's slice (4 blocks a trip) and nothing else; else the count before the split's first block (4
-    blocks a trip) and the scan (a block a trip) from there to the last listed index its slice may come
-    from (hi + listed - k)."""
+    may be any): the count of all the listed ones (4 blocks a trip); with the valid ones the first k
+    listed (all listed valid, or ``compacted``: the paged path's rows, ``triton_paging.topk_rows``) the
+    copy of the split's slice (4 blocks a trip) and nothing else; else the count before the split's
+    first block (4 blocks a trip) and the scan (a block a trip) from there to the last listed index its
+    slice may come from (hi + listed - k)."""
     copy = prefix = scan = 0
     for i in range(n):
         lo, hi = min(i * per, k), min((i + 1) * per, k)
-        if k == listed:
+        if k == listed or compacted:
             copy = max(copy, _cdiv(hi - lo, 4 * block))
             continue
         start = lo // block * block
@@ -192,10 +193,10 @@ def compact_trips(listed: int, k: int, per: int, n: int, block: int) -> list[int
 
 
 def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = None, listed: int = K,
-         listed_bytes: int = 4) -> dict:
+         listed_bytes: int = 4, compacted: bool = False) -> dict:
     """Sparse-MLA decode, one launch per call: each row's ``listed`` indices (the selected path's int32
     workspace slots, the stock path's int64 cache rows: ``listed_bytes``; k < listed when other
-    ranks' entries are -1) are read from DRAM once (every program of the row reads them again to
+    ranks' entries are -1, ``compacted``: the first k, ``triton_paging.topk_rows``) are read from DRAM once (every program of the row reads them again to
     compact its split, from L2), its k valid ones written to the workspace as int64 and read back,
     and those records gathered (``gathered`` records in all when the rows of a request read their
     union once), QK over 576 dims, PV over 512 (absorbed), bf16 MMA with an fp32 accumulator. The
@@ -246,7 +247,8 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
         name = f"{fmt}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"
         def path(n: int) -> dict:  # the critical path's trips with n splits (``decode_path_issue``)
             per = _cdiv(_cdiv(k, n), bk) * bk
-            return {"compact": compact_trips(listed, k, per, n, td.compact_block(lay, torch.bfloat16, bh)), "tiles": _cdiv(min(per, k), bk),
+            block = td.compact_block(lay, torch.bfloat16, bh)
+            return {"compact": compact_trips(listed, k, per, n, block, compacted), "tiles": _cdiv(min(per, k), bk),
                     "splits": n, "merge_chunks": td.merge_chunks(bh)}  # ``_merge_partials``' passes over the columns
 
         out = _launch(f"sparse_mla_decode[{name}]", m * hb * s, warps, m * hb * tiles, f"{bk}-key tiles", path=path(s))
@@ -266,7 +268,7 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     expect = ("bf16 tensor cores (mma.sync), memory-bound on both GPUs: within 2x of the floor on the H200 "
               "and faster than the upstream sm_12x split-K Triton kernel's 28.7 us per call")
     row = _row(f"sparse_mla_decode[{fmt}]", shape, {"M": m, "H": h, "K": k, "listed": listed,
-                                                    "listed_bytes": listed_bytes, "splits": s,
+                                                    "listed_bytes": listed_bytes, "compacted": compacted, "splits": s,
                                                     "record": RECORD[fmt], "gathered": gathered,
                                                     "partials_in_l2": bool(s > 1 and in_l2)},
                nbytes, flops, "bf16", expect, mma_flops=mma, launch=launch)
@@ -554,7 +556,7 @@ def roofline() -> list[dict]:
         rows.append(_mla_union(fmt, B, R, HEADS_PER_RANK, U, K, "selected, union kernel: 16 req x (4 rows x 16 "
                                "heads), 3,584-record unions, top-2048 per row"))
     rows.append(_mla("nvfp4_368", B * R, HEADS, K // D, "stock DCP4: 16 req x 4 rows, 64 heads, 2048 listed, "
-                     "512 valid (compacted)", listed=K, listed_bytes=8))
+                     "512 valid (compacted by paging_topk_rows[compact])", listed=K, listed_bytes=8, compacted=True))
     rows.append(_mla("nvfp4_368", R, HEADS_PER_RANK, K, "batch 1: 4 rows, 16 heads/rank, top-2048"))
     rows.append(_indexer(R, 131072, "decode: one request, 4 rows, 128K context"))
     rows.append(_indexer(R, B * 65536, "decode step: 16 req x 4 rows at 64K each (one batched launch)"))
@@ -598,11 +600,12 @@ def roofline() -> list[dict]:
                      {"records": n_gather}, n_gather * ((LATENT + ROPE) * 4 + 8 + 368), 0, "none",
                      "memory-bound (a code lookup and one or two multiplies per value): near the HBM floor",
                      covers=["records.cu:decode_kernel"]))
-    rows.append(_row("paging_topk_rows", "16 req x 4 rows x 2048 positions -> cache rows", {"rows": B * R, "K": K},
-                     n_topk * (4 + 4 + 8), 0, "none",
+    # the attention's paged path compacts each row (``topk_rows(compact=True)``: a program a row, one trip)
+    topk_m, _, topk_warps = tp.compact_launch(K)
+    rows.append(_row("paging_topk_rows", "16 req x 4 rows x 2048 positions -> cache rows, each row's kept ones "
+                     "first", {"rows": B * R, "K": K}, n_topk * (4 + 4 + 8), 0, "none",
                      "latency-bound (2 MiB of int32 in, int64 out): a launch, a few us, per attention layer",
-                     launch=_launch("paging_topk_rows", _cdiv(B * R, tp.TOPK_BLOCK_M) * _cdiv(K, tp.TOPK_BLOCK_K),
-                                    tp.TOPK_WARPS)))
+                     launch=_launch("paging_topk_rows[compact]", _cdiv(B * R, topk_m), topk_warps)))
     rows.append(_row("records_write_paged[nvfp4_368]", "a decode step's cache write: 16 x 4 bf16 rows encoded "
                      "into the strided cache", {"tokens": B * R}, B * R * ((LATENT + ROPE) * 2 + 8 + 368), 0, "none",
                      "latency-bound (115 KB): the layer's whole cache write in one launch (values and slots "

@@ -282,7 +282,8 @@ def engine_rows(kr) -> list[dict]:
 
 def _engine_decode_case(row, dev, smoke):
     """The fused decode as ``attend_in_blocks`` launches it: the arena's views, one plan (made by the
-    first call), the selected path's int32 workspace slots or the stock path's int64 cache rows."""
+    first call), the selected path's int32 workspace slots or the stock path's int64 cache rows, each
+    row's valid ones first where the row says so (``compacted``: ``triton_paging.topk_rows(compact=True)``)."""
     import torch
 
     from sparkinfer.decode.layer_buffers import AttentionArena, attend_in_blocks
@@ -290,9 +291,12 @@ def _engine_decode_case(row, dev, smoke):
     fmt, q_nope, q_rope, records, idx = _mla_inputs(row, dev, smoke)
     if row["params"]["listed_bytes"] == 8:
         idx = idx.long()
+    compacted = row["params"].get("compacted", False)
+    if compacted:  # a stable sort of each row by "is -1"
+        idx = idx.gather(1, torch.sort((idx < 0).to(torch.int8), dim=1, stable=True).indices)
     arena, plans = AttentionArena(dev), {}
     return lambda: attend_in_blocks(arena, q_nope, q_rope, fmt, 0.04, idx.shape[1], lambda a, b, _: (records, idx[a:b]),
-                                    plans)
+                                    plans, compacted=compacted)
 
 
 def _engine_paged_case(row, dev, smoke):

@@ -10,7 +10,9 @@ hold the shared memory, sm_90: ``heads_per_program``). Program (m, hb, s):
    straddles two programs) at that position of the workspace row, int64. On the stock DCP path
    about 3/4 of a rank's top-k is -1 (tokens of other ranks), so the attention walks only this
    rank's records, in equal slices. The list is read from DRAM once; the row's other programs
-   find it in L2. (A separate compaction kernel did this before: one more launch.)
+   find it in L2. (A separate compaction kernel did this before: one more launch.) A list whose
+   valid indices come first (all valid; or the paged path's, compacted by ``triton_paging.topk_rows``,
+   which the caller says: ``compacted``) is counted and its slice copied, without the scan.
 2. walks its slice of the compacted indices, gathers those records and decodes them into bf16
    tiles: the latent in chunks (656: four of [BLOCK_K, 128]; NVFP4 four of [64, 128] at 64 keys a
    tile, else two of [32, 256]) and the rope [BLOCK_K, 64], with the packed decoders
@@ -315,7 +317,8 @@ def _count_valid(row_ptr, s_k, c_lo, c_hi, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
-def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
+def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, prefix_count, BLOCK_K: tl.constexpr,
+                   BLOCK_C: tl.constexpr):
     """This split's keys [lo, hi) of the row's valid indices, compacted: the row's K listed indices
     (int32/int64 at ``row_ptr``, stride ``s_k``; -1 = skip) are counted, and those whose position in
     the compacted order falls in the split's slice (``_split_range`` of the count) are stored, int64, at
@@ -324,7 +327,11 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     [lo, hi + K - count): the scan that places them (a cumulative sum a block) starts at lo's block,
     after a count of the valid ones before it, and stops there. When all K are valid (the selected
     path's rows) the slice is the listed [lo, hi) itself: a copy instead (the scan's cumulative sum took
-    113 sm_90 instructions a warp and block of 256, the copy ~20), and neither the scan nor that count runs.
+    113 sm_90 instructions a warp and block of 256, the copy ~20), and neither the scan nor that count runs;
+    so too where the caller says its valid indices come first: a row with at least ``prefix_count`` valid
+    ones lists them first, K (all valid) or 0 (the paged path's rows, ``triton_paging.topk_rows(compact=True)``;
+    the caller's word, since finding it out in the count cost the selected path's rows ~15 instructions a
+    warp, and one compare, as ``count == K`` was, where a flag took two).
     Every program of the row reads the list (from L2 after the first program) and writes only its
     slice (the head blocks of a split write the same values), then a barrier makes the slice visible
     to all of its threads.
@@ -333,8 +340,9 @@ def _compact_split(row_ptr, s_k, K, crow_ptr, num_splits, split, BLOCK_K: tl.con
     # the counts take 4 blocks a trip: a trip's sum over the block (a reduction, a barrier) is a fixed cost
     count = _count_valid(row_ptr, s_k, 0, K, 4 * BLOCK_C)
     lo, hi = _split_range(count, num_splits, split, BLOCK_K)
-    all_valid = count == K
-    # every listed index valid (the selected path's rows): the slice is the listed [lo, hi), copied
+    all_valid = count >= prefix_count
+    # the valid indices are the first count listed (all valid: the selected path's rows; compacted: the
+    # paged path's): the slice is the listed [lo, hi), copied
     for c0 in range(lo, tl.where(all_valid, hi, lo), 4 * BLOCK_C):
         ks = c0 + tl.arange(0, 4 * BLOCK_C)
         tl.store(crow_ptr + ks, tl.load(row_ptr + ks * s_k, mask=ks < hi).to(tl.int64), mask=ks < hi)
@@ -406,10 +414,12 @@ def _bf16_bits(x, ASM: tl.constexpr):
     return r.to(tl.uint16).to(tl.int16, bitcast=True)
 
 
-@triton.jit
+# ``prefix_count`` not specialized: Triton would compile a value of 1 as a constant (and 0 as a multiple
+# of 16), variants the compile specs (and the kernel report's counts) do not hold
+@triton.jit(do_not_specialize=["prefix_count"])
 def _sparse_mla_decode_kernel(
     qn_ptr, qr_ptr, rec_ptr, idx_ptr, cidx_ptr, out_ptr, lse_ptr, po_ptr, pl_ptr, tk_ptr,
-    H, K, num_splits, rec_stride, qk_scale, outer_scale,
+    H, K, num_splits, prefix_count, rec_stride, qk_scale, outer_scale,
     s_qn_m, s_qn_h, s_qr_m, s_qr_h, s_idx_m, s_idx_k, s_cidx_m,
     s_out_m, s_out_h, s_lse_m, s_po_s, s_po_m, s_po_h, s_pl_s, s_pl_m,
     FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -433,7 +443,7 @@ def _sparse_mla_decode_kernel(
     RPW: tl.constexpr = 4 if FMT == 0 else 1
     # the split's keys first: the compaction's scans run before the queries take their registers
     k_lo, k_hi = _compact_split(idx_ptr + m * s_idx_m, s_idx_k, K, cidx_ptr + m * s_cidx_m, num_splits, split,
-                                BLOCK_K, BLOCK_C)
+                                prefix_count, BLOCK_K, BLOCK_C)
     # heads past H compute with head H - 1's queries (every load unmasked); their rows are not stored
     q_heads = tl.minimum(heads, H - 1)[:, None]
     qn_row = qn_ptr + m * s_qn_m + q_heads * s_qn_h
@@ -739,7 +749,8 @@ def _check_output(name: str, t, shape, device, dtypes=(torch.float32,)) -> torch
 def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices, scale, *,
                              outer_scale: float = 1.0, num_splits: int | None = None,
                              dot_precision: str = "bf16x2", out=None, lse=None,
-                             workspace: DecodeWorkspace | None = None, block_h: int | None = None):
+                             workspace: DecodeWorkspace | None = None, block_h: int | None = None,
+                             compacted: bool = False):
     """Launch the kernels on already-validated inputs; see ``sparse_mla_decode`` for the contract.
 
     outer_scale is the per-cache constant S of the 432 format (ignored by the others). out
@@ -747,6 +758,9 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     rounds the output), lse (float32 [M, H]) and workspace (whose S wins over num_splits) are
     optional preallocated buffers. block_h: heads a program (BLOCK_H or WIDE_H; default
     ``heads_per_program`` on this device, BLOCK_H off-GPU: the tests set WIDE_H to run it interpreted).
+    compacted: each row's valid indices are its first ones, in order (``triton_paging.topk_rows(compact=True)``;
+    the kernel then copies its split's slice instead of compacting the row: ``_compact_split``); a
+    promise the kernel does not check (a -1 among them would be read as a record).
     """
     m, h = q_nope.shape[:2]
     k = indices.shape[1]
@@ -777,7 +791,7 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     # tickets: [M, ceil(H / BLOCK_H)] hold the ceil(H / block_h) a row uses (program (m, hb)'s at m x blocks + hb)
     _sparse_mla_decode_kernel[(m, triton.cdiv(h, block_h), splits)](
         q_nope, q_rope, records, indices, cidx, out, lse, po, pl, tk,
-        h, k, splits, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
+        h, k, splits, 0 if compacted else k, records.stride(0), float(scale) * 1.4426950408889634, float(outer_scale),
         q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), indices.stride(0), indices.stride(1),
         cidx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         *((po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1)) if splits > 1 else (0,) * 5),

@@ -18,7 +18,9 @@ records would be a 283 GB layer).
   int [M], block_table int32 [R, B] -> out int64 [M, K]: the row of each kept position in the cache's
   row view (``row_view``: slot ``b * block_size + i`` is row ``b * row_s0 + i * row_s1``), -1 where
   unused, owned by another DCP rank, or beyond the request's blocks (flagged ``topk_position``, as is
-  a position below -1).
+  a position below -1). ``compact`` (the attention's paged path): each row's kept rows first, in their
+  listed order, then -1, so the decode kernel copies its slice of them where each of its programs
+  (two or four a row on the stock DCP path) compacted the row (``triton_decode._compact_split``).
 * ``scatter_rows``: rows [N, W] -> kv_cache [num_blocks, block_size, W] (any strides, last dim
   contiguous) at slots int [N]; -1 skips; a slot in vLLM's null block or outside the cache is
   skipped and flagged ``cache_slots``.
@@ -36,6 +38,7 @@ import triton
 import triton.language as tl
 
 TOPK_BLOCK_M, TOPK_BLOCK_K, TOPK_WARPS = 4, 256, 4
+TOPK_COMPACT_K = 2048  # positions a trip of ``topk_rows(compact=True)`` (``compact_launch``)
 SCATTER_BLOCK_N, SCATTER_WARPS = 4, 4
 COPY_BLOCK_N, COPY_WARPS = 4, 4
 CHECK_BLOCK_N, CHECK_BLOCK_D, CHECK_WARPS = 4, 512, 4
@@ -44,22 +47,41 @@ CHECK_BLOCK_N, CHECK_BLOCK_D, CHECK_WARPS = 4, 512, 4
 @triton.jit
 def _topk_rows_kernel(topk_ptr, s_tm, s_tk, M, K, req_ptr, table_ptr, s_tab, max_blocks, out_ptr, s_om,
                       flag_ptr, block_size, dcp_rank, dcp_world, interleave, row_s0, row_s1,
-                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, COMPACT: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    inside = (rm[:, None] < M) & (rk[None, :] < K)
-    t = tl.load(topk_ptr + rm[:, None].to(tl.int64) * s_tm + rk[None, :] * s_tk, mask=inside, other=-1).to(tl.int64)
-    # a negative t never reaches the arithmetic's result (keep is false), so C-style // and % are exact
-    local = (t // (dcp_world * interleave)) * interleave + t % interleave
-    keep = inside & (t >= 0) & ((t // interleave) % dcp_world == dcp_rank)
-    beyond = keep & (local >= max_blocks * block_size)
-    keep = keep & ~beyond
-    req = tl.load(req_ptr + rm, mask=rm < M, other=0).to(tl.int64)
-    block = tl.where(keep, local // block_size, 0)
-    phys = tl.load(table_ptr + req[:, None] * s_tab + block, mask=keep, other=0).to(tl.int64)
-    row = phys * row_s0 + (local % block_size) * row_s1
-    tl.store(out_ptr + rm[:, None].to(tl.int64) * s_om + rk[None, :], tl.where(keep, row, -1), mask=inside)
-    bad = tl.max(tl.max((beyond | (inside & (t < -1))).to(tl.int32), 1), 0)
+    o_rows = out_ptr + rm[:, None].to(tl.int64) * s_om
+    base = tl.zeros([BLOCK_M], tl.int32)  # COMPACT: rows kept so far in each of the block's rows
+    bad = tl.zeros([], tl.int32)
+    # COMPACT: a program holds whole rows (grid M / BLOCK_M x 1), else a block of each (grid M / BLOCK_M x K / BLOCK_K)
+    for k0 in range(tl.program_id(1) * BLOCK_K, K if COMPACT else (tl.program_id(1) + 1) * BLOCK_K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        inside = (rm[:, None] < M) & (rk[None, :] < K)
+        # int32 positions (vLLM's top-k) divide in int32, a few instructions where int64 takes a call each
+        t = tl.load(topk_ptr + rm[:, None].to(tl.int64) * s_tm + rk[None, :] * s_tk, mask=inside, other=-1)
+        # a negative t never reaches the arithmetic's result (keep is false), so C-style // and % are exact;
+        # t // (world x interleave) is (t // interleave) // world: three divisions where six were
+        stripe = t // interleave
+        turn = stripe // dcp_world
+        local = turn * interleave + (t - stripe * interleave)
+        keep = inside & (t >= 0) & (stripe - turn * dcp_world == dcp_rank)
+        beyond = keep & (local >= max_blocks * block_size)
+        keep = keep & ~beyond
+        req = tl.load(req_ptr + rm, mask=rm < M, other=0).to(tl.int64)
+        block = tl.where(keep, local // block_size, 0)
+        phys = tl.load(table_ptr + req[:, None] * s_tab + block, mask=keep, other=0).to(tl.int64)
+        row = phys * row_s0 + (local - block * block_size).to(tl.int64) * row_s1
+        if COMPACT:  # each kept row at its place among the row's kept ones, in listed order
+            kept = keep.to(tl.int32)
+            tl.store(o_rows + base[:, None] + tl.cumsum(kept, axis=1) - 1, row, mask=keep)
+            base += tl.sum(kept, axis=1)
+        else:
+            tl.store(o_rows + rk[None, :], tl.where(keep, row, -1), mask=inside)
+        bad = tl.maximum(bad, tl.max(tl.max((beyond | (inside & (t < -1))).to(tl.int32), 1), 0))
+    if COMPACT:  # the rest of each row: [kept, K), which no kept row was stored to
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            tl.store(o_rows + rk[None, :], tl.full([BLOCK_M, BLOCK_K], -1, tl.int64),
+                     mask=(rm[:, None] < M) & (rk[None, :] < K) & (rk[None, :] >= base[:, None]))
     tl.atomic_or(flag_ptr, bad)
 
 
@@ -81,20 +103,31 @@ def _scatter_rows_kernel(cache_ptr, s0, s1, num_blocks, block_size, null_block, 
 
 def topk_rows(topk: torch.Tensor, token_req: torch.Tensor, block_table: torch.Tensor, block_size: int,
               row_s0: int, row_s1: int, flag: torch.Tensor, dcp_rank: int = 0, dcp_world: int = 1,
-              interleave: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+              interleave: int = 1, out: torch.Tensor | None = None, compact: bool = False) -> torch.Tensor:
     """int64 [M, K] rows of ``topk``'s positions in the row view (module docstring); ``flag`` int32 [1]
     (``DeviceChecks.word("topk_position")``); ``out`` an optional int64 [M, K] buffer (last dim
-    contiguous)."""
+    contiguous). ``compact``: each row's kept rows first, in their listed order, then -1 (the attention's
+    paged path: the decode kernel then copies its slice instead of compacting the row,
+    ``triton_decode._compact_split``); a program per row (``compact_launch``)."""
     m, k = topk.shape
     if out is None:
         out = torch.empty((m, k), dtype=torch.int64, device=topk.device)
     if m and k:
-        grid = (triton.cdiv(m, TOPK_BLOCK_M), triton.cdiv(k, TOPK_BLOCK_K))
+        block_m, block_k, warps = compact_launch(k) if compact else (TOPK_BLOCK_M, TOPK_BLOCK_K, TOPK_WARPS)
+        grid = (triton.cdiv(m, block_m), 1 if compact else triton.cdiv(k, block_k))
         _topk_rows_kernel[grid](topk, topk.stride(0), topk.stride(1), m, k, token_req, block_table,
                                 block_table.stride(0), block_table.shape[1], out, out.stride(0), flag, block_size,
-                                dcp_rank, dcp_world, interleave, row_s0, row_s1, BLOCK_M=TOPK_BLOCK_M,
-                                BLOCK_K=TOPK_BLOCK_K, num_warps=TOPK_WARPS)
+                                dcp_rank, dcp_world, interleave, row_s0, row_s1, BLOCK_M=block_m,
+                                BLOCK_K=block_k, COMPACT=compact, num_warps=warps)
     return out
+
+
+def compact_launch(k: int) -> tuple[int, int, int]:
+    """(rows a program, positions a trip, warps) of ``topk_rows(compact=True)``: one row a program, the whole
+    row in one trip up to TOPK_COMPACT_K positions (GLM-5.2's top-2,048: its loads all in flight at once;
+    a larger K takes more trips, each after the last's count), 8 positions a thread."""
+    block_k = min(triton.next_power_of_2(k), TOPK_COMPACT_K)
+    return 1, block_k, max(1, min(8, block_k // 256))
 
 
 def scatter_rows(kv_cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, null_block: int,
@@ -180,10 +213,13 @@ def compile_specs() -> list[dict]:
     selected path's workspace patch (432-byte records, the widest of its formats), masked, and
     unmasked into listed rows (the replica store)."""
     specs = []
-    topk = dict(_TOPK_SIG, topk_ptr="*i32", req_ptr="*i64", BLOCK_M="constexpr", BLOCK_K="constexpr")
-    specs.append(dict(name="paging_topk_rows", fn=_topk_rows_kernel, signature=_ordered(_topk_rows_kernel, topk),
-                      constexprs={"BLOCK_M": TOPK_BLOCK_M, "BLOCK_K": TOPK_BLOCK_K}, num_warps=TOPK_WARPS,
-                      num_stages=1))
+    topk = dict(_TOPK_SIG, topk_ptr="*i32", req_ptr="*i64", BLOCK_M="constexpr", BLOCK_K="constexpr",
+                COMPACT="constexpr")
+    block_m, block_k, warps = compact_launch(2048)  # the attention's paged path at GLM-5.2's top-2,048
+    for name, compact, bm, bk, w in (("paging_topk_rows", False, TOPK_BLOCK_M, TOPK_BLOCK_K, TOPK_WARPS),
+                                     ("paging_topk_rows[compact]", True, block_m, block_k, warps)):
+        specs.append(dict(name=name, fn=_topk_rows_kernel, signature=_ordered(_topk_rows_kernel, topk),
+                          constexprs={"BLOCK_M": bm, "BLOCK_K": bk, "COMPACT": compact}, num_warps=w, num_stages=1))
     for elem, width in (("u8", 656), ("bf16", 576)):
         sig = dict(_SCATTER_SIG, cache_ptr=f"*{elem}", rows_ptr=f"*{elem}", BLOCK_N="constexpr", BLOCK_W="constexpr")
         specs.append(dict(name=f"paging_scatter_rows[{elem}]", fn=_scatter_rows_kernel,

@@ -120,13 +120,15 @@ class AttentionPlan:
 
 
 def attend_in_blocks(arenas: AttentionArena, q_nope: torch.Tensor, q_rope: torch.Tensor, fmt, scale: float, k: int,
-                     indices, plans: dict | None = None):
+                     indices, plans: dict | None = None, compacted: bool = False):
     """(out [M, H, 512], lse float32 [M, H]) of the forward's Triton sparse-MLA attention over q_nope's
     M rows and H heads with K indices per row, in blocks of ``BLOCK_ROWS`` rows, every buffer a view of
     the arena (``AttentionPlan``; taken from ``plans``, the step's, when its layers share it):
     ``indices(a, b, topk_rows)`` gives rows [a, b)'s (records, indices [b - a, K]) (the paged path
     maps its top-k into ``topk_rows``, the block's int64 [b - a, K] arena view; the selected path's
-    slots are already rows of its workspace). out is bf16 for bf16 queries (the decode kernel
+    slots are already rows of its workspace); ``compacted``: each row's valid indices come first (the paged
+    path's, ``triton_paging.topk_rows(compact=True)``: the decode copies them instead of compacting
+    them). out is bf16 for bf16 queries (the decode kernel
     rounds it: no cast after the layer's attention), else float32. The inputs are the engine's, checked
     where they are made: only the kernels run here."""
     from sparkinfer.attention.triton_decode import sparse_mla_decode_triton
@@ -142,7 +144,8 @@ def attend_in_blocks(arenas: AttentionArena, q_nope: torch.Tensor, q_rope: torch
         records, rows = indices(a, b, topk_rows)
         whole = b - a == m  # a decode step's one block: no views of the rows to make
         sparse_mla_decode_triton(q_nope if whole else q_nope[a:b], q_rope if whole else q_rope[a:b], records,
-                                 plan.layout, rows, scale, outer_scale=plan.outer_scale, out=out, lse=lse, workspace=ws)
+                                 plan.layout, rows, scale, outer_scale=plan.outer_scale, out=out, lse=lse, workspace=ws,
+                                 compacted=compacted)
     return plan.out, plan.lse
 
 

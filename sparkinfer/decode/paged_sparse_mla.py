@@ -270,12 +270,13 @@ def topk_cache_rows(kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch
 
 
 def forward_cache_rows(step, kv_cache: torch.Tensor, topk: torch.Tensor, token_req: torch.Tensor, dcp_rank: int,
-                       dcp_world: int, out=None, align: int = 4):
+                       dcp_world: int, out=None, align: int = 4, compact: bool = False):
     """``topk_cache_rows`` in a layer's forward (``step``: its ``ForwardStep``, whose block table and
     interleave it reads), rows of the ``row_view`` at ``align`` (the attention's: ``row_align``): a bad
     position is flagged (``topk_position``) and maps to -1. On the Triton backend, over a cache with a
     row view, one kernel (``triton_paging.topk_rows``) from the top-k straight to rows, into ``out``
-    (int64 [M, K]) when given."""
+    (int64 [M, K]) when given; ``compact`` (the attention's) puts each row's kept rows first, in listed
+    order, then -1 there, so the decode kernel need not compact them (~3/4 of a DCP4 rank's are -1)."""
     strides = row_strides(kv_cache, align)
     bs = kv_cache.shape[1]
     dcp = (dcp_rank, dcp_world, step.interleave)
@@ -283,7 +284,7 @@ def forward_cache_rows(step, kv_cache: torch.Tensor, topk: torch.Tensor, token_r
         from sparkinfer.attention import triton_paging
 
         rows = triton_paging.topk_rows(topk, token_req, step.block_table, bs, *strides,
-                                       step.checks.word("topk_position"), *dcp, out=out)
+                                       step.checks.word("topk_position"), *dcp, out=out, compact=compact)
         return row_view(kv_cache, None, align)[0], rows
     slots, bad = topk_slots(topk, token_req, step.block_table, bs, *dcp)
     step.checks.flag("topk_position", bad)
@@ -334,11 +335,16 @@ def attend(step, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Ten
     token_req = step.token_req if step.token_req.shape[0] == m else step.token_req[:m]
     align = row_align(kv_cache)  # 16 for every view vLLM makes: the decode's 16-byte record loads
     if step.backend == "triton" and row_strides(kv_cache, align) is not None:
+        # each row's kept rows first (compact), so the decode copies its slice of them (compacted) where it
+        # compacted each row in every program (~3/4 of a DCP4 rank's top-k is other ranks' tokens)
         def cache_rows(a, b, topk_rows):
             if b - a == m:  # a decode step's one block: no views to make
-                return forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, topk_rows, align)
-            return forward_cache_rows(step, kv_cache, topk[a:b], token_req[a:b], dcp_rank, dcp_world, topk_rows, align)
+                return forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, topk_rows, align,
+                                          compact=True)
+            return forward_cache_rows(step, kv_cache, topk[a:b], token_req[a:b], dcp_rank, dcp_world, topk_rows, align,
+                                      compact=True)
 
-        return attend_in_blocks(step.arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows, step.plans)
+        return attend_in_blocks(step.arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows, step.plans,
+                                compacted=True)
     records, rows = forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, align=align)
     return sparse_mla_decode(q_nope, q_rope, records, fmt, rows, scale, backend=step.backend, check_indices=False)

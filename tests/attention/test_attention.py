@@ -241,6 +241,31 @@ def test_a_paged_row_view_decodes_as_contiguous_records(splits, align):
     assert_matches(*got, *oracle(q_nope, q_rope, records, get_format("nvfp4_368"), indices, scale), tol=TRITON_TOL)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_compacted_list_decodes_as_the_listed_one(splits):
+    """Each row's valid indices first, in their listed order, then -1 (what ``topk_rows(compact=True)``
+    hands the paged path, which says so: ``compacted``): the kernel copies its split's slice instead of
+    compacting the row (``_compact_split``), and gives bit for bit the output and LSE of the list as it
+    was: ~1/4 valid of 300 (several tiles; 3 splits), a row all valid, a row of all -1."""
+    from sparkinfer.attention.triton_decode import sparse_mla_decode_triton
+    from sparkinfer.attention.validate import resolve_layout
+
+    fmt = get_format("nvfp4_368")
+    q_nope, q_rope, records, indices = make_case(fmt, m=3, h=4, k=300, t=100, seed=21, q_dtype=torch.bfloat16,
+                                                 pad_frac=0.75)
+    indices[1] = torch.arange(300) % 100
+    indices[2] = -1
+    order = torch.sort((indices < 0).to(torch.int8), dim=1, stable=True).indices
+    packed = torch.gather(indices, 1, order)
+    assert not torch.equal(packed[0], indices[0])
+    scale = 1 / math.sqrt(576)
+    lay = resolve_layout(fmt)
+    got = sparse_mla_decode_triton(q_nope, q_rope, records, lay, packed, scale, num_splits=splits, compacted=True)
+    want = sparse_mla_decode_triton(q_nope, q_rope, records, lay, indices, scale, num_splits=splits)
+    assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32))
+    assert torch.equal(got[1].view(torch.int32), want[1].view(torch.int32))
+
+
 @pytest.mark.parametrize("splits,align", [(1, 4), (2, 4), (1, 16)])
 def test_32_heads_a_program_equal_16(splits, align):
     """WIDE_H heads a program (``heads_per_program``: the paged row view, 4- or 16-byte rows, on a GPU

@@ -53,8 +53,12 @@ def _topk_case(g, m, k, max_pos, bad: bool):
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("world,interleave", [(1, 1), (2, 1), (4, 4)])
-@pytest.mark.parametrize("m,k,bad", [(3, 8, False), (9, 300, True), (1, 2048, True)])
-def test_topk_rows_equal_the_torch_slots_through_the_row_view(dev, strided, world, interleave, m, k, bad):
+@pytest.mark.parametrize("m,k,bad", [(3, 8, False), (9, 300, True), (1, 2048, True), (2, 2500, False)])
+@pytest.mark.parametrize("compact", [False, True])
+def test_topk_rows_equal_the_torch_slots_through_the_row_view(dev, strided, world, interleave, m, k, bad, compact):
+    """``compact`` (the attention's paged path): the same rows, each row's kept ones first in their listed
+    order, then -1 (K = 2,500: two trips of ``compact_launch``'s 2,048, the second placing after the
+    first's count)."""
     g = torch.Generator().manual_seed(m * 131 + k + world)
     cache = _layer(_backing(g=g), 368, strided)
     nb, bs = cache.shape[:2]
@@ -66,8 +70,10 @@ def test_topk_rows_equal_the_torch_slots_through_the_row_view(dev, strided, worl
         slots, bad_entries = topk_slots(topk, token_req, table, bs, rank, world, interleave)
         want_checks.flag("topk_position", bad_entries)  # what the forward's torch form does
         rows, want = row_view(cache, slots)
+        if compact:  # a stable sort of each row by "is -1"
+            want = torch.gather(want, 1, torch.sort((want < 0).to(torch.int8), dim=1, stable=True).indices)
         got = triton_paging.topk_rows(topk.to(dev), token_req.to(dev), table.to(dev), bs, *row_strides(cache),
-                                      got_checks.word("topk_position"), rank, world, interleave).cpu()
+                                      got_checks.word("topk_position"), rank, world, interleave, compact=compact).cpu()
         assert got.dtype == torch.int64 and torch.equal(got, want)
         assert torch.equal(got_checks.flags.cpu(), want_checks.flags)
         assert bool(want_checks.flags[0]) == bad  # the -3 is bad on every rank

@@ -164,10 +164,11 @@ def test_roofline_arithmetic():
     # all valid: the copy of its slice (128 of 2048: 1 trip of 4 blocks), no count before its block and
     # no scan; the first split's 2 tiles of 64 keys, the merge over 16 splits in one pass
     assert one["launch"]["path"] == {"compact": [2, 1, 0, 0], "tiles": 2, "splits": 16, "merge_chunks": 1}
-    # stock DCP4, one split: 512 of the 2048 valid may come from any listed block, the scan runs over all;
-    # on the H200 a program of 32 heads on 8 warps scans 512 a trip (``triton_decode.compact_block``)
-    assert stock["launch"]["path"]["compact"] == [2, 0, 0, 8]
-    assert stock["launch_by_gpu"]["h200"]["path"]["compact"] == [1, 0, 0, 4]
+    # stock DCP4, one split: the 512 valid of the 2048 listed come first (``triton_paging.topk_rows(compact=
+    # True)``), so the count of the listed ones and the copy of the slice (one trip), no scan; on the H200 a
+    # program of 32 heads on 8 warps counts 2048 a trip (``triton_decode.compact_block``)
+    assert stock["params"]["compacted"] and stock["launch"]["path"]["compact"] == [2, 1, 0, 0]
+    assert stock["launch_by_gpu"]["h200"]["path"]["compact"] == [1, 1, 0, 0]
     # the trips by hand: 2 splits of 1024 all valid (a copy of 4 blocks, one trip); 3 of 128 valid of 2048
     # listed: the last split's slice [128, 128) is empty and scans nothing, the others may reach the list's
     # end; 2 of 1024 valid of 2048: the second split counts the 2 blocks before its slice's start (512) in
@@ -177,6 +178,9 @@ def test_roofline_arithmetic():
     assert kr.compact_trips(2048, 128, 64, 3, 256) == [2, 0, 0, 8]
     assert kr.compact_trips(2048, 1024, 512, 2, 256) == [2, 0, 1, 6]
     assert kr.compact_trips(2048, 1024, 512, 2, 128) == [4, 0, 1, 12]
+    # the same lists compacted (valid first): the count and the copy of the slice only
+    assert kr.compact_trips(2048, 128, 64, 3, 256, compacted=True) == [2, 1, 0, 0]
+    assert kr.compact_trips(2048, 1024, 512, 2, 128, compacted=True) == [4, 1, 0, 0]
     idx = next(r for r in rows if r["kernel"] == "indexer_scores" and r["params"]["M"] == 4
                and r["params"]["T"] == 131072)
     # 4 rows x 32 heads x 131072 tokens x 128 dims x 2, + relu, weight, sum per head and token
@@ -599,7 +603,7 @@ def test_triton_loop_body_counts_grow_with_the_body(tmp_path):
 # paged kernel cannot read; the top-k -> cache rows), the cache write (encode and scatter, and the
 # layer forward's write: <4> at a prefill chunk, <8> at the launch-bound decode step).
 HOT = ("sparse_mla_decode[nvfp4_368]", "sparse_mla_decode[nvfp4_432]", "sparse_mla_decode[fp8_ds_mla]",
-       "paged_topk_split[k2048]", "indexer_scores[q_bf16]", "indexer_keys[q_fp8]", "paging_topk_rows",
+       "paged_topk_split[k2048]", "indexer_scores[q_bf16]", "indexer_keys[q_fp8]", "paging_topk_rows[compact]",
        "paging_scatter_rows[u8]",
        "records.cu:encode_kernel", "records.cu:write_paged_nvfp4_kernel<4>", "records.cu:write_paged_nvfp4_kernel<8>")
 
@@ -656,7 +660,7 @@ def test_hot_kernels_issue_within_their_floor(report):
     H200 (2026-12-07, Triton 3.9, nvcc 13.0, issue/floor: sparse_mla_decode[nvfp4_368] 0.99,
     paged_topk_split[k2048] 0.87 (PTX), indexer_keys[q_fp8] 0.99, indexer_scores[q_bf16] 0.99,
     records.cu:write_paged_nvfp4_kernel<4> 0.99). Other shapes of the same kernels still exceed it there
-    (the decode at batch 1 1.01, stock DCP4 1.50: ``kernel_report.json``)."""
+    (the decode at batch 1 1.01, stock DCP4 1.42: ``kernel_report.json``)."""
     over = [f"{k} {g}: {x['ratio']}" for k, _, g, x in _hot_rows(report) if not x["reaches_floor"]]
     assert not over, over
 
