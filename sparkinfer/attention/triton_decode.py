@@ -539,9 +539,10 @@ def _split_weight(lse_ptrs, anchor, inv):
 
 
 @triton.jit
-def _merge_cols(acc, w, rows, d):
-    """acc + w x 128 columns of a split's partials (``rows``: 16-byte aligned, read from L2 with .cg)."""
-    return acc + w * tl.load(rows[:, None] + d[None, :], cache_modifier=".cg")
+def _merge_cols(acc, w, ptrs):
+    """acc + w x a split's partials at ``ptrs`` [BLOCK, 128] (rows of 128 contiguous fp32, 16-byte aligned;
+    read from L2 with .cg)."""
+    return acc + w * tl.load(ptrs, cache_modifier=".cg")
 
 
 @triton.jit
@@ -562,6 +563,9 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     64 rows) 128 columns a pass, the loop over the splits in each (``merge_chunks``). At 16 heads four
     passes took 216 of the merging program's ~300 sm_90 instructions a split (``benchmarks/
     kernel_report.py``'s critical path). Each output value sums its splits in order either way.""" 
+    # every loop over the splits runs (S >= 2 where the decode merges): without it, ptxas kept a path past
+    # each loop for S = 0, with its own zeroed accumulators (sm_90: 40 instructions a warp)
+    tl.assume(S > 0)
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
     pl_s = pl_rows
     for s in range(0, S):
@@ -580,13 +584,16 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
         a0 = tl.zeros([BLOCK, 128], tl.float32)
         a1, a2, a3 = a0, a0, a0
         o_po, o_pl = s_po_s * 0, s_pl_s * 0  # split s's offsets, stepped (pointers stepped spilled 8 B on sm_90)
+        # split 0's [BLOCK, 128] pointers, outside the loop: a split's are these + o_po, one 64-bit address a
+        # row (the columns added to split s's row pointers in the loop took 4 more instructions a split)
+        cols = po_rows[:, None] + d[None, :]
         for s in range(0, S):
             w = _split_weight(pl_rows + o_pl, anchor, inv)
-            rows = tl.multiple_of(po_rows + o_po, 16)
-            a0 = _merge_cols(a0, w, rows, d)
-            a1 = _merge_cols(a1, w, rows + 128, d)
-            a2 = _merge_cols(a2, w, rows + 256, d)
-            a3 = _merge_cols(a3, w, rows + 384, d)
+            split_cols = cols + o_po
+            a0 = _merge_cols(a0, w, split_cols)
+            a1 = _merge_cols(a1, w, split_cols + 128)
+            a2 = _merge_cols(a2, w, split_cols + 256)
+            a3 = _merge_cols(a3, w, split_cols + 384)
             o_po += s_po_s
             o_pl += s_pl_s
         _store_out(out_rows[:, None] + d[None, :], a0, mask[:, None], OUT_BF16, ASM)
@@ -598,7 +605,7 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
             acc = tl.zeros([BLOCK, 128], tl.float32)
             for s in range(0, S):
                 w = _split_weight(pl_rows + s * s_pl_s, anchor, inv)
-                acc = _merge_cols(acc, w, tl.multiple_of(po_rows + s * s_po_s + 128 * c, 16), d)
+                acc = _merge_cols(acc, w, tl.multiple_of(po_rows + s * s_po_s + 128 * c, 16)[:, None] + d[None, :])
             _store_out(out_rows[:, None] + 128 * c + d[None, :], acc, mask[:, None], OUT_BF16, ASM)
     tl.store(lse_rows, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")), mask=mask)
 
