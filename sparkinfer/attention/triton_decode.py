@@ -583,19 +583,19 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     if BLOCK * _LATENT <= _MERGE_ELEMS:  # every column in one pass over the splits: four accumulators
         a0 = tl.zeros([BLOCK, 128], tl.float32)
         a1, a2, a3 = a0, a0, a0
-        o_po, o_pl = s_po_s * 0, s_pl_s * 0  # split s's offsets, stepped (pointers stepped spilled 8 B on sm_90)
+        o_po, pl_s = s_po_s * 0, pl_rows  # split s's offset and LSE pointers, stepped
         # split 0's [BLOCK, 128] pointers, outside the loop: a split's are these + o_po, one 64-bit address a
         # row (the columns added to split s's row pointers in the loop took 4 more instructions a split)
         cols = po_rows[:, None] + d[None, :]
         for s in range(0, S):
-            w = _split_weight(pl_rows + o_pl, anchor, inv)
+            w = _split_weight(pl_s, anchor, inv)
             split_cols = cols + o_po
             a0 = _merge_cols(a0, w, split_cols)
             a1 = _merge_cols(a1, w, split_cols + 128)
             a2 = _merge_cols(a2, w, split_cols + 256)
             a3 = _merge_cols(a3, w, split_cols + 384)
             o_po += s_po_s
-            o_pl += s_pl_s
+            pl_s += s_pl_s
         _store_out(out_rows[:, None] + d[None, :], a0, mask[:, None], OUT_BF16, ASM)
         _store_out(out_rows[:, None] + 128 + d[None, :], a1, mask[:, None], OUT_BF16, ASM)
         _store_out(out_rows[:, None] + 256 + d[None, :], a2, mask[:, None], OUT_BF16, ASM)
