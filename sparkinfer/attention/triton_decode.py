@@ -518,6 +518,9 @@ def _sparse_mla_decode_kernel(
         tk = tk_ptr + m * tl.num_programs(1) + hb
         if tl.atomic_add(tk, 1, sem="acq_rel") == num_splits - 1:
             tl.store(tk, 0)  # the next launch (a CUDA-graph replay) starts from 0 again
+            # S > 1 here (MERGE), so the merge's loops over the splits all run: told so, ptxas drops the
+            # paths past them for S = 0, with their own zeroed accumulators (sm_90: 40 instructions a warp)
+            tl.assume(num_splits > 1)
             _merge_partials(po_ptr + m * s_po_m + last * s_po_h, pl_ptr + m * s_pl_m + last,
                             out_ptr + m * s_out_m + heads * s_out_h, lse_ptr + m * s_lse_m + heads, heads < H,
                             num_splits, s_po_s, s_pl_s, BLOCK_H, OUT_BF16, ASM)
@@ -563,9 +566,6 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     64 rows) 128 columns a pass, the loop over the splits in each (``merge_chunks``). At 16 heads four
     passes took 216 of the merging program's ~300 sm_90 instructions a split (``benchmarks/
     kernel_report.py``'s critical path). Each output value sums its splits in order either way.""" 
-    # every loop over the splits runs (S >= 2 where the decode merges): without it, ptxas kept a path past
-    # each loop for S = 0, with its own zeroed accumulators (sm_90: 40 instructions a warp)
-    tl.assume(S > 0)
     mx = tl.full([BLOCK], float("-inf"), tl.float32)
     pl_s = pl_rows
     for s in range(0, S):
