@@ -536,6 +536,9 @@ def _sparse_mla_decode_kernel(
         # was kept across it (spilled)
         if tl.atomic_add(tk, 1, sem="acq_rel") + 1 == num_splits:
             tl.store(tk, 0)  # the next launch (a CUDA-graph replay) starts from 0 again
+            # S > 1 here (MERGE), so the merge's loops over the splits all run: told so, ptxas drops the
+            # paths past them for S = 0, with their own zeroed accumulators (sm_90: 40 instructions a warp)
+            tl.assume(num_splits > 1)
             _merge_partials(po_ptr + m * s_po_m + last * s_po_h, pl_ptr + m * s_pl_m + last,
                             out_ptr + m * s_out_m + heads * s_out_h, lse_ptr + m * s_lse_m + heads, heads < H,
                             num_splits, s_po_s, s_pl_s, BLOCK_H, OUT_BF16, ASM)
@@ -570,9 +573,10 @@ def _split_weight(lse_ptrs, anchor, inv):
 
 
 @triton.jit
-def _merge_cols(acc, w, rows, d):
-    """acc + w x 128 columns of a split's partials (``rows``: 16-byte aligned, read from L2 with .cg)."""
-    return acc + w * tl.load(rows[:, None] + d[None, :], cache_modifier=".cg")
+def _merge_cols(acc, w, ptrs):
+    """acc + w x a split's partials at ``ptrs`` [BLOCK, 128] (rows of 128 contiguous fp32, 16-byte aligned;
+    read from L2 with .cg)."""
+    return acc + w * tl.load(ptrs, cache_modifier=".cg")
 
 
 @triton.jit
@@ -610,16 +614,19 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
     if BLOCK * _LATENT <= _MERGE_ELEMS:  # every column in one pass over the splits: four accumulators
         a0 = tl.zeros([BLOCK, 128], tl.float32)
         a1, a2, a3 = a0, a0, a0
-        o_po, o_pl = s_po_s * 0, s_pl_s * 0  # split s's offsets, stepped (pointers stepped spilled 8 B on sm_90)
+        o_po, pl_s = s_po_s * 0, pl_rows  # split s's offset and LSE pointers, stepped
+        # split 0's [BLOCK, 128] pointers, outside the loop: a split's are these + o_po, one 64-bit address a
+        # row (the columns added to split s's row pointers in the loop took 4 more instructions a split)
+        cols = po_rows[:, None] + d[None, :]
         for s in range(0, S):
-            w = _split_weight(pl_rows + o_pl, anchor, inv)
-            rows = tl.multiple_of(po_rows + o_po, 16)
-            a0 = _merge_cols(a0, w, rows, d)
-            a1 = _merge_cols(a1, w, rows + 128, d)
-            a2 = _merge_cols(a2, w, rows + 256, d)
-            a3 = _merge_cols(a3, w, rows + 384, d)
+            w = _split_weight(pl_s, anchor, inv)
+            split_cols = cols + o_po
+            a0 = _merge_cols(a0, w, split_cols)
+            a1 = _merge_cols(a1, w, split_cols + 128)
+            a2 = _merge_cols(a2, w, split_cols + 256)
+            a3 = _merge_cols(a3, w, split_cols + 384)
             o_po += s_po_s
-            o_pl += s_pl_s
+            pl_s += s_pl_s
         _store_out(out_rows[:, None] + d[None, :], a0, mask[:, None], OUT_BF16, ASM)
         _store_out(out_rows[:, None] + 128 + d[None, :], a1, mask[:, None], OUT_BF16, ASM)
         _store_out(out_rows[:, None] + 256 + d[None, :], a2, mask[:, None], OUT_BF16, ASM)
@@ -629,7 +636,7 @@ def _merge_partials(po_rows, pl_rows, out_rows, lse_rows, mask, S, s_po_s, s_pl_
             acc = tl.zeros([BLOCK, 128], tl.float32)
             for s in range(0, S):
                 w = _split_weight(pl_rows + s * s_pl_s, anchor, inv)
-                acc = _merge_cols(acc, w, tl.multiple_of(po_rows + s * s_po_s + 128 * c, 16), d)
+                acc = _merge_cols(acc, w, tl.multiple_of(po_rows + s * s_po_s + 128 * c, 16)[:, None] + d[None, :])
             _store_out(out_rows[:, None] + 128 * c + d[None, :], acc, mask[:, None], OUT_BF16, ASM)
     tl.store(lse_rows, tl.where(seen, anchor + tl.log(tl.where(seen, total, 1.0)), float("-inf")), mask=mask)
 
