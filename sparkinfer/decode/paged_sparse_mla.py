@@ -338,10 +338,9 @@ def attend(step, q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Ten
         # each row's kept rows first (compact), so the decode copies its slice of them (compacted) where it
         # compacted each row in every program (~3/4 of a DCP4 rank's top-k is other ranks' tokens)
         def cache_rows(a, b, topk_rows):
-            if b - a == m:  # a decode step's one block: no views to make
-                return forward_cache_rows(step, kv_cache, topk, token_req, dcp_rank, dcp_world, topk_rows, align,
-                                          compact=True)
-            return forward_cache_rows(step, kv_cache, topk[a:b], token_req[a:b], dcp_rank, dcp_world, topk_rows, align,
+            whole = b - a == m  # a decode step's one block: no views to make
+            return forward_cache_rows(step, kv_cache, topk if whole else topk[a:b],
+                                      token_req if whole else token_req[a:b], dcp_rank, dcp_world, topk_rows, align,
                                       compact=True)
 
         return attend_in_blocks(step.arena, q_nope, q_rope, fmt, scale, topk.shape[1], cache_rows, step.plans,
