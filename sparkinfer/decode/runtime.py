@@ -30,6 +30,7 @@ field                  what it holds
 from __future__ import annotations
 
 from sparkinfer import native
+from sparkinfer.attention import interpret
 from sparkinfer.decode.device_checks import DeviceChecks
 from sparkinfer.decode.graph_paths import GraphPaths
 from sparkinfer.decode.layer_buffers import AttentionArena
@@ -37,6 +38,7 @@ from sparkinfer.decode.layer_buffers import AttentionArena
 
 class WorkerRuntime:
     def __init__(self, device):
+        interpret.install()  # under TRITON_INTERPRET=1 (the GPU kernels forced on CPU): helpers skip Triton's re-patch
         self.device = native.device_key(device)
         self.checks = DeviceChecks(self.device)
         self.arena = AttentionArena(self.device)
