@@ -507,6 +507,10 @@ def main(argv=None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
         warnings.filterwarnings("ignore", category=RuntimeWarning)  # random record bytes decode to NaN
     sys.path.insert(0, REPO)
+    if a.smoke:
+        from sparkinfer.attention import interpret
+
+        interpret.install()  # helpers skip the interpreter's re-patch (sparkinfer.attention.interpret)
     doc = run(a.smoke, a.only, a.warm)
     if a.json:
         with open(a.json, "w") as f:
