@@ -147,9 +147,14 @@ def e4m3x4_to_bf16(words, ASM: tl.constexpr):
         return tl.inline_asm_elementwise(_E4M3X4_PTX, "=h,=h,=h,=h,r", [words],
                                          dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
                                          is_pure=False, pack=1)
-    w = words.to(tl.uint32)
-    return (e4m3_to_f32(w & 255).to(tl.bfloat16), e4m3_to_f32((w >> 8) & 255).to(tl.bfloat16),
-            e4m3_to_f32((w >> 16) & 255).to(tl.bfloat16), e4m3_to_f32(w >> 24).to(tl.bfloat16))
+    # the twin: the 4 bytes on two new axes of 2 (byte 2a + b at [..., a, b]), decoded in one pass (as
+    # ``e2m1x8_to_bf16``'s), then split back out
+    w = tl.expand_dims(words.to(tl.uint32), (-2, -1))
+    shift = tl.reshape(tl.arange(0, 4).to(tl.uint32) * 8, [2, 2])
+    b0, b1 = tl.split(e4m3_to_f32((w >> shift) & 255).to(tl.bfloat16))
+    e0, e2 = tl.split(b0)
+    e1, e3 = tl.split(b1)
+    return e0, e1, e2, e3
 
 
 @triton.jit
@@ -160,15 +165,20 @@ def e2m1x8_to_bf16(words, scale_code, ASM: tl.constexpr):
     if ASM:
         return tl.inline_asm_elementwise(_E2M1X8_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale_code],
                                          dtype=(tl.bfloat16,) * 8, is_pure=False, pack=1)
-    w = words.to(tl.uint32)
-    d = e4m3_to_f32(scale_code.to(tl.uint32)) * 0.0078125  # 1 / NVFP4_SHIFT
-    return (_e2m1_scaled(w, 0, d), _e2m1_scaled(w, 4, d), _e2m1_scaled(w, 8, d), _e2m1_scaled(w, 12, d),
-            _e2m1_scaled(w, 16, d), _e2m1_scaled(w, 20, d), _e2m1_scaled(w, 24, d), _e2m1_scaled(w, 28, d))
-
-
-@triton.jit
-def _e2m1_scaled(w, SHIFT: tl.constexpr, d):
-    return (e2m1_to_f32((w >> SHIFT) & 15) * d).to(tl.bfloat16)
+    # the twin: the 8 codes on three new axes of 2 (element 4a + 2b + c at [..., a, b, c]), decoded in one
+    # pass, then split back out (the interpreter's cost is per operation, hardly per element: a pass per
+    # code took test_attention.py 38 s, this 22)
+    w = tl.expand_dims(words.to(tl.uint32), (-3, -2, -1))
+    d = tl.expand_dims(e4m3_to_f32(scale_code.to(tl.uint32)) * 0.0078125, (-3, -2, -1))  # 1 / NVFP4_SHIFT
+    shift = tl.reshape(tl.arange(0, 8).to(tl.uint32) * 4, [2, 2, 2])
+    c0, c1 = tl.split((e2m1_to_f32((w >> shift) & 15) * d).to(tl.bfloat16))
+    c00, c01 = tl.split(c0)
+    c10, c11 = tl.split(c1)
+    e0, e4 = tl.split(c00)
+    e2, e6 = tl.split(c01)
+    e1, e5 = tl.split(c10)
+    e3, e7 = tl.split(c11)
+    return e0, e1, e2, e3, e4, e5, e6, e7
 
 
 @triton.jit
