@@ -53,6 +53,8 @@ _spec.loader.exec_module(bench)
 
 PROMPT = bench.PROMPT
 MAX_TOKENS = 4
+# the planted read's request: one decode step after its prefill runs every layer (MTP's included) once
+PLANTED_TOKENS = 2
 # The replicas engine's window and tokens: decode steps at contexts 12-14 hold every record in the
 # window of 18 positions (with their 4 rows), "local", and those at 15-17 exchange, "selected": three
 # of each, so the probe compares steps of both paths (the first of each is warm-up).
@@ -337,7 +339,8 @@ def _serve(model_dir, monkeypatch) -> dict:
             replays = llm.collective_rpc(launches.report)
             if name == "stock":  # the planted read, counted over both requests' steps
                 llm.collective_rpc(_plant)
-                llm.generate([{"prompt_token_ids": PROMPT}], params)
+                llm.generate([{"prompt_token_ids": PROMPT}],
+                             SamplingParams(max_tokens=PLANTED_TOKENS, temperature=0, ignore_eos=True))
                 runs.append([host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)])
             served[name] = list(out[0].outputs[0].token_ids), runs, replays
         return served
