@@ -14,7 +14,8 @@ name is already patched (the launch's own patch), and run it as before otherwise
 outside a launch, or naming a module the kernel's globals did not). What runs, and every value, is
 unchanged. The test suites install it (``tests/conftest.py``), and so does every ``WorkerRuntime``
 (``decode.runtime``: an engine's TP workers, which run the GPU kernels interpreted when
-``SPARKINFER_FORCE_GPU_IMPLS=1``); without ``TRITON_INTERPRET=1`` it does nothing.
+``SPARKINFER_FORCE_GPU_IMPLS=1``); without ``TRITON_INTERPRET=1`` it does nothing. The patch is of
+process-wide modules, so interpreted launches run one at a time in a process, with or without it.
 """
 
 import inspect
