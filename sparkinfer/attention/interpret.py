@@ -18,6 +18,7 @@ unchanged. The test suites install it (``tests/conftest.py``), and so does every
 process-wide modules, so interpreted launches run one at a time in a process, with or without it.
 """
 
+import functools
 import inspect
 import os
 
@@ -32,13 +33,21 @@ def _patched(lang) -> bool:
     return not core.is_builtin(lang.load)
 
 
+@functools.lru_cache(maxsize=None)
+def _langs(fn) -> tuple:
+    """The ``triton.language`` modules ``fn``'s globals name, as Triton's ``_patch_lang`` finds them (read
+    once per function: the scan of a module's globals was most of the skip's own cost)."""
+    import triton.language as tl
+
+    return tuple(v for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+
+
 def _patch_lang_once(fn):
     """The interpreter's ``_patch_lang`` for ``fn``, skipped (an empty scope: the launch's restores it
     all) when every ``triton.language`` module ``fn``'s globals name is patched already."""
-    import triton.language as tl
     from triton.runtime import interpreter
 
-    langs = [v for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)]
+    langs = _langs(fn)
     if langs and all(_patched(lang) for lang in langs):
         return interpreter._LangPatchScope()
     return _original(fn)
