@@ -26,7 +26,7 @@ from vllm_server import serve  # noqa: E402
 from sparkinfer.testing.tiny_model import build_tiny_glm, reference_greedy, save_tokenizer, tiny_glm_config  # noqa: E402,E501
 
 CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-           "VLLM_CPU_KVCACHE_SPACE": "1"}
+           "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}  # one OpenMP thread a worker on 2 cores
 
 PROMPT = [5, 17, 42, 9, 77, 23, 61, 12, 90, 33, 7, 54, 101, 64, 28, 3, 88, 45, 19, 70]
 

@@ -322,6 +322,7 @@ def _serve(model_dir, monkeypatch) -> dict:
     assert set(ORDER) == set(bench.PATHS) and bench.PATHS["replicas"][0] == "selected"
     for k, v in bench.ENV.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setenv("SPARKINFER_TEST_SPAWN", "1")  # minutes of interpreted kernels: faster spawned (worker_processes)
     monkeypatch.setitem(bench.PATHS, "replicas", (bench.PATHS["replicas"][0], REPLICAS["window"]))
     llm = bench.make_llm(model_dir, "replicas")
     try:

@@ -33,7 +33,7 @@ from sparkinfer.testing.tiny_model import (  # noqa: E402
     VOCAB, build_tiny_glm, fit_mtp_to_bigrams, indexer_as_vllm, reference_greedy)
 
 CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-           "VLLM_CPU_KVCACHE_SPACE": "1"}
+           "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}  # one OpenMP thread a worker on 2 cores
 PATTERN = "FSSF"  # the MTP layer is model.layers.{len(PATTERN)}
 PROMPTS = [[5, 17, 42, 9, 77, 23, 61, 12, 90, 33, 7, 54, 101, 64, 28, 3, 88, 45, 19, 70],
            [11, 99, 4, 60, 37, 81, 26, 15, 120, 47, 8, 73, 30]]
