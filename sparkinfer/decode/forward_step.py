@@ -10,6 +10,7 @@ arguments on the host and allocate what they return.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -28,10 +29,12 @@ class ForwardStep:
     interleave: int = 1  # the DCP interleave of the records
     # the step's attention plans (``layer_buffers.AttentionPlan``) by shape: made by its first layer, used by the rest
     plans: dict = field(default_factory=dict, compare=False, repr=False)
+    # the worker's counts of what its forwards did (``WorkerRuntime.counts``); a direct caller's step its own
+    counts: Counter = field(default_factory=Counter, compare=False, repr=False)
 
     @classmethod
     def of(cls, runtime, **inputs) -> "ForwardStep":
         """The step over ``runtime``'s buffers (a ``WorkerRuntime``), its kernels chosen for its device."""
         from sparkinfer.decode.impls import kernel_backend
 
-        return cls(kernel_backend(runtime.device), runtime.checks, runtime.arena, **inputs)
+        return cls(kernel_backend(runtime.device), runtime.checks, runtime.arena, counts=runtime.counts, **inputs)

@@ -24,10 +24,15 @@ field                  what it holds
 ``graph_line_logged``  whether the worker's one line on CUDA graphs was logged (``impls``)
 ``graphs``             the path and indexer scoring each FULL CUDA graph was captured on, the step's,
                        and the steps that ran without their graph (``graph_paths.GraphPaths``)
+``counts``             what the forwards did, counted on the host (indexer calls per scoring way:
+                       ``indexer:replicated``, ``indexer:sharded``); no step reads them, tests and
+                       benchmarks do (``LLM.collective_rpc``)
 =====================  =========================================================================
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from sparkinfer import native
 from sparkinfer.attention import interpret
@@ -48,6 +53,7 @@ class WorkerRuntime:
         self.request_ids: list | None = None
         self.graph_line_logged = False
         self.graphs = GraphPaths()  # the captured FULL graphs' choices and this step's (decode.graph_paths)
+        self.counts = Counter()  # what the forwards did (ForwardStep.counts)
 
     def topk_workspace_of(self, nbytes: int):
         """The indexer's top-k workspace of at least ``nbytes`` (kept: every builder of the worker asks

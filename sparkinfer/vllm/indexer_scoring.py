@@ -23,7 +23,6 @@ scores that many requests at the engine's longest context (``for_capture``).
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,8 +31,6 @@ import torch
 from sparkinfer.core.topology import DcpLayout
 
 log = logging.getLogger(__name__)
-# steps scored per way in this process, per indexer layer call (what a test reads)
-scored_steps: Counter = Counter()
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from sparkinfer.decode import graph_paths
 from sparkinfer.formats import get_format
 from sparkinfer.vllm import worker_runtime
 from sparkinfer.vllm.indexer_layout import serves_replicated_indexer  # noqa: F401 (patch 0003 calls it here)
-from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scored_steps, scoring_of
+from sparkinfer.vllm.indexer_scoring import IndexerScoring, ShardedScoring, scoring_of
 
 E4M3_MAX = 448.0
 INDEXER_FORMAT = get_format("indexer_fp8")  # the indexer cache's 132-byte key records
@@ -171,6 +171,7 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
         write_cache_records(INDEXER_FORMAT, kv_cache, slots, k[:n].float())
     else:
         backend = step.backend
+        step.counts["indexer:" + scoring_of(md.sharded)] += 1  # the worker's count (WorkerRuntime.counts)
         forward_write_records(step, INDEXER_FORMAT, kv_cache, slots, k[:n])
         # the scorer's value checks, without a host read or a temporary. The weights carry q's scales
         # (vLLM's indexer folds them in), and a q group holding a NaN or an infinity has a NaN or
@@ -179,7 +180,6 @@ def run_indexer(kv_cache: torch.Tensor, md: ReplicatedIndexerMetadata, q_fp8: to
         if not paged:
             step.checks.flag_nonfinite("indexer_inputs", weights[:n])
     sharded = md.sharded
-    scored_steps["sharded" if sharded else "replicated"] += 1
     if sharded is None and paged:
         from sparkinfer.indexer.triton_paged import paged_topk_rows
 

@@ -72,3 +72,10 @@ def use_paths(worker, mode: str, replicas: bool = False) -> dict:
         return {"mode": "stock", "replicas": False}
     selected.use(mode, replicas)
     return {"mode": selected.config.mode, "replicas": selected.replicas_on}
+
+
+def forward_counts(worker) -> dict:
+    """What this worker's forwards did so far (``WorkerRuntime.counts``), for
+    ``LLM.collective_rpc(forward_counts)``; empty for an engine without a sparkinfer layer."""
+    rt = of_engine(worker.vllm_config)
+    return {} if rt is None else dict(rt.counts)

@@ -29,8 +29,6 @@ ALLOWED = {
     "sparkinfer/cli/plan.py:_SECTIONS": "filled at import by add_section (the plan command's tables)",
     "sparkinfer/core/layouts.py:_BY_NAME": "filled at import from ALL_LAYOUTS (a read-only name table)",
     "sparkinfer/decode/graph_paths.py:NOT_REPLAY_SAFE": "a read-only table written in the source, empty today",
-    "sparkinfer/vllm/indexer_scoring.py:scored_steps": "a diagnostic probe: steps scored per way in this process, "
-                                                       "read over collective_rpc by the vLLM tests; no step reads it",
 }
 
 

@@ -28,6 +28,8 @@ import random
 
 import pytest
 
+from sparkinfer.vllm.worker_runtime import forward_counts
+
 pytestmark = pytest.mark.vllm
 
 MAX_TOKENS = 8
@@ -212,12 +214,6 @@ def test_prompt_set_straddles_pages_and_chunks():
     assert len({tuple(p) for p in PROMPTS}) == len(LENGTHS)
 
 
-def _scored_steps(worker=None):
-    from sparkinfer.vllm.indexer_scoring import scored_steps
-
-    return dict(scored_steps)
-
-
 @pytest.mark.parametrize("cache_dtype, modes", [
     ("nvfp4_368", ("selected", "stock", "stock+sharded")),
     ("nvfp4_432", ("selected",)),
@@ -235,11 +231,12 @@ def test_tp2_dcp2_equals_tp2_dcp1(tiny, cache_dtype, modes, monkeypatch):
         engine_modes = tuple(v.partition("+")[0] for v in modes if v.partition("+")[2] == scoring)
         kw = dict(kv_cache_dtype=cache_dtype, sparkinfer_indexer_scoring=scoring or "replicated")
         label = lambda mode: f"TP2/DCP2 {cache_dtype} {mode}{'+' + scoring if scoring else ''}"  # noqa: E731
-        runs, scored = generate(tiny, monkeypatch, PROMPTS, tp=2, dcp=2, after=(_scored_steps, ()),
+        runs, scored = generate(tiny, monkeypatch, PROMPTS, tp=2, dcp=2, after=(forward_counts, ()),
                                 mode=engine_modes[0] if len(engine_modes) == 1 else engine_modes,
                                 alone=_alone_flips(ref, label), **kw)
-        for counts in scored:  # every indexer call of the engine scored the chosen way
-            assert set(counts) == {scoring or "replicated"} and counts[scoring or "replicated"] > 0, counts
+        way = "indexer:" + (scoring or "replicated")
+        for counts in scored:  # every indexer call of the engine scored the chosen way (WorkerRuntime.counts)
+            assert {k for k in counts if k.startswith("indexer:")} == {way} and counts[way] > 0, counts
         for mode, run in zip(engine_modes, [runs] if len(engine_modes) == 1 else runs):
             _check(tiny, monkeypatch, run, label(mode), 2, **kw)
 
@@ -250,7 +247,7 @@ def test_tp4_dcp4_equals_tp4_dcp1(tiny4, monkeypatch):
     ref = generate(tiny4, monkeypatch, PROMPTS, tp=4, dcp=1, kv_cache_dtype="nvfp4_368", logprobs=2)
     kw = dict(kv_cache_dtype="nvfp4_368", sparkinfer_indexer_scoring="sharded")
     label = "TP4/DCP4 nvfp4_368 selected, sharded scoring"
-    run, scored = generate(tiny4, monkeypatch, PROMPTS, tp=4, dcp=4, mode="selected", after=(_scored_steps, ()),
+    run, scored = generate(tiny4, monkeypatch, PROMPTS, tp=4, dcp=4, mode="selected", after=(forward_counts, ()),
                            alone=_alone_flips(ref, lambda mode: label), **kw)
-    assert all(set(c) == {"sharded"} for c in scored), scored
+    assert all({k for k in c if k.startswith("indexer:")} == {"indexer:sharded"} for c in scored), scored
     _check(tiny4, monkeypatch, run, label, 4, **kw)

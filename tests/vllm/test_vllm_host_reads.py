@@ -45,6 +45,7 @@ import pytest
 import torch
 
 from sparkinfer.testing import host_reads, launches
+from sparkinfer.vllm.worker_runtime import forward_counts
 
 _spec = importlib.util.spec_from_file_location(
     "host_overhead", Path(__file__).resolve().parents[2] / "benchmarks" / "host_overhead.py")
@@ -399,12 +400,6 @@ def _check_layers(w: dict, staged: tuple = ()) -> None:
 GLOO_GATHER = "sparkinfer:vllm/indexer_scoring.py:all_gather_into:empty"
 
 
-def _scored_steps(worker=None):
-    from sparkinfer.vllm.indexer_scoring import scored_steps
-
-    return dict(scored_steps)
-
-
 @pytest.fixture(scope="module")
 def sharded_served(model):
     """(tokens, per-worker decode summaries, per-worker launch comparisons, per-worker indexer calls per
@@ -426,7 +421,7 @@ def sharded_served(model):
                                SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
             return (list(out[0].outputs[0].token_ids),
                     [host_reads.summarize(steps) for steps in llm.collective_rpc(host_reads.report)],
-                    llm.collective_rpc(launches.report), llm.collective_rpc(_scored_steps))
+                    llm.collective_rpc(launches.report), llm.collective_rpc(forward_counts))
         finally:
             llm.llm_engine.engine_core.shutdown()
             del llm
@@ -442,7 +437,8 @@ def test_a_sharded_indexer_step_replays(sharded_served):
     ``indexer_scoring = sharded`` replay-safe."""
     tokens, workers, replays, scored = sharded_served
     assert len(tokens) == MAX_TOKENS
-    assert all(set(c) == {"sharded"} and c["sharded"] > 0 for c in scored), scored
+    assert all({k for k in c if k.startswith("indexer:")} == {"indexer:sharded"} and c["indexer:sharded"] > 0
+               for c in scored), scored
     _check_replays("selected", replays)
     for w in replays:  # the compared target forwards ran the sharded op: its candidates and its merge
         for r in w:

@@ -12,8 +12,9 @@ The burst: concurrent streaming completions of 10 to 140 tokens (straddling the 
 64-slot page and DCP2's 128-token virtual page; several cross a page while decoding), some closed by
 the client after a few chunks, and malformed requests alongside. Checks: the server stays up
 (health, and a request after the burst succeeds), malformed requests get 4xx, preemptions happened
-(vLLM's Prometheus counter), the closed streams were aborted (each abort logged, and the burst
-generated no more tokens than the streams took plus a few steps in flight), the log has no
+(vLLM's Prometheus counter), the closed streams were aborted or had run to their end on the server
+(each abort logged, and the burst generated no more tokens than the streams took plus a few steps
+in flight), the log has no
 traceback while serving, and every streamed token equals the reference: the same prompt alone (``max_num_seqs=1``) at
 TP2/DCP1 through ``vllm.LLM``, the same TP, so only DCP (and the batch) differs.
 
@@ -64,14 +65,20 @@ def _token_id(s: str) -> int:
     return int(s.removeprefix("token_id:"))  # return_tokens_as_token_ids spells tokens token_id:N
 
 
-async def _stream(client, prompt, max_tokens, close_after=None, salt=None):
+def _burst_id(i: int) -> str:
+    """The request id burst stream ``i`` asks for (``X-Request-Id``): vLLM logs ``cmpl-<it>-0-<suffix>``."""
+    return f"burst{i:02d}"
+
+
+async def _stream(client, prompt, max_tokens, close_after=None, salt=None, request_id=None):
     """One streaming completion; returns (status, tokens, top-2 per token, finish_reason, body on error)."""
     body = {"model": "tiny-glm", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "logprobs": 2, "return_tokens_as_token_ids": True}
     if salt:
         body["cache_salt"] = salt
     tokens, tops, finish = [], [], None
-    async with client.stream("POST", "/v1/completions", json=body) as r:
+    headers = {"X-Request-Id": request_id} if request_id else None
+    async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
         if r.status_code != 200:
             return r.status_code, tokens, tops, finish, (await r.aread()).decode()
         async for line in r.aiter_lines():
@@ -117,7 +124,7 @@ async def _burst(base, prompts):
 
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)  # one connection per stream
     async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(120.0), limits=limits) as client:
-        streams = [_stream(client, p, m, c) for p, (_, m, c) in zip(prompts, BURST)]
+        streams = [_stream(client, p, m, c, request_id=_burst_id(i)) for i, (p, (_, m, c)) in enumerate(zip(prompts, BURST))]
         bad = [_malformed(client, *v) for v in MALFORMED.values()]
         results = await asyncio.wait_for(asyncio.gather(*streams, *bad), TIMEOUT)
     return results[:len(BURST)], dict(zip(MALFORMED, results[len(BURST):]))
@@ -258,17 +265,26 @@ def test_malformed_requests_get_4xx(run):
 
 
 def test_preemptions_happened_and_closed_streams_aborted(run):
+    """A closed stream's request is aborted, unless the server had generated all of it before it saw
+    the close (the API server, starved of the 2 cores by the workers, can be seconds behind: one CI run
+    logged 3 aborts for 4 closed streams, the fourth request run to its end). Either way it ends: the
+    burst's requests that ran to max_tokens are exactly those not aborted (vLLM's counter), and the
+    tokens generated are the completed requests' plus, per aborted one, what was streamed and a few
+    steps in flight, not its max_tokens."""
     m = run["metrics_burst"]
     assert _metric(m, "vllm:num_preemptions_total") > 0
-    closed = [(m_, c) for _, m_, c in BURST if c is not None]
-    assert run["log"].count("Aborted request") >= len(closed)
-    # an aborted request stops generating: the burst generated its completed streams' tokens and,
-    # per closed stream, what was streamed plus at most a few steps in flight, not its max_tokens
-    done = sum(m_ for _, m_, c in BURST if c is None)
+    aborts = [line for line in run["log"].splitlines() if "Aborted request" in line]
+    closed = {i for i, (_, _, c) in enumerate(BURST) if c is not None}
+    aborted = {i for i in range(len(BURST)) if any(f"cmpl-{_burst_id(i)}-" in line for line in aborts)}
+    assert aborted <= closed and len(aborts) == len(aborted), aborts  # only closed streams, each once
+    assert aborted, "no closed stream was aborted"
+    assert _metric(m, "vllm:request_success_total", finished_reason="length") == len(BURST) - len(aborted)
+    done = sum(m_ for i, (_, m_, _) in enumerate(BURST) if i not in aborted)
     generated = _metric(m, "vllm:generation_tokens_total")
-    print(f"preemptions {_metric(m, 'vllm:num_preemptions_total'):.0f}, aborts logged "
-          f"{run['log'].count('Aborted request')}, tokens generated {generated:.0f} (completed streams {done})")
-    assert done <= generated <= done + sum(c + 8 for _, c in closed) < done + sum(m_ for m_, _ in closed)
+    print(f"preemptions {_metric(m, 'vllm:num_preemptions_total'):.0f}, closed streams {len(closed)}, aborted "
+          f"{len(aborted)}, tokens generated {generated:.0f} (requests run to the end {done})")
+    in_flight = sum(BURST[i][2] + 8 for i in aborted)
+    assert done <= generated <= done + in_flight < done + sum(BURST[i][1] for i in aborted)
 
 
 def test_no_traceback_in_server_log(run):
