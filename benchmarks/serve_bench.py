@@ -75,10 +75,16 @@ class StreamResult:
         return [b - a for a, b in zip(self.chunks, self.chunks[1:])]
 
     @property
+    def timed(self) -> bool:
+        """Whether the stream's decode was timed: its tokens came in more than one chunk. An API server
+        that falls behind its engine merges a request's queued tokens into one chunk (seen on a busy
+        2-core CI machine), and then the client saw no decode at all."""
+        return len(self.chunks) > 1 and self.chunks[-1] > self.chunks[0]
+
+    @property
     def decode_rate(self) -> float:
-        """Tokens/s after the first token (0 when fewer than two chunks)."""
-        span = self.chunks[-1] - self.chunks[0] if len(self.chunks) > 1 else 0.0
-        return (self.completion_tokens - 1) / span if span > 0 else 0.0
+        """Tokens/s after the first token; NaN when the decode was not timed (``timed``)."""
+        return (self.completion_tokens - 1) / (self.chunks[-1] - self.chunks[0]) if self.timed else float("nan")
 
 
 @dataclass
@@ -239,14 +245,16 @@ def prefill_row(results: list[StreamResult], context: int) -> Row:
 
 def decode_row(results: list[StreamResult], prompt_len: int) -> Row:
     """Streams that ran at once: aggregate tokens/s over the window from the first stream's first
-    token to the last stream's last token, median per-stream rate, ITL over all chunk gaps."""
-    window = max(r.chunks[-1] for r in results) - min(r.chunks[0] for r in results)
-    after_first = sum(r.completion_tokens - 1 for r in results)
+    token to the last stream's last token, median per-stream rate, ITL over all chunk gaps. Only the
+    streams whose decode was timed count (``StreamResult.timed``); none timed gives NaN rates."""
+    timed = [r for r in results if r.timed]
+    window = max(r.chunks[-1] for r in timed) - min(r.chunks[0] for r in timed) if timed else 0.0
+    after_first = sum(r.completion_tokens - 1 for r in timed)
     gaps = [g for r in results for g in r.gaps]
     return Row("decode", prompt_len, len(results), len(results),
                ttft_s=statistics.median(r.ttft for r in results), prefill_tok_s=float("nan"),
                decode_tok_s=after_first / window if window > 0 else float("nan"),
-               stream_tok_s=statistics.median(r.decode_rate for r in results),
+               stream_tok_s=statistics.median(r.decode_rate for r in timed) if timed else float("nan"),
                itl_p50_ms=percentile(gaps, 50) * 1e3, itl_p99_ms=percentile(gaps, 99) * 1e3)
 
 
