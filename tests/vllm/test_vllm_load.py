@@ -124,7 +124,8 @@ async def _burst(base, prompts):
 
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)  # one connection per stream
     async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(120.0), limits=limits) as client:
-        streams = [_stream(client, p, m, c, request_id=_burst_id(i)) for i, (p, (_, m, c)) in enumerate(zip(prompts, BURST))]
+        streams = [_stream(client, p, m, c, request_id=_burst_id(i))
+                   for i, (p, (_, m, c)) in enumerate(zip(prompts, BURST))]
         bad = [_malformed(client, *v) for v in MALFORMED.values()]
         results = await asyncio.wait_for(asyncio.gather(*streams, *bad), TIMEOUT)
     return results[:len(BURST)], dict(zip(MALFORMED, results[len(BURST):]))
