@@ -8,7 +8,9 @@ Tensor shapes (byte layouts in ``csrc/include/sparkinfer/pack.h``):
   by block), with ``block_table`` int32 ``[B, max_blocks]`` and ``block_size``: record (request b,
   local ordinal o) of layer l is row ``o % block_size`` of block ``block_table[b, o // block_size]``
   of layer l. The kernels reach the layers through a table of their addresses (``layer_ptrs``
-  int64 ``[L]``, built once here) and one block stride.
+  int64 ``[L]`` on the data's device) and one block stride. A step's shard over the same caches
+  passes the last step's shard as ``prior`` and shares its table: no copy to the device per step,
+  and a captured graph keeps reading the table it captured.
 * ``layers`` int32 ``[J]``: the cache layers that travel, in slab order.
 * ``req``, ``local``, ``slot`` int32 ``[>= n]``: plane rows; only the first ``n`` entries are used.
 * packed region uint8 ``[J, n, width]`` (dense, contiguous: one copy moves it).
@@ -42,7 +44,7 @@ seq)`` (its twin runs in one thread and counts nothing).
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from functools import lru_cache
 
 import torch
@@ -71,13 +73,6 @@ def _as_blocks(l: int, t, block_size: int) -> torch.Tensor:
     return t
 
 
-@lru_cache(maxsize=8)
-def _layer_ptr_table(ptrs: tuple, device: torch.device) -> torch.Tensor:
-    """int64 [L] of the layers' addresses on ``device``: the caches never move, so a step's shard
-    finds the table of its caches here instead of copying it to the device again."""
-    return torch.tensor(ptrs, dtype=torch.int64, device=device)
-
-
 @dataclass(frozen=True)
 class Shard:
     """One rank's paged record cache (see module docstring for the row rule)."""
@@ -85,8 +80,9 @@ class Shard:
     cache: torch.Tensor | tuple
     block_table: torch.Tensor
     block_size: int
+    prior: InitVar["Shard | None"] = None  # a shard whose table to share when its layers are these
 
-    def __post_init__(self):
+    def __post_init__(self, prior):
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         per_layer = isinstance(self.cache, (list, tuple))
@@ -110,7 +106,11 @@ class Shard:
         if self.block_table.device != first.device:
             raise ValueError("block_table and cache must be on the same device")
         object.__setattr__(self, "layers", layers)  # uint8 [n_blocks, block_size, width] each
-        object.__setattr__(self, "layer_ptrs", _layer_ptr_table(tuple(t.data_ptr() for t in layers), first.device))
+        addrs = tuple(t.data_ptr() for t in layers)
+        same = prior is not None and prior.layer_addrs == addrs and prior.device == first.device
+        object.__setattr__(self, "layer_addrs", addrs)
+        object.__setattr__(self, "layer_ptrs", prior.layer_ptrs if same else
+                           torch.tensor(addrs, dtype=torch.int64, device=first.device))
 
     @property
     def width(self) -> int:

@@ -130,7 +130,7 @@ class SelectedDecode:
         B = context.shape[0]
         if B < 1 or (query_lens is None and B > self.max_batch):
             raise ValueError(f"{B} requests in the step; this decoder's decode steps hold 1..{self.max_batch}")
-        shard = Shard(caches, block_table[:B].contiguous(), block_size)
+        shard = Shard(caches, block_table[:B].contiguous(), block_size, prior=self._shard)
         if len(shard.layers) != self.pattern.num_layers or shard.width != self.fmt.record_bytes:
             raise ValueError(f"caches must hold {self.pattern.num_layers} layers of {self.fmt.record_bytes}-byte "
                              f"records, got {len(shard.layers)} of {shard.width} bytes")

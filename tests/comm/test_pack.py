@@ -71,6 +71,11 @@ def test_per_layer_tensors_move_like_one_stacked_cache():
     copies = [stacked.cache[l].clone() for l in range(4)]  # fresh allocations, addresses unrelated
     split = P.Shard(copies, stacked.block_table, stacked.block_size)
     assert split.layer_ptrs.tolist() == [t.data_ptr() for t in copies]
+    # a step's shard over the same caches shares the prior step's table; other caches get their own
+    again = P.Shard(copies, stacked.block_table[:1].contiguous(), stacked.block_size, prior=split)
+    assert again.layer_ptrs is split.layer_ptrs
+    moved = P.Shard(copies[::-1], stacked.block_table, stacked.block_size, prior=split)
+    assert moved.layer_ptrs.tolist() == [t.data_ptr() for t in copies[::-1]]
     layers = torch.tensor([3, 0, 2], dtype=torch.int32)
     cap = 10
     req, local = random_rows(stacked, cap, seed=6)
