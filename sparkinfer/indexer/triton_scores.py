@@ -149,6 +149,20 @@ def _indexer_scores_kernel(
                     tl.store(dst + j[:, None], score, mask=act[None, :] & tmask[:, None])
 
 
+# The inline PTX of ``key_rows`` (a word's 4 E4M3 codes, byte i = element i, to f16 or bf16 elements 0..3:
+# ``cvt.rn.f16x2.e4m3x2`` puts a 16-bit half's low byte in the low f16) and of ``record_rows`` (the slot's
+# byte offset); checked on every code without a GPU by ``sparkinfer.testing.ptx`` (tests/attention/test_inline_ptx.py).
+_E4M3X4_F16_PTX = tl.constexpr(
+    "{ .reg .b16 l, h; .reg .b32 a, b; mov.b32 {l, h}, $4; cvt.rn.f16x2.e4m3x2 a, l; "
+    "cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }")
+_E4M3X4_BF16_PTX = tl.constexpr(
+    "{ .reg .b16 l, h, x0, x1, x2, x3; .reg .b32 a, b; .reg .f32 f0, f1, f2, f3; mov.b32 {l, h}, $4; "
+    "cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {x0, x1}, a; mov.b32 {x2, x3}, b; "
+    "cvt.f32.f16 f0, x0; cvt.f32.f16 f1, x1; cvt.f32.f16 f2, x2; cvt.f32.f16 f3, x3; "
+    "cvt.rn.bf16x2.f32 a, f1, f0; cvt.rn.bf16x2.f32 b, f3, f2; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }")
+_MUL_WIDE_PTX = tl.constexpr("mul.wide.s32 $0, $1, $2;")
+
+
 @triton.jit
 def record_rows(rec_ptr, slot, rec_stride):
     """Byte pointers of the records ``slot`` (int32: under 2**31 records, ``_launch``) at stride ``rec_stride``.
@@ -158,7 +172,7 @@ def record_rows(rec_ptr, slot, rec_stride):
     if _INTERPRETED:
         off = slot.to(tl.int64) * rec_stride
     else:
-        off = tl.inline_asm_elementwise("mul.wide.s32 $0, $1, $2;", "=l,r,r", [slot, slot * 0 + rec_stride],
+        off = tl.inline_asm_elementwise(_MUL_WIDE_PTX, "=l,r,r", [slot, slot * 0 + rec_stride],
                                         dtype=tl.int64, is_pure=True, pack=1)
     return rec_ptr + off
 
@@ -286,19 +300,14 @@ def key_rows(row_ptr, tmask, PRECISION: tl.constexpr, MASKED: tl.constexpr = Tru
     else:  # every row_ptr a record's, those past tmask too (their keys are not used)
         words = tl.load(row_ptr.to(tl.pointer_type(tl.int32))[:, None] + w[None, :])
     if PRECISION == "f16" and not _INTERPRETED:
-        c0, c1, c2, c3 = tl.inline_asm_elementwise(
-            "{ .reg .b16 l, h; .reg .b32 a, b; mov.b32 {l, h}, $4; cvt.rn.f16x2.e4m3x2 a, l; "
-            "cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
-            "=h,=h,=h,=h,r", [words], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(_E4M3X4_F16_PTX, "=h,=h,=h,=h,r", [words],
+                                                   dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+                                                   is_pure=True, pack=1)
         return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), [words.shape[0], 128])
     if PRECISION == "bf16" and not _INTERPRETED:  # f16x2, each f16 to f32, a pair to bf16x2: all exact
-        c0, c1, c2, c3 = tl.inline_asm_elementwise(
-            "{ .reg .b16 l, h, x0, x1, x2, x3; .reg .b32 a, b; .reg .f32 f0, f1, f2, f3; mov.b32 {l, h}, $4; "
-            "cvt.rn.f16x2.e4m3x2 a, l; cvt.rn.f16x2.e4m3x2 b, h; mov.b32 {x0, x1}, a; mov.b32 {x2, x3}, b; "
-            "cvt.f32.f16 f0, x0; cvt.f32.f16 f1, x1; cvt.f32.f16 f2, x2; cvt.f32.f16 f3, x3; "
-            "cvt.rn.bf16x2.f32 a, f1, f0; cvt.rn.bf16x2.f32 b, f3, f2; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
-            "=h,=h,=h,=h,r", [words], dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16), is_pure=True,
-            pack=1)
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(_E4M3X4_BF16_PTX, "=h,=h,=h,=h,r", [words],
+                                                   dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+                                                   is_pure=True, pack=1)
         return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), [words.shape[0], 128])
     b0 = words.to(tl.uint8)
     b1 = (words >> 8).to(tl.uint8)
