@@ -233,18 +233,20 @@ def _mla(fmt: str, m: int, h: int, k: int, shape: str, gathered: int | None = No
     # grid (M, H / BLOCK_H, S); split i walks keys [i kps, min((i + 1) kps, k)) in BLOCK_K tiles
     # (kps = ceil(ceil(k / S) / BLOCK_K) BLOCK_K, the kernel's k_per_split); rows and head blocks alike
     lay = {x.short: x for x in (NVFP4_368, NVFP4_432, FP8_DS_MLA)}[fmt]
-    bk = td.block_k(lay, torch.bfloat16)  # the engine's bf16 queries, 16-byte aligned records
-    kps = _cdiv(_cdiv(k, s), bk) * bk
-    tiles = sum(_cdiv(max(0, min(kps, k - i * kps)), bk) for i in range(s))
 
     def launch_on(gpu: str) -> dict:
         """The compiled variant the wrapper launches on ``gpu``: heads a program by its shared memory
-        (``heads_per_program``: ",h32"), with the fused merge for S > 1, ",s1" for one split."""
+        (``heads_per_program``: ",h32"), with the fused merge for S > 1, ",s1" for one split, keys a tile
+        by its shared memory (``block_k``: ",k32")."""
         bh = td.heads_per_program(lay, torch.bfloat16, h, m * _cdiv(h, td.BLOCK_H) * s, HW[gpu]["sms"],
                                   HW[gpu]["smem_optin"])
         hb = _cdiv(h, bh)
         warps = td.launch_options(lay, torch.bfloat16, bh)["num_warps"]  # the engine's bf16 queries
-        name = f"{fmt}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}"
+        bk = td.block_k(lay, torch.bfloat16, 16, HW[gpu]["smem_optin"])  # 16-byte aligned records
+        kps = _cdiv(_cdiv(k, s), bk) * bk
+        tiles = sum(_cdiv(max(0, min(kps, k - i * kps)), bk) for i in range(s))
+        name = f"{fmt}{'' if bh == td.BLOCK_H else f',h{bh}'}{'' if s > 1 else ',s1'}" \
+            + ("" if bk == td.block_k(lay, torch.bfloat16) else f",k{bk}")
         def path(n: int) -> dict:  # the critical path's trips with n splits (``decode_path_issue``)
             per = _cdiv(_cdiv(k, n), bk) * bk
             block = td.compact_block(lay, torch.bfloat16, bh)
@@ -826,8 +828,63 @@ def loop_profile(code: list, source: str) -> dict:
     prof["loop_mma"] = [sum(1 for insn, _, _ in code[lp["start"]:lp["end"] + 1] if mma.search(insn)) for lp in loops]
     load = _LOAD_SASS if source == "sass" else _LOAD_PTX
     prof["loop_loads"] = [sum(1 for insn, _, _ in code[lp["start"]:lp["end"] + 1] if load.search(insn)) for lp in loops]
-    return {**prof, "hot_body": hot["size"], "hot_inner_loops": inner, "outside": len(code) - hot["size"],
-            "hot_mma": hot_mma}
+    out = {**prof, "hot_body": hot["size"], "hot_inner_loops": inner, "outside": len(code) - hot["size"],
+           "hot_mma": hot_mma}
+    if source == "sass":
+        out["hot_load_waits"] = load_waits(code, hot["start"], hot["end"])
+        # local-memory loads and stores in the hot loop: spills an iteration pays (ptxas' spill bytes count
+        # every spill, most outside the loop: once per CTA)
+        out["hot_spill_ops"] = sum(1 for insn, _, _ in code[hot["start"]:hot["end"] + 1]
+                                   if re.search(r"\b(?:LDL|STL)\b", insn))
+    return out
+
+
+# ---- global-load round trips: what an iteration of the hot loop waits for ---------------------------------
+# A CTA whose warps wait on a global load sit idle for a DRAM round trip (hundreds of ns) unless other
+# CTAs on the SM have work; the sparse-MLA decode runs one CTA an SM, so the round trips an iteration
+# waits for in sequence add to its time whatever the instruction count. Counted on the SASS of one loop
+# iteration (run twice, the second counted, so a load issued at the end of an iteration and used in the
+# next one counts there): a synchronous load (LDG) is pending until an instruction names one of the
+# registers it writes (its destination, 1, 2 or 4 registers by its width); that instruction waits, and
+# so are all the loads then pending (issued together, they arrive together): one round trip. An
+# asynchronous copy (LDGSTS, cp.async into shared memory) is pending until a DEPBAR waits on the copies:
+# one round trip if any is pending. Shared-memory and local loads are not counted.
+
+_REG = re.compile(r"(?<![\w.])R(\d+)(\.64)?\b")
+
+
+def _sass_regs(text: str) -> set:
+    """The registers an operand text names (a ``.64`` pair: both)."""
+    regs = set()
+    for n, pair in _REG.findall(text):
+        regs.update((int(n), int(n) + 1) if pair else (int(n),))
+    return regs
+
+
+def load_waits(code: list, start: int, end: int) -> int:
+    """Global-load round trips one iteration of ``code[start:end + 1]`` (SASS) waits for, in sequence
+    (the rule above)."""
+    body = [insn for insn, _, _ in code[start:end + 1]]
+    pending, copies, waits = set(), False, 0
+    for counted in (False, True):
+        for insn in body:
+            op, _, operands = re.sub(r"^@!?U?P\w+\s+", "", insn).partition(" ")
+            if op.startswith("LDGSTS"):
+                copies = True
+                continue
+            if op.startswith("DEPBAR"):
+                waits += counted and copies
+                copies = False
+                continue
+            named = _sass_regs(operands)
+            if pending & named:
+                waits += counted
+                pending = set()
+            if op.startswith("LDG") and not op.startswith("LDGDEPBAR"):
+                first = _REG.search(operands)
+                width = 4 if ".128" in op else 2 if ".64" in op else 1
+                pending.update(range(int(first.group(1)), int(first.group(1)) + width))
+    return waits
 
 
 def _own_loop(loops: list, at: int) -> int | None:
@@ -1033,6 +1090,9 @@ def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
            "busiest_sm_ctas": busiest,
            "issue_us": round(warp_instr * busiest / launch["ctas"] / (h["schedulers"] * h["clock_hz"]) * 1e6, 3),
            **extra}
+    if "hot_load_waits" in profile:  # DRAM round trips the busiest SM's CTAs wait for in sequence (``load_waits``)
+        out["load_waits"] = profile["hot_load_waits"]
+        out["round_trips"] = round(profile["hot_load_waits"] * iters / launch["ctas"] * busiest, 1)
     if profile["hot_body"] and not launch["iters"] and "trips" not in launch:
         out["trips_unknown"] = True
     return out
@@ -1275,18 +1335,22 @@ def _print(doc: dict) -> None:
     con.print(t)
     t = Table(title="Issue-bound time at GLM-5.2 shapes (us): hot-loop SASS instructions per iteration x "
                     "iterations x warps / (SMs x 4 schedulers x clock), against the floor; issue > floor: the "
-                    "kernel cannot reach its floor")
+                    "kernel cannot reach its floor. waits/iter: global-load round trips an iteration waits for "
+                    "in sequence; round trips: those of the busiest SM's CTAs (each a DRAM latency, hundreds of ns, "
+                    "not in the issue time)")
     for c in ("kernel", "shape", "GPU", "instr/iter", "iters/CTA", "CTAs x warps", "issue", "floor", "issue/floor",
-              "reaches floor"):
+              "reaches floor", "waits/iter", "round trips"):
         t.add_column(c, justify="left" if c in ("kernel", "shape", "GPU") else "right")
     for r in doc["roofline"]:
         for gpu, x in r.get("issue", {}).items():
             if "error" in x:
-                t.add_row(escape(x["kernel"]), r["shape"], gpu, "-", "-", "-", "-", "-", "-", escape(x["error"]))
+                t.add_row(escape(x["kernel"]), r["shape"], gpu, "-", "-", "-", "-", "-", "-", escape(x["error"]),
+                          "-", "-")
                 continue
             t.add_row(escape(x["kernel"]), r["shape"], f"{gpu} (sm_{x['arch']})", str(x["per_iter"]),
                       str(x["iters_per_cta"]), f"{x['ctas']} x {x['warps']}", f"{x['issue_us']:.2f}",
-                      f"{x['floor_us']:.2f}", f"{x['ratio']:.2f}", "yes" if x["reaches_floor"] else "[red]NO[/red]")
+                      f"{x['floor_us']:.2f}", f"{x['ratio']:.2f}", "yes" if x["reaches_floor"] else "[red]NO[/red]",
+                      str(x.get("load_waits", "-")), str(x.get("round_trips", "-")))
     con.print(t)
 
 

@@ -240,7 +240,8 @@ def engine_rows(kr) -> list[dict]:
     """The rows of the kernels a decode step launches today, at the shapes issue 33 names: the fused
     decode (``layer_buffers.attend_in_blocks`` over an arena: compaction, split-K and the ticketed
     merge in one launch) at the selected main shape, stock DCP4 and batch 1 (kernel_report's rows:
-    its floors); the paged top-k (``triton_paged.paged_topk_rows``, fp8 q, the engine's tile and
+    its floors), at the first two also with its record loads synchronous (``_synchronous_loads``); the
+    paged top-k (``triton_paged.paged_topk_rows``, fp8 q, the engine's tile and
     workspace) for 4 / 16 / 64 rows (1 / 4 / 16 requests x 4 rows) at 8K and 64K tokens per request
     and for a prefill block of 64 rows at 128K (floor: the scorer's, ``kernel_report._indexer`` over
     the same keys); the cache write
@@ -255,6 +256,8 @@ def engine_rows(kr) -> list[dict]:
                        ("batch 1: 4 rows, 16 heads/rank, top-2048", "batch 1")):
         r = dict(main[("sparse_mla_decode[nvfp4_368]", key)], kernel="fused_decode[nvfp4_368]", shape=label)
         rows.append(dict(r, engine="decode"))
+        if key != "batch 1":  # the same launch with its record loads synchronous: the pipelining's A/B
+            rows.append(dict(r, kernel="fused_decode[nvfp4_368,sync loads]", engine="decode", loads="synchronous"))
     mb = kr.B * kr.R
     for m in ENGINE_PAGED_ROWS:
         for t in ENGINE_CONTEXTS:
@@ -278,6 +281,21 @@ def engine_rows(kr) -> list[dict]:
             rows.append(kr._row(kernel, f"{m} rows ({m // kr.R} req x {kr.R})", {"rows": m},
                                 base["bytes"] * m / mb, 0, "none", base["expect"]) | {"engine": engine})
     return rows
+
+
+def _synchronous_loads(fn):
+    """``fn`` with the decode's record loads synchronous: ``triton_decode.NUM_STAGES`` = 1 for the call
+    (the wrapper reads it at each launch; Triton compiles that variant once), the launch otherwise the
+    same: what pipelining them gains, timed on the same GPU in the same run."""
+    from sparkinfer.attention import triton_decode as td
+
+    def call():
+        stages, td.NUM_STAGES = td.NUM_STAGES, 1
+        try:
+            return fn()
+        finally:
+            td.NUM_STAGES = stages
+    return call
 
 
 def _engine_decode_case(row, dev, smoke):
@@ -364,7 +382,8 @@ def _case(row, dev, smoke):
     name = row["kernel"]
     engine = row.get("engine")
     if engine == "decode":
-        return _engine_decode_case(row, dev, smoke), None
+        fn = _engine_decode_case(row, dev, smoke)
+        return (_synchronous_loads(fn) if row.get("loads") == "synchronous" else fn), None
     if engine == "paged_topk":
         return _engine_paged_case(row, dev, smoke), None
     if engine in ("write", "q_quant"):
@@ -464,8 +483,9 @@ def _time_row(row, dev, smoke, gpu, timer, clocks, capture: bool) -> dict:
     t0 = time.time()
     rec = {"kernel": row["kernel"], "shape": row["shape"], "params": row["params"],
            "floor_us": row["times"][gpu]["floor_us"], "bound": row["times"][gpu]["bound"], "expect": row["expect"]}
-    if "engine" in row:
-        rec["engine"] = row["engine"]
+    for key in ("engine", "loads"):
+        if key in row:
+            rec[key] = row[key]
     if "target_floor" in row:
         rec["target_floor_us"] = row["target_floor"][gpu]["floor_us"]
     try:

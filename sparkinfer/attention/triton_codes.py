@@ -70,6 +70,8 @@ def load_f32(byte_ptr, mask):
 # ASM (a GPU: inline PTX, two codes per instruction) or the interpreter's twin (TRITON_INTERPRET=1
 # runs no asm), the exact fp32 decoders above: the same bf16 values (tests compare the two).
 NVFP4_SHIFT = tl.constexpr(128.0)
+# The byte permute's selector for scale byte j of a word: SCALE_SELECTOR + SCALE_SELECTOR_STEP j (``_E2M1X8_PTX``)
+SCALE_SELECTOR, SCALE_SELECTOR_STEP = tl.constexpr(0x4480), tl.constexpr(0x11)
 
 
 def _pair_ptx(dst: str, word: str, sign_shift: int, code_shift: int, code_mask: int) -> str:
@@ -116,16 +118,18 @@ _E4M3X4_PTX = tl.constexpr(f"""{{
     mov.b32 {{$0, $2}}, a;
     mov.b32 {{$1, $3}}, b;
     }}""")
-# The E4M3 scale code $9 (0..255) -> a bf16 pair s of scale x 2^119: the code's sign moved from bit 7 to
-# 11 ((b & 0x80) x 15 + b), then one multiply by 0x00100010 places its fields in both halves' bf16 fields
+# The E4M3 scale code, byte j of the scale word $9 -> a bf16 pair s of scale x 2^119: one byte permute
+# (selector $10 = 0x4480 + 0x11 j: nibbles j and 8 + j, the upper bytes from the zero operand) takes the
+# byte into bits 0..7 and its sign, replicated, into bits 8..15, a mask keeps the exponent and mantissa
+# bits 0..6 and the sign at bit 11, then one multiply by 0x00100010 places its fields in both halves' bf16 fields
 # (scale x 2^-120, as the E4M3 bytes above, subnormal codes included), and two exact multiplies (x 2^120,
 # x 2^119: one constant would overflow bf16) bring it to range; E2M1 codes (j, j + 4) of $8 into pair pj
 # (j = 2, 3: of $8 >> 8, in t), x s, unpacked into $j, $(j + 4).
 _E2M1X8_PTX = tl.constexpr(f"""{{
     .reg .b32 s, t, z, k, p0, p1, p2, p3;
     mov.b32 z, 0x80008000;
-    and.b32 t, $9, 0x80;
-    mad.lo.u32 s, t, 15, $9;
+    prmt.b32 s, $9, 0, $10;
+    and.b32 s, s, 0x087F;
     mul.lo.u32 s, s, 0x00100010;
     mov.b32 k, 0x7B807B80;
     fma.rn.bf16x2 s, s, k, z;
@@ -158,13 +162,15 @@ def e4m3x4_to_bf16(words, ASM: tl.constexpr):
 
 
 @triton.jit
-def e2m1x8_to_bf16(words, scale_code, ASM: tl.constexpr):
-    """uint32 words of 8 E2M1 codes (bits 4i..4i+3: element i) times their E4M3 group scale (uint32
-    ``scale_code``, the code 0..255) -> 8 bf16 tensors (elements 0..7) of value x scale / NVFP4_SHIFT, exact
-    (ASM: not pure, as ``e4m3x4_to_bf16``)."""
-    if ASM:
-        return tl.inline_asm_elementwise(_E2M1X8_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scale_code],
+def e2m1x8_to_bf16(words, scale_words, byte, ASM: tl.constexpr):
+    """uint32 words of 8 E2M1 codes (bits 4i..4i+3: element i) times their E4M3 group scale (byte ``byte``,
+    0..3, of the uint32 ``scale_words``) -> 8 bf16 tensors (elements 0..7) of value x scale / NVFP4_SHIFT,
+    exact (ASM: not pure, as ``e4m3x4_to_bf16``)."""
+    if ASM:  # the permute's selector (a constant per column: folded)
+        return tl.inline_asm_elementwise(_E2M1X8_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r",
+                                         [words, scale_words, byte * SCALE_SELECTOR_STEP + SCALE_SELECTOR],
                                          dtype=(tl.bfloat16,) * 8, is_pure=False, pack=1)
+    scale_code = (scale_words >> (8 * byte)) & 0xFF
     # the twin: the 8 codes on three new axes of 2 (element 4a + 2b + c at [..., a, b, c]), decoded in one
     # pass, then split back out (the interpreter's cost is per operation, hardly per element: a pass per
     # code took test_attention.py 38 s, this 22)

@@ -13,9 +13,10 @@ hold the shared memory, sm_90: ``heads_per_program``). Program (m, hb, s):
    find it in L2. (A separate compaction kernel did this before: one more launch.) A list whose
    valid indices come first (all valid; or the paged path's, compacted by ``triton_paging.topk_rows``,
    which the caller says: ``compacted``) is counted and its slice copied, without the scan.
-2. walks its slice of the compacted indices, gathers those records and decodes them into bf16
-   tiles: the latent in chunks (656: four of [BLOCK_K, 128]; NVFP4 four of [64, 128] at 64 keys a
-   tile, else two of [32, 256]) and the rope [BLOCK_K, 64], with the packed decoders
+2. walks its slice of the compacted indices, gathers those records (copied into shared memory a tile
+   ahead: ``NUM_STAGES``) and decodes them into bf16 tiles: the latent in chunks (656: four of
+   [BLOCK_K, 128]; NVFP4 four of [64, 128] at 64 keys a tile, else two of [32, 256]) and the rope
+   [BLOCK_K, 64], with the packed decoders
    of ``triton_codes`` (on a GPU inline PTX, two codes per instruction; NVFP4 tiles hold value x group
    scale / NVFP4_SHIFT, a power of two that the per-key scale a_j below takes back) and their
    columns in the decoders' pair order (``_tile_order``: queries and outputs follow it). The decoded values
@@ -73,12 +74,23 @@ _FMT_ID = {NVFP4_368.name: 0, NVFP4_432.name: 1, FP8_DS_MLA.name: 2}
 PRECISIONS = ("bf16x2", "bf16")
 
 # Launch configuration (tests/attention/test_attention_compile.py compiles every one for sm_120 and sm_90
-# and checks ptxas: no spills, mma present, shared memory <= 99 KB, the sm_120 per-block limit).
+# and checks ptxas: no spills, mma present, shared memory within each arch's per-block limit).
 # 16 heads fill the M = 16 of an mma.sync tile; BLOCK_K keys per tile (32 or 64, by launch below)
-# give the QK dot N = BLOCK_K and the PV dot K = BLOCK_K. num_stages = 1: the loads are
-# data-dependent gathers, so Triton cannot pipeline them and extra stages would only cost shared memory.
+# give the QK dot N = BLOCK_K and the PV dot K = BLOCK_K.
 BLOCK_H = HEAD_BLOCK  # 16: the attention arena counts its partials in these programs
-NUM_STAGES = 1
+# The record loads are pipelined (Triton's software pipeliner, num_stages): the tile loop's global loads
+# become cp.async copies into shared memory, the records requested one tile ahead and the compacted
+# indices, which address them, two; an iteration waits once, at its top, for the records the previous
+# one requested. Loaded synchronously (num_stages = 1), each 128-column chunk's words were requested
+# only after the previous chunk was decoded and stored (the barrier between them): the 368 kernel's
+# 64-key tile waited for 7 DRAM round trips in sequence (the index, four chunks, the rope, the per-key
+# scales; benchmarks/kernel_report.py's ``load_waits``) with one CTA an SM to cover them. Every record
+# load is 4 bytes or more, the size cp.async copies (the NVFP4 group scales load as words:
+# ``_nvfp4_chunk``). 3 stages, not 2: with 2 the next tile's indices were loaded synchronously just
+# before its records were requested, a second round trip an iteration. The NVFP4 formats only
+# (``num_stages``): the 656 kernel loads its whole tile before it decodes any of it, 2 round trips a
+# tile unpipelined, and pipelined on sm_90 its 255 registers spilled into the tile loop.
+NUM_STAGES = 3
 # Warps, a ptxas register ceiling (.maxnreg; None: ptxas's choice) and keys per tile by (format, split
 # queries).
 # bf16 queries (the engine's): 4 warps. The QK dot's N is the tile's 32 keys, four mma.sync n-tiles
@@ -102,6 +114,10 @@ NUM_STAGES = 1
 LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 255, 64),
           (FP8_DS_MLA.name, False): (4, 255, 32), (NVFP4_368.name, True): (8, None, 32),
           (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 255, 32)}
+# Shared memory a block needs for the 64-key tiles pipelined (NUM_STAGES; Triton 3.9, 16 heads a program:
+# 368 116,224 B, 432 114,176): where a block may not hold it (sm_120's 99 KB; sm_90 may) those launches
+# take 32-key tiles (``block_k``: 368 67,840 B, 432 66,048), which issue ~25% more instructions a key.
+TILE64_SHARED = 116 * 1024
 # Listed indices a program scans at a time when it compacts its split (``_compact_split``), per 4 warps:
 # 256 are 2 a thread at 4 warps, and a program of more warps scans as many a thread (``compact_block``):
 # the scan's cumulative sum and the count's sum cost per trip about as much at 1 index a thread as at 2.
@@ -116,8 +132,9 @@ _MERGE_ELEMS, _LATENT = tl.constexpr(MERGE_ELEMS), tl.constexpr(LATENT_DIM)  # t
 # that work, on twice the warps (the MMAs and the accumulator per warp as at 16 heads). sm_90 SASS a
 # 64-key tile over the 4-byte view: 8 x 1,183 for 32 heads against 2 programs x 4 x 1,663; over the
 # 16-byte view (vLLM's) 8 x 1,063 against 2 x 4 x 1,381 (the 368 kernel, the only one measured; its
-# queries of 32 heads and four decoded chunks take 108 KB of shared memory).
-WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 110_592
+# queries of 32 heads and four decoded chunks take 108 KB of shared memory, 132 KB with the pipelined
+# records' copies: WIDE_SHARED).
+WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 135_168
 # A split covers at least this many listed keys (two 64-key tiles), so that a grid far below a wave
 # (batch 1: 4 rows, 16 heads) takes more, shorter splits. The merging program's path is then the
 # split's tiles plus the merge of all S partials: per warp on sm_90 (benchmarks/kernel_report.py's
@@ -201,12 +218,17 @@ def _nvfp4_chunk(row_ptr, B: tl.constexpr, CW: tl.constexpr, ASM: tl.constexpr):
     """Latent columns [CW B, CW (B+1)) of NVFP4 records -> bf16 [BK, CW]: E2M1 value x E4M3 group scale
     / NVFP4_SHIFT (``e2m1x8_to_bf16``; the caller multiplies its per-key scale by NVFP4_SHIFT).
 
-    Word w of the chunk holds its elements 8w..8w+7 (low nibble first), all in group CW B / 16 + w // 2.
+    Word w of the chunk holds its elements 8w..8w+7 (low nibble first), all in group CW B / 16 + w // 2,
+    whose E4M3 scale is byte (w // 2) % 4 of the chunk's scale word w // 8: the scales load as words, once
+    each (a byte load is below what cp.async copies: ``NUM_STAGES``), and each code word takes its
+    byte in registers.
     """
     words = _words(row_ptr, CW // 2 * B, CW // 8)
     w = tl.arange(0, CW // 8)
-    sc = tl.load(row_ptr[:, None] + 256 + CW // 16 * B + w[None, :] // 2)
-    e0, e1, e2, e3, e4, e5, e6, e7 = e2m1x8_to_bf16(words, sc.to(tl.uint32), ASM)
+    sw = _words(row_ptr, 256 + CW // 16 * B, CW // 64)
+    sw = tl.reshape(tl.broadcast_to(sw[:, :, None], [sw.shape[0], CW // 64, 8]), [sw.shape[0], CW // 8])
+    byte = ((w[None, :] // 2) % 4).to(tl.uint32)
+    e0, e1, e2, e3, e4, e5, e6, e7 = e2m1x8_to_bf16(words, sw, byte, ASM)
     return _join8(e0, e4, e1, e5, e2, e6, e3, e7)  # the decoder's pairs side by side: ``_tile_order``
 
 
@@ -757,7 +779,7 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
                              outer_scale: float = 1.0, num_splits: int | None = None,
                              dot_precision: str = "bf16x2", out=None, lse=None,
                              workspace: DecodeWorkspace | None = None, block_h: int | None = None,
-                             compacted: bool = False):
+                             keys: int | None = None, compacted: bool = False):
     """Launch the kernels on already-validated inputs; see ``sparse_mla_decode`` for the contract.
 
     outer_scale is the per-cache constant S of the 432 format (ignored by the others). out
@@ -765,9 +787,11 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
     rounds the output), lse (float32 [M, H]) and workspace (whose S wins over num_splits) are
     optional preallocated buffers. block_h: heads a program (BLOCK_H or WIDE_H; default
     ``heads_per_program`` on this device, BLOCK_H off-GPU: the tests set WIDE_H to run it interpreted).
-    compacted: each row's valid indices are its first ones, in order (``triton_paging.topk_rows(compact=True)``;
-    the kernel then copies its split's slice instead of compacting the row: ``_compact_split``); a
-    promise the kernel does not check (a -1 among them would be read as a record).
+    keys: keys a tile (32 or 64; default ``block_k`` on this device, the table's off-GPU: the tests set
+    32 to run sm_120's tiles interpreted). compacted: each row's valid indices are its first ones, in
+    order (``triton_paging.topk_rows(compact=True)``; the kernel then copies its split's slice instead of
+    compacting the row: ``_compact_split``); a promise the kernel does not check (a -1 among them would
+    be read as a record).
     """
     m, h = q_nope.shape[:2]
     k = indices.shape[1]
@@ -795,6 +819,10 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
             lay, q_nope.dtype, h, m * triton.cdiv(h, BLOCK_H) * splits, *_device_limits(dev))
     if block_h not in (BLOCK_H, WIDE_H):
         raise ValueError(f"block_h must be {BLOCK_H} or {WIDE_H}, got {block_h}")
+    if keys is None and dev.type == "cuda":
+        keys = block_k(lay, q_nope.dtype, align, _device_limits(dev)[1])
+    if keys not in (None, 32, 64):
+        raise ValueError(f"keys must be 32 or 64, got {keys}")
     # tickets: [M, ceil(H / BLOCK_H)] hold the ceil(H / block_h) a row uses (program (m, hb)'s at m x blocks + hb)
     _sparse_mla_decode_kernel[(m, triton.cdiv(h, block_h), splits)](
         q_nope, q_rope, records, indices, cidx, out, lse, po, pl, tk,
@@ -803,10 +831,15 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
         cidx.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         *((po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1)) if splits > 1 else (0,) * 5),
         **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda", out.dtype == torch.bfloat16,
-                            splits > 1, align, block_h),
-        num_stages=NUM_STAGES, **launch_options(lay, q_nope.dtype, block_h),
+                            splits > 1, align, block_h, keys),
+        num_stages=num_stages(lay), **launch_options(lay, q_nope.dtype, block_h),
     )
     return out, lse
+
+
+def num_stages(lay: RecordLayout) -> int:
+    """Pipeline stages of a launch's record loads (``NUM_STAGES``): NVFP4 pipelined, 656 not."""
+    return NUM_STAGES if lay.name in (NVFP4_368.name, NVFP4_432.name) else 1
 
 
 def launch_options(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_H) -> dict:
@@ -817,14 +850,17 @@ def launch_options(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK
     return {"num_warps": warps} if ceiling is None else {"num_warps": warps, "maxnreg": ceiling}
 
 
-def block_k(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int = 16) -> int:
+def block_k(lay: RecordLayout, q_dtype: torch.dtype, rec_align: int = 16, shared_optin: int | None = None) -> int:
     """Keys per tile of a launch (``LAUNCH``); over records 4-byte aligned (``record_alignment``: the stock
     path's paged row view) 32, whose 4-byte loads take more registers, except for 368 (the stock
     format): with the record loads unmasked it fits 64 keys without a spill on both archs (16 B on sm_120
-    before), 1,663 sm_90 instructions a 64-key tile against 2 x 1,032 (the 432 kernel spilled 4 B)."""
-    if rec_align == 16 or lay.name == NVFP4_368.name:
-        return LAUNCH[(lay.name, q_dtype != torch.bfloat16)][2]
-    return 32
+    before), 1,663 sm_90 instructions a 64-key tile against 2 x 1,032 (the 432 kernel spilled 4 B). On a
+    device whose blocks may hold less than TILE64_SHARED (``shared_optin`` bytes: sm_120) 32 keys;
+    ``shared_optin`` None (off-GPU): the table's."""
+    bk = LAUNCH[(lay.name, q_dtype != torch.bfloat16)][2] if rec_align == 16 or lay.name == NVFP4_368.name else 32
+    if bk == 64 and shared_optin is not None and shared_optin < TILE64_SHARED:
+        return 32
+    return bk
 
 
 def compact_block(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_H) -> int:
@@ -843,18 +879,24 @@ def record_alignment(records: torch.Tensor) -> int:
 
 
 def launch_constexprs(lay: RecordLayout, q_dtype: torch.dtype, dot_precision: str, interpreted: bool = False,
-                      bf16_out: bool = False, merge: bool = False, rec_align: int = 16, block_h: int = BLOCK_H) -> dict:
+                      bf16_out: bool = False, merge: bool = False, rec_align: int = 16, block_h: int = BLOCK_H,
+                      keys: int | None = None) -> dict:
     """The decode kernel's constexprs for a format, query dtype, precision, output dtype, split
     count (merge: S > 1, partials and the fused merge; interpreted: under TRITON_INTERPRET=1, see
-    ``_dot``), record alignment (``record_alignment``) and heads a program."""
+    ``_dot``), record alignment (``record_alignment``), heads a program and keys a tile (``block_k``;
+    None: the table's)."""
     if dot_precision not in PRECISIONS:
         raise ValueError(f"dot_precision must be one of {PRECISIONS}, got {dot_precision!r}")
     split = dot_precision == "bf16x2"
-    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=block_h, BLOCK_K=block_k(lay, q_dtype, rec_align),
+    return dict(FMT=_FMT_ID[lay.name], BLOCK_H=block_h, BLOCK_K=keys or block_k(lay, q_dtype, rec_align),
                 BLOCK_C=compact_block(lay, q_dtype, block_h),
                 Q_SPLIT=split and q_dtype != torch.bfloat16, P_SPLIT=split, F32_DOT=interpreted, OUT_BF16=bf16_out,
                 MERGE=merge, ASM=not interpreted, REC_ALIGN=rec_align)
 
+
+# Shared memory a block may opt in to, per compiled arch (CUDA's arch tables): what ``compile_specs`` compiles
+# each launch for, as the wrapper reads it from the device (``_device_limits``).
+SHARED_OPTIN = {120: 99 * 1024, 90: 227 * 1024}
 
 _DECODE_SIG = {
     "qn_ptr": "*bf16", "qr_ptr": "*bf16", "rec_ptr": "*u8", "idx_ptr": "*i64", "cidx_ptr": "*i64",
@@ -878,7 +920,9 @@ def compile_specs() -> list[dict]:
     each with S > 1 (partials and the fused merge) and with one split (",s1": the output directly),
     over 16-byte aligned records, and the engine's also over a paged cache's 4-byte row view (",a4":
     ``record_alignment``), for 368 with one split also with WIDE_H heads a program (",h32"; ``archs``:
-    compiled for sm_90 only, whose blocks may hold its shared memory: ``heads_per_program``).
+    compiled for sm_90 only, whose blocks may hold its shared memory: ``heads_per_program``). A launch
+    of 64-key tiles compiles for sm_90, and for sm_120 as the 32-key tiles ``block_k`` gives it there
+    (",k32").
     """
     specs = []
     for lay in (NVFP4_368, NVFP4_432, FP8_DS_MLA):
@@ -887,15 +931,18 @@ def compile_specs() -> list[dict]:
             wide = heads_per_program(lay, q_dtype, WIDE_H, 2, 1, WIDE_SHARED) == WIDE_H
             for merge in (True, False):
                 # WIDE_H: one split only (S > 1 leaves the 16-head programs within a wave: ``heads_per_program``)
-                for block_h in (BLOCK_H, WIDE_H) if wide and not merge else (BLOCK_H,):
+                for block_h, keys in [(bh, k) for bh in ((BLOCK_H, WIDE_H) if wide and not merge else (BLOCK_H,))
+                                      for k in sorted({block_k(lay, q_dtype, align, SHARED_OPTIN[a]) for a in
+                                                       ((90,) if bh == WIDE_H else SHARED_OPTIN)})]:
                     engine = q_dtype == torch.bfloat16
                     c = launch_constexprs(lay, q_dtype, "bf16x2", bf16_out=engine, merge=merge, rec_align=align,
-                                          block_h=block_h)
+                                          block_h=block_h, keys=keys)
                     sig = {n: _DECODE_SIG.get(n, "i32") for n in _sparse_mla_decode_kernel.arg_names if n not in c}
                     sig.update(qn_ptr=q_type, qr_ptr=q_type, out_ptr="*bf16" if engine else "*fp32",
                                idx_ptr="*i64" if engine else "*i32", **{n: "constexpr" for n in c})
                     name = lay.short + ("" if engine else ",q_fp32") + ("" if align == 16 else ",a4") \
-                        + ("" if block_h == BLOCK_H else f",h{block_h}") + ("" if merge else ",s1")
+                        + ("" if block_h == BLOCK_H else f",h{block_h}") + ("" if merge else ",s1") \
+                        + ("" if keys == block_k(lay, q_dtype, align) else f",k{keys}")
                     # what a launch specializes (Triton: a pointer or int divisible by 16): the workspace's
                     # and the outputs' pointers and strides, arena views (256-byte aligned, ``attention_workspace``)
                     # of contiguous [M, K] / [M, H, 512] / [M, H] / [S, M, H, 512] buffers at H = 16 or 64 and
@@ -908,8 +955,12 @@ def compile_specs() -> list[dict]:
                              if n in sig]
                     attrs = {(_sparse_mla_decode_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
                     spec = dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
-                                constexprs=c, attrs=attrs, num_stages=NUM_STAGES, **_spec_options(lay, q_dtype, block_h))
+                                constexprs=c, attrs=attrs, num_stages=num_stages(lay),
+                                **_spec_options(lay, q_dtype, block_h))
+                    archs = tuple(a for a, optin in SHARED_OPTIN.items() if block_k(lay, q_dtype, align, optin) == keys)
                     if block_h == WIDE_H:
-                        spec["archs"] = (90,)
+                        archs = (90,)
+                    if archs != tuple(SHARED_OPTIN):
+                        spec["archs"] = archs
                     specs.append(spec)
     return specs

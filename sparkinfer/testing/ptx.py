@@ -225,6 +225,17 @@ def _exec(lanes: _Lanes, stmt: str) -> None:
             prod = prod + lanes.read(ops[3], width)  # modulo 2^64, then masked to the width
         lanes.write(ops[0], prod & _mask(width))
         return
+    if name == "prmt" and mods == ["b32"]:  # bytes of {b, a} (a: bytes 0..3) by the selector's nibbles
+        a, b, c = (lanes.read(o, 32) for o in ops[1:])
+        pool = a | (b << _U64(32))
+        v = np.zeros(lanes.n, _U64)
+        for i in range(4):
+            sel = (c >> _U64(4 * i)) & _U64(15)
+            byte = (pool >> ((sel & _U64(7)) * _U64(8))) & _U64(0xFF)
+            byte = np.where(sel & _U64(8), np.where(byte & _U64(0x80), _U64(0xFF), _U64(0)), byte)  # sign replicated
+            v |= byte << _U64(8 * i)
+        lanes.write(ops[0], v)
+        return
     if name in ("min", "max") and t in ("s16x2", "u16x2"):
         a, b = lanes.read(ops[1], 32), lanes.read(ops[2], 32)
         pick = np.minimum if name == "min" else np.maximum

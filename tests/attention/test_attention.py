@@ -98,6 +98,30 @@ def test_triton_peaky_softmax_splits_and_bf16(name):
         assert_matches(out, lse, *ref, tol=TRITON_TOL)
 
 
+@pytest.mark.parametrize("name", ["nvfp4_368", "nvfp4_432"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_32_key_tiles_of_bf16_queries_match_float64(name, splits):
+    """The engine's launch on a GPU whose blocks may not hold the pipelined 64-key tiles (sm_120:
+    ``block_k``) walks 32 keys a tile, the NVFP4 latent in two [32, 256] chunks: against the float64
+    oracle at a peaky scale (~120 valid of 150 keys, so tiles end inside a split and the running max
+    moves), with and without splits; the 64-key launch agrees within the same tolerance."""
+    from sparkinfer.attention.triton_decode import TILE64_SHARED, block_k, sparse_mla_decode_triton
+    from sparkinfer.attention.validate import resolve_layout
+
+    fmt = get_format(name)
+    lay = resolve_layout(fmt)
+    assert block_k(lay, torch.bfloat16, 16, 99 * 1024) == 32 and block_k(lay, torch.bfloat16, 16, 227 * 1024) == 64
+    assert block_k(lay, torch.bfloat16) == 64 and 99 * 1024 < TILE64_SHARED <= 227 * 1024
+    q_nope, q_rope, records, indices = make_case(fmt, m=2, h=4, k=150, seed=5, q_dtype=torch.bfloat16)
+    scale = 0.5
+    ref = oracle(q_nope, q_rope, records, fmt, indices, scale)
+    for keys in (32, 64):
+        out, lse = sparse_mla_decode_triton(q_nope, q_rope, records, lay, indices, scale, num_splits=splits, keys=keys)
+        assert_matches(out, lse, *ref, tol=TRITON_TOL)
+    with pytest.raises(ValueError, match="keys must be 32 or 64"):
+        sparse_mla_decode_triton(q_nope, q_rope, records, lay, indices, scale, keys=48)
+
+
 @pytest.mark.parametrize("splits", [1, 2])
 def test_empty_rows_give_zero_and_minus_inf(splits):
     fmt = get_format("nvfp4_368")
@@ -596,7 +620,7 @@ def _packed_codes_kernel(w_ptr, s_ptr, e4m3_ptr, e2m1_ptr, BLOCK: tl.constexpr, 
     b = e4m3x4_to_bf16(w, ASM)
     for j in tl.static_range(4):
         tl.store(e4m3_ptr + 4 * offs + j, b[j].to(tl.int16, bitcast=True))
-    e = e2m1x8_to_bf16(w, tl.load(s_ptr + offs).to(tl.uint32), ASM)
+    e = e2m1x8_to_bf16(w, tl.load(s_ptr + offs).to(tl.uint32, bitcast=True), (offs % 4).to(tl.uint32), ASM)
     for j in tl.static_range(8):
         tl.store(e2m1_ptr + 8 * offs + j, e[j].to(tl.int16, bitcast=True))
 
@@ -604,17 +628,21 @@ def _packed_codes_kernel(w_ptr, s_ptr, e4m3_ptr, e2m1_ptr, BLOCK: tl.constexpr, 
 def _packed_codes(device, asm):
     """Every byte in every position of a word (word i: four bytes i), each word with every E4M3 group
     scale code -> (E4M3 bf16 bits [N, 4], E2M1 bf16 bits [N, 8]) of the packed decoders, and the
-    references: torch's float8_e4m3fn (NaN codes: +-480) and the E2M1 table x scale / NVFP4_SHIFT."""
+    references: torch's float8_e4m3fn (NaN codes: +-480) and the E2M1 table x scale / NVFP4_SHIFT. Word
+    i's scale code is byte i % 4 of its scale word, whose other bytes are 0xA5 (the decoder must take
+    that byte alone)."""
     byte = torch.arange(256, dtype=torch.int64).repeat_interleave(256)
     scale = torch.arange(256, dtype=torch.int64).repeat(256)
     words = (byte * 0x01010101).to(torch.int64)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     n = words.numel()
+    at = 8 * (torch.arange(n) % 4)
+    scale_words = (0xA5A5A5A5 & ~(0xFF << at)) | (scale << at)
+    as_i32 = lambda x: torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
     e4m3 = torch.empty((n, 4), dtype=torch.int16, device=device)
     e2m1 = torch.empty((n, 8), dtype=torch.int16, device=device)
     block = 1024 if torch.device(device).type == "cuda" else n  # the interpreter: one program, vectorized
-    _packed_codes_kernel[(n // block,)](words.to(device), scale.to(torch.uint8).to(device), e4m3, e2m1, BLOCK=block,
-                                        ASM=asm)
+    _packed_codes_kernel[(n // block,)](as_i32(words).to(device), as_i32(scale_words).to(device), e4m3, e2m1,
+                                        BLOCK=block, ASM=asm)
 
     def f8(c):
         v = c.to(torch.uint8).view(torch.float8_e4m3fn).float()

@@ -8,7 +8,8 @@ merge) for sm_120 (RTX PRO 6000) and sm_90 (H200), run ``ptxas -v`` on the PTX a
   ``--regAllocOptLevel=2`` spills 8-104 B outside the loops of several variants: sparse-attention.md,
   "Known limits", and ``kernel_report.json``);
 - the decode kernel multiplies on tensor cores (``mma.sync`` / ``wgmma`` in the PTX);
-- shared memory within a block's limit (sm_120: 99 KB, binding; sm_90: 227 KB).
+- shared memory within a block's limit (sm_120: 99 KB, binding; sm_90: 227 KB), and a 64-key variant's
+  within the threshold the wrapper picks it by (``TILE64_SHARED``, ``WIDE_SHARED``).
 The indexer's kernels have their own compile test (``tests/indexer/test_indexer_compile.py``). ptxas is the one Triton
 itself uses for that arch (its bundled ``ptxas-blackwell`` unless TRITON_PTXAS_BLACKWELL_PATH is
 set), else ``ptxas`` on PATH; without one the tests skip. Compilation runs in a subprocess because
@@ -23,7 +24,7 @@ import sys
 
 import pytest
 
-from sparkinfer.attention.triton_decode import compile_specs
+from sparkinfer.attention.triton_decode import TILE64_SHARED, WIDE_H, WIDE_SHARED, compile_specs
 
 MAX_SHARED = {120: 99 * 1024, 90: 227 * 1024}
 ARCHS = (120, 90)
@@ -105,4 +106,9 @@ def test_mla_kernels_fit_without_spills(compiled, name, arch):
     assert info["shared"] <= MAX_SHARED[arch], f"{name} sm_{arch}: {info['shared']} B shared memory"
     if name.startswith("sparse_mla_decode["):
         assert info["mma"] > 0, f"{name} sm_{arch}: no tensor-core MMA in the PTX"
+        # the wrapper's thresholds hold what the compile needs: a device passing them runs the variant
+        spec = next(s for s in compile_specs() if s["name"] == name)
+        if spec["constexprs"]["BLOCK_K"] == 64:
+            bound = WIDE_SHARED if spec["constexprs"]["BLOCK_H"] == WIDE_H else TILE64_SHARED
+            assert info["shared"] <= bound, f"{name} sm_{arch}: {info['shared']} B > {bound}"
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from sparkinfer.attention.triton_codes import _E2M1X8_PTX, _E4M3X4_PTX, NVFP4_SHIFT
+from sparkinfer.attention.triton_codes import (_E2M1X8_PTX, _E4M3X4_PTX, NVFP4_SHIFT, SCALE_SELECTOR,
+                                              SCALE_SELECTOR_STEP)
 from sparkinfer.attention.triton_decode import _BF16X2_PTX
 from sparkinfer.indexer.triton_scores import _E4M3X4_BF16_PTX, _E4M3X4_F16_PTX, _MUL_WIDE_PTX
 from sparkinfer.testing import ptx
@@ -48,13 +49,17 @@ def test_e4m3x4_bf16_decoder_every_code():
         assert np.array_equal(out[i], _bits16(_e4m3(_byte(words, i), True), torch.bfloat16)), f"element {i}"
 
 
-def test_e2m1x8_bf16_decoder_every_code_and_scale():
-    """``e2m1x8_to_bf16``'s asm: nibble i of a word x its E4M3 group scale / NVFP4_SHIFT -> element i,
-    exact, for every (byte, scale code) pair and random words with random scales."""
-    rng = np.random.default_rng(1)
+@pytest.mark.parametrize("byte", range(4))
+def test_e2m1x8_bf16_decoder_every_code_and_scale(byte):
+    """``e2m1x8_to_bf16``'s asm: nibble i of a word x its E4M3 group scale (byte ``byte`` of a scale word,
+    the others random: the permute must take that one) / NVFP4_SHIFT -> element i, exact, for every (code
+    byte, scale code) pair and random words with random scales."""
+    rng = np.random.default_rng(1 + byte)
     words = np.concatenate([np.repeat(BYTES * 0x01010101, 256), rng.integers(0, 2**32, 4096, dtype=np.int64)])
     scales = np.concatenate([np.tile(BYTES, 256), rng.integers(0, 256, 4096, dtype=np.int64)])
-    out = ptx.run(_E2M1X8_PTX.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, scales])
+    others = rng.integers(0, 2**32, scales.size, dtype=np.int64) & ~(0xFF << (8 * byte))
+    selector = np.full(words.size, byte * SCALE_SELECTOR_STEP.value + SCALE_SELECTOR.value)  # ``e2m1x8_to_bf16``'s
+    out = ptx.run(_E2M1X8_PTX.value, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, others | scales << (8 * byte), selector])
     d = _e4m3(torch.from_numpy(scales), True) / NVFP4_SHIFT.value
     for i in range(8):
         nib = torch.from_numpy((words >> (4 * i)) & 15)
