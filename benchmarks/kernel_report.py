@@ -830,8 +830,9 @@ def loop_profile(code: list, source: str) -> dict:
     prof["loop_loads"] = [sum(1 for insn, _, _ in code[lp["start"]:lp["end"] + 1] if load.search(insn)) for lp in loops]
     out = {**prof, "hot_body": hot["size"], "hot_inner_loops": inner, "outside": len(code) - hot["size"],
            "hot_mma": hot_mma}
-    if source == "sass":
+    if source == "sass" and not inner:  # a loop inside would wait its own trips: not counted here
         out["hot_load_waits"] = load_waits(code, hot["start"], hot["end"])
+    if source == "sass":
         # local-memory loads and stores in the hot loop: spills an iteration pays (ptxas' spill bytes count
         # every spill, most outside the loop: once per CTA)
         out["hot_spill_ops"] = sum(1 for insn, _, _ in code[hot["start"]:hot["end"] + 1]
@@ -844,7 +845,8 @@ def loop_profile(code: list, source: str) -> dict:
 # CTAs on the SM have work; the sparse-MLA decode runs one CTA an SM, so the round trips an iteration
 # waits for in sequence add to its time whatever the instruction count. Counted on the SASS of one loop
 # iteration (run twice, the second counted, so a load issued at the end of an iteration and used in the
-# next one counts there): a synchronous load (LDG) is pending until an instruction names one of the
+# next one counts there), for a hot loop without loops inside it (theirs would count once, not at
+# their trips): a synchronous load (LDG) is pending until an instruction names one of the
 # registers it writes (its destination, 1, 2 or 4 registers by its width); that instruction waits, and
 # so are all the loads then pending (issued together, they arrive together): one round trip. An
 # asynchronous copy (LDGSTS, cp.async into shared memory) is pending until a DEPBAR waits on the copies:

@@ -343,6 +343,8 @@ def test_load_waits_of_hand_written_sass():
     # reading them: two; the index and the records without a reader: one
     assert kr.load_waits(code["l"], 1, 5) == 2 and kr.load_waits(code["l"], 2, 4) == 1
     assert kr._sass_regs("R13, R9.64, UR4, [R2.64+0x100], RZ") == {13, 9, 10, 2, 3}
+    # a hot loop with a loop inside gets no figure (the inner loop's waits would count once, not per trip)
+    assert "hot_load_waits" not in kr.loop_profile(kr.parse_sass(SASS)["k"], "sass")
 
 
 def test_issue_time_arithmetic():
