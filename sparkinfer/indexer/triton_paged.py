@@ -68,7 +68,7 @@ from sparkinfer.attention.triton_codes import load_f32
 from sparkinfer.core.indexer_tiles import paged_splits, paged_workspace_bytes
 from sparkinfer.core.topology import DcpLayout
 
-from .triton_scores import (BLOCK_T, NUM_STAGES, block_h, chunk_scores, head_dots, head_sum, head_weights, key_tile,
+from .triton_scores import (BLOCK_T, block_h, chunk_scores, head_dots, head_sum, head_weights, key_tile,
                             lane, octets, q_operand, q_tile, selection_keys)
 from .triton_topk import key_ids, select_row, sort_desc
 
@@ -86,6 +86,14 @@ BLOCK = 1024
 # shared memory) take one warpgroup, every warp 16 of the chunk's positions (8 warps: two warpgroups, each
 # converting all 64 keys)
 WARPS = {False: 8, True: 4}
+# pipeline stages of the chunk loop's loads, by the chunk's dot (``KEYS_AS_M``). One CTA an SM waits for
+# every DRAM round trip a chunk makes in sequence (``benchmarks/kernel_report.py``'s ``load_waits``): the
+# block-table entry, then the chunk's codes and their scales (one load a chunk, beside the codes: loaded
+# a row at a time, after each row's dot, they were one more wait a row). The dot per row (sm_120) waits
+# for 3 of them a chunk synchronously, 2 with the codes copied a chunk ahead (cp.async, 3 stages; 405 SASS
+# instructions a chunk against 391); the keys as M (sm_90) waits for 2 either way, and pipelined issued 14%
+# more (310 against 271): 1 stage. (The scales, 4 bytes a record in a slice layout, stay a synchronous load.)
+STAGES = {False: 3, True: 1}
 # registers a thread may take (ptxas' .maxnreg): at 8 warps sm_120's ptxas otherwise capped the kernel at 128
 # when q's pointer and strides are specialized divisible by 16 (the engine's launch, ``compile_specs``'
 # attrs) and spilled 48 bytes (2026-12-07: 184 registers with it, no spill)
@@ -93,11 +101,12 @@ MAXNREG = 255
 
 
 @triton.jit
-def _row_keys(wv, acc, rec, t, tmask, j, n, act, dst):
+def _row_keys(wv, acc, scale, t, j, n, act, dst):
     """A group row's selection keys of a chunk (its heads' weights ``wv`` and dots with the codes
-    ``acc``) at list positions ``j`` (tokens ``t``), stored at ``dst`` when the row is ``act``ive in
-    this pass; the row's list has ``n`` positions (its tokens up to its own position: j < n is t <= pos)."""
-    score = head_sum(wv, acc) * load_f32(rec + 128, tmask)  # the record's scale on the head sum, not each dot
+    ``acc``, the records' scales ``scale``) at list positions ``j`` (tokens ``t``), stored at ``dst`` when
+    the row is ``act``ive in this pass; the row's list has ``n`` positions (its tokens up to its own
+    position: j < n is t <= pos)."""
+    score = head_sum(wv, acc) * scale  # the record's scale on the head sum, not each dot
     keys = selection_keys(score, t.to(tl.int64), j < n)
     tl.store(dst, keys, mask=(tl.zeros_like(t) + act.to(tl.int32)) != 0)
 
@@ -209,12 +218,13 @@ def _paged_topk_kernel(
                     else:  # row_scores' steps per row, the chunk's keys loaded and converted once
                         # for the group's rows (their dots share them as the MMA's B operand)
                         kb = key_tile(rec, tmask, PRECISION)
+                        scale = load_f32(rec + 128, tmask)  # once for the rows, with the codes (pipelined)
                         zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
                         col = K + c * BLOCK_T + cols
-                        _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len0, act0,
+                        _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), scale, t, j, len0, act0,
                                   work_ptr + (r0 * S + s) * s_work + col)
                         if ROWS > 1:
-                            _row_keys(wv1, head_dots(qa1, kb, zero, BLOCK_H, PRECISION), rec, t, tmask, j, len1,
+                            _row_keys(wv1, head_dots(qa1, kb, zero, BLOCK_H, PRECISION), scale, t, j, len1,
                                       act1, work_ptr + ((r0 + 1) * S + s) * s_work + col)
                 tl.debug_barrier()  # the tile's keys are visible to the whole CTA
                 for i in range(ROWS):  # each row keeps its k best
@@ -310,7 +320,7 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
         BLOCK_T=BLOCK_T, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
         CHECK=flag is not None, ROWS=rows, SHARDED=layout.period > 1,
         PAGE_CHUNKS=kv_cache.shape[1] % BLOCK_T == 0, PAGE_SHIFT=_log2(kv_cache.shape[1]), KEYS_AS_M=keys_as_m,
-        THREADS=32 * WARPS[keys_as_m], num_warps=WARPS[keys_as_m], num_stages=NUM_STAGES, maxnreg=MAXNREG,
+        THREADS=32 * WARPS[keys_as_m], num_warps=WARPS[keys_as_m], num_stages=STAGES[keys_as_m], maxnreg=MAXNREG,
     )
     return out
 
@@ -369,5 +379,5 @@ def compile_specs(k: int = 2048) -> list[dict]:
         sig.update({n: "constexpr" for n in constexprs})
         specs.append({"name": f"{name}[k{k}]", "fn": _paged_topk_kernel, "signature": sig, "constexprs": constexprs,
                       "attrs": attrs, "options": {"maxnreg": MAXNREG}, "num_warps": WARPS[keys_as_m],
-                      "num_stages": NUM_STAGES, "archs": [arch]})
+                      "num_stages": STAGES[keys_as_m], "archs": [arch]})
     return specs

@@ -229,6 +229,7 @@ def chunk_scores(qa, qt, wv, wt, row_ptr, tmask, GROUP: tl.constexpr, BLOCK_H: t
     if not _KEYS_AS_M or PRECISION == "tf32x3":
         return tl.trans(row_scores(qa, wv, row_ptr, tmask, GROUP, BLOCK_H, BLOCK_T, PRECISION))
     keys = key_rows(row_ptr, tmask, PRECISION, MASKED)
+    scale = load_f32(row_ptr + 128, tmask)  # loaded with the codes (pipelined with them: one wait a chunk)
     if _INTERPRETED:  # fp32 operands, exact products (``head_dots``: the interpreter's bf16 and f16 dots)
         s = tl.dot(keys.to(tl.float32), qt.to(tl.float32))
     else:
@@ -241,7 +242,7 @@ def chunk_scores(qa, qt, wv, wt, row_ptr, tmask, GROUP: tl.constexpr, BLOCK_H: t
     # the record's scale, a positive power of two, after the head sum: relu, each weight's product and
     # every partial sum scale by it exactly (``scaled``), so this is the sum of the scaled dots, one
     # multiply a score where ``scaled`` took one a head
-    return s * load_f32(row_ptr + 128, tmask)[:, None]
+    return s * scale[:, None]
 
 
 @triton.jit
