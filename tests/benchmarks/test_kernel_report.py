@@ -717,8 +717,9 @@ def test_hot_kernels_issue_within_their_floor(report):
     """Every hot kernel at the shape the engine runs it (``_hot_rows``) issues within its floor on the
     H200 (2026-12-07, Triton 3.9, nvcc 13.0, issue/floor: sparse_mla_decode[nvfp4_368] 0.99,
     paged_topk_split[k2048] 0.87 (PTX), indexer_keys[q_fp8] 0.99, indexer_scores[q_bf16] 0.99,
-    records.cu:write_paged_nvfp4_kernel<4> 0.99; the decode at batch 1 0.99 too). The stock DCP4 decode
-    still exceeds it there (1.42: ``kernel_report.json``)."""
+    records.cu:write_paged_nvfp4_kernel<4> 0.99). The decode at batch 1 (1.01 since its record loads are
+    pipelined: the pipeline's prologue over 2 tiles a CTA) and at stock DCP4 (1.46) exceed it there
+    (``kernel_report.json``)."""
     over = [f"{k} {g}: {x['ratio']}" for k, _, g, x in _hot_rows(report) if not x["reaches_floor"]]
     assert not over, over
 
