@@ -218,7 +218,7 @@ def _paged_topk_kernel(
                     else:  # row_scores' steps per row, the chunk's keys loaded and converted once
                         # for the group's rows (their dots share them as the MMA's B operand)
                         kb = key_tile(rec, tmask, PRECISION)
-                        scale = load_f32(rec + 128, tmask)  # once for the rows, with the codes (pipelined)
+                        scale = load_f32(rec + 128, tmask)  # once for the rows, beside the codes
                         zero = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
                         col = K + c * BLOCK_T + cols
                         _row_keys(wv0, head_dots(qa0, kb, zero, BLOCK_H, PRECISION), scale, t, j, len0, act0,
