@@ -831,7 +831,8 @@ def loop_profile(code: list, source: str) -> dict:
     out = {**prof, "hot_body": hot["size"], "hot_inner_loops": inner, "outside": len(code) - hot["size"],
            "hot_mma": hot_mma}
     if source == "sass" and not inner:  # a loop inside would wait its own trips: not counted here
-        out["hot_load_waits"] = load_waits(code, hot["start"], hot["end"])
+        w = load_waits(code, hot["start"], hot["end"])
+        out["hot_load_waits"], out["hot_exposed_waits"], out["hot_load_lead"] = w["waits"], w["exposed"], w["lead"]
     if source == "sass":
         # local-memory loads and stores in the hot loop: spills an iteration pays (ptxas' spill bytes count
         # every spill, most outside the loop: once per CTA)
@@ -842,17 +843,26 @@ def loop_profile(code: list, source: str) -> dict:
 
 # ---- global-load round trips: what an iteration of the hot loop waits for ---------------------------------
 # A CTA whose warps wait on a global load sit idle for a DRAM round trip (hundreds of ns) unless other
-# CTAs on the SM have work; the sparse-MLA decode runs one CTA an SM, so the round trips an iteration
-# waits for in sequence add to its time whatever the instruction count. Counted on the SASS of one loop
-# iteration (run twice, the second counted, so a load issued at the end of an iteration and used in the
-# next one counts there), for a hot loop without loops inside it (theirs would count once, not at
-# their trips): a synchronous load (LDG) is pending until an instruction names one of the
-# registers it writes (its destination, 1, 2 or 4 registers by its width); that instruction waits, and
-# so are all the loads then pending (issued together, they arrive together): one round trip. An
-# asynchronous copy (LDGSTS, cp.async into shared memory) is pending until a DEPBAR waits on the copies:
-# one round trip if any is pending. Shared-memory and local loads are not counted.
+# CTAs on the SM have work, or the load was issued early enough that the iteration's own instructions
+# covered it; the sparse-MLA decode runs one CTA an SM, so the round trips an iteration waits for with
+# nothing issued in between add to its time whatever the instruction count. Counted on the SASS of one
+# loop iteration (the body run three times, the third counted, so that a load issued one or two
+# iterations ahead is waited for where it is used), for a hot loop without loops inside it (theirs
+# would count once, not at their trips):
+# - a synchronous load (LDG) is pending until an instruction names one of the registers it writes (its
+#   destination, 1, 2 or 4 registers by its width); that instruction waits, and so are all the loads
+#   then pending (issued together, they arrive together): one round trip;
+# - an asynchronous copy (LDGSTS, cp.async into shared memory) joins the group the next LDGDEPBAR
+#   commits; `DEPBAR.LE SB0, n` waits until at most the n youngest committed groups are pending: one
+#   round trip if it waits for any.
+# A wait's lead is the instructions issued from the youngest load it waits for to the wait. A wait whose
+# lead is a whole iteration's body or more is covered: the copies flew while an iteration issued (the
+# decode's copies of tile i + 1 issued before tile i's compute, a second buffer); any other wait is
+# exposed, and those are the round trips counted in sequence. Shared-memory and local loads are not
+# counted.
 
 _REG = re.compile(r"(?<![\w.])R(\d+)(\.64)?\b")
+_DEPBAR_LE = re.compile(r"SB0,\s*(0x[0-9a-fA-F]+|\d+)")
 
 
 def _sass_regs(text: str) -> set:
@@ -863,30 +873,47 @@ def _sass_regs(text: str) -> set:
     return regs
 
 
-def load_waits(code: list, start: int, end: int) -> int:
-    """Global-load round trips one iteration of ``code[start:end + 1]`` (SASS) waits for, in sequence
-    (the rule above)."""
+def load_waits(code: list, start: int, end: int) -> dict:
+    """The global-load waits of one iteration of ``code[start:end + 1]`` (SASS; the rule above):
+    {"waits": all of them, "exposed": those with a lead under the body's length, "lead": the shortest
+    lead (instructions; None without a wait)}."""
     body = [insn for insn, _, _ in code[start:end + 1]]
-    pending, copies, waits = set(), False, 0
-    for counted in (False, True):
+    pending = {}  # register -> when the synchronous load writing it issued
+    group, committed = None, []  # the open copy group's youngest copy; committed groups' youngest, oldest first
+    waits, leads, t = 0, [], 0
+    for counted in (False, False, True):
         for insn in body:
+            t += 1
             op, _, operands = re.sub(r"^@!?U?P\w+\s+", "", insn).partition(" ")
+            lead = None
             if op.startswith("LDGSTS"):
-                copies = True
+                group = t
+                continue
+            if op.startswith("LDGDEPBAR"):
+                if group is not None:
+                    committed.append(group)
+                group = None
                 continue
             if op.startswith("DEPBAR"):
-                waits += counted and copies
-                copies = False
-                continue
-            named = _sass_regs(operands)
-            if pending & named:
-                waits += counted
-                pending = set()
-            if op.startswith("LDG") and not op.startswith("LDGDEPBAR"):
-                first = _REG.search(operands)
-                width = 4 if ".128" in op else 2 if ".64" in op else 1
-                pending.update(range(int(first.group(1)), int(first.group(1)) + width))
-    return waits
+                n = _DEPBAR_LE.search(operands)
+                keep = int(n.group(1), 0) if n else 0
+                done = committed[:max(len(committed) - keep, 0)]
+                committed = committed[len(done):]
+                if done:
+                    lead = t - done[-1]
+            else:
+                named = _sass_regs(operands)
+                if pending.keys() & named:
+                    lead = t - max(pending[r] for r in pending.keys() & named)
+                    pending = {}
+                if op.startswith("LDG"):
+                    first = _REG.search(operands)
+                    width = 4 if ".128" in op else 2 if ".64" in op else 1
+                    pending.update((r, t) for r in range(int(first.group(1)), int(first.group(1)) + width))
+            if lead is not None and counted:
+                waits += 1
+                leads.append(lead)
+    return {"waits": waits, "exposed": sum(1 for x in leads if x < len(body)), "lead": min(leads, default=None)}
 
 
 def _own_loop(loops: list, at: int) -> int | None:
@@ -1093,8 +1120,8 @@ def issue_time(profile: dict, launch: dict, gpu: str) -> dict:
            "issue_us": round(warp_instr * busiest / launch["ctas"] / (h["schedulers"] * h["clock_hz"]) * 1e6, 3),
            **extra}
     if "hot_load_waits" in profile:  # DRAM round trips the busiest SM's CTAs wait for in sequence (``load_waits``)
-        out["load_waits"] = profile["hot_load_waits"]
-        out["round_trips"] = round(profile["hot_load_waits"] * iters / launch["ctas"] * busiest, 1)
+        out["load_waits"], out["exposed_waits"] = profile["hot_load_waits"], profile["hot_exposed_waits"]
+        out["round_trips"] = round(profile["hot_exposed_waits"] * iters / launch["ctas"] * busiest, 1)
     if profile["hot_body"] and not launch["iters"] and "trips" not in launch:
         out["trips_unknown"] = True
     return out
@@ -1337,9 +1364,9 @@ def _print(doc: dict) -> None:
     con.print(t)
     t = Table(title="Issue-bound time at GLM-5.2 shapes (us): hot-loop SASS instructions per iteration x "
                     "iterations x warps / (SMs x 4 schedulers x clock), against the floor; issue > floor: the "
-                    "kernel cannot reach its floor. waits/iter: global-load round trips an iteration waits for "
-                    "in sequence; round trips: those of the busiest SM's CTAs (each a DRAM latency, hundreds of ns, "
-                    "not in the issue time)")
+                    "kernel cannot reach its floor. waits/iter: global-load waits an iteration makes, all / exposed "
+                    "(issued less than an iteration ahead: ``load_waits``); round trips: the exposed ones of the "
+                    "busiest SM's CTAs (each a DRAM latency, hundreds of ns, not in the issue time)")
     for c in ("kernel", "shape", "GPU", "instr/iter", "iters/CTA", "CTAs x warps", "issue", "floor", "issue/floor",
               "reaches floor", "waits/iter", "round trips"):
         t.add_column(c, justify="left" if c in ("kernel", "shape", "GPU") else "right")
@@ -1352,7 +1379,8 @@ def _print(doc: dict) -> None:
             t.add_row(escape(x["kernel"]), r["shape"], f"{gpu} (sm_{x['arch']})", str(x["per_iter"]),
                       str(x["iters_per_cta"]), f"{x['ctas']} x {x['warps']}", f"{x['issue_us']:.2f}",
                       f"{x['floor_us']:.2f}", f"{x['ratio']:.2f}", "yes" if x["reaches_floor"] else "[red]NO[/red]",
-                      str(x.get("load_waits", "-")), str(x.get("round_trips", "-")))
+                      f"{x['load_waits']} / {x['exposed_waits']}" if "load_waits" in x else "-",
+                      str(x.get("round_trips", "-")))
     con.print(t)
 
 

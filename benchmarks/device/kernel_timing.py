@@ -240,7 +240,8 @@ def engine_rows(kr) -> list[dict]:
     """The rows of the kernels a decode step launches today, at the shapes issue 33 names: the fused
     decode (``layer_buffers.attend_in_blocks`` over an arena: compaction, split-K and the ticketed
     merge in one launch) at the selected main shape, stock DCP4 and batch 1 (kernel_report's rows:
-    its floors), at the first two also with its record loads synchronous (``_synchronous_loads``); the
+    its floors), at the first two also with its record loads synchronous and with them pipelined in one
+    buffer (``_with_stages``: what the pipeline and its second buffer each gain); the
     paged top-k (``triton_paged.paged_topk_rows``, fp8 q, the engine's tile and
     workspace) for 4 / 16 / 64 rows (1 / 4 / 16 requests x 4 rows) at 8K and 64K tokens per request
     and for a prefill block of 64 rows at 128K (floor: the scorer's, ``kernel_report._indexer`` over
@@ -256,8 +257,9 @@ def engine_rows(kr) -> list[dict]:
                        ("batch 1: 4 rows, 16 heads/rank, top-2048", "batch 1")):
         r = dict(main[("sparse_mla_decode[nvfp4_368]", key)], kernel="fused_decode[nvfp4_368]", shape=label)
         rows.append(dict(r, engine="decode"))
-        if key != "batch 1":  # the same launch with its record loads synchronous: the pipelining's A/B
-            rows.append(dict(r, kernel="fused_decode[nvfp4_368,sync loads]", engine="decode", loads="synchronous"))
+        if key != "batch 1":  # the same launch with fewer pipeline stages: the pipelining's A/B
+            for loads in LOADS:
+                rows.append(dict(r, kernel=f"fused_decode[nvfp4_368,{loads}]", engine="decode", loads=loads))
     mb = kr.B * kr.R
     for m in ENGINE_PAGED_ROWS:
         for t in ENGINE_CONTEXTS:
@@ -283,18 +285,24 @@ def engine_rows(kr) -> list[dict]:
     return rows
 
 
-def _synchronous_loads(fn):
-    """``fn`` with the decode's record loads synchronous: ``triton_decode.NUM_STAGES`` = 1 for the call
-    (the wrapper reads it at each launch; Triton compiles that variant once), the launch otherwise the
-    same: what pipelining them gains, timed on the same GPU in the same run."""
+# The decode's record loads as the A/B rows launch them (their kernel tag: ``triton_decode.NUM_STAGES`` for
+# the call). 1: synchronous loads; 3: pipelined into one buffer, so each tile's copies are issued at the end
+# of the iteration before and waited for at its top (``triton_decode.NUM_STAGES``' comment).
+LOADS = {"sync loads": 1, "one buffer": 3}
+
+
+def _with_stages(fn, stages):
+    """``fn`` with the decode's ``triton_decode.NUM_STAGES`` = ``stages`` for the call (the wrapper reads it
+    at each launch; Triton compiles that variant once), the launch otherwise the same: what pipelining the
+    record loads gains, timed on the same GPU in the same run."""
     from sparkinfer.attention import triton_decode as td
 
     def call():
-        stages, td.NUM_STAGES = td.NUM_STAGES, 1
+        saved, td.NUM_STAGES = td.NUM_STAGES, stages
         try:
             return fn()
         finally:
-            td.NUM_STAGES = stages
+            td.NUM_STAGES = saved
     return call
 
 
@@ -383,7 +391,7 @@ def _case(row, dev, smoke):
     engine = row.get("engine")
     if engine == "decode":
         fn = _engine_decode_case(row, dev, smoke)
-        return (_synchronous_loads(fn) if row.get("loads") == "synchronous" else fn), None
+        return (_with_stages(fn, LOADS[row["loads"]]) if "loads" in row else fn), None
     if engine == "paged_topk":
         return _engine_paged_case(row, dev, smoke), None
     if engine in ("write", "q_quant"):

@@ -13,7 +13,7 @@ hold the shared memory, sm_90: ``heads_per_program``). Program (m, hb, s):
    find it in L2. (A separate compaction kernel did this before: one more launch.) A list whose
    valid indices come first (all valid; or the paged path's, compacted by ``triton_paging.topk_rows``,
    which the caller says: ``compacted``) is counted and its slice copied, without the scan.
-2. walks its slice of the compacted indices, gathers those records (copied into shared memory a tile
+2. walks its slice of the compacted indices, gathers those records (copied into shared memory two tiles
    ahead: ``NUM_STAGES``) and decodes them into bf16 tiles: the latent in chunks (656: four of
    [BLOCK_K, 128]; NVFP4 four of [64, 128] at 64 keys a tile, else two of [32, 256]) and the rope
    [BLOCK_K, 64], with the packed decoders
@@ -79,18 +79,28 @@ PRECISIONS = ("bf16x2", "bf16")
 # give the QK dot N = BLOCK_K and the PV dot K = BLOCK_K.
 BLOCK_H = HEAD_BLOCK  # 16: the attention arena counts its partials in these programs
 # The record loads are pipelined (Triton's software pipeliner, num_stages): the tile loop's global loads
-# become cp.async copies into shared memory, the records requested one tile ahead and the compacted
-# indices, which address them, two; an iteration waits once, at its top, for the records the previous
-# one requested. Loaded synchronously (num_stages = 1), each 128-column chunk's words were requested
+# become cp.async copies into shared memory, an iteration waits once, at its top, and what it waits for
+# was requested a whole iteration earlier, so the copies fly while the previous tile is decoded and
+# multiplied. Loaded synchronously (num_stages = 1), each 128-column chunk's words were requested
 # only after the previous chunk was decoded and stored (the barrier between them): the 368 kernel's
 # 64-key tile waited for 7 DRAM round trips in sequence (the index, four chunks, the rope, the per-key
 # scales; benchmarks/kernel_report.py's ``load_waits``) with one CTA an SM to cover them. Every record
 # load is 4 bytes or more, the size cp.async copies (the NVFP4 group scales load as words:
-# ``_nvfp4_chunk``). 3 stages, not 2: with 2 the next tile's indices were loaded synchronously just
-# before its records were requested, a second round trip an iteration. The NVFP4 formats only
-# (``num_stages``): the 656 kernel loads its whole tile before it decodes any of it, 2 round trips a
-# tile unpipelined, and pipelined on sm_90 its 255 registers spilled into the tile loop.
-NUM_STAGES = 3
+# ``_nvfp4_chunk``). The stage count: Triton 3.9 gives each load of the chain index -> records -> dot
+# (num_stages - 1) // 2 stages of lead, and a load as many shared-memory buffers as its lead.
+# - 2: the next tile's indices loaded synchronously just before its records were requested, a second
+#   round trip an iteration.
+# - 3 (and 4): the records one tile ahead in one buffer, so the next tile's copies could be issued only
+#   after this tile's last read of it, at the iteration's end, and were waited for a few instructions later
+#   at the next top: a round trip an iteration, exposed.
+# - 5: the records two tiles ahead in two buffers, the indices four ahead: the copies of tile i + 1 are
+#   issued at the end of iteration i - 1 and waited for at the top of i + 1, a whole iteration later
+#   (``load_waits``: covered). The cost is the second buffer (64 x 368 B on sm_90, 32 x 368 on sm_120:
+#   TILE64_SHARED, WIDE_SHARED) and 1-6% more instructions a tile (the pipeline's indices and predicates).
+# Every format: the 656 kernel, which loads its whole tile before it decodes any of it, waited for 2 round
+# trips a tile unpipelined (3 with fp32 queries); at 3 stages its 255 registers spilled into the tile loop
+# on sm_90, at 5 they do not (its 32-key tiles in 95 KB of shared memory).
+NUM_STAGES = 5
 # Warps, a ptxas register ceiling (.maxnreg; None: ptxas's choice) and keys per tile by (format, split
 # queries).
 # bf16 queries (the engine's): 4 warps. The QK dot's N is the tile's 32 keys, four mma.sync n-tiles
@@ -115,9 +125,9 @@ LAUNCH = {(NVFP4_368.name, False): (4, 255, 64), (NVFP4_432.name, False): (4, 25
           (FP8_DS_MLA.name, False): (4, 255, 32), (NVFP4_368.name, True): (8, None, 32),
           (NVFP4_432.name, True): (8, 200, 32), (FP8_DS_MLA.name, True): (8, 255, 32)}
 # Shared memory a block needs for the 64-key tiles pipelined (NUM_STAGES; Triton 3.9, 16 heads a program:
-# 368 116,224 B, 432 114,176): where a block may not hold it (sm_120's 99 KB; sm_90 may) those launches
-# take 32-key tiles (``block_k``: 368 67,840 B, 432 66,048), which issue ~25% more instructions a key.
-TILE64_SHARED = 116 * 1024
+# 368 140,288 B, 432 142,336): where a block may not hold it (sm_120's 99 KB; sm_90 may) those launches
+# take 32-key tiles (``block_k``: 368 80,384 B, 432 79,872), which issue ~25% more instructions a key.
+TILE64_SHARED = 139 * 1024
 # Listed indices a program scans at a time when it compacts its split (``_compact_split``), per 4 warps:
 # 256 are 2 a thread at 4 warps, and a program of more warps scans as many a thread (``compact_block``):
 # the scan's cumulative sum and the count's sum cost per trip about as much at 1 index a thread as at 2.
@@ -132,9 +142,9 @@ _MERGE_ELEMS, _LATENT = tl.constexpr(MERGE_ELEMS), tl.constexpr(LATENT_DIM)  # t
 # that work, on twice the warps (the MMAs and the accumulator per warp as at 16 heads). sm_90 SASS a
 # 64-key tile over the 4-byte view: 8 x 1,183 for 32 heads against 2 programs x 4 x 1,663; over the
 # 16-byte view (vLLM's) 8 x 1,063 against 2 x 4 x 1,381 (the 368 kernel, the only one measured; its
-# queries of 32 heads and four decoded chunks take 108 KB of shared memory, 132 KB with the pipelined
-# records' copies: WIDE_SHARED).
-WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 135_168
+# queries of 32 heads and four decoded chunks take 108 KB of shared memory, 156 KB with the pipelined
+# records' two buffers: WIDE_SHARED).
+WIDE_H, WIDE_WARPS, WIDE_SHARED = 32, 8, 159_744
 # A split covers at least this many listed keys (two 64-key tiles), so that a grid far below a wave
 # (batch 1: 4 rows, 16 heads) takes more, shorter splits. The merging program's path is then the
 # split's tiles plus the merge of all S partials: per warp on sm_90 (benchmarks/kernel_report.py's
@@ -832,14 +842,9 @@ def sparse_mla_decode_triton(q_nope, q_rope, records, lay: RecordLayout, indices
         *((po.stride(0), po.stride(1), po.stride(2), pl.stride(0), pl.stride(1)) if splits > 1 else (0,) * 5),
         **launch_constexprs(lay, q_nope.dtype, dot_precision, dev.type != "cuda", out.dtype == torch.bfloat16,
                             splits > 1, align, block_h, keys),
-        num_stages=num_stages(lay), **launch_options(lay, q_nope.dtype, block_h),
+        num_stages=NUM_STAGES, **launch_options(lay, q_nope.dtype, block_h),
     )
     return out, lse
-
-
-def num_stages(lay: RecordLayout) -> int:
-    """Pipeline stages of a launch's record loads (``NUM_STAGES``): NVFP4 pipelined, 656 not."""
-    return NUM_STAGES if lay.name in (NVFP4_368.name, NVFP4_432.name) else 1
 
 
 def launch_options(lay: RecordLayout, q_dtype: torch.dtype, block_h: int = BLOCK_H) -> dict:
@@ -955,7 +960,7 @@ def compile_specs() -> list[dict]:
                              if n in sig]
                     attrs = {(_sparse_mla_decode_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
                     spec = dict(name=f"sparse_mla_decode[{name}]", fn=_sparse_mla_decode_kernel, signature=sig,
-                                constexprs=c, attrs=attrs, num_stages=num_stages(lay),
+                                constexprs=c, attrs=attrs, num_stages=NUM_STAGES,
                                 **_spec_options(lay, q_dtype, block_h))
                     archs = tuple(a for a, optin in SHARED_OPTIN.items() if block_k(lay, q_dtype, align, optin) == keys)
                     if block_h == WIDE_H:

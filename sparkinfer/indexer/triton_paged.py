@@ -87,13 +87,18 @@ BLOCK = 1024
 # converting all 64 keys)
 WARPS = {False: 8, True: 4}
 # pipeline stages of the chunk loop's loads, by the chunk's dot (``KEYS_AS_M``). One CTA an SM waits for
-# every DRAM round trip a chunk makes in sequence (``benchmarks/kernel_report.py``'s ``load_waits``): the
-# block-table entry, then the chunk's codes and their scales (one load a chunk, beside the codes: loaded
-# a row at a time, after each row's dot, they were one more wait a row). The dot per row (sm_120) waits
-# for 3 of them a chunk synchronously, 2 with the codes copied a chunk ahead (cp.async, 3 stages; 405 SASS
-# instructions a chunk against 391); the keys as M (sm_90) waits for 2 either way, and pipelined issued 14%
-# more (310 against 271): 1 stage. (The scales, 4 bytes a record in a slice layout, stay a synchronous load.)
-STAGES = {False: 3, True: 1}
+# every DRAM round trip a chunk makes with nothing issued in between (``benchmarks/kernel_report.py``'s
+# ``load_waits``): the block-table entry, then the chunk's codes and their scales (one load a chunk, beside
+# the codes: loaded a row at a time, after each row's dot, they were one more wait a row). The dot per row
+# (sm_120) waits for 3 of them a chunk synchronously; pipelined, the codes are copied ahead (cp.async) and
+# the scales (4 bytes a record in a slice layout, feeding no dot) stay a synchronous load. At 3 stages the
+# codes are copied one chunk ahead into one buffer, issued at the end of the chunk before and waited for
+# at the top (exposed: 2 waits a chunk, 418 SASS instructions); at 5, two ahead into two buffers, waited
+# for a whole chunk after they were issued (covered: the scales' wait alone is exposed, 123 instructions
+# after its load; 438 instructions, 33 KB of shared memory). The keys as M (sm_90) wait for 2 a chunk
+# synchronously (271); 5 stages cover the codes' wait too but issue 18% more (321), on a kernel that issues
+# within 13% of its floor there: 1 stage.
+STAGES = {False: 5, True: 1}
 # registers a thread may take (ptxas' .maxnreg): at 8 warps sm_120's ptxas otherwise capped the kernel at 128
 # when q's pointer and strides are specialized divisible by 16 (the engine's launch, ``compile_specs``'
 # attrs) and spilled 48 bytes (2026-12-07: 184 registers with it, no spill)

@@ -105,9 +105,9 @@ def test_decode_spills_nothing_in_its_tile_loop_and_nothing_at_all_on_sm120(repo
     """No decode variant spills inside its tile loop (local loads and stores there would cost every
     tile) with ptxas under Triton's own options; the engine's variants on sm_120 (the node's GPU: bf16
     queries, 32-key tiles, with and without splits, over 16- and 4-byte rows) spill nothing at all. On
-    sm_90 the pipelined 64-key variants at 255 registers keep 24-76 B of values across the loop in local
-    memory (stored before it, loaded after it: once per CTA; docs/design/sparse-attention.md, "Pipelined
-    record loads")."""
+    sm_90 the pipelined 368 64-key variants (24-60 B) and the one-split 656 ones (16 B) at 255 registers
+    keep values across the loop in local memory (stored before it, loaded after it: once per CTA;
+    docs/design/sparse-attention.md, "Pipelined record loads")."""
     if "triton" in report["errors"]:
         pytest.skip(f"Triton kernels not compiled: {report['errors']['triton']}")
     decode = [r for r in report["kernels"] if r["kernel"].startswith("sparse_mla_decode[")]
@@ -307,8 +307,22 @@ def test_loops_of_hand_written_sass_and_ptx():
 # One loop iteration's global loads (``load_waits``): l, synchronous: the index, then two loads the index
 # addresses (their registers read by the FFMA: one wait for both), a store of what they loaded, then a
 # load issued at the end and read at the top of the next iteration (a third wait, counted there); a:
-# the same loads as cp.async copies (LDGSTS), waited for once by a DEPBAR at the loop's top, and a
-# shared-memory load (not counted).
+# the same loads as cp.async copies (LDGSTS) in two commit groups, all waited for by a DEPBAR at the
+# loop's top, and a shared-memory load (not counted); b: a, its DEPBAR leaving the two youngest groups
+# pending (a second buffer: the copies the previous iteration issued fly while this one issues); c: a,
+# leaving one (the previous iteration's first group is waited for, a few instructions after it issued).
+_COPIES = """
+        /*0000*/                   MOV R1, RZ ;
+        /*0010*/                   DEPBAR.LE SB0, {keep} ;
+        /*0020*/                   LDS R12, [R1] ;
+        /*0030*/                   FFMA R13, R12, R12, RZ ;
+        /*0040*/                   LDGSTS.E.BYPASS.128 [R1+0x100], desc[UR4][R2.64] ;
+        /*0050*/                   LDGDEPBAR ;
+        /*0060*/                   LDGSTS.E [R1+0x200], desc[UR4][R2.64+0x100] ;
+        /*0070*/                   LDGDEPBAR ;
+        /*0080*/               @P0 BRA 0x10 ;
+        /*0090*/                   EXIT ;
+"""
 WAITS_SASS = """
 		Function : l
         /*0000*/                   MOV R1, RZ ;
@@ -321,28 +335,27 @@ WAITS_SASS = """
         /*0070*/                   LDG.E R20, desc[UR4][R4.64+0x8] ;
         /*0080*/               @P0 BRA 0x10 ;
         /*0090*/                   EXIT ;
-		Function : a
-        /*0000*/                   MOV R1, RZ ;
-        /*0010*/                   DEPBAR.LE SB0, 0x0 ;
-        /*0020*/                   LDS R12, [R1] ;
-        /*0030*/                   FFMA R13, R12, R12, RZ ;
-        /*0040*/                   LDGSTS.E.BYPASS.128 [R1+0x100], desc[UR4][R2.64] ;
-        /*0050*/                   LDGDEPBAR ;
-        /*0060*/                   LDGSTS.E [R1+0x200], desc[UR4][R2.64+0x100] ;
-        /*0070*/                   LDGDEPBAR ;
-        /*0080*/               @P0 BRA 0x10 ;
-        /*0090*/                   EXIT ;
-"""
+""" + "".join(f"\t\tFunction : {f}" + _COPIES.format(keep=k) for f, k in (("a", "0x0"), ("b", "0x2"), ("c", "0x1")))
 
 
 def test_load_waits_of_hand_written_sass():
     code = kr.parse_sass(WAITS_SASS)
-    assert kr.loop_profile(code["l"], "sass")["hot_load_waits"] == 3
-    assert kr.loop_profile(code["a"], "sass")["hot_load_waits"] == 1
+    prof = kr.loop_profile(code["l"], "sass")
+    # the loop is instructions 1-8 (the BRA at 8 returns to 1): 8 a body. The index, its records and the
+    # load read at the next iteration's top: 3 waits, each a few instructions after its load
+    assert (prof["hot_load_waits"], prof["hot_exposed_waits"], prof["hot_load_lead"]) == (3, 3, 1)
     # the index, then the records it addresses (two loads issued together: one wait), then the FFMA
     # reading them: two; the index and the records without a reader: one
-    assert kr.load_waits(code["l"], 1, 5) == 2 and kr.load_waits(code["l"], 2, 4) == 1
+    assert kr.load_waits(code["l"], 1, 5)["waits"] == 2 and kr.load_waits(code["l"], 2, 4)["waits"] == 1
     assert kr._sass_regs("R13, R9.64, UR4, [R2.64+0x100], RZ") == {13, 9, 10, 2, 3}
+    # every group waited for at the top: the youngest was issued 3 instructions before (the LDGDEPBAR at 7,
+    # the BRA, the DEPBAR at 1 of the next iteration: the lead counts from the copy at 6)
+    assert kr.load_waits(code["a"], 1, 8) == {"waits": 1, "exposed": 1, "lead": 3}
+    # the two youngest groups left pending: the wait is for the groups of the iteration before, a whole
+    # body (8) and more ahead: covered
+    assert kr.load_waits(code["b"], 1, 8) == {"waits": 1, "exposed": 0, "lead": 11}
+    # one left pending: the previous iteration's first group, 5 instructions ahead
+    assert kr.load_waits(code["c"], 1, 8) == {"waits": 1, "exposed": 1, "lead": 5}
     # a hot loop with a loop inside gets no figure (the inner loop's waits would count once, not per trip)
     assert "hot_load_waits" not in kr.loop_profile(kr.parse_sass(SASS)["k"], "sass")
 
@@ -715,13 +728,17 @@ def test_hot_kernels_have_an_issue_figure(report):
 
 def test_hot_kernels_issue_within_their_floor(report):
     """Every hot kernel at the shape the engine runs it (``_hot_rows``) issues within its floor on the
-    H200 (2026-12-07, Triton 3.9, nvcc 13.0, issue/floor: sparse_mla_decode[nvfp4_368] 0.99,
-    paged_topk_split[k2048] 0.87 (PTX), indexer_keys[q_fp8] 0.99, indexer_scores[q_bf16] 0.99,
-    records.cu:write_paged_nvfp4_kernel<4> 0.99). The decode at batch 1 (1.01 since its record loads are
-    pipelined: the pipeline's prologue over 2 tiles a CTA) and at stock DCP4 (1.46) exceed it there
-    (``kernel_report.json``)."""
-    over = [f"{k} {g}: {x['ratio']}" for k, _, g, x in _hot_rows(report) if not x["reaches_floor"]]
-    assert not over, over
+    H200 (2026-12-07, Triton 3.9, nvcc 13.0, issue/floor: paged_topk_split[k2048] 0.87 (PTX),
+    indexer_keys[q_fp8] 0.99, indexer_scores[q_bf16] 0.99, records.cu:write_paged_nvfp4_kernel<4> 0.99),
+    but one: sparse_mla_decode[nvfp4_368] at 1.003 (0.99 with its records in one buffer). Its second buffer
+    (``triton_decode.NUM_STAGES`` 5) costs 15 instructions a 64-key tile and 66 outside the loop, and takes
+    the one DRAM round trip a tile waited for off its path (``load_waits``: exposed 1 -> 0, 16 round trips a
+    CTA): a trade the issue figure cannot see, held here to 1%. The decode at batch 1 (1.03) and at stock
+    DCP4 (1.48) exceed it there too (``kernel_report.json``)."""
+    over = {f"{k} {g}": x["ratio"] for k, _, g, x in _hot_rows(report) if not x["reaches_floor"]}
+    assert over.keys() <= {"sparse_mla_decode[nvfp4_368] h200"} and all(r <= 1.01 for r in over.values()), over
+    decode = next(x for k, _, g, x in _hot_rows(report) if k == "sparse_mla_decode[nvfp4_368]" and g == "h200")
+    assert decode["exposed_waits"] == 0 and decode["round_trips"] == 0
 
 
 def test_device_script_dry_run_runs_the_cpu_parts(tmp_path):
@@ -738,9 +755,9 @@ def test_device_script_dry_run_runs_the_cpu_parts(tmp_path):
     roof = kr.roofline()
     assert [(r["kernel"], r["shape"]) for r in rows[:len(roof)]] == [(r["kernel"], r["shape"]) for r in roof]
     engine = [r["engine"] for r in rows[len(roof):]]  # the engine's hot kernels as its forward launches them
-    assert sorted(set(engine)) == ["decode", "paged_topk", "q_quant", "write"] and len(engine) == 3 + 2 + 7 + 3 + 3
-    assert [r["kernel"] for r in rows[len(roof):] if r.get("loads") == "synchronous"] == \
-        ["fused_decode[nvfp4_368,sync loads]"] * 2
+    assert sorted(set(engine)) == ["decode", "paged_topk", "q_quant", "write"] and len(engine) == 3 + 2 + 2 + 7 + 3 + 3
+    assert [(r["kernel"], r["loads"]) for r in rows[len(roof):] if "loads" in r] == \
+        [("fused_decode[nvfp4_368,sync loads]", "sync loads"), ("fused_decode[nvfp4_368,one buffer]", "one buffer")] * 2
     assert not [r for r in rows if "error" in r]
     timed = [r for r in rows if "measured_us" in r]
     assert {r["kernel"] for r in timed} >= {"pack", "unpack", "direct", "union", "indexer_scores",
