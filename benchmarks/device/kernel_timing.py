@@ -240,7 +240,7 @@ def engine_rows(kr) -> list[dict]:
     """The rows of the kernels a decode step launches today, at the shapes issue 33 names: the fused
     decode (``layer_buffers.attend_in_blocks`` over an arena: compaction, split-K and the ticketed
     merge in one launch) at the selected main shape, stock DCP4 and batch 1 (kernel_report's rows:
-    its floors), at the first two also with its record loads synchronous and with them pipelined in one
+    its floors), at the first also with its record loads synchronous and with them pipelined in one
     buffer (``_with_stages``: what the pipeline and its second buffer each gain); the
     paged top-k (``triton_paged.paged_topk_rows``, fp8 q, the engine's tile and
     workspace) for 4 / 16 / 64 rows (1 / 4 / 16 requests x 4 rows) at 8K and 64K tokens per request
@@ -257,8 +257,8 @@ def engine_rows(kr) -> list[dict]:
                        ("batch 1: 4 rows, 16 heads/rank, top-2048", "batch 1")):
         r = dict(main[("sparse_mla_decode[nvfp4_368]", key)], kernel="fused_decode[nvfp4_368]", shape=label)
         rows.append(dict(r, engine="decode"))
-        if key != "batch 1":  # the same launch with fewer pipeline stages: the pipelining's A/B
-            for loads in LOADS:
+        if key == "selected":  # the same launch with fewer pipeline stages: the pipelining's A/B (two more
+            for loads in LOADS:  # compiles for the lease's warm-up: at the main shape only)
                 rows.append(dict(r, kernel=f"fused_decode[nvfp4_368,{loads}]", engine="decode", loads=loads))
     mb = kr.B * kr.R
     for m in ENGINE_PAGED_ROWS:
