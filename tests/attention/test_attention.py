@@ -674,6 +674,41 @@ def test_gpu_packed_decoders_asm_equals_twin_for_every_code():
     assert torch.equal(e2m1, twin_e2m1)
 
 
+# Valid keys a row of the short-splits test holds among its 2,048 listed: none, one, either side of a
+# 32- and a 64-key tile, two tiles and one, all.
+SHORT_ROWS = (0, 1, 31, 32, 33, 63, 64, 65, 129, 2048)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("name", MAIN_FORMATS)
+@pytest.mark.parametrize("splits, block_h", [(1, 16), (3, 16), (16, 16), (1, 32)])
+def test_short_and_empty_splits_match_float64(device, name, splits, block_h):
+    """Splits of none, one and a few tiles (rows of ``SHORT_ROWS`` valid keys, the rest -1, spread over the
+    list) and 32 heads a program (the stock path's, 368 only), bf16 queries, against the float64 oracle.
+    Compiled, the tile loop is software-pipelined (``triton_decode.NUM_STAGES``: records copied two tiles
+    ahead, the indices four), which the interpreter does not run: on a GPU this holds the pipeline's
+    prologue and drain at those trip counts; interpreted, the same splits' arithmetic."""
+    from sparkinfer.attention.triton_decode import sparse_mla_decode_triton
+    from sparkinfer.attention.validate import resolve_layout
+
+    fmt = get_format(name)
+    if block_h == 32 and name != "nvfp4_368":
+        pytest.skip("32 heads a program: the 368 kernel only (heads_per_program)")
+    q_nope, q_rope, records, indices = make_case(fmt, m=len(SHORT_ROWS), h=block_h, k=2048, t=4096, seed=23,
+                                                 q_dtype=torch.bfloat16, pad_frac=0.0)
+    g = torch.Generator().manual_seed(24)
+    for row, n in enumerate(SHORT_ROWS):
+        indices[row, torch.randperm(2048, generator=g)[n:]] = -1
+    scale = 1 / math.sqrt(576)
+    ref = oracle(q_nope, q_rope, records, fmt, indices, scale)
+    dev = torch.device(device)
+    out, lse = sparse_mla_decode_triton(q_nope.to(dev), q_rope.to(dev), records.to(dev), resolve_layout(fmt),
+                                        indices.to(dev), scale, outer_scale=float(getattr(fmt, "outer_scale", 1.0)),
+                                        num_splits=splits, block_h=block_h)
+    torch.testing.assert_close(out.cpu().double(), ref[0], **TRITON_TOL)
+    torch.testing.assert_close(lse.cpu().double(), ref[1], **TRITON_TOL)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", MAIN_FORMATS)
 def test_gpu_kernel_matches_float64(name):
