@@ -86,19 +86,18 @@ BLOCK = 1024
 # shared memory) take one warpgroup, every warp 16 of the chunk's positions (8 warps: two warpgroups, each
 # converting all 64 keys)
 WARPS = {False: 8, True: 4}
-# pipeline stages of the chunk loop's loads, by the chunk's dot (``KEYS_AS_M``). One CTA an SM waits for
-# every DRAM round trip a chunk makes with nothing issued in between (``benchmarks/kernel_report.py``'s
-# ``load_waits``): the block-table entry, then the chunk's codes and their scales (one load a chunk, beside
-# the codes: loaded a row at a time, after each row's dot, they were one more wait a row). The dot per row
-# (sm_120) waits for 3 of them a chunk synchronously; pipelined, the codes are copied ahead (cp.async) and
-# the scales (4 bytes a record in a slice layout, feeding no dot) stay a synchronous load. At 3 stages the
-# codes are copied one chunk ahead into one buffer, issued at the end of the chunk before and waited for
-# at the top (exposed: 2 waits a chunk, 418 SASS instructions); at 5, two ahead into two buffers, waited
-# for a whole chunk after they were issued (covered: the scales' wait alone is exposed, 123 instructions
-# after its load; 438 instructions, 33 KB of shared memory). The keys as M (sm_90) wait for 2 a chunk
-# synchronously (271); 5 stages cover the codes' wait too but issue 18% more (321), on a kernel that issues
-# within 13% of its floor there: 1 stage.
-STAGES = {False: 5, True: 1}
+# pipeline stages of the chunk loop's loads. One CTA an SM waits for every DRAM round trip a chunk makes
+# with nothing issued in between (``benchmarks/kernel_report.py``'s ``load_waits``): synchronously, the
+# block-table entry, then the chunk's codes and their scales (one load a chunk, beside the codes: loaded a
+# row at a time, after each row's dot, they were one more wait a row): 3 waits a chunk for the dot per row
+# (sm_120), 2 for the keys as M (sm_90). Pipelined, the codes are copied ahead (cp.async) and the scales
+# (4 bytes a record in a slice layout, feeding no dot) stay a synchronous load, from L2 by then (the
+# codes' copy brought their lines in). At 3 stages the codes are copied one chunk ahead into one buffer,
+# issued at the end of the chunk before and waited for at once at the top (exposed: 2 waits a chunk); at
+# 5, two chunks ahead into two buffers, waited for a whole chunk after they were issued (covered: the
+# scales' wait alone is exposed, 113-131 instructions after its load). SASS a chunk, 1 / 3 / 5 stages:
+# sm_120 399 / 418 / 438, sm_90 271 / 310 / 321; shared memory 33 KB (sm_120) and 48 KB (sm_90) at 5.
+STAGES = 5
 # registers a thread may take (ptxas' .maxnreg): at 8 warps sm_120's ptxas otherwise capped the kernel at 128
 # when q's pointer and strides are specialized divisible by 16 (the engine's launch, ``compile_specs``'
 # attrs) and spilled 48 bytes (2026-12-07: 184 registers with it, no spill)
@@ -325,7 +324,7 @@ def paged_topk_rows(q, w, kv_cache, block_table, row_req, pos, k: int, *, tile: 
         BLOCK_T=BLOCK_T, PRECISION=precision, Q_CODES=codes, IDS=not as_keys,
         CHECK=flag is not None, ROWS=rows, SHARDED=layout.period > 1,
         PAGE_CHUNKS=kv_cache.shape[1] % BLOCK_T == 0, PAGE_SHIFT=_log2(kv_cache.shape[1]), KEYS_AS_M=keys_as_m,
-        THREADS=32 * WARPS[keys_as_m], num_warps=WARPS[keys_as_m], num_stages=STAGES[keys_as_m], maxnreg=MAXNREG,
+        THREADS=32 * WARPS[keys_as_m], num_warps=WARPS[keys_as_m], num_stages=STAGES, maxnreg=MAXNREG,
     )
     return out
 
@@ -384,5 +383,5 @@ def compile_specs(k: int = 2048) -> list[dict]:
         sig.update({n: "constexpr" for n in constexprs})
         specs.append({"name": f"{name}[k{k}]", "fn": _paged_topk_kernel, "signature": sig, "constexprs": constexprs,
                       "attrs": attrs, "options": {"maxnreg": MAXNREG}, "num_warps": WARPS[keys_as_m],
-                      "num_stages": STAGES[keys_as_m], "archs": [arch]})
+                      "num_stages": STAGES, "archs": [arch]})
     return specs
