@@ -859,7 +859,8 @@ def loop_profile(code: list, source: str) -> dict:
 # lead is a whole iteration's body or more is covered: the copies flew while an iteration issued (the
 # decode's copies of tile i + 1 issued before tile i's compute, a second buffer); any other wait is
 # exposed, and those are the round trips counted in sequence. Shared-memory and local loads are not
-# counted.
+# counted, nor is the pipeline's start: a CTA waits once for the first tiles' indices and then their
+# records, requested before its loop (the steady state's count is per iteration).
 
 _REG = re.compile(r"(?<![\w.])R(\d+)(\.64)?\b")
 _DEPBAR_LE = re.compile(r"SB0,\s*(0x[0-9a-fA-F]+|\d+)")
